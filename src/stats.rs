@@ -1,0 +1,80 @@
+//! Counters shared by the FUSE layer and the block engine, and their JSON snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Monotonic counters and gauges, updated with relaxed atomics from any thread.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// FUSE (or extract) read requests served.
+    pub fuse_reads: AtomicU64,
+    /// Bytes returned by those requests.
+    pub fuse_read_bytes: AtomicU64,
+    /// Reads that failed with an errno.
+    pub read_errors: AtomicU64,
+    /// Block lookups found in the cache (including blocks still loading).
+    pub cache_hits: AtomicU64,
+    /// Block lookups that had to start a backing read.
+    pub cache_misses: AtomicU64,
+    /// Lookups that waited for a load another thread had started (single flight).
+    pub single_flight_waits: AtomicU64,
+    /// Backing reads issued (one per block load).
+    pub backing_reads: AtomicU64,
+    /// Bytes read from the backing source.
+    pub backing_read_bytes: AtomicU64,
+    /// Backing reads that failed.
+    pub backing_errors: AtomicU64,
+    /// Bytes loaded by readahead rather than on demand.
+    pub prefetched_bytes: AtomicU64,
+    /// Prefetched bytes evicted before anyone read them.
+    pub prefetch_unused_bytes: AtomicU64,
+    /// Blocks evicted from the cache.
+    pub evictions: AtomicU64,
+    /// Bytes currently held by the cache (gauge).
+    pub resident_bytes: AtomicU64,
+    /// Highest value `resident_bytes` ever reached.
+    pub peak_resident_bytes: AtomicU64,
+    /// Sequential streams currently tracked (gauge).
+    pub streams: AtomicU64,
+    /// Sum of the current readahead windows of all streams, in bytes (gauge).
+    pub window_bytes: AtomicU64,
+}
+
+impl Stats {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    /// Changes the resident-bytes gauge by `delta` and keeps the peak.
+    pub fn add_resident(&self, delta: i64) {
+        let now = if delta >= 0 {
+            self.resident_bytes.fetch_add(delta as u64, Relaxed) + delta as u64
+        } else {
+            self.resident_bytes.fetch_sub(delta.unsigned_abs(), Relaxed) - delta.unsigned_abs()
+        };
+        self.peak_resident_bytes.fetch_max(now, Relaxed);
+    }
+
+    /// A point-in-time JSON object of every counter, keyed by field name.
+    pub fn to_json(&self) -> serde_json::Value {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        serde_json::json!({
+            "fuse_reads": g(&self.fuse_reads),
+            "fuse_read_bytes": g(&self.fuse_read_bytes),
+            "read_errors": g(&self.read_errors),
+            "cache_hits": g(&self.cache_hits),
+            "cache_misses": g(&self.cache_misses),
+            "single_flight_waits": g(&self.single_flight_waits),
+            "backing_reads": g(&self.backing_reads),
+            "backing_read_bytes": g(&self.backing_read_bytes),
+            "backing_errors": g(&self.backing_errors),
+            "prefetched_bytes": g(&self.prefetched_bytes),
+            "prefetch_unused_bytes": g(&self.prefetch_unused_bytes),
+            "evictions": g(&self.evictions),
+            "resident_bytes": g(&self.resident_bytes),
+            "peak_resident_bytes": g(&self.peak_resident_bytes),
+            "streams": g(&self.streams),
+            "window_bytes": g(&self.window_bytes),
+        })
+    }
+}
