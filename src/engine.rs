@@ -76,3 +76,9 @@ impl Engine {
         todo!()
     }
 }
+impl Engine {
+    /// The shared counters (temporary until the engine lands).
+    pub fn stats(&self) -> &Arc<Stats> {
+        todo!()
+    }
+}

@@ -44,3 +44,15 @@ impl LocalFile {
         todo!()
     }
 }
+
+impl Source for LocalFile {
+    fn len(&self) -> u64 {
+        todo!()
+    }
+    fn name(&self) -> &str {
+        todo!()
+    }
+    fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+        todo!()
+    }
+}

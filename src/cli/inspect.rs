@@ -1,0 +1,41 @@
+//! `stfs inspect`: the tensor table of a checkpoint, or its metadata.json, without mounting.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use super::{print_out, InspectArgs};
+use crate::checkpoint;
+use crate::namespace::{Layout, Namespace, Shard, Views};
+
+/// Runs `stfs inspect`.
+pub fn run(args: InspectArgs) -> Result<ExitCode, String> {
+    let opened = checkpoint::open(&args.source).map_err(|e| e.to_string())?;
+    let shards = opened
+        .shards
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| Shard { source: i, name: s.source.name().to_string(), header: s.header })
+        .collect();
+    let ns = Namespace::build(shards, Layout::Flat, Views::default()).map_err(|e| format!("{}: {e}", args.source))?;
+    if args.json {
+        let json = crate::metadata::render(&ns);
+        return print_out(&String::from_utf8_lossy(&json));
+    }
+    print_out(&table(&ns))
+}
+
+/// One line per tensor: name, dtype, shape, bytes, absolute offset; then a total.
+fn table(ns: &Namespace) -> String {
+    let width = ns.tensors().iter().map(|t| t.name.len()).max().unwrap_or(4).clamp(4, 60);
+    let mut out = format!("{:<width$}  {:<11}  {:<20}  {:>14}  {:>14}\n", "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET");
+    let mut total = 0u64;
+    for t in ns.tensors() {
+        let shape = format!("{:?}", t.shape);
+        // Debug-quote names with control characters so a hostile name cannot drive the terminal.
+        let name = if t.name.chars().any(char::is_control) { format!("{:?}", t.name) } else { t.name.clone() };
+        let _ = writeln!(out, "{name:<width$}  {:<11}  {shape:<20}  {:>14}  {:>14}", t.dtype.name(), t.len, t.start);
+        total += t.len;
+    }
+    let _ = writeln!(out, "{} tensors, {} bytes", ns.tensors().len(), total);
+    out
+}

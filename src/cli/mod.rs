@@ -1,0 +1,146 @@
+//! The command line: clap definitions (the raw arguments) and dispatch to one module per subcommand.
+
+mod inspect;
+mod mount;
+mod options;
+mod umount;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use options::{MountConfig, ViewDtype};
+
+/// Exit status for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status for a runtime failure (bad file, mount or unmount failed, I/O error).
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status for a usage error (clap's own code).
+pub const EXIT_USAGE: u8 = 2;
+
+const AFTER_HELP: &str = "\
+Examples:
+  stfs mount model.safetensors /mnt/model     # returns once the mount answers
+  ls -l /mnt/model; cat /mnt/model/metadata.json
+  dd if=/mnt/model/lm_head.weight bs=1M skip=3 count=2 | legacy-tool
+  stfs inspect model.safetensors              # the tensor table, no mount
+  stfs umount /mnt/model
+
+Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error.
+Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in the background).";
+
+/// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
+#[derive(Parser, Debug)]
+#[command(name = "stfs", version, about, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Mount a checkpoint; returns once the mount answers (the daemon stays in the background).
+    #[command(after_help = mount::AFTER_HELP)]
+    Mount(MountArgs),
+    /// Unmount an stfs mount; also clears a stale mount left by a killed daemon.
+    #[command(alias = "unmount")]
+    Umount(UmountArgs),
+    /// Print the tensor table of a checkpoint without mounting it.
+    #[command(after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'")]
+    Inspect(InspectArgs),
+    /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
+    Stats(StatsArgs),
+}
+
+/// Arguments of `stfs mount`. Every long option is also accepted as `-o name=value`.
+#[derive(Args, Debug, Default, Clone)]
+pub struct MountArgs {
+    /// The checkpoint: a .safetensors file.
+    pub source: String,
+    /// An existing directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`.
+    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+    pub options: Vec<String>,
+    /// Most bytes the block cache may hold (readahead included) [default: 512M].
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub cache_size: Option<u64>,
+    /// Size of every backing read, aligned to the backing file [default: 8M].
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub block_size: Option<u64>,
+    /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Where the background daemon writes its log [default: discarded].
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+    /// Threads answering FUSE requests [default: 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: Option<u32>,
+    /// Background threads doing readahead [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub io_threads: Option<u32>,
+    /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
+    #[arg(long, value_name = "KIB")]
+    pub kernel_readahead_kb: Option<u32>,
+}
+
+/// Arguments of `stfs umount`.
+#[derive(Args, Debug)]
+pub struct UmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Detach now even if files are open; the mount goes away when they are closed.
+    #[arg(short = 'l', long)]
+    pub lazy: bool,
+}
+
+/// Arguments of `stfs inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The checkpoint: a .safetensors file.
+    pub source: String,
+    /// Print the same JSON document a mount serves as metadata.json.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `stfs stats`.
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+}
+
+/// Runs the parsed command line; errors are printed as one line prefixed with `stfs: `.
+pub fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Mount(args) => mount::run(args),
+        Command::Umount(args) => umount::run_umount(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Stats(args) => umount::run_stats(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("stfs: {message}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`stfs inspect x | head`) ends quietly with success.
+pub(crate) fn print_out(text: &str) -> Result<ExitCode, String> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(format!("writing to stdout: {e}")),
+    }
+}

@@ -1,0 +1,75 @@
+//! `stfs mount`: validate everything in the foreground, then serve (in the background by default).
+
+use std::process::ExitCode;
+
+use super::{MountArgs, MountConfig};
+use crate::checkpoint;
+use crate::daemon;
+use crate::mountpoint::check_mount_point;
+use crate::namespace::{Layout, Views};
+use crate::serve::{self, ServeOptions};
+
+/// Extra help for `stfs mount`.
+pub const AFTER_HELP: &str = "\
+Mount options (-o, comma-separated; each long flag works as -o name=value):
+  cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
+  kernel_readahead_kb=KIB, log_file=PATH, foreground
+  ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
+Sizes: 4096, 512K, 64M, 2G.
+
+Examples:
+  stfs mount model.safetensors /mnt/model
+  stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
+  stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts";
+
+/// Runs `stfs mount`.
+pub fn run(args: MountArgs) -> Result<ExitCode, String> {
+    let config = MountConfig::from_args(args)?;
+    // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
+    let opened = checkpoint::open(&config.source).map_err(|e| e.to_string())?;
+    check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
+    let options = ServeOptions {
+        mountpoint: config.mountpoint.clone(),
+        engine: config.engine.clone(),
+        threads: config.threads,
+        allow_other: config.allow_other,
+        kernel_readahead_kb: config.kernel_readahead_kb,
+        layout: Layout::Flat,
+        views: Views::default(),
+    };
+    let fsname = config.source.clone();
+    if config.foreground {
+        crate::init_logging(None);
+        serve::block_signals();
+        let fs = serve::build_fs(opened, &options)?;
+        serve::serve(fs, &fsname, &options, |_| {})?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let readiness = daemon::daemonize(config.log_file.as_deref())?;
+    // From here on we are the daemon: errors go to the parent through the readiness pipe.
+    crate::init_logging(config.log_file.as_deref());
+    serve::block_signals();
+    let fs = match serve::build_fs(opened, &options) {
+        Ok(fs) => fs,
+        Err(e) => {
+            readiness.failed(&e);
+            return Err(e);
+        }
+    };
+    let mut readiness = Some(readiness);
+    let result = serve::serve(fs, &fsname, &options, |r| {
+        if let Some(p) = readiness.take() {
+            match r {
+                Ok(()) => p.ready(),
+                Err(e) => p.failed(&e),
+            }
+        }
+    });
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            log::error!("{e}");
+            Err(e)
+        }
+    }
+}

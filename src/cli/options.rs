@@ -1,0 +1,175 @@
+//! `-o` mount options and flags, validated once into a [`MountConfig`] the rest of the code takes.
+
+use std::path::PathBuf;
+
+use super::MountArgs;
+use crate::engine::EngineConfig;
+use crate::size::{format_size, parse_size};
+
+/// Default block size: large enough that network storage sees long sequential reads, small enough
+/// that a random 4 KiB reader does not pay for much more than it asked.
+pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
+/// Default cache size.
+pub const DEFAULT_CACHE_SIZE: u64 = 512 << 20;
+/// Default FUSE threads: enough for the kernel's parallel readahead and several readers.
+pub const DEFAULT_THREADS: u32 = 16;
+/// Default readahead threads.
+pub const DEFAULT_IO_THREADS: u32 = 4;
+/// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).
+pub const DEFAULT_KERNEL_READAHEAD_KB: u32 = 1024;
+/// Smallest and largest block sizes accepted.
+const BLOCK_SIZE_RANGE: (u64, u64) = (4 << 10, 1 << 30);
+
+/// Mount options of mount(8) and FUSE that stfs accepts and has nothing to do for
+/// (the mount is always read-only, nosuid and nodev).
+const IGNORED_OPTIONS: &[&str] = &[
+    "ro", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail",
+    "nosuid", "suid", "nodev", "dev", "noexec", "exec", "atime", "noatime", "relatime", "norelatime",
+    "strictatime", "nodiratime", "diratime", "async", "sync", "dirsync", "lazytime", "nolazytime", "silent",
+    "loud", "rw=no", "default_permissions",
+];
+
+/// A view dtype for `-o as=...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewDtype {
+    /// Convert float tensors to little-endian F32.
+    F32,
+}
+
+/// Everything `stfs mount` needs, validated.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// The checkpoint as named by the user.
+    pub source: String,
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Run in the foreground.
+    pub foreground: bool,
+    /// Block engine settings.
+    pub engine: EngineConfig,
+    /// Let other users in (and turn on default_permissions).
+    pub allow_other: bool,
+    /// Background log file.
+    pub log_file: Option<PathBuf>,
+    /// FUSE threads.
+    pub threads: u32,
+    /// Kernel readahead in KiB; 0 leaves it alone.
+    pub kernel_readahead_kb: u32,
+}
+
+impl MountConfig {
+    /// Applies `-o` options under the explicit flags (a flag wins over the same `-o` option).
+    pub fn from_args(args: MountArgs) -> Result<MountConfig, String> {
+        let mut a = args.clone();
+        for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = || value.ok_or_else(|| format!("mount option `{key}` needs a value (`{key}=...`)"));
+            let flag_value = |v: Option<&str>| match v {
+                None | Some("true") | Some("yes") | Some("1") => Ok(true),
+                Some("false") | Some("no") | Some("0") => Ok(false),
+                Some(other) => Err(format!("mount option `{key}` takes no value, got `{other}`")),
+            };
+            match key.replace('-', "_").as_str() {
+                "cache_size" => a.cache_size = a.cache_size.or(Some(parse_size(need()?)?)),
+                "block_size" => a.block_size = a.block_size.or(Some(parse_size(need()?)?)),
+                "allow_other" => a.allow_other |= flag_value(value)?,
+                "foreground" => a.foreground |= flag_value(value)?,
+                "log_file" => a.log_file = a.log_file.or(Some(PathBuf::from(need()?))),
+                "threads" => a.threads = a.threads.or(Some(parse_count(key, need()?, 1, 256)?)),
+                "io_threads" => a.io_threads = a.io_threads.or(Some(parse_count(key, need()?, 1, 64)?)),
+                "kernel_readahead_kb" => {
+                    a.kernel_readahead_kb = a.kernel_readahead_kb.or(Some(parse_count(key, need()?, 0, 1 << 20)?))
+                }
+                "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
+                k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "fsname" || k == "subtype" => {}
+                _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
+            }
+        }
+        let block_size = a.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+        let (lo, hi) = BLOCK_SIZE_RANGE;
+        if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
+            return Err(format!(
+                "block size {} must be a power of two from {} to {}",
+                format_size(block_size),
+                format_size(lo),
+                format_size(hi)
+            ));
+        }
+        let cache_size = a.cache_size.unwrap_or(DEFAULT_CACHE_SIZE.max(2 * block_size));
+        if cache_size < 2 * block_size {
+            return Err(format!(
+                "cache size {} must hold at least two blocks ({})",
+                format_size(cache_size),
+                format_size(2 * block_size)
+            ));
+        }
+        let engine = EngineConfig {
+            block_size,
+            cache_size,
+            io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize,
+            ..EngineConfig::default()
+        };
+        Ok(MountConfig {
+            source: a.source,
+            mountpoint: a.mountpoint,
+            foreground: a.foreground,
+            engine,
+            allow_other: a.allow_other,
+            log_file: a.log_file,
+            threads: a.threads.unwrap_or(DEFAULT_THREADS),
+            kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
+        })
+    }
+}
+
+fn parse_count(key: &str, value: &str, min: u32, max: u32) -> Result<u32, String> {
+    match value.parse::<u32>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("mount option `{key}` needs a whole number from {min} to {max}, got `{value}`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(options: &[&str]) -> MountArgs {
+        MountArgs { source: "m.safetensors".into(), options: options.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = MountConfig::from_args(args(&[])).unwrap();
+        assert_eq!((c.engine.block_size, c.engine.cache_size), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE));
+        assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (DEFAULT_THREADS, 1024, false));
+    }
+
+    #[test]
+    fn dash_o_options_map_to_flags_and_flags_win() {
+        let c = MountConfig::from_args(args(&["ro,cache_size=1G,block-size=4M", "allow_other,nosuid,x-systemd.automount"])).unwrap();
+        assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
+        let mut a = args(&["cache_size=1G"]);
+        a.cache_size = Some(64 << 20);
+        assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
+    }
+
+    #[test]
+    fn bad_options_name_the_option() {
+        for (opts, needle) in [
+            (&["bogus=1"][..], "unknown mount option `bogus`"),
+            (&["rw"][..], "read-only"),
+            (&["cache_size"][..], "needs a value"),
+            (&["cache_size=lots"][..], "invalid size"),
+            (&["block_size=3M"][..], "power of two"),
+            (&["block_size=8M,cache_size=8M"][..], "at least two blocks"),
+            (&["threads=0"][..], "whole number"),
+            (&["allow_other=maybe"][..], "takes no value"),
+        ] {
+            let e = MountConfig::from_args(args(opts)).unwrap_err();
+            assert!(e.contains(needle), "{opts:?}: {e}");
+        }
+    }
+}

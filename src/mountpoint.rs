@@ -1,0 +1,142 @@
+//! Mount points: checks before mounting, unmounting with umount2(2), and the kernel's readahead knob.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Why a directory cannot be mounted on, or unmounted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MountPointError {
+    /// The path does not exist.
+    Missing,
+    /// The path is not a directory.
+    NotADirectory,
+    /// Something is mounted there already.
+    AlreadyMounted,
+    /// A FUSE mount whose daemon is gone ("Transport endpoint is not connected").
+    Stale,
+    /// Nothing is mounted there (for unmount).
+    NotMounted,
+    /// Files on the mount are still open (for unmount).
+    Busy,
+    /// Any other failure.
+    Other(String),
+}
+
+impl std::fmt::Display for MountPointError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MountPointError::Missing => f.write_str("mount point does not exist"),
+            MountPointError::NotADirectory => f.write_str("mount point is not a directory"),
+            MountPointError::AlreadyMounted => f.write_str("something is already mounted there"),
+            MountPointError::Stale => {
+                f.write_str("a stale mount whose daemon is gone is still there; run `stfs umount` on it first")
+            }
+            MountPointError::NotMounted => f.write_str("not a mount point"),
+            MountPointError::Busy => f.write_str("mount is busy (files are open); close them or use --lazy"),
+            MountPointError::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Checks that `path` is an existing directory with nothing mounted on it. A non-empty directory
+/// is accepted, as FUSE 3 tools do: its contents are hidden while mounted.
+pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
+    let meta = match fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountPointError::Stale),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MountPointError::Missing),
+        Err(e) => return Err(MountPointError::Other(crate::checkpoint::describe_io(&e))),
+    };
+    if !meta.is_dir() {
+        return Err(MountPointError::NotADirectory);
+    }
+    if is_mount_point(path) {
+        return Err(MountPointError::AlreadyMounted);
+    }
+    Ok(())
+}
+
+/// Whether `path` is listed as a mount point in /proc/self/mountinfo.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(canonical) = fs::canonicalize(path).or_else(|_| std::path::absolute(path)) else { return false };
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines().any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(canonical.as_os_str().as_bytes()))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).and_then(|o| std::str::from_utf8(o).ok()).and_then(|o| u8::from_str_radix(o, 8).ok());
+        match (b[i], octal) {
+            (b'\\', Some(v)) => {
+                out.push(v);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Unmounts `path` with umount2(2); `lazy` detaches it even while files are open (MNT_DETACH).
+/// A stale mount (its daemon killed) is always detached, since nobody can be served there anyway.
+pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
+    let stale = matches!(fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::Other("path contains NUL".into()))?;
+    let flags = if lazy || stale { libc::MNT_DETACH } else { 0 };
+    // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(c_path.as_ptr(), flags) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::EINVAL) => MountPointError::NotMounted,
+        Some(libc::ENOENT) => MountPointError::Missing,
+        Some(libc::EBUSY) => MountPointError::Busy,
+        _ => MountPointError::Other(crate::checkpoint::describe_io(&e)),
+    })
+}
+
+/// Sets the kernel readahead of the FUSE mount at `path` (its bdi `read_ahead_kb`), so buffered and
+/// mmap readers send requests of up to 1 MiB instead of 128 KiB. Needs root; returns the error otherwise.
+pub fn set_kernel_readahead(path: &Path, kib: u32) -> io::Result<()> {
+    let dev = fs::metadata(path)?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    fs::write(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"), kib.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_octal_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b\134c"), b"/mnt/a b\\c");
+        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(r"/trailing\04"), b"/trailing\\04");
+    }
+
+    #[test]
+    fn mount_point_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check_mount_point(dir.path()), Ok(()));
+        assert_eq!(check_mount_point(&dir.path().join("missing")), Err(MountPointError::Missing));
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        assert_eq!(check_mount_point(&file), Err(MountPointError::NotADirectory));
+        assert!(is_mount_point(Path::new("/proc")));
+        assert_eq!(check_mount_point(Path::new("/proc")), Err(MountPointError::AlreadyMounted));
+        assert_eq!(unmount(dir.path(), false), Err(MountPointError::NotMounted));
+    }
+}

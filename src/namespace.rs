@@ -1,0 +1,343 @@
+//! The virtual tree: inodes, names, attributes and contents of every file a mount shows. Pure data.
+//!
+//! Inode numbers are assigned in a fixed order (root, reserved files, then tensors in shard and offset
+//! order), so the same checkpoint gets the same numbers on every mount.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::engine::SourceId;
+use crate::format::{Dtype, Header};
+use crate::names;
+
+/// An inode number.
+pub type Ino = u64;
+/// The root directory's inode (FUSE requires 1).
+pub const ROOT_INO: Ino = 1;
+/// Name of the metadata file in the root.
+pub const METADATA_NAME: &str = "metadata.json";
+/// Name of the hidden control directory in the root.
+pub const CONTROL_DIR: &str = ".stfs";
+/// Name of the live counters file inside [`CONTROL_DIR`].
+pub const STATS_NAME: &str = "stats.json";
+/// Names no tensor file may take in the root.
+pub const RESERVED: &[&str] = &[METADATA_NAME, CONTROL_DIR];
+/// In tree layout, the file name a tensor takes inside the directory of the same name.
+pub const SELF_NAME: &str = "%self";
+
+/// How tensor names become paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Every tensor is a file in the root, named by [`names::escape`].
+    #[default]
+    Flat,
+    /// Names are split on `.` into directories (`model.layers.0.w` is `model/layers/0/w`).
+    Tree,
+}
+
+/// Which extra representations of each tensor the mount shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Views {
+    /// Also show `NAME.npy`: a NumPy header followed by the tensor's bytes.
+    pub npy: bool,
+}
+
+/// One shard of a checkpoint: a registered source and its validated header.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    /// The engine's id for the backing source.
+    pub source: SourceId,
+    /// The path or URL, as shown in metadata.json.
+    pub name: String,
+    /// The validated header.
+    pub header: Header,
+}
+
+/// One tensor, resolved to its bytes in a backing source.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Name as written in the header.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Index into the namespace's shard list.
+    pub shard: usize,
+    /// The engine's id for the backing source.
+    pub source: SourceId,
+    /// Absolute offset of the first byte in the source.
+    pub start: u64,
+    /// Byte length.
+    pub len: u64,
+    /// Path of its raw file, relative to the mount root.
+    pub path: String,
+}
+
+/// What a regular file holds.
+#[derive(Debug, Clone)]
+pub enum Content {
+    /// The raw bytes of tensor `i`.
+    Tensor(usize),
+    /// A NumPy header (`.npy` view) followed by the raw bytes of tensor `tensor`.
+    Npy {
+        /// Index of the tensor.
+        tensor: usize,
+        /// The synthesized header.
+        header: Arc<[u8]>,
+    },
+    /// Fixed bytes built at mount time (metadata.json).
+    Bytes(Arc<[u8]>),
+    /// The live counters, rendered when the file is opened.
+    Stats,
+}
+
+/// A directory's entries, sorted by name for readdir, indexed for lookup.
+#[derive(Debug, Default, Clone)]
+pub struct Dir {
+    entries: Vec<(String, Ino)>,
+    index: HashMap<String, Ino>,
+}
+
+impl Dir {
+    /// Entries sorted by name.
+    pub fn entries(&self) -> &[(String, Ino)] {
+        &self.entries
+    }
+    /// The inode of `name`, if present.
+    pub fn get(&self, name: &str) -> Option<Ino> {
+        self.index.get(name).copied()
+    }
+}
+
+/// What a node is.
+#[derive(Debug, Clone)]
+pub enum NodeKind {
+    /// A directory.
+    Dir(Dir),
+    /// A regular file of `size` bytes.
+    File {
+        /// What it holds.
+        content: Content,
+        /// Its length in bytes (0 for [`Content::Stats`], which is read until EOF).
+        size: u64,
+    },
+}
+
+/// One inode.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Parent directory (the root is its own parent).
+    pub parent: Ino,
+    /// What it is.
+    pub kind: NodeKind,
+}
+
+/// Two tensors, or a tensor and a reserved name, that would need the same path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameClash {
+    /// The path both would take.
+    pub path: String,
+    /// The tensor that came second.
+    pub tensor: String,
+}
+
+impl fmt::Display for NameClash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tensor {:?} maps to path `{}`, which is already taken", self.tensor, self.path)
+    }
+}
+
+impl std::error::Error for NameClash {}
+
+/// The whole virtual tree of a mount.
+#[derive(Debug)]
+pub struct Namespace {
+    nodes: Vec<Node>,
+    tensors: Vec<Tensor>,
+    shards: Vec<Shard>,
+}
+
+impl Namespace {
+    /// Builds the tree for `shards`. Tensor names are unique across shards (checked by the caller).
+    pub fn build(shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
+        let mut ns = Namespace { nodes: Vec::new(), tensors: Vec::new(), shards: Vec::new() };
+        ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
+        let meta_ino = ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
+        let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
+        ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
+
+        for (shard_index, shard) in shards.iter().enumerate() {
+            for info in &shard.header.tensors {
+                let i = ns.tensors.len();
+                let start = shard.header.data_start() + info.data_offsets.0;
+                let len = info.byte_len();
+                let path = ns.place(layout, &info.name, Content::Tensor(i), len, "")?;
+                ns.tensors.push(Tensor {
+                    name: info.name.clone(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    shard: shard_index,
+                    source: shard.source,
+                    start,
+                    len,
+                    path,
+                });
+                let _ = views; // views are wired in once the npy/convert modules land
+            }
+        }
+        ns.shards = shards;
+        let json = crate::metadata::render(&ns);
+        let size = json.len() as u64;
+        ns.nodes[(meta_ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
+        Ok(ns)
+    }
+
+    /// Adds the file for one tensor under its escaped path; returns the path.
+    fn place(&mut self, layout: Layout, name: &str, content: Content, size: u64, suffix: &str) -> Result<String, NameClash> {
+        let clash = |path: String| NameClash { path, tensor: name.to_string() };
+        let (dirs, leaf): (Vec<&str>, &str) = match layout {
+            Layout::Flat => (Vec::new(), name),
+            Layout::Tree => {
+                let mut parts: Vec<&str> = name.split('.').collect();
+                let leaf = parts.pop().unwrap_or_default();
+                (parts, leaf)
+            }
+        };
+        let mut dir = ROOT_INO;
+        let mut path = String::new();
+        for part in dirs {
+            let reserved = if dir == ROOT_INO { RESERVED } else { &[] };
+            let file_name = names::escape(part, reserved);
+            path.push_str(&file_name);
+            path.push('/');
+            dir = match self.dir(dir).and_then(|d| d.get(&file_name)) {
+                Some(ino) if self.dir(ino).is_some() => ino,
+                // A tensor already holds this name: it moves into the new directory as SELF_NAME.
+                Some(ino) => self.demote_to_self(dir, &file_name, ino),
+                None => self.add_dir(dir, file_name),
+            };
+        }
+        let reserved = if dir == ROOT_INO { RESERVED } else { &[] };
+        let mut file_name = names::escape(leaf, reserved);
+        file_name.push_str(suffix);
+        if let Some(existing) = self.dir(dir).and_then(|d| d.get(&file_name)) {
+            if layout == Layout::Tree && self.dir(existing).is_some() {
+                // A directory of this name exists: the tensor lives inside it.
+                let self_name = format!("{SELF_NAME}{suffix}");
+                if self.dir(existing).and_then(|d| d.get(&self_name)).is_some() {
+                    return Err(clash(format!("{path}{file_name}/{self_name}")));
+                }
+                self.add_file(existing, self_name.clone(), content, size);
+                return Ok(format!("{path}{file_name}/{self_name}"));
+            }
+            return Err(clash(format!("{path}{file_name}")));
+        }
+        self.add_file(dir, file_name.clone(), content, size);
+        Ok(format!("{path}{file_name}"))
+    }
+
+    /// Turns the file `ino` named `name` in `parent` into `name/SELF_NAME`; returns the new directory.
+    fn demote_to_self(&mut self, parent: Ino, name: &str, ino: Ino) -> Ino {
+        self.remove_entry(parent, name);
+        let new_dir = self.add_dir(parent, name.to_string());
+        self.insert_entry(new_dir, SELF_NAME.to_string(), ino);
+        self.nodes[(ino - 1) as usize].parent = new_dir;
+        if let Some(NodeKind::File { content: Content::Tensor(i), .. }) = self.node(ino).map(|n| &n.kind) {
+            let i = *i;
+            self.tensors[i].path = format!("{}/{SELF_NAME}", self.tensors[i].path);
+        }
+        new_dir
+    }
+
+    fn add_dir(&mut self, parent: Ino, name: String) -> Ino {
+        self.nodes.push(Node { parent, kind: NodeKind::Dir(Dir::default()) });
+        let ino = self.nodes.len() as Ino;
+        self.insert_entry(parent, name, ino);
+        ino
+    }
+
+    fn add_file(&mut self, parent: Ino, name: String, content: Content, size: u64) -> Ino {
+        self.nodes.push(Node { parent, kind: NodeKind::File { content, size } });
+        let ino = self.nodes.len() as Ino;
+        self.insert_entry(parent, name, ino);
+        ino
+    }
+
+    fn insert_entry(&mut self, dir: Ino, name: String, ino: Ino) {
+        if let Some(NodeKind::Dir(d)) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind) {
+            let at = d.entries.partition_point(|(n, _)| n.as_str() < name.as_str());
+            d.entries.insert(at, (name.clone(), ino));
+            d.index.insert(name, ino);
+        }
+    }
+
+    fn remove_entry(&mut self, dir: Ino, name: &str) {
+        if let Some(NodeKind::Dir(d)) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind) {
+            d.entries.retain(|(n, _)| n != name);
+            d.index.remove(name);
+        }
+    }
+
+    /// The node with inode `ino`.
+    pub fn node(&self, ino: Ino) -> Option<&Node> {
+        let index = usize::try_from(ino.checked_sub(1)?).ok()?;
+        self.nodes.get(index)
+    }
+
+    /// The directory with inode `ino`, if it is one.
+    pub fn dir(&self, ino: Ino) -> Option<&Dir> {
+        match &self.node(ino)?.kind {
+            NodeKind::Dir(d) => Some(d),
+            NodeKind::File { .. } => None,
+        }
+    }
+
+    /// Every tensor, in shard and offset order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The shards the namespace was built from.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// Number of inodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tree is empty (never: the root always exists).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// Attributes shared by every node: owner, times and permission masks.
+#[derive(Debug, Clone, Copy)]
+pub struct AttrBase {
+    /// Owner user id.
+    pub uid: u32,
+    /// Owner group id.
+    pub gid: u32,
+    /// Modification time of the backing file.
+    pub mtime: SystemTime,
+    /// Permission bits for regular files (0444 masked by the backing file's read bits).
+    pub file_perm: u16,
+    /// Permission bits for directories (read bits plus matching execute bits).
+    pub dir_perm: u16,
+    /// `st_blksize`: the block size of the engine.
+    pub blksize: u32,
+}
+
+impl AttrBase {
+    /// Permissions derived from the backing file's mode: read bits kept, write bits never given.
+    pub fn perms_from_mode(mode: u32) -> (u16, u16) {
+        let read = (mode & 0o444) as u16;
+        let dir = read | (read >> 2);
+        (read, dir)
+    }
+}

@@ -1,0 +1,187 @@
+//! Serving a mount: builds the engine, namespace and filesystem for an opened checkpoint, mounts it,
+//! reports readiness, and runs until unmounted or signalled (SIGINT, SIGTERM, SIGHUP unmount cleanly).
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use fuser::{Config, MountOption, SessionACL};
+use log::{info, warn};
+
+use crate::checkpoint::Checkpoint;
+use crate::engine::{Engine, EngineConfig};
+use crate::fs::Fs;
+use crate::fuse::FuseAdapter;
+use crate::mountpoint;
+use crate::namespace::{AttrBase, Layout, Namespace, Shard, Views};
+use crate::stats::Stats;
+
+/// How long to wait for the new mount to answer its first request.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What to mount and how.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Where.
+    pub mountpoint: PathBuf,
+    /// Engine tuning.
+    pub engine: EngineConfig,
+    /// FUSE threads.
+    pub threads: u32,
+    /// Let other users in (with default_permissions).
+    pub allow_other: bool,
+    /// Kernel readahead to set after mounting, in KiB (0: leave alone).
+    pub kernel_readahead_kb: u32,
+    /// Path layout.
+    pub layout: Layout,
+    /// Extra views.
+    pub views: Views,
+}
+
+/// Builds the filesystem for `checkpoint` (no mount yet).
+pub fn build_fs(checkpoint: Checkpoint, options: &ServeOptions) -> Result<Arc<Fs>, String> {
+    let engine = Engine::new(options.engine.clone(), Arc::new(Stats::default()));
+    let mut shards = Vec::new();
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut read_bits = 0o444;
+    for s in checkpoint.shards {
+        if let Ok(meta) = std::fs::metadata(s.source.name()) {
+            newest = newest.max(meta.modified().unwrap_or(newest));
+            read_bits &= meta.permissions().mode();
+        }
+        let name = s.source.name().to_string();
+        let source = engine.add_source(s.source);
+        shards.push(Shard { source, name, header: s.header });
+    }
+    let ns = Namespace::build(shards, options.layout, options.views).map_err(|e| e.to_string())?;
+    let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
+    let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
+    Ok(Arc::new(Fs::new(ns, engine, base)))
+}
+
+/// The fuser configuration for a mount.
+fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::FSName(fsname.replace(',', "_")),
+        MountOption::Subtype("stfs".into()),
+    ];
+    if options.allow_other {
+        config.acl = SessionACL::All;
+        config.mount_options.push(MountOption::DefaultPermissions);
+    }
+    config.n_threads = Some(options.threads as usize);
+    // One /dev/fuse descriptor per thread spreads requests without a shared-queue bottleneck.
+    config.clone_fd = true;
+    config
+}
+
+/// Mounts `fs`, calls `on_ready` once the mount answers (with `Err` if it never does), and serves
+/// until unmounted or signalled. Signals must already be blocked (see [`block_signals`]).
+pub fn serve(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, on_ready: impl FnOnce(Result<(), String>)) -> Result<(), String> {
+    let mp = options.mountpoint.clone();
+    let config = fuse_config(fsname, options);
+    let mut session = match fuser::Session::new(FuseAdapter::new(fs.clone()), &mp, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            let message = format!("{}: mounting failed: {}", mp.display(), crate::checkpoint::describe_io(&e));
+            on_ready(Err(message.clone()));
+            return Err(message);
+        }
+    };
+    let mut unmounter = session.unmount_callable();
+    let runner = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run());
+    let runner = match runner {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = unmounter.unmount();
+            on_ready(Err(format!("starting the session: {e}")));
+            return Err(e.to_string());
+        }
+    };
+    match wait_until_answering(&mp) {
+        Ok(()) => {
+            if options.kernel_readahead_kb > 0 {
+                if let Err(e) = mountpoint::set_kernel_readahead(&mp, options.kernel_readahead_kb) {
+                    info!("kernel readahead left at its default: {e}");
+                }
+            }
+            info!("mounted {} on {}", fsname, mp.display());
+            on_ready(Ok(()));
+        }
+        Err(message) => {
+            let _ = unmounter.unmount();
+            on_ready(Err(message.clone()));
+            return Err(message);
+        }
+    }
+    let signal_mp = mp.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let signal = wait_for_signal();
+            info!("signal {signal}: unmounting {}", signal_mp.display());
+            if let Err(e) = unmounter.unmount() {
+                warn!("unmount failed ({e}); detaching lazily");
+                let _ = mountpoint::unmount(&signal_mp, true);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let result = runner.join().map_err(|_| "the FUSE session panicked".to_string())?;
+    info!("unmounted {}; final counters: {}", mp.display(), fs.stats().to_json());
+    result.map_err(|e| format!("FUSE session ended with an error: {e}"))
+}
+
+/// Polls the mount point until its root answers as inode 1 (the FUSE root), with a timeout.
+fn wait_until_answering(mp: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match std::fs::metadata(mp) {
+            Ok(m) if m.ino() == 1 && mountpoint::is_mount_point(mp) => return Ok(()),
+            _ if Instant::now() >= deadline => {
+                return Err(format!("{}: the mount did not answer within {} s", mp.display(), READY_TIMEOUT.as_secs()))
+            }
+            _ => std::thread::sleep(pause),
+        }
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a zeroed sigset_t we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts afterwards,
+/// so that only [`wait_for_signal`] receives them. Call before starting any thread.
+pub fn block_signals() {
+    let set = signal_set();
+    // SAFETY: set is initialised; a null old-set pointer is allowed.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Waits for one of the blocked signals and returns its number.
+fn wait_for_signal() -> libc::c_int {
+    let set = signal_set();
+    let mut sig = 0;
+    // SAFETY: set is initialised and sig is a valid out-pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    sig
+}
