@@ -84,7 +84,7 @@ impl MountConfig {
                     a.kernel_readahead_kb = a.kernel_readahead_kb.or(Some(parse_count(key, need()?, 0, 1 << 20)?))
                 }
                 "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
-                k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "fsname" || k == "subtype" => {}
+                k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
             }
         }
