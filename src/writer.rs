@@ -108,3 +108,75 @@ pub fn serialize(
 fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).expect("maps with string keys and plain structs always serialize")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Tensor = (String, Dtype, Vec<u64>, Vec<u8>);
+
+    fn tensor(name: &str, dtype: Dtype, shape: &[u64], data: &[u8]) -> Tensor {
+        (name.to_owned(), dtype, shape.to_vec(), data.to_vec())
+    }
+
+    fn header_text(bytes: &[u8]) -> &str {
+        let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        std::str::from_utf8(&bytes[8..8 + len]).unwrap()
+    }
+
+    /// The reference's `test_empty`: `{}` padded with six spaces.
+    #[test]
+    fn empty_file_matches_the_reference_bytes() {
+        let bytes = serialize(&[], None).unwrap();
+        assert_eq!(bytes, b"\x08\0\0\0\0\0\0\0{}      ");
+    }
+
+    #[test]
+    fn orders_by_descending_dtype_then_name_with_metadata_first() {
+        let tensors = [
+            tensor("b", Dtype::U8, &[3], &[1, 2, 3]),
+            tensor("a", Dtype::U8, &[1], &[4]),
+            tensor("w", Dtype::F32, &[], &[5, 6, 7, 8]),
+        ];
+        let metadata = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
+        let bytes = serialize(&tensors, Some(&metadata)).unwrap();
+        let text = header_text(&bytes);
+        let expected = concat!(
+            r#"{"__metadata__":{"format":"pt"},"#,
+            r#""w":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"#,
+            r#""a":{"dtype":"U8","shape":[1],"data_offsets":[4,5]},"#,
+            r#""b":{"dtype":"U8","shape":[3],"data_offsets":[5,8]}}"#,
+        );
+        assert_eq!(text.trim_end(), expected);
+        assert_eq!(text.len() % 8, 0);
+        assert_eq!(&bytes[8 + text.len()..], [5, 6, 7, 8, 4, 1, 2, 3]);
+        let header = crate::format::parse_header(text.as_bytes(), bytes.len() as u64).unwrap();
+        let names: Vec<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["w", "a", "b"]);
+    }
+
+    #[test]
+    fn rejects_duplicate_names() {
+        let tensors = [tensor("x", Dtype::U8, &[1], &[0]), tensor("x", Dtype::I8, &[1], &[0])];
+        match serialize(&tensors, None) {
+            Err(WriteError::DuplicateName { name }) => assert_eq!(name, "x"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_data_that_does_not_match_dtype_and_shape() {
+        let short = [tensor("w", Dtype::F32, &[2], &[0; 7])];
+        match serialize(&short, None) {
+            Err(WriteError::Invalid {
+                error: FormatError::LengthMismatch { tensor, expected: 8, found: 7 },
+            }) => assert_eq!(tensor, "w"),
+            other => panic!("{other:?}"),
+        }
+        let odd_nibbles = [tensor("q", Dtype::F4, &[3], &[0; 2])];
+        assert!(matches!(
+            serialize(&odd_nibbles, None),
+            Err(WriteError::Invalid { error: FormatError::MisalignedBits { bits: 12, .. } })
+        ));
+    }
+}
