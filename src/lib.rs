@@ -20,6 +20,7 @@ pub mod serve;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod writer;
 
 /// Sets up env_logger: `RUST_LOG` (default `warn`), to `log_file` if given, else to stderr.
 pub fn init_logging(log_file: Option<&std::path::Path>) {
