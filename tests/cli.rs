@@ -1,0 +1,199 @@
+//! The command line: exit codes, one-line errors naming the file, nothing left mounted, recovery.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use stfs::format::Dtype;
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A bad input must give exit 1, exactly one `stfs: PATH: ...` line containing `needle`, and no mount.
+fn assert_refused(source: &Path, needle: &str) {
+    let mp = workdir();
+    for args in [vec!["inspect", source.to_str().unwrap()], vec!["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()]] {
+        let out = stfs(&args);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: expected one line, got {err:?}");
+        assert!(err.starts_with(&format!("stfs: {}: ", source.display())), "{args:?}: {err}");
+        assert!(err.to_lowercase().contains(needle), "{args:?}: expected {needle:?} in {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!is_mounted(mp.path()), "{args:?} left a mount behind");
+    }
+}
+
+#[test]
+fn every_corpus_file_is_refused_with_its_reason() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let expected: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(root.join("expected.json")).unwrap()).unwrap();
+    assert!(expected.len() >= 40, "corpus has {} files", expected.len());
+    for (file, needle) in &expected {
+        assert_refused(&root.join("bad").join(file), &needle.as_str().unwrap().to_lowercase());
+    }
+}
+
+#[test]
+fn non_files_are_refused() {
+    let dir = workdir();
+    assert_refused(dir.path(), "directory");
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    assert_refused(&fifo, "not a regular file");
+    assert_refused(&dir.path().join("missing.safetensors"), "no such file");
+}
+
+#[test]
+fn unreadable_file_is_refused_for_a_non_root_user() {
+    // As root every file is readable; check permission errors by dropping to nobody in a child.
+    let dir = workdir();
+    let file = dir.path().join("secret.safetensors");
+    write_checkpoint(&file, &[T::new("w", Dtype::F32, &[4])], None);
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", STFS, "inspect"])
+        .arg(&file)
+        .output();
+    let Ok(out) = out else { return eprintln!("setpriv unavailable; skipped") };
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("permission denied"), "{}", stderr_of(&out));
+}
+
+#[test]
+fn bad_mount_points_are_clear_errors() {
+    let dir = workdir();
+    let file = dir.path().join("m.safetensors");
+    write_checkpoint(&file, &[T::new("w", Dtype::F32, &[4])], None);
+    let f = file.to_str().unwrap();
+    let missing = dir.path().join("nope");
+    let out = stfs(&["mount", f, missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("mount point does not exist"), "{}", stderr_of(&out));
+    let out = stfs(&["mount", f, f]);
+    assert!(stderr_of(&out).contains("not a directory"), "{}", stderr_of(&out));
+    let m = Mount::new(&file, &[]);
+    let out = stfs(&["mount", f, m.path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("already mounted"), "{}", stderr_of(&out));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [&["mount", "--bogus", "a", "b"][..], &["frobnicate"][..], &["mount", "a"][..], &["mount", "--cache-size", "lots", "a", "b"][..]] {
+        let out = stfs(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr_of(&out));
+    }
+    let out = stfs(&["mount", "-o", "bogus_opt=1", "a", "b"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("unknown mount option `bogus_opt`"));
+    let out = stfs(&["--version"]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn inspect_prints_the_table_and_json() {
+    let dir = workdir();
+    let file = dir.path().join("m.safetensors");
+    write_checkpoint(&file, &mixed_tensors(), None);
+    let out = stfs(&["inspect", file.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("model.layers.0.mlp.weight") && text.contains("BF16") && text.contains("[257, 333]"), "{text}");
+    assert!(text.contains(&format!("{} tensors", mixed_tensors().len())));
+    let out = stfs(&["inspect", "--json", file.to_str().unwrap()]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["tensors"]["scale"]["shape"], serde_json::json!([]));
+}
+
+/// Pid of the daemon serving `mp`, found by its command line.
+fn daemon_pid(mp: &Path) -> Option<i32> {
+    let want = mp.to_str()?;
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.iter().any(|a| *a == want.as_bytes())).then_some(pid)
+    })
+}
+
+#[test]
+fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
+    let dir = workdir();
+    let file = dir.path().join("m.safetensors");
+    let tensors = [T::new("w", Dtype::F32, &[1000])];
+    write_checkpoint(&file, &tensors, None);
+    let m = Mount::new(&file, &[]);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    // SAFETY: sending a signal to a process we started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_until(TIMEOUT, || std::fs::metadata(&m.path).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN)));
+    // Mounting on it again names the problem.
+    let out = stfs(&["mount", file.to_str().unwrap(), m.path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("stale"), "{}", stderr_of(&out));
+    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!is_mounted(&m.path));
+    // And a new mount on the same directory works.
+    let out = stfs(&["mount", file.to_str().unwrap(), m.path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(std::fs::read(m.path.join("w")).unwrap(), tensors[0].data);
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    let dir = workdir();
+    let file = dir.path().join("m.safetensors");
+    write_checkpoint(&file, &[T::new("w", Dtype::F32, &[10])], None);
+    let m = Mount::new(&file, &[]);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    // SAFETY: signalling our own daemon.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert!(wait_until(TIMEOUT, || !is_mounted(&m.path)), "SIGTERM did not unmount");
+    assert!(wait_until(TIMEOUT, || !Path::new(&format!("/proc/{pid}")).exists()), "daemon did not exit");
+}
+
+#[test]
+fn foreground_mount_serves_until_interrupted() {
+    let dir = workdir();
+    let file = dir.path().join("m.safetensors");
+    let tensors = [T::new("w", Dtype::F32, &[10])];
+    write_checkpoint(&file, &tensors, None);
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let child = std::process::Command::new(STFS)
+        .args(["mount", "-f", file.to_str().unwrap(), mp.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let guard_mp = mp.clone();
+    let _cleanup = scopeguard(move || force_unmount(&guard_mp));
+    assert!(wait_until(TIMEOUT, || is_mounted(&mp)), "foreground mount never appeared");
+    assert_eq!(std::fs::read(mp.join("w")).unwrap(), tensors[0].data);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = wait_output(child, TIMEOUT);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!is_mounted(&mp));
+}
+
+/// Runs `f` on drop (a minimal scope guard for cleanup in tests).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct G<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for G<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f()
+            }
+        }
+    }
+    G(Some(f))
+}

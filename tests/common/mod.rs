@@ -1,0 +1,178 @@
+//! Shared helpers for the real-mount tests: fixtures, a mount guard, and running the binary.
+//!
+//! Every mount lives on a fresh temp directory, is waited for with a deadline (never a fixed sleep),
+//! and is unmounted by [`Mount`]'s `Drop`, falling back to a lazy detach, even when a test panics.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use stfs::format::Dtype;
+
+/// The binary under test.
+pub const STFS: &str = env!("CARGO_BIN_EXE_stfs");
+/// Longest any wait in these tests may take.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A deterministic pseudo-random byte pattern (xorshift), so every byte of a fixture is checkable.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// One tensor of a fixture.
+pub struct T {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+impl T {
+    /// A tensor with patterned data of the right length for `dtype` and `shape`.
+    pub fn new(name: &str, dtype: Dtype, shape: &[u64]) -> T {
+        let bits: u64 = shape.iter().product::<u64>() * dtype.bitsize();
+        let data = pattern(stfs::names::fnv1a64(name.as_bytes()), (bits / 8) as usize);
+        T { name: name.to_string(), dtype, shape: shape.to_vec(), data }
+    }
+}
+
+/// Writes a safetensors file with the project's writer; returns the bytes written.
+pub fn write_checkpoint(path: &Path, tensors: &[T], metadata: Option<&BTreeMap<String, String>>) -> Vec<u8> {
+    let list: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
+        tensors.iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), t.data.clone())).collect();
+    let bytes = stfs::writer::serialize(&list, metadata).expect("serialize fixture");
+    std::fs::write(path, &bytes).expect("write fixture");
+    bytes
+}
+
+/// A small mixed checkpoint: several dtypes, odd sizes, a scalar, an empty tensor, awkward names.
+pub fn mixed_tensors() -> Vec<T> {
+    vec![
+        T::new("model.embed.weight", Dtype::F32, &[300, 129]),
+        T::new("model.layers.0.mlp.weight", Dtype::BF16, &[257, 333]),
+        T::new("model.layers.0.mlp.bias", Dtype::F16, &[333]),
+        T::new("scale", Dtype::F64, &[]),
+        T::new("empty", Dtype::I32, &[0, 7]),
+        T::new("mask", Dtype::BOOL, &[1001]),
+        T::new("q", Dtype::I8, &[3, 5, 7]),
+        T::new("fp8", Dtype::F8_E4M3, &[4099]),
+        T::new("packed4", Dtype::F4, &[6]),
+        T::new("a/b", Dtype::U8, &[5]),
+        T::new("..", Dtype::U16, &[9]),
+        T::new("metadata.json", Dtype::I64, &[2]),
+    ]
+}
+
+/// A temp directory holding fixtures, removed at the end of the test.
+pub fn workdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("stfs-test-").tempdir().expect("tempdir")
+}
+
+/// Runs `stfs ARGS...` to completion (with a timeout) and returns its output.
+pub fn stfs(args: &[&str]) -> Output {
+    let child = Command::new(STFS)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stfs");
+    wait_output(child, TIMEOUT)
+}
+
+/// Waits for a child with a deadline; kills it and panics if it overruns.
+pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("command did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether `path` is a mount point now (from /proc/self/mountinfo).
+pub fn is_mounted(path: &Path) -> bool {
+    stfs::mountpoint::is_mount_point(path)
+}
+
+/// A mounted stfs: unmounted on drop, whatever happened.
+pub struct Mount {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl Mount {
+    /// `stfs mount SOURCE MP EXTRA...` in the default (background) mode; the command must exit 0
+    /// and, by contract, the mount must answer as soon as it has.
+    pub fn new(source: &Path, extra: &[&str]) -> Mount {
+        let dir = tempfile::Builder::new().prefix("stfs-mnt-").tempdir().expect("mount dir");
+        let path = dir.path().join("m");
+        std::fs::create_dir(&path).unwrap();
+        let mut args = vec!["mount", source.to_str().unwrap(), path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = stfs(&args);
+        let guard = Mount { _dir: dir, path };
+        assert!(out.status.success(), "stfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(is_mounted(&guard.path), "stfs mount returned 0 but nothing is mounted");
+        guard
+    }
+
+    /// Path of a file inside the mount.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        force_unmount(&self.path);
+    }
+}
+
+/// Unmounts with umount2(2), falling back to MNT_DETACH; waits (bounded) until it is gone.
+pub fn force_unmount(path: &Path) {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    if is_mounted(path) {
+        // SAFETY: c is a valid C string for the duration of the calls.
+        unsafe {
+            if libc::umount2(c.as_ptr(), 0) != 0 {
+                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+    }
+    let deadline = Instant::now() + TIMEOUT;
+    while is_mounted(path) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls `cond` until it holds or the deadline passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

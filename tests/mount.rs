@@ -1,0 +1,222 @@
+//! Real mounts: ls, stat, read, cat, dd, mmap, metadata.json, xattrs, read-only refusals, umount.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::process::Command;
+
+use common::*;
+
+fn mixed_mount() -> (tempfile::TempDir, Vec<T>, Mount) {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensors = mixed_tensors();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_checkpoint(&file, &tensors, Some(&meta));
+    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "256K"]);
+    (dir, tensors, m)
+}
+
+fn served_path(m: &Mount, name: &str) -> std::path::PathBuf {
+    m.file(&stfs::names::escape(name, stfs::namespace::RESERVED))
+}
+
+#[test]
+fn every_tensor_reads_back_exactly() {
+    let (_dir, tensors, m) = mixed_mount();
+    for t in &tensors {
+        let got = std::fs::read(served_path(&m, &t.name)).unwrap();
+        assert_eq!(got, t.data, "tensor {:?}", t.name);
+    }
+}
+
+#[test]
+fn ls_and_stat_show_one_file_per_tensor() {
+    let (dir, tensors, m) = mixed_mount();
+    let mut names: Vec<String> = std::fs::read_dir(&m.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    let mut expected: Vec<String> = tensors.iter().map(|t| stfs::names::escape(&t.name, stfs::namespace::RESERVED)).collect();
+    expected.extend(["metadata.json".to_string(), ".stfs".to_string()]);
+    expected.sort();
+    assert_eq!(names, expected);
+    let backing = std::fs::metadata(dir.path().join("model.safetensors")).unwrap();
+    for t in &tensors {
+        let st = std::fs::metadata(served_path(&m, &t.name)).unwrap();
+        assert!(st.is_file());
+        assert_eq!(st.len(), t.data.len() as u64);
+        assert_eq!(st.permissions().mode() & 0o777, 0o444);
+        assert_eq!(st.mtime(), backing.mtime());
+        assert_eq!(st.uid(), unsafe { libc::getuid() });
+        assert_eq!(st.blksize(), 64 << 10);
+    }
+    let root = std::fs::metadata(&m.path).unwrap();
+    assert_eq!((root.ino(), root.permissions().mode() & 0o777), (1, 0o555));
+    // ls -l works through the real tool too.
+    let out = Command::new("ls").arg("-la").arg(&m.path).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("model.embed.weight"));
+}
+
+#[test]
+fn reads_at_odd_offsets_and_sizes() {
+    let (_dir, tensors, m) = mixed_mount();
+    let t = &tensors[1];
+    let f = std::fs::File::open(served_path(&m, &t.name)).unwrap();
+    let len = t.data.len() as u64;
+    for (off, size) in [(0, 1), (1, 4095), (4097, 70_000), (65_535, 2), (len - 3, 100), (len, 10), (len + 5000, 10)] {
+        let mut buf = vec![0u8; size];
+        let n = f.read_at(&mut buf, off).unwrap();
+        let lo = (off as usize).min(t.data.len());
+        let hi = (off as usize + size).min(t.data.len());
+        assert_eq!(&buf[..n], &t.data[lo..hi], "offset {off} size {size}");
+    }
+    let mut f = f;
+    f.seek(SeekFrom::Start(12345)).unwrap();
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, &t.data[12345..]);
+}
+
+#[test]
+fn cat_and_dd_serve_the_bytes() {
+    let (_dir, tensors, m) = mixed_mount();
+    let t = &tensors[0];
+    let path = served_path(&m, &t.name);
+    let out = Command::new("cat").arg(&path).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, t.data);
+    let out = Command::new("dd")
+        .arg(format!("if={}", path.display()))
+        .args(["bs=1000", "skip=7", "count=13", "status=none"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, &t.data[7000..20000]);
+}
+
+#[test]
+fn mmap_of_a_tensor_file_sees_its_bytes() {
+    let (_dir, tensors, m) = mixed_mount();
+    let t = &tensors[1];
+    let f = std::fs::File::open(served_path(&m, &t.name)).unwrap();
+    let len = t.data.len();
+    // SAFETY: a read-only private mapping of a file we keep open for the mapping's lifetime.
+    let ptr = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, std::os::fd::AsRawFd::as_raw_fd(&f), 0)
+    };
+    assert_ne!(ptr, libc::MAP_FAILED, "mmap failed: {}", std::io::Error::last_os_error());
+    // SAFETY: the mapping is `len` bytes long and readable.
+    let mapped = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+    // Touch pages in a scattered order, like page faults of a real consumer.
+    for i in (0..len).step_by(4096).rev() {
+        assert_eq!(mapped[i], t.data[i]);
+    }
+    assert_eq!(mapped, &t.data[..]);
+    // SAFETY: unmapping the mapping created above.
+    unsafe { libc::munmap(ptr, len) };
+}
+
+#[test]
+fn metadata_json_describes_every_tensor() {
+    let (dir, tensors, m) = mixed_mount();
+    let text = std::fs::read_to_string(m.file("metadata.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["metadata"]["format"], "pt");
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    for t in &tensors {
+        let e = &doc["tensors"][&t.name];
+        assert_eq!(e["dtype"], t.dtype.name(), "{}", t.name);
+        assert_eq!(e["shape"], serde_json::json!(t.shape));
+        assert_eq!(e["byte_len"], t.data.len());
+        let off = e["offset"].as_u64().unwrap() as usize;
+        assert_eq!(&bytes[off..off + t.data.len()], &t.data[..], "offset of {}", t.name);
+        let path = e["path"].as_str().unwrap();
+        assert_eq!(doc["files"][path], t.name.as_str());
+        assert_eq!(std::fs::read(m.file(path)).unwrap(), t.data);
+    }
+}
+
+#[test]
+fn xattrs_describe_the_tensor() {
+    let (_dir, tensors, m) = mixed_mount();
+    let path = served_path(&m, &tensors[1].name);
+    let out = Command::new("getfattr").args(["-d", "-m", "user.safetensors"]).arg(&path).output();
+    let Ok(out) = out else {
+        eprintln!("getfattr not installed; reading xattrs through libc only");
+        return check_xattrs_libc(&path);
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("user.safetensors.dtype=\"BF16\""), "{text}");
+    assert!(text.contains("user.safetensors.shape=\"[257,333]\""), "{text}");
+    check_xattrs_libc(&path);
+}
+
+fn check_xattrs_libc(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 256];
+    // SAFETY: valid C strings and a buffer of the stated size.
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.safetensors.dtype".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..n as usize], b"BF16");
+    // SAFETY: as above.
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.nope".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!((n, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENODATA)));
+}
+
+#[test]
+fn writes_are_refused_with_erofs() {
+    let (_dir, tensors, m) = mixed_mount();
+    let path = served_path(&m, &tensors[0].name);
+    let erofs = |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    erofs(std::fs::OpenOptions::new().write(true).open(&path).map(drop));
+    erofs(std::fs::write(m.file("new"), b"x"));
+    erofs(std::fs::create_dir(m.file("d")));
+    erofs(std::fs::remove_file(&path));
+    erofs(std::fs::rename(&path, m.file("other")));
+    erofs(std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)));
+}
+
+#[test]
+fn stats_file_and_command_report_counters() {
+    let (_dir, tensors, m) = mixed_mount();
+    std::fs::read(served_path(&m, &tensors[0].name)).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+    assert!(doc["fuse_reads"].as_u64().unwrap() > 0);
+    assert!(doc["backing_read_bytes"].as_u64().unwrap() >= tensors[0].data.len() as u64);
+    assert!(doc["peak_resident_bytes"].as_u64().unwrap() <= 256 << 10);
+    let out = stfs(&["stats", m.path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["cache_misses"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn umount_command_unmounts_and_daemon_exits() {
+    let (_dir, _tensors, m) = mixed_mount();
+    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!is_mounted(&m.path));
+    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a mount point"));
+}
+
+#[test]
+fn concurrent_readers_get_the_right_bytes() {
+    let (_dir, tensors, m) = mixed_mount();
+    std::thread::scope(|s| {
+        for k in 0..8 {
+            let (tensors, m) = (&tensors, &m);
+            s.spawn(move || {
+                for round in 0..3 {
+                    for (i, t) in tensors.iter().enumerate() {
+                        if (i + k + round) % 2 == 0 {
+                            assert_eq!(std::fs::read(served_path(m, &t.name)).unwrap(), t.data);
+                        }
+                    }
+                }
+            });
+        }
+    });
+}

@@ -1,0 +1,45 @@
+"""Fixtures for the Python cross-checks: the stfs binary and a mount context manager.
+
+Every mount goes on a fresh temporary directory, `stfs mount` returns only once the mount answers
+(so no waiting is needed), and the mount is always unmounted on exit, lazily if it must be.
+"""
+import contextlib
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STFS = os.environ.get("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
+TIMEOUT = 60
+
+
+def is_mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split(" ")[4] == path for line in f)
+
+
+@contextlib.contextmanager
+def mounted(source, *args):
+    """Mounts `source` with `stfs mount` and yields the mount point."""
+    with tempfile.TemporaryDirectory(prefix="stfs-py-") as tmp:
+        mp = os.path.join(tmp, "m")
+        os.mkdir(mp)
+        try:
+            out = subprocess.run([STFS, "mount", str(source), mp, *args], capture_output=True, text=True, timeout=TIMEOUT)
+            assert out.returncode == 0, out.stderr
+            assert is_mounted(mp)
+            yield mp
+        finally:
+            if is_mounted(mp):
+                r = subprocess.run([STFS, "umount", mp], capture_output=True, timeout=TIMEOUT)
+                if r.returncode != 0:
+                    subprocess.run([STFS, "umount", "--lazy", mp], capture_output=True, timeout=TIMEOUT)
+
+
+@pytest.fixture
+def stfs_bin():
+    assert os.path.exists(STFS), f"build stfs first: {STFS}"
+    return STFS
