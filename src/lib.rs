@@ -3,5 +3,6 @@
 
 pub mod engine;
 pub mod format;
+pub mod npy;
 pub mod source;
 pub mod stats;
