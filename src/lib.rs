@@ -1,6 +1,7 @@
 //! stfs: a read-only FUSE filesystem that shows each tensor of a safetensors file as a file.
 #![deny(missing_docs)]
 
+pub mod convert;
 pub mod engine;
 pub mod format;
 pub mod npy;

@@ -58,7 +58,9 @@ impl fmt::Display for NpyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NpyError::ShapeOverflow => f.write_str("packed byte count overflows u64"),
-            NpyError::PartialByte { bits } => write!(f, "{bits} bits is not a whole number of bytes"),
+            NpyError::PartialByte { bits } => {
+                write!(f, "{bits} bits is not a whole number of bytes")
+            }
             NpyError::HeaderTooLarge => f.write_str("npy header longer than 4 GiB"),
         }
     }
@@ -114,7 +116,9 @@ pub fn npy_shape(dtype: Dtype, shape: &[u64]) -> Result<Vec<u64>, NpyError> {
         .iter()
         .try_fold(1u64, |acc, &dim| acc.checked_mul(dim))
         .ok_or(NpyError::ShapeOverflow)?;
-    let bits = elements.checked_mul(bits_per_element).ok_or(NpyError::ShapeOverflow)?;
+    let bits = elements
+        .checked_mul(bits_per_element)
+        .ok_or(NpyError::ShapeOverflow)?;
     if bits % 8 != 0 {
         return Err(NpyError::PartialByte { bits });
     }
@@ -240,7 +244,8 @@ mod tests {
         let first_v2 = npy_header(Dtype::U8, &[1; 21818]).unwrap();
         assert_eq!(first_v2.len(), 65600);
         assert_eq!(&first_v2[..12], b"\x93NUMPY\x02\x004\x00\x01\x00");
-        assert!(first_v2[12..].starts_with(b"{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, "));
+        assert!(first_v2[12..]
+            .starts_with(b"{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, "));
         // numpy 2.4.6 ends this header with "1), }", 80 spaces (growth + padding) and the newline.
         let tail = format!("1), }}{}\n", " ".repeat(80));
         assert!(first_v2.ends_with(tail.as_bytes()));
@@ -262,12 +267,24 @@ mod tests {
     #[test]
     fn sub_byte_types_become_flat_packed_bytes() {
         assert_eq!(npy_shape(Dtype::F4, &[4, 6]), Ok(vec![12]));
-        assert_eq!(npy_shape(Dtype::F4, &[]), Err(NpyError::PartialByte { bits: 4 }));
+        assert_eq!(
+            npy_shape(Dtype::F4, &[]),
+            Err(NpyError::PartialByte { bits: 4 })
+        );
         assert_eq!(npy_shape(Dtype::F6_E2M3, &[4]), Ok(vec![3]));
         assert_eq!(npy_shape(Dtype::F6_E3M2, &[2, 0, 8]), Ok(vec![0]));
-        assert_eq!(npy_shape(Dtype::F6_E3M2, &[3]), Err(NpyError::PartialByte { bits: 18 }));
-        assert_eq!(npy_shape(Dtype::F4, &[u64::MAX, 2]), Err(NpyError::ShapeOverflow));
-        assert_eq!(npy_shape(Dtype::F4, &[u64::MAX / 2]), Err(NpyError::ShapeOverflow));
+        assert_eq!(
+            npy_shape(Dtype::F6_E3M2, &[3]),
+            Err(NpyError::PartialByte { bits: 18 })
+        );
+        assert_eq!(
+            npy_shape(Dtype::F4, &[u64::MAX, 2]),
+            Err(NpyError::ShapeOverflow)
+        );
+        assert_eq!(
+            npy_shape(Dtype::F4, &[u64::MAX / 2]),
+            Err(NpyError::ShapeOverflow)
+        );
         assert_eq!(npy_shape(Dtype::BF16, &[3, 5]), Ok(vec![3, 5]));
         assert_eq!(npy_shape(Dtype::U8, &[]), Ok(vec![]));
     }
