@@ -27,6 +27,10 @@
 //! | BOOL | any nonzero byte is 1.0 (numpy reads nonzero bytes as True) |
 //! | U8, I8, U16, I16, U32, I32, U64, I64 | the integer's value, rounded to nearest even above 2^24 |
 //!
+//! The F16 NaN rule is numpy's software half-to-float path, which is what numpy 2.4.6 used on the
+//! x86_64 machine that froze the expectations (a signalling NaN stays signalling); builds that convert
+//! with F16C hardware would quiet it. Only F16 NaNs with a clear quiet bit are affected.
+//!
 //! Not convertible: C64 (complex has no f32 value) and F6_E2M3 / F6_E3M2 (no torch or numpy packing to
 //! check the bit order of four 6-bit values across three bytes against).
 
@@ -48,7 +52,7 @@ pub struct Unconvertible {
 
 impl fmt::Display for Unconvertible {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} cannot be converted to F32", self.dtype.name())
+        write!(f, "{:?} cannot be converted to F32", self.dtype)
     }
 }
 
