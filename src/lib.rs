@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod convert;
 pub mod daemon;
 pub mod engine;
 pub mod format;
@@ -16,6 +17,7 @@ pub mod metadata;
 pub mod mountpoint;
 pub mod names;
 pub mod namespace;
+pub mod npy;
 pub mod serve;
 pub mod size;
 pub mod source;
