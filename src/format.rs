@@ -170,6 +170,9 @@ struct RawTensor {
 }
 
 /// Validates a header given its JSON bytes (exactly N bytes after the prefix) and the file length.
+///
+/// Checks, in the reference's order: N against the limit and the file, UTF-8, JSON shape, then
+/// the tensors in `(begin, end, name)` order, then that the data ends exactly at `file_len`.
 pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
     // usize is at most 64 bits on every supported target, so this conversion is lossless.
     let header_len = json.len() as u64;
@@ -251,6 +254,9 @@ fn validate_tensors(tensors: &[TensorInfo]) -> Result<u64, FormatError> {
 }
 
 /// Reads the prefix and JSON through `stream` and validates them against `file_len`.
+///
+/// Reads at most `8 + N` bytes, and allocates the N-byte buffer only after N passed the limit
+/// and was found to fit in the file.
 pub fn read_header(stream: &mut dyn SourceStream, file_len: u64) -> Result<Header, FormatError> {
     if file_len < N_LEN {
         return Err(FormatError::HeaderTooSmall { file_len });
