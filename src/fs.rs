@@ -213,6 +213,7 @@ impl Fs {
         let result = match content {
             Content::Tensor(i) => self.read_tensor(*i, offset, size),
             Content::Npy { tensor, header } => self.read_with_prefix(header, *tensor, offset, size),
+            Content::F32(i) => self.read_converted(*i, offset, size),
             Content::Bytes(bytes) => Ok(slice_at(bytes, offset, size).to_vec()),
             Content::Stats => {
                 let snapshot = self.lock_snapshots().get(&fh).cloned().ok_or(FsError::BadHandle)?;
@@ -239,6 +240,31 @@ impl Fs {
         }
         let n = (t.len - offset).min(u64::from(size)) as usize;
         self.engine.read(t.source, t.start + offset, n).map_err(FsError::Read)
+    }
+
+    /// Bytes `[offset, offset+size)` of tensor `i` converted to F32: the whole source elements that
+    /// cover the range are read through the engine, converted, and trimmed.
+    fn read_converted(&self, i: usize, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let t = self.ns.tensors().get(i).ok_or(FsError::NotFound)?;
+        let elements = t.shape.iter().product::<u64>();
+        let out_len = crate::convert::converted_len(t.dtype, elements).unwrap_or(0);
+        if offset >= out_len {
+            return Ok(Vec::new());
+        }
+        let size = (out_len - offset).min(u64::from(size));
+        let (first, count) = crate::convert::source_range_for(t.dtype, offset, size);
+        let count = count.min(elements.saturating_sub(first));
+        let (byte_start, byte_len) = crate::convert::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
+        let src = self.engine.read(t.source, t.start + byte_start, byte_len as usize).map_err(FsError::Read)?;
+        let mut out = Vec::with_capacity(count as usize * 4);
+        // The dtype was checked convertible when the namespace was built.
+        if crate::convert::convert_to_f32(t.dtype, &src, &mut out).is_err() {
+            return Err(FsError::NotFound);
+        }
+        let skip = (offset - 4 * first) as usize;
+        out.drain(..skip.min(out.len()));
+        out.truncate(size as usize);
+        Ok(out)
     }
 
     /// A synthesized `prefix` followed by the bytes of tensor `i` (the `.npy` view).
@@ -276,6 +302,7 @@ impl Fs {
         Ok(match &self.ns.node(ino).ok_or(FsError::NotFound)?.kind {
             NodeKind::File { content: Content::Tensor(i), .. } => Some(*i),
             NodeKind::File { content: Content::Npy { tensor, .. }, .. } => Some(*tensor),
+            NodeKind::File { content: Content::F32(i), .. } => Some(*i),
             _ => None,
         })
     }

@@ -11,7 +11,9 @@
 //!                        "data_offsets": [BEGIN, END],  // relative to the shard's data section
 //!                        "offset": N,                   // absolute offset in the shard file
 //!                        "shard": I,                    // index into "shards"
-//!                        "path": "escaped/file/name" } },
+//!                        "path": "escaped/file/name",
+//!                        "served_dtype": "F32", "served_byte_len": N,   // only under -o as=f32
+//!                        "npy_path": "name.npy" } },                    // only under -o npy
 //!   "files": { PATH: NAME } }         // every served tensor path back to its tensor name
 //! ```
 
@@ -42,9 +44,7 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
     for t in ns.tensors() {
         let shard = &ns.shards()[t.shard];
         let relative = t.start - shard.header.data_start();
-        tensors.insert(
-            t.name.clone(),
-            json!({
+        let mut entry = json!({
                 "dtype": t.dtype.name(),
                 "shape": t.shape,
                 "byte_len": t.len,
@@ -52,8 +52,16 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
                 "offset": t.start,
                 "shard": t.shard,
                 "path": t.path,
-            }),
-        );
+        });
+        if t.served_dtype != t.dtype {
+            entry["served_dtype"] = json!(t.served_dtype.name());
+            entry["served_byte_len"] = json!(t.served_len);
+        }
+        if let Some(npy) = &t.npy_path {
+            entry["npy_path"] = json!(npy);
+            files.insert(npy.clone(), Value::String(t.name.clone()));
+        }
+        tensors.insert(t.name.clone(), entry);
         files.insert(t.path.clone(), Value::String(t.name.clone()));
     }
     let metadata = match ns.shards() {

@@ -42,6 +42,8 @@ pub enum Layout {
 pub struct Views {
     /// Also show `NAME.npy`: a NumPy header followed by the tensor's bytes.
     pub npy: bool,
+    /// Serve float tensors (BF16, F16, F8, F4, F64, and integers) converted to little-endian F32.
+    pub as_f32: bool,
 }
 
 /// One shard of a checkpoint: a registered source and its validated header.
@@ -72,8 +74,14 @@ pub struct Tensor {
     pub start: u64,
     /// Byte length.
     pub len: u64,
-    /// Path of its raw file, relative to the mount root.
+    /// Path of its file, relative to the mount root.
     pub path: String,
+    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for convertible types.
+    pub served_dtype: Dtype,
+    /// The size of its file: `len`, or the converted size.
+    pub served_len: u64,
+    /// Path of its `.npy` view, when shown.
+    pub npy_path: Option<String>,
 }
 
 /// What a regular file holds.
@@ -88,6 +96,8 @@ pub enum Content {
         /// The synthesized header.
         header: Arc<[u8]>,
     },
+    /// Tensor `i` converted element by element to little-endian F32 (`-o as=f32`).
+    F32(usize),
     /// Fixed bytes built at mount time (metadata.json).
     Bytes(Arc<[u8]>),
     /// The live counters, rendered when the file is opened.
@@ -174,7 +184,15 @@ impl Namespace {
                 let i = ns.tensors.len();
                 let start = shard.header.data_start() + info.data_offsets.0;
                 let len = info.byte_len();
-                let path = ns.place(layout, &info.name, Content::Tensor(i), len, "")?;
+                let elements = info.shape.iter().product::<u64>();
+                let (content, served_len) = match crate::convert::converted_len(info.dtype, elements) {
+                    Some(n) if views.as_f32 && info.dtype != Dtype::F32 && crate::convert::f32_convertible(info.dtype) => {
+                        (Content::F32(i), n)
+                    }
+                    _ => (Content::Tensor(i), len),
+                };
+                let content_kind = content.clone();
+                let path = ns.place(layout, views, &info.name, content, served_len, "")?;
                 ns.tensors.push(Tensor {
                     name: info.name.clone(),
                     dtype: info.dtype,
@@ -184,8 +202,19 @@ impl Namespace {
                     start,
                     len,
                     path,
+                    served_dtype: if matches!(content_kind, Content::F32(_)) { Dtype::F32 } else { info.dtype },
+                    served_len,
+                    npy_path: None,
                 });
-                let _ = views; // views are wired in once the npy/convert modules land
+                if views.npy {
+                    // A tensor whose header cannot be expressed (never for a validated file) has no view.
+                    if let Ok(header) = crate::npy::npy_header(info.dtype, &info.shape) {
+                        let size = header.len() as u64 + len;
+                        let content = Content::Npy { tensor: i, header: header.into() };
+                        let npy_path = ns.place(layout, views, &info.name, content, size, ".npy")?;
+                        ns.tensors[i].npy_path = Some(npy_path);
+                    }
+                }
             }
         }
         ns.shards = shards;
@@ -196,7 +225,7 @@ impl Namespace {
     }
 
     /// Adds the file for one tensor under its escaped path; returns the path.
-    fn place(&mut self, layout: Layout, name: &str, content: Content, size: u64, suffix: &str) -> Result<String, NameClash> {
+    fn place(&mut self, layout: Layout, views: Views, name: &str, content: Content, size: u64, suffix: &str) -> Result<String, NameClash> {
         let clash = |path: String| NameClash { path, tensor: name.to_string() };
         let (dirs, leaf): (Vec<&str>, &str) = match layout {
             Layout::Flat => (Vec::new(), name),
@@ -222,6 +251,11 @@ impl Namespace {
         }
         let reserved = if dir == ROOT_INO { RESERVED } else { &[] };
         let mut file_name = names::escape(leaf, reserved);
+        if views.npy && suffix.is_empty() && file_name.ends_with(".npy") {
+            // With the .npy view on, a raw file may not end in `.npy`: escape that dot (`x%2Enpy`).
+            file_name.truncate(file_name.len() - 4);
+            file_name.push_str("%2Enpy");
+        }
         file_name.push_str(suffix);
         if let Some(existing) = self.dir(dir).and_then(|d| d.get(&file_name)) {
             if layout == Layout::Tree && self.dir(existing).is_some() {
@@ -339,5 +373,91 @@ impl AttrBase {
         let read = (mode & 0o444) as u16;
         let dir = read | (read >> 2);
         (read, dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::parse_header;
+
+    fn shard(names: &[&str]) -> Shard {
+        let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
+            names.iter().map(|n| (n.to_string(), Dtype::BF16, vec![2, 3], vec![0; 12])).collect();
+        let bytes = crate::writer::serialize(&tensors, None).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
+        Shard { source: 0, name: "m.safetensors".into(), header }
+    }
+
+    fn paths(ns: &Namespace) -> Vec<(String, String)> {
+        ns.tensors().iter().map(|t| (t.name.clone(), t.path.clone())).collect()
+    }
+
+    fn resolve(ns: &Namespace, path: &str) -> Option<Ino> {
+        path.split('/').try_fold(ROOT_INO, |dir, part| ns.dir(dir)?.get(part))
+    }
+
+    #[test]
+    fn flat_layout_escapes_and_reserves() {
+        let ns = Namespace::build(vec![shard(&["a/b", "metadata.json", "w"])], Layout::Flat, Views::default()).unwrap();
+        let root = ns.dir(ROOT_INO).unwrap();
+        let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["%6Detadata.json", ".stfs", "a%2Fb", "metadata.json", "w"]);
+        for t in ns.tensors() {
+            assert!(matches!(ns.node(resolve(&ns, &t.path).unwrap()).unwrap().kind, NodeKind::File { size: 12, .. }));
+        }
+    }
+
+    #[test]
+    fn tree_layout_splits_on_dots_and_keeps_prefix_tensors() {
+        let ns = Namespace::build(vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])], Layout::Tree, Views::default()).unwrap();
+        let mut p = paths(&ns);
+        p.sort();
+        assert_eq!(
+            p,
+            [
+                ("m.l.0".to_string(), "m/l/0/%self".to_string()),
+                ("m.l.0.w".to_string(), "m/l/0/w".to_string()),
+                ("m.l.1.w".to_string(), "m/l/1/w".to_string()),
+                ("top".to_string(), "top".to_string()),
+            ]
+        );
+        for t in ns.tensors() {
+            assert!(resolve(&ns, &t.path).is_some(), "{}", t.path);
+        }
+        // The same rule whichever comes first in the file.
+        let ns = Namespace::build(vec![shard(&["x", "x.y"])], Layout::Tree, Views::default()).unwrap();
+        assert!(ns.tensors().iter().all(|t| resolve(&ns, &t.path).is_some()));
+    }
+
+    #[test]
+    fn npy_view_adds_files_and_never_clashes() {
+        let views = Views { npy: true, as_f32: false };
+        let ns = Namespace::build(vec![shard(&["x", "x.npy"])], Layout::Flat, views).unwrap();
+        let root = ns.dir(ROOT_INO).unwrap();
+        let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+        // Raw `x.npy` is escaped to `x%2Enpy`; its view is `x.npy.npy`; `x.npy` is the view of `x`.
+        assert_eq!(names, [".stfs", "metadata.json", "x", "x%2Enpy", "x.npy", "x.npy.npy"]);
+        let t = &ns.tensors()[0];
+        let npy = resolve(&ns, t.npy_path.as_deref().unwrap()).unwrap();
+        let NodeKind::File { content: Content::Npy { header, .. }, size } = &ns.node(npy).unwrap().kind else { panic!() };
+        assert_eq!(*size, header.len() as u64 + 12);
+    }
+
+    #[test]
+    fn f32_view_changes_sizes_and_dtypes() {
+        let views = Views { npy: false, as_f32: true };
+        let ns = Namespace::build(vec![shard(&["w"])], Layout::Flat, views).unwrap();
+        let t = &ns.tensors()[0];
+        assert_eq!((t.served_dtype, t.served_len, t.len), (Dtype::F32, 24, 12));
+    }
+
+    #[test]
+    fn inode_numbers_are_stable() {
+        let a = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
+        let b = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
+        let inos = |ns: &Namespace| ns.tensors().iter().map(|t| resolve(ns, &t.path)).collect::<Vec<_>>();
+        assert_eq!(inos(&a), inos(&b));
     }
 }

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use options::{MountConfig, ViewDtype};
+pub use options::MountConfig;
 
 /// Exit status for success.
 pub const EXIT_OK: u8 = 0;
@@ -89,6 +89,15 @@ pub struct MountArgs {
     /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
     #[arg(long, value_name = "KIB")]
     pub kernel_readahead_kb: Option<u32>,
+    /// Also show every tensor as NAME.npy (a NumPy header, then the raw bytes) for np.load.
+    #[arg(long)]
+    pub npy: bool,
+    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8 and F4 become F32.
+    #[arg(long = "as", value_name = "DTYPE", value_parser = ["f32"])]
+    pub as_dtype: Option<String>,
+    /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
+    #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
+    pub layout: Option<String>,
 }
 
 /// Arguments of `stfs umount`.

@@ -6,14 +6,13 @@ use super::{MountArgs, MountConfig};
 use crate::checkpoint;
 use crate::daemon;
 use crate::mountpoint::check_mount_point;
-use crate::namespace::{Layout, Views};
 use crate::serve::{self, ServeOptions};
 
 /// Extra help for `stfs mount`.
 pub const AFTER_HELP: &str = "\
 Mount options (-o, comma-separated; each long flag works as -o name=value):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
 Sizes: 4096, 512K, 64M, 2G.
 
@@ -34,8 +33,8 @@ pub fn run(args: MountArgs) -> Result<ExitCode, String> {
         threads: config.threads,
         allow_other: config.allow_other,
         kernel_readahead_kb: config.kernel_readahead_kb,
-        layout: Layout::Flat,
-        views: Views::default(),
+        layout: config.layout,
+        views: config.views,
     };
     let fsname = config.source.clone();
     if config.foreground {

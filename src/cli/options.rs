@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::MountArgs;
 use crate::engine::EngineConfig;
+use crate::namespace::{Layout, Views};
 use crate::size::{format_size, parse_size};
 
 /// Default block size: large enough that network storage sees long sequential reads, small enough
@@ -29,13 +30,6 @@ const IGNORED_OPTIONS: &[&str] = &[
     "loud", "rw=no", "default_permissions",
 ];
 
-/// A view dtype for `-o as=...`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ViewDtype {
-    /// Convert float tensors to little-endian F32.
-    F32,
-}
-
 /// Everything `stfs mount` needs, validated.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -55,6 +49,10 @@ pub struct MountConfig {
     pub threads: u32,
     /// Kernel readahead in KiB; 0 leaves it alone.
     pub kernel_readahead_kb: u32,
+    /// Path layout.
+    pub layout: Layout,
+    /// Extra views.
+    pub views: Views,
 }
 
 impl MountConfig {
@@ -83,6 +81,9 @@ impl MountConfig {
                 "kernel_readahead_kb" => {
                     a.kernel_readahead_kb = a.kernel_readahead_kb.or(Some(parse_count(key, need()?, 0, 1 << 20)?))
                 }
+                "npy" => a.npy |= flag_value(value)?,
+                "as" => a.as_dtype = a.as_dtype.or(Some(need()?.to_string())),
+                "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
                 "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
@@ -112,7 +113,19 @@ impl MountConfig {
             io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize,
             ..EngineConfig::default()
         };
+        let as_f32 = match a.as_dtype.as_deref() {
+            None => false,
+            Some(d) if d.eq_ignore_ascii_case("f32") => true,
+            Some(other) => return Err(format!("unsupported view dtype `{other}` (only `f32`)")),
+        };
+        let layout = match a.layout.as_deref() {
+            None | Some("flat") => Layout::Flat,
+            Some("tree") => Layout::Tree,
+            Some(other) => return Err(format!("unknown layout `{other}` (use `flat` or `tree`)")),
+        };
         Ok(MountConfig {
+            layout,
+            views: Views { npy: a.npy, as_f32 },
             source: a.source,
             mountpoint: a.mountpoint,
             foreground: a.foreground,
@@ -151,6 +164,8 @@ mod tests {
     fn dash_o_options_map_to_flags_and_flags_win() {
         let c = MountConfig::from_args(args(&["ro,cache_size=1G,block-size=4M", "allow_other,nosuid,x-systemd.automount"])).unwrap();
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
+        let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
+        assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
         assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
@@ -167,6 +182,8 @@ mod tests {
             (&["block_size=8M,cache_size=8M"][..], "at least two blocks"),
             (&["threads=0"][..], "whole number"),
             (&["allow_other=maybe"][..], "takes no value"),
+            (&["as=f16"][..], "only `f32`"),
+            (&["layout=deep"][..], "unknown layout"),
         ] {
             let e = MountConfig::from_args(args(opts)).unwrap_err();
             assert!(e.contains(needle), "{opts:?}: {e}");
