@@ -70,7 +70,11 @@ impl LocalFile {
         let file = File::open(path).map_err(|e| annotate(&name, e))?;
         let meta = file.metadata().map_err(|e| annotate(&name, e))?;
         check_regular(&name, &meta)?;
-        Ok(LocalFile { path: path.to_path_buf(), name, pinned: Identity::of(&meta) })
+        Ok(LocalFile {
+            path: path.to_path_buf(),
+            name,
+            pinned: Identity::of(&meta),
+        })
     }
 
     /// The backing file's modification time (for the mount's attributes).
@@ -79,8 +83,10 @@ impl LocalFile {
         match u64::try_from(self.pinned.mtime_sec) {
             Ok(secs) => UNIX_EPOCH + Duration::new(secs, nanos),
             // Before 1970: mtime_sec is negative and mtime_nsec counts forward from it.
-            Err(_) => UNIX_EPOCH - Duration::from_secs(self.pinned.mtime_sec.unsigned_abs())
-                + Duration::from_nanos(u64::from(nanos)),
+            Err(_) => {
+                UNIX_EPOCH - Duration::from_secs(self.pinned.mtime_sec.unsigned_abs())
+                    + Duration::from_nanos(u64::from(nanos))
+            }
         }
     }
 }
@@ -96,7 +102,11 @@ impl Source for LocalFile {
 
     fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
         let file = File::open(&self.path).map_err(|e| annotate(&self.name, e))?;
-        let stream = LocalStream { file, path: self.path.clone(), pinned: self.pinned };
+        let stream = LocalStream {
+            file,
+            path: self.path.clone(),
+            pinned: self.pinned,
+        };
         stream.check_unchanged()?;
         Ok(Box::new(stream))
     }
@@ -116,7 +126,9 @@ impl LocalStream {
         let ours = Identity::of(&self.file.metadata()?);
         let pinned = self.pinned;
         if ours.dev != pinned.dev || ours.ino != pinned.ino {
-            return Err(changed("the path was replaced before this descriptor was opened".into()));
+            return Err(changed(
+                "the path was replaced before this descriptor was opened".into(),
+            ));
         }
         if ours.size != pinned.size {
             return Err(changed(format!("size {} -> {}", pinned.size, ours.size)));
@@ -137,7 +149,9 @@ impl LocalStream {
 
 impl SourceStream for LocalStream {
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let end = u64::try_from(buf.len()).ok().and_then(|len| offset.checked_add(len));
+        let end = u64::try_from(buf.len())
+            .ok()
+            .and_then(|len| offset.checked_add(len));
         if end.map_or(true, |end| end > self.pinned.size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -161,7 +175,7 @@ impl SourceStream for LocalStream {
 }
 
 fn changed(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, format!("backing file changed since mount ({what})"))
+    io::Error::other(format!("backing file changed since mount ({what})"))
 }
 
 fn annotate(name: &str, e: io::Error) -> io::Error {
@@ -178,7 +192,10 @@ fn check_regular(name: &str, meta: &Metadata) -> io::Result<()> {
     } else {
         "is not a regular file"
     };
-    Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: {what}")))
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{name}: {what}"),
+    ))
 }
 
 #[cfg(test)]
@@ -205,7 +222,10 @@ mod tests {
         let file = LocalFile::open(&path).unwrap();
         assert_eq!(file.len(), 10);
         assert_eq!(file.name(), path.to_string_lossy());
-        assert_eq!(file.mtime(), std::fs::metadata(&path).unwrap().modified().unwrap());
+        assert_eq!(
+            file.mtime(),
+            std::fs::metadata(&path).unwrap().modified().unwrap()
+        );
         assert_eq!(read(&file, 3, 4).unwrap(), b"3456");
         assert_eq!(read(&file, 0, 10).unwrap(), b"0123456789");
     }
@@ -233,7 +253,12 @@ mod tests {
         let (_dir, path) = file_with(&[7; 100]);
         let file = LocalFile::open(&path).unwrap();
         let mut stream = file.open_stream().unwrap();
-        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(50).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(50)
+            .unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
         assert!(err.to_string().contains("size 100 -> 50"), "{err}");
         assert!(file.open_stream().is_err());
@@ -247,9 +272,14 @@ mod tests {
         let mut handle = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         handle.write_all(&[8; 10]).unwrap();
         // Same size; force an mtime that differs even on filesystems with coarse timestamps.
-        handle.set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
+        handle
+            .set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000))
+            .unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
-        assert!(err.to_string().contains("modification time changed"), "{err}");
+        assert!(
+            err.to_string().contains("modification time changed"),
+            "{err}"
+        );
     }
 
     #[test]
