@@ -233,3 +233,140 @@ impl<T: Default> StreamTable<T> {
         (oldest, Some(old.payload))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BS: u64 = 1000;
+
+    fn table(max_window_blocks: u64, max_streams: usize) -> StreamTable<u32> {
+        StreamTable::new(ReadaheadConfig {
+            block_size: BS,
+            max_window_blocks,
+            max_streams,
+            back_slack: 300,
+            forward_slack: 2 * BS,
+        })
+    }
+
+    /// Feeds reads (offset, len) to a fresh table and returns each read's (stream, sequential, prefetch).
+    fn run(table: &mut StreamTable<u32>, reads: &[(u64, u64)]) -> Vec<(usize, bool, Range<u64>)> {
+        reads
+            .iter()
+            .map(|&(offset, len)| {
+                let d = table.on_read(offset, len, 100 * BS);
+                (d.stream, d.sequential, d.prefetch)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decisions_for_read_patterns() {
+        let cases: &[(&str, &[(u64, u64)], &[(usize, bool, Range<u64>)])] = &[
+            (
+                "a lone read prefetches nothing",
+                &[(5000, 10)],
+                &[(0, false, 0..0)],
+            ),
+            (
+                "a continuing read confirms the stream with a one-block window",
+                &[(0, 100), (100, 100)],
+                &[(0, false, 0..0), (0, true, 1..2)],
+            ),
+            (
+                "the window doubles each time the cursor enters a new block",
+                &[
+                    (0, 500),
+                    (500, 500),
+                    (1000, 500),
+                    (1500, 500),
+                    (2000, 500),
+                    (3000, 500),
+                ],
+                &[
+                    (0, false, 0..0),
+                    (0, true, 1..2),
+                    (0, true, 2..4),
+                    (0, true, 0..0),
+                    (0, true, 4..7),
+                    (0, true, 7..12),
+                ],
+            ),
+            (
+                "a far jump starts a second, unconfirmed stream",
+                &[(0, 100), (100, 100), (50_000, 100)],
+                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
+            ),
+            (
+                "an out-of-order read just behind the cursor stays in the stream",
+                &[(0, 400), (600, 300), (700, 200)],
+                &[(0, false, 0..0), (0, true, 1..2), (0, true, 0..0)],
+            ),
+            (
+                "a read beyond the backward slack is a new stream",
+                &[(0, 900), (900, 100), (100, 100)],
+                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
+            ),
+            (
+                "two interleaved sequential readers keep separate streams",
+                &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
+                &[
+                    (0, false, 0..0),
+                    (1, false, 0..0),
+                    (0, true, 1..2),
+                    (1, true, 41..42),
+                ],
+            ),
+            (
+                "prefetch stops at the end of the source",
+                &[(98_000, 500), (98_500, 400), (98_900, 1100)],
+                &[(0, false, 0..0), (0, true, 99..100), (0, true, 0..0)],
+            ),
+        ];
+        for (label, reads, expected) in cases {
+            assert_eq!(&run(&mut table(8, 4), reads), expected, "{label}");
+        }
+    }
+
+    #[test]
+    fn window_is_capped() {
+        let mut t = table(2, 4);
+        let reads: Vec<(u64, u64)> = (0..10).map(|b| (b * BS, BS)).collect();
+        let got = run(&mut t, &reads);
+        assert_eq!(got[9], (0, true, 11..12), "{got:?}");
+        assert_eq!(t.window_bytes(), 2 * BS);
+    }
+
+    #[test]
+    fn zero_max_window_disables_prefetch() {
+        let mut t = table(0, 4);
+        let got = run(&mut t, &[(0, 500), (500, 500), (1000, 500)]);
+        assert!(got.iter().all(|(_, _, p)| p.is_empty()), "{got:?}");
+        assert!(got[2].1, "the stream is still recognised as sequential");
+    }
+
+    #[test]
+    fn least_recently_used_stream_is_replaced() {
+        let mut t = table(8, 2);
+        t.on_read(0, 10, 100 * BS);
+        t.on_read(20_000, 10, 100 * BS);
+        t.on_read(20_010, 10, 100 * BS);
+        let d = t.on_read(60_000, 10, 100 * BS);
+        assert_eq!((d.stream, d.evicted), (0, Some(0)));
+        assert_eq!(t.len(), 2);
+        // The surviving stream is still there and continues.
+        assert!(t.on_read(20_020, 10, 100 * BS).sequential);
+    }
+
+    #[test]
+    fn refused_prefetch_halves_the_window_and_rewinds() {
+        let mut t = table(8, 4);
+        let got = run(&mut t, &[(0, 500), (500, 500), (1000, 500), (2000, 500)]);
+        assert_eq!(got[3].2, 4..7);
+        t.prefetch_refused(0, 4);
+        assert_eq!(t.window_bytes(), 2 * BS);
+        let d = t.on_read(2500, 100, 100 * BS);
+        assert_eq!(d.prefetch, 4..5, "refused blocks are asked for again");
+    }
+}
