@@ -10,9 +10,10 @@
 //!   flight, or the block is larger than the whole budget, the block is still loaded (single flight
 //!   still applies) but served *uncached*: its bytes live only as long as the readers that got them.
 //!   So a cache smaller than one block works, it just caches nothing.
-//! - A prefetch may only evict blocks that were already read (or were loaded on demand); it never
-//!   evicts a prefetched block nobody has read yet, because that block is about to be read. If that
-//!   leaves no room, the prefetch is refused rather than blocking or overshooting the budget.
+//! - A prefetch may only evict blocks that were already read (or were loaded on demand), least
+//!   recently used first; it never evicts a prefetched block nobody has read yet, because that block
+//!   is about to be read. If that leaves no room, the prefetch is refused rather than blocking or
+//!   overshooting the budget.
 
 use std::collections::HashMap;
 use std::io;
@@ -193,21 +194,31 @@ impl Inner {
         stats.add_resident(-(bytes as i64));
     }
 
-    /// Evicts from the LRU end until `len` more bytes fit. With `read_only`, stops instead of
-    /// evicting a prefetched block that has not been read yet. Returns whether `len` now fits.
+    /// Evicts least recently used blocks until `len` more bytes fit, and returns whether they do.
+    /// With `read_only`, prefetched blocks nobody has read yet are passed over; nothing is evicted
+    /// unless enough other blocks can go.
     fn make_room(&mut self, len: u64, capacity: u64, read_only: bool, stats: &Stats) -> bool {
         if len > capacity {
             return false;
         }
-        while self.used + len > capacity {
-            match self.ready.peek_lru() {
-                None => return false,
-                Some((_, victim)) if read_only && victim.prefetched && !victim.read => {
-                    return false
-                }
-                Some(_) => {}
+        let excess = (self.used + len).saturating_sub(capacity);
+        let mut victims = Vec::new();
+        let mut freed = 0;
+        for (key, resident) in self.ready.iter().rev() {
+            if freed >= excess {
+                break;
             }
-            if let Some((_, victim)) = self.ready.pop_lru() {
+            if read_only && resident.prefetched && !resident.read {
+                continue;
+            }
+            freed += resident.data.len() as u64;
+            victims.push(*key);
+        }
+        if freed < excess {
+            return false;
+        }
+        for key in victims {
+            if let Some(victim) = self.ready.pop(&key) {
                 let bytes = victim.data.len() as u64;
                 self.release(bytes, stats);
                 Stats::add(&stats.evictions, 1);
@@ -323,4 +334,165 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn cache(capacity: u64) -> (BlockCache, Arc<Stats>) {
+        let stats = Arc::new(Stats::default());
+        (BlockCache::new(capacity, Arc::clone(&stats)), stats)
+    }
+
+    fn load(cache: &BlockCache, block: u64, len: u64) -> BlockData {
+        match cache.lookup((0, block), len) {
+            Lookup::Load(ticket) => ticket.complete(vec![block as u8; len as usize]),
+            Lookup::Hit(data) => data,
+            Lookup::Wait(_) => panic!("nobody else is loading block {block}"),
+        }
+    }
+
+    fn prefetch(cache: &BlockCache, block: u64, len: u64) -> bool {
+        match cache.prefetch((0, block), len) {
+            Prefetch::Load(ticket) => {
+                ticket.complete(vec![block as u8; len as usize]);
+                true
+            }
+            Prefetch::Present | Prefetch::Refused => false,
+        }
+    }
+
+    #[test]
+    fn evicts_least_recently_used_within_budget() {
+        let (cache, stats) = cache(300);
+        for block in 0..3 {
+            load(&cache, block, 100);
+        }
+        assert!(matches!(cache.lookup((0, 0), 100), Lookup::Hit(_)));
+        load(&cache, 3, 100);
+        assert!(
+            !cache.contains((0, 1)),
+            "block 1 was the least recently used"
+        );
+        assert!(cache.contains((0, 0)) && cache.contains((0, 2)) && cache.contains((0, 3)));
+        assert_eq!(cache.used_bytes(), 300);
+        assert_eq!(stats.evictions.load(Relaxed), 1);
+        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 300);
+        assert_eq!(
+            (
+                stats.cache_hits.load(Relaxed),
+                stats.cache_misses.load(Relaxed)
+            ),
+            (1, 4)
+        );
+    }
+
+    #[test]
+    fn prefetch_never_evicts_unread_prefetched_blocks() {
+        let (cache, stats) = cache(200);
+        assert!(prefetch(&cache, 0, 100));
+        assert!(prefetch(&cache, 1, 100));
+        assert!(!prefetch(&cache, 2, 100), "both resident blocks are unread");
+        assert!(!prefetch(&cache, 0, 100), "already present");
+        load(&cache, 0, 100); // reads block 0, so a later prefetch may evict it
+        assert!(prefetch(&cache, 2, 100));
+        assert!(!cache.contains((0, 0)));
+        assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 0);
+        load(&cache, 3, 100); // on demand evicts block 1, prefetched and never read
+        assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 100);
+    }
+
+    #[test]
+    fn in_flight_loads_count_against_the_budget() {
+        let (cache, stats) = cache(200);
+        let Lookup::Load(first) = cache.lookup((0, 0), 100) else {
+            panic!("expected a miss")
+        };
+        let Lookup::Load(second) = cache.lookup((0, 1), 100) else {
+            panic!("expected a miss")
+        };
+        assert!(matches!(cache.prefetch((0, 2), 100), Prefetch::Refused));
+        // No room for a third on-demand block: it is still loaded, but not cached.
+        let Lookup::Load(third) = cache.lookup((0, 2), 100) else {
+            panic!("expected a miss")
+        };
+        third.complete(vec![2; 100]);
+        assert!(!cache.contains((0, 2)));
+        first.complete(vec![0; 100]);
+        second.complete(vec![1; 100]);
+        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 200);
+    }
+
+    #[test]
+    fn a_block_larger_than_the_cache_is_served_uncached() {
+        let (cache, stats) = cache(50);
+        assert_eq!(load(&cache, 0, 100).len(), 100);
+        assert!(!cache.contains((0, 0)));
+        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn waiters_share_one_load() {
+        let (cache, stats) = cache(1000);
+        let Lookup::Load(ticket) = cache.lookup((0, 7), 10) else {
+            panic!("expected a miss")
+        };
+        std::thread::scope(|scope| {
+            let waiters: Vec<_> = (0..4)
+                .map(|_| {
+                    let Lookup::Wait(slot) = cache.lookup((0, 7), 10) else {
+                        panic!("expected a wait")
+                    };
+                    scope.spawn(move || slot.wait(Duration::from_secs(5)).unwrap())
+                })
+                .collect();
+            ticket.complete(vec![7; 10]);
+            for waiter in waiters {
+                assert_eq!(*waiter.join().unwrap(), vec![7; 10]);
+            }
+        });
+        assert_eq!(stats.single_flight_waits.load(Relaxed), 4);
+        assert_eq!(stats.cache_misses.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn failed_or_abandoned_loads_wake_waiters_and_are_not_cached() {
+        let (cache, stats) = cache(1000);
+        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else {
+            panic!("expected a miss")
+        };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
+            panic!("expected a wait")
+        };
+        ticket.fail(&io::Error::other("disk on fire"));
+        let err = slot.wait(Duration::from_secs(5)).unwrap_err();
+        assert!(err.to_string().contains("disk on fire"), "{err}");
+        assert!(!cache.contains((0, 1)));
+        assert_eq!(stats.resident_bytes.load(Relaxed), 0);
+
+        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else {
+            panic!("a retry loads again")
+        };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
+            panic!("expected a wait")
+        };
+        drop(ticket);
+        assert!(slot.wait(Duration::from_secs(5)).is_err());
+        assert!(matches!(cache.lookup((0, 1), 10), Lookup::Load(_)));
+    }
+
+    #[test]
+    fn waiting_times_out() {
+        let (cache, _) = cache(1000);
+        let Lookup::Load(_ticket) = cache.lookup((0, 1), 10) else {
+            panic!("expected a miss")
+        };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
+            panic!("expected a wait")
+        };
+        let err = slot.wait(Duration::from_millis(10)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
 }
