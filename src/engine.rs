@@ -1,15 +1,50 @@
 //! The block engine: aligned block reads through a byte-bounded LRU cache with readahead.
-//! (API fixed by the lead; the body is being written by the engine helper.)
+//!
+//! [`Engine::read`] clips the range to the source, lets the source's [`StreamTable`] classify it,
+//! queues any prefetch, and then assembles the answer block by block: a ready block is copied out,
+//! a block another thread is loading is waited for, and a missing block is loaded by the calling
+//! thread itself (only the blocks it needs, never the prefetch). Every backing read covers one whole
+//! aligned block `[k*B, (k+1)*B)`, clipped only at the end of the source.
+//!
+//! Descriptors: a confirmed sequential stream owns one [`SourceStream`], used by its prefetches
+//! (loaded in block order, so that descriptor only ever reads forward) and by its on-demand loads
+//! when the prefetcher is not using it. Reads outside any confirmed stream borrow a descriptor from a
+//! small per-source pool of spares, so random readers do not open a file per read.
+//!
+//! Prefetch runs on `io_threads` background threads fed by a bounded queue holding at most one job
+//! per stream; the job loads that stream's pending blocks in order. When the queue is full or the
+//! cache has no room that is not holding unread data, the prefetch is dropped (never waited for).
 
 use std::fmt;
 use std::io;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use crate::source::Source;
+use crate::cache::{lock, BlockCache, BlockData, Lookup, Prefetch};
+use crate::readahead::{ReadaheadConfig, StreamTable};
+use crate::source::{Source, SourceStream};
 use crate::stats::Stats;
 
 /// Identifies a source registered with [`Engine::add_source`].
 pub type SourceId = usize;
+
+/// How long a reader waits for another thread's load of the same block before failing with EIO:
+/// long enough for a slow network store to deliver a block, short enough that a hung one surfaces.
+const LOAD_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Prefetch jobs waiting for an I/O thread. At most one job per stream is queued, so this is how
+/// many streams may have prefetch pending at once; beyond it readahead is skipped, not waited for.
+const JOB_QUEUE_LEN: usize = 64;
+
+/// Idle descriptors kept per source for reads outside a confirmed stream: enough for the FUSE
+/// threads reading at once, few enough that closed streams do not pile up open files.
+const SPARE_DESCRIPTORS: usize = 8;
+
+/// Largest block the engine accepts: one allocation per block, and far above any useful size.
+const MAX_BLOCK_SIZE: u64 = 1 << 30;
 
 /// Tuning of the engine; see each field.
 #[derive(Debug, Clone)]
@@ -24,7 +59,11 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { block_size: 8 << 20, cache_size: 512 << 20, io_threads: 4 }
+        EngineConfig {
+            block_size: 8 << 20,
+            cache_size: 512 << 20,
+            io_threads: 4,
+        }
     }
 }
 
@@ -41,7 +80,11 @@ pub struct ReadError {
 
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: read at offset {} failed: {}", self.source_name, self.offset, self.error)
+        write!(
+            f,
+            "{}: read at offset {} failed: {}",
+            self.source_name, self.offset, self.error
+        )
     }
 }
 
@@ -49,36 +92,407 @@ impl std::error::Error for ReadError {}
 
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
-    _private: (),
+    shared: Arc<Shared>,
+    jobs: Option<SyncSender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+/// What the engine and its I/O threads share.
+struct Shared {
+    config: EngineConfig,
+    readahead: ReadaheadConfig,
+    stats: Arc<Stats>,
+    cache: BlockCache,
+    sources: RwLock<Vec<Arc<SourceEntry>>>,
+    stopping: AtomicBool,
+}
+
+struct SourceEntry {
+    id: SourceId,
+    source: Arc<dyn Source>,
+    len: u64,
+    streams: Mutex<StreamTable<Arc<StreamIo>>>,
+    spares: Mutex<Vec<Box<dyn SourceStream>>>,
+}
+
+/// The I/O side of one stream: its descriptor and the blocks it still has to prefetch.
+#[derive(Default)]
+struct StreamIo {
+    descriptor: Mutex<Option<Box<dyn SourceStream>>>,
+    pending: Mutex<Pending>,
+    /// First block a prefetch job was refused cache space for (`u64::MAX`: none).
+    refused_at: AtomicU64,
+}
+
+/// Blocks `[next, end)` wait to be prefetched; `queued` says a job is queued or running for them.
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    end: u64,
+    queued: bool,
+}
+
+struct Job {
+    source: Arc<SourceEntry>,
+    stream: Arc<StreamIo>,
 }
 
 impl Engine {
-    /// Creates an engine that records its counters in `stats`.
+    /// Creates an engine that records its counters in `stats`. A block size of 0 is taken as 1 and
+    /// one above 1 GiB as 1 GiB; with `io_threads == 0` nothing is prefetched.
     pub fn new(config: EngineConfig, stats: Arc<Stats>) -> Arc<Engine> {
-        let _ = (config, stats);
-        todo!()
+        let mut config = config;
+        config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
+        let readahead = ReadaheadConfig::new(config.block_size, config.cache_size);
+        Engine::with_readahead(config, readahead, stats)
+    }
+
+    /// Like [`Engine::new`] with explicit readahead tuning (its block size is replaced by the
+    /// engine's).
+    pub fn with_readahead(
+        mut config: EngineConfig,
+        mut readahead: ReadaheadConfig,
+        stats: Arc<Stats>,
+    ) -> Arc<Engine> {
+        config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
+        readahead.block_size = config.block_size;
+        if config.io_threads == 0 {
+            readahead.max_window_blocks = 0;
+        }
+        let cache = BlockCache::new(config.cache_size, Arc::clone(&stats));
+        let io_threads = config.io_threads;
+        let shared = Arc::new(Shared {
+            config,
+            readahead,
+            stats,
+            cache,
+            sources: RwLock::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+        });
+        let (sender, receiver) = mpsc::sync_channel(JOB_QUEUE_LEN);
+        let receiver = Arc::new(Mutex::new(receiver));
+        let workers = (0..io_threads)
+            .filter_map(|n| {
+                let (shared, receiver) = (Arc::clone(&shared), Arc::clone(&receiver));
+                let spawned = std::thread::Builder::new()
+                    .name(format!("stfs-io-{n}"))
+                    .spawn(move || io_worker(&shared, &receiver));
+                spawned
+                    .map_err(|e| log::warn!("cannot start I/O thread: {e}"))
+                    .ok()
+            })
+            .collect();
+        Arc::new(Engine {
+            shared,
+            jobs: Some(sender),
+            workers,
+        })
     }
 
     /// Registers a source; blocks are keyed by (source, block index).
     pub fn add_source(&self, source: Arc<dyn Source>) -> SourceId {
-        let _ = source;
-        todo!()
+        let mut sources = self
+            .shared
+            .sources
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let id = sources.len();
+        sources.push(Arc::new(SourceEntry {
+            id,
+            len: source.len(),
+            source,
+            streams: Mutex::new(StreamTable::new(self.shared.readahead.clone())),
+            spares: Mutex::new(Vec::new()),
+        }));
+        id
     }
 
     /// Reads `len` bytes at absolute `offset` of `source`, clipped at its end (empty past it).
     pub fn read(&self, source: SourceId, offset: u64, len: usize) -> Result<Vec<u8>, ReadError> {
-        let _ = (source, offset, len);
-        todo!()
+        let entry = self.entry(source).ok_or_else(|| ReadError {
+            source_name: format!("source #{source}"),
+            offset,
+            error: io::Error::new(io::ErrorKind::NotFound, "no such source"),
+        })?;
+        let end = offset.saturating_add(len as u64).min(entry.len);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let stream = self.plan_readahead(&entry, offset, end);
+        let bs = self.shared.config.block_size;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for block in offset / bs..=(end - 1) / bs {
+            let data = self.demand_block(&entry, block, stream.as_deref())?;
+            let block_start = block * bs;
+            let from = (offset.max(block_start) - block_start) as usize;
+            let to = (end.min(block_start + bs) - block_start) as usize;
+            let Some(bytes) = data.get(from..to) else {
+                return Err(entry.error(block_start, io::Error::other("short block in cache")));
+            };
+            out.extend_from_slice(bytes);
+        }
+        Ok(out)
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &EngineConfig {
-        todo!()
+        &self.shared.config
+    }
+
+    /// The counters this engine updates.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.shared.stats
+    }
+
+    /// Length of a registered source (0 for an unknown id).
+    pub fn source_len(&self, source: SourceId) -> u64 {
+        self.entry(source).map_or(0, |e| e.len)
+    }
+
+    fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
+        let sources = self
+            .shared
+            .sources
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        sources.get(source).cloned()
+    }
+
+    /// Classifies the read, queues its prefetch, and returns its stream if that is sequential.
+    fn plan_readahead(
+        &self,
+        entry: &Arc<SourceEntry>,
+        offset: u64,
+        end: u64,
+    ) -> Option<Arc<StreamIo>> {
+        let stats = &self.shared.stats;
+        let mut table = lock(&entry.streams);
+        let before = (table.len() as u64, table.window_bytes());
+        let decision = table.on_read(offset, end - offset, entry.len);
+        if let Some(evicted) = decision.evicted {
+            // If its prefetch still runs, the descriptor closes when that job ends instead.
+            if let Ok(mut descriptor) = evicted.descriptor.try_lock() {
+                entry.keep_spare(descriptor.take());
+            }
+        }
+        let stream = table.payload(decision.stream).map(Arc::clone)?;
+        let refused = stream.refused_at.swap(u64::MAX, Relaxed);
+        if refused != u64::MAX {
+            table.prefetch_refused(decision.stream, refused);
+        }
+        if !decision.prefetch.is_empty()
+            && !self.queue_prefetch(entry, &stream, decision.prefetch.clone())
+        {
+            table.prefetch_refused(decision.stream, decision.prefetch.start);
+        }
+        let after = (table.len() as u64, table.window_bytes());
+        drop(table);
+        stats
+            .streams
+            .fetch_add(after.0.wrapping_sub(before.0), Relaxed);
+        stats
+            .window_bytes
+            .fetch_add(after.1.wrapping_sub(before.1), Relaxed);
+        decision.sequential.then_some(stream)
+    }
+
+    /// Adds `blocks` to the stream's pending prefetch and makes sure a job will run it. Returns
+    /// false if the job queue is full (the pending blocks are dropped).
+    fn queue_prefetch(
+        &self,
+        entry: &Arc<SourceEntry>,
+        stream: &Arc<StreamIo>,
+        blocks: std::ops::Range<u64>,
+    ) -> bool {
+        let Some(jobs) = &self.jobs else { return false };
+        let mut pending = lock(&stream.pending);
+        if pending.next >= pending.end {
+            (pending.next, pending.end) = (blocks.start, blocks.end);
+        } else {
+            pending.next = pending.next.min(blocks.start);
+            pending.end = pending.end.max(blocks.end);
+        }
+        if pending.queued {
+            return true;
+        }
+        let job = Job {
+            source: Arc::clone(entry),
+            stream: Arc::clone(stream),
+        };
+        if jobs.try_send(job).is_ok() {
+            pending.queued = true;
+            true
+        } else {
+            pending.next = pending.end;
+            false
+        }
+    }
+
+    /// Returns block `block` of `entry`: from the cache, by waiting for its load, or by loading it.
+    fn demand_block(
+        &self,
+        entry: &SourceEntry,
+        block: u64,
+        stream: Option<&StreamIo>,
+    ) -> Result<BlockData, ReadError> {
+        let shared = &*self.shared;
+        let block_start = block * shared.config.block_size;
+        let len = entry.block_len(block, shared.config.block_size);
+        let mut retried_prefetch = false;
+        loop {
+            match shared.cache.lookup((entry.id, block), len) {
+                Lookup::Hit(data) => return Ok(data),
+                Lookup::Wait(slot) => match slot.wait(LOAD_WAIT_TIMEOUT) {
+                    Ok(data) => return Ok(data),
+                    // A failed prefetch is retried once on demand: the reader should see its own error.
+                    Err(_) if slot.is_prefetch() && !retried_prefetch => retried_prefetch = true,
+                    Err(e) => return Err(entry.error(block_start, e)),
+                },
+                Lookup::Load(ticket) => {
+                    let loaded = match stream.and_then(|s| s.descriptor.try_lock().ok()) {
+                        Some(mut own) => shared.fetch(entry, block, &mut own),
+                        None => {
+                            let mut spare = entry.take_spare();
+                            let loaded = shared.fetch(entry, block, &mut spare);
+                            entry.keep_spare(spare);
+                            loaded
+                        }
+                    };
+                    return match loaded {
+                        Ok(data) => Ok(ticket.complete(data)),
+                        Err(e) => {
+                            ticket.fail(&e);
+                            Err(entry.error(block_start, e))
+                        }
+                    };
+                }
+            }
+        }
     }
 }
-impl Engine {
-    /// The shared counters (temporary until the engine lands).
-    pub fn stats(&self) -> &Arc<Stats> {
-        todo!()
+
+impl Drop for Engine {
+    /// Stops prefetching, closes the job queue and joins the I/O threads.
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Relaxed);
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Shared {
+    /// One backing read of a whole block through `descriptor` (opened first if it is `None`).
+    fn fetch(
+        &self,
+        entry: &SourceEntry,
+        block: u64,
+        descriptor: &mut Option<Box<dyn SourceStream>>,
+    ) -> io::Result<Vec<u8>> {
+        let bs = self.config.block_size;
+        let len = entry.block_len(block, bs);
+        let result = (|| {
+            let len = usize::try_from(len).map_err(|_| io::Error::other("block too large"))?;
+            if descriptor.is_none() {
+                *descriptor = Some(entry.source.open_stream()?);
+            }
+            let mut buf = vec![0; len];
+            if let Some(fd) = descriptor.as_mut() {
+                fd.read_exact_at(&mut buf, block * bs)?;
+            }
+            Ok(buf)
+        })();
+        Stats::add(&self.stats.backing_reads, 1);
+        match &result {
+            Ok(buf) => Stats::add(&self.stats.backing_read_bytes, buf.len() as u64),
+            Err(e) => {
+                Stats::add(&self.stats.backing_errors, 1);
+                log::warn!(
+                    "{}: backing read of block {block} failed: {e}",
+                    entry.source.name()
+                );
+                // A descriptor that failed may be broken (e.g. a dropped connection): reopen next time.
+                *descriptor = None;
+            }
+        }
+        result
+    }
+
+    /// Runs one stream's prefetch job: loads its pending blocks in order on its own descriptor.
+    fn run_prefetch(&self, job: &Job) {
+        loop {
+            let block = {
+                let mut pending = lock(&job.stream.pending);
+                if pending.next >= pending.end || self.stopping.load(Relaxed) {
+                    pending.next = pending.end;
+                    pending.queued = false;
+                    return;
+                }
+                pending.next += 1;
+                pending.next - 1
+            };
+            let len = job.source.block_len(block, self.config.block_size);
+            match self.cache.prefetch((job.source.id, block), len) {
+                Prefetch::Present => {}
+                Prefetch::Refused => {
+                    job.stream.refused_at.fetch_min(block, Relaxed);
+                    let mut pending = lock(&job.stream.pending);
+                    pending.next = pending.end;
+                }
+                Prefetch::Load(ticket) => {
+                    let mut descriptor = lock(&job.stream.descriptor);
+                    if descriptor.is_none() {
+                        *descriptor = job.source.take_spare();
+                    }
+                    match self.fetch(&job.source, block, &mut descriptor) {
+                        Ok(data) => {
+                            Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
+                            ticket.complete(data);
+                        }
+                        Err(e) => ticket.fail(&e),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn io_worker(shared: &Shared, receiver: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = lock(receiver).recv();
+        match job {
+            Ok(job) => shared.run_prefetch(&job),
+            Err(_) => return,
+        }
+    }
+}
+
+impl SourceEntry {
+    /// Length of block `block`: a whole block, except the last one of the source.
+    fn block_len(&self, block: u64, block_size: u64) -> u64 {
+        let start = block.saturating_mul(block_size);
+        self.len.saturating_sub(start).min(block_size)
+    }
+
+    fn take_spare(&self) -> Option<Box<dyn SourceStream>> {
+        lock(&self.spares).pop()
+    }
+
+    fn keep_spare(&self, descriptor: Option<Box<dyn SourceStream>>) {
+        let mut spares = lock(&self.spares);
+        if let Some(descriptor) = descriptor {
+            if spares.len() < SPARE_DESCRIPTORS {
+                spares.push(descriptor);
+            }
+        }
+    }
+
+    fn error(&self, offset: u64, error: io::Error) -> ReadError {
+        ReadError {
+            source_name: self.source.name().to_string(),
+            offset,
+            error,
+        }
     }
 }

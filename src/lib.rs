@@ -5,6 +5,7 @@
 //! [`fuse`] adapts them to fuser; [`serve`], [`daemon`] and [`cli`] run a mount.
 #![deny(missing_docs)]
 
+pub mod cache;
 pub mod checkpoint;
 pub mod cli;
 pub mod convert;
@@ -18,6 +19,7 @@ pub mod mountpoint;
 pub mod names;
 pub mod namespace;
 pub mod npy;
+pub mod readahead;
 pub mod serve;
 pub mod size;
 pub mod source;

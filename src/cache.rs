@@ -1,0 +1,498 @@
+//! The block cache: a byte-bounded LRU of loaded blocks with single-flight loading.
+//!
+//! Every block is in one of three places: absent, *loading* (a [`LoadSlot`] that concurrent readers
+//! of that block wait on), or *ready* (in the LRU). The byte budget counts ready blocks plus the bytes
+//! reserved by loads in flight, so the bound holds while loads run. The global mutex only guards map
+//! and counter updates; backing I/O and waiting both happen outside it.
+//!
+//! Two admission rules:
+//! - An on-demand load may evict any ready block. If the budget is entirely reserved by loads in
+//!   flight, or the block is larger than the whole budget, the block is still loaded (single flight
+//!   still applies) but served *uncached*: its bytes live only as long as the readers that got them.
+//!   So a cache smaller than one block works, it just caches nothing.
+//! - A prefetch may only evict blocks that were already read (or were loaded on demand), least
+//!   recently used first; it never evicts a prefetched block nobody has read yet, because that block
+//!   is about to be read. If that leaves no room, the prefetch is refused rather than blocking or
+//!   overshooting the budget.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lru::LruCache;
+
+use crate::engine::SourceId;
+use crate::stats::Stats;
+
+/// A block's identity: its source and its index (`offset / block_size`).
+pub type BlockKey = (SourceId, u64);
+
+/// The bytes of one loaded block, shared by the cache and every reader holding it.
+pub type BlockData = Arc<Vec<u8>>;
+
+/// Byte-bounded LRU of blocks; see the module doc for the admission rules.
+pub struct BlockCache {
+    capacity: u64,
+    stats: Arc<Stats>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    ready: LruCache<BlockKey, Resident>,
+    loading: HashMap<BlockKey, Loading>,
+    /// Bytes of ready blocks plus bytes reserved by loads in flight; never above `capacity`.
+    used: u64,
+}
+
+struct Resident {
+    data: BlockData,
+    prefetched: bool,
+    read: bool,
+}
+
+struct Loading {
+    slot: Arc<LoadSlot>,
+    prefetched: bool,
+    /// Someone waited on this load, so a prefetched block counts as read once it lands.
+    demanded: bool,
+}
+
+/// What a reader of one block has to do.
+pub enum Lookup<'c> {
+    /// The block is ready.
+    Hit(BlockData),
+    /// Another thread is loading it: wait on this slot.
+    Wait(Arc<LoadSlot>),
+    /// Nobody has it: the caller must load it and hand the bytes to the ticket.
+    Load(LoadTicket<'c>),
+}
+
+/// What a prefetcher of one block has to do.
+pub enum Prefetch<'c> {
+    /// The block is ready or already loading; nothing to do.
+    Present,
+    /// No room without evicting unread data; drop this prefetch.
+    Refused,
+    /// Space is reserved: load the block and hand the bytes to the ticket.
+    Load(LoadTicket<'c>),
+}
+
+/// Where readers of a block that is loading wait for its bytes or its error.
+pub struct LoadSlot {
+    state: Mutex<SlotState>,
+    done: Condvar,
+    prefetched: bool,
+}
+
+enum SlotState {
+    Loading,
+    Ready(BlockData),
+    /// io::Error is not Clone; every waiter gets a fresh error with the same kind and text.
+    Failed(io::ErrorKind, String),
+}
+
+impl LoadSlot {
+    /// Blocks until the load finishes, or fails with `TimedOut` after `timeout`.
+    pub fn wait(&self, timeout: Duration) -> io::Result<BlockData> {
+        let state = lock(&self.state);
+        let (state, _) = self
+            .done
+            .wait_timeout_while(state, timeout, |s| matches!(s, SlotState::Loading))
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*state {
+            SlotState::Ready(data) => Ok(Arc::clone(data)),
+            SlotState::Failed(kind, text) => Err(io::Error::new(*kind, text.clone())),
+            SlotState::Loading => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("gave up waiting for another reader's load after {timeout:?}"),
+            )),
+        }
+    }
+
+    /// Whether the load was started by readahead (a waiter may retry a failed prefetch itself).
+    pub fn is_prefetch(&self) -> bool {
+        self.prefetched
+    }
+
+    fn finish(&self, outcome: SlotState) {
+        *lock(&self.state) = outcome;
+        self.done.notify_all();
+    }
+}
+
+/// The duty to finish one load; dropping it unfinished fails the load so waiters never hang.
+pub struct LoadTicket<'c> {
+    cache: &'c BlockCache,
+    key: BlockKey,
+    slot: Arc<LoadSlot>,
+    reserved: u64,
+    finished: bool,
+}
+
+impl LoadTicket<'_> {
+    /// Publishes the loaded bytes: caches them (if space was reserved, or has freed up since) and
+    /// wakes the waiters. Returns the same bytes for the caller.
+    pub fn complete(mut self, data: Vec<u8>) -> BlockData {
+        self.finished = true;
+        let data = Arc::new(data);
+        let len = data.len() as u64;
+        let cache = self.cache;
+        {
+            let mut inner = cache.lock_inner();
+            let loading = inner.loading.remove(&self.key);
+            let prefetched = loading.as_ref().is_some_and(|l| l.prefetched);
+            let demanded = loading.as_ref().is_some_and(|l| l.demanded);
+            inner.release(self.reserved, &cache.stats);
+            // Re-reserve the real length; for an uncached load this is a second chance at a slot.
+            let evict_read_only = prefetched;
+            if len > 0 && inner.make_room(len, cache.capacity, evict_read_only, &cache.stats) {
+                inner.used += len;
+                cache.stats.add_resident(len as i64);
+                let read = !prefetched || demanded;
+                inner.ready.push(
+                    self.key,
+                    Resident {
+                        data: Arc::clone(&data),
+                        prefetched,
+                        read,
+                    },
+                );
+            }
+        }
+        self.slot.finish(SlotState::Ready(Arc::clone(&data)));
+        data
+    }
+
+    /// Releases the reservation without caching anything and wakes the waiters with `error`.
+    pub fn fail(mut self, error: &io::Error) {
+        self.finished = true;
+        self.abandon(error.kind(), error.to_string());
+    }
+
+    fn abandon(&self, kind: io::ErrorKind, text: String) {
+        {
+            let mut inner = self.cache.lock_inner();
+            inner.loading.remove(&self.key);
+            inner.release(self.reserved, &self.cache.stats);
+        }
+        self.slot.finish(SlotState::Failed(kind, text));
+    }
+}
+
+impl Drop for LoadTicket<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.abandon(io::ErrorKind::Other, "block load was abandoned".into());
+        }
+    }
+}
+
+impl Inner {
+    fn release(&mut self, bytes: u64, stats: &Stats) {
+        self.used -= bytes;
+        stats.add_resident(-(bytes as i64));
+    }
+
+    /// Evicts least recently used blocks until `len` more bytes fit, and returns whether they do.
+    /// With `read_only`, prefetched blocks nobody has read yet are passed over; nothing is evicted
+    /// unless enough other blocks can go.
+    fn make_room(&mut self, len: u64, capacity: u64, read_only: bool, stats: &Stats) -> bool {
+        if len > capacity {
+            return false;
+        }
+        let excess = (self.used + len).saturating_sub(capacity);
+        let mut victims = Vec::new();
+        let mut freed = 0;
+        for (key, resident) in self.ready.iter().rev() {
+            if freed >= excess {
+                break;
+            }
+            if read_only && resident.prefetched && !resident.read {
+                continue;
+            }
+            freed += resident.data.len() as u64;
+            victims.push(*key);
+        }
+        if freed < excess {
+            return false;
+        }
+        for key in victims {
+            if let Some(victim) = self.ready.pop(&key) {
+                let bytes = victim.data.len() as u64;
+                self.release(bytes, stats);
+                Stats::add(&stats.evictions, 1);
+                if victim.prefetched && !victim.read {
+                    Stats::add(&stats.prefetch_unused_bytes, bytes);
+                }
+            }
+        }
+        true
+    }
+}
+
+impl BlockCache {
+    /// An empty cache that holds at most `capacity` bytes and records its counters in `stats`.
+    pub fn new(capacity: u64, stats: Arc<Stats>) -> BlockCache {
+        let inner = Inner {
+            ready: LruCache::unbounded(),
+            loading: HashMap::new(),
+            used: 0,
+        };
+        BlockCache {
+            capacity,
+            stats,
+            inner: Mutex::new(inner),
+        }
+    }
+
+    /// Finds block `key` (of `len` bytes) for a reader: ready, loading, or the reader's to load.
+    pub fn lookup(&self, key: BlockKey, len: u64) -> Lookup<'_> {
+        let stats = &self.stats;
+        let mut inner = self.lock_inner();
+        if let Some(resident) = inner.ready.get_mut(&key) {
+            resident.read = true;
+            Stats::add(&stats.cache_hits, 1);
+            return Lookup::Hit(Arc::clone(&resident.data));
+        }
+        if let Some(loading) = inner.loading.get_mut(&key) {
+            loading.demanded = true;
+            Stats::add(&stats.cache_hits, 1);
+            Stats::add(&stats.single_flight_waits, 1);
+            return Lookup::Wait(Arc::clone(&loading.slot));
+        }
+        Stats::add(&stats.cache_misses, 1);
+        let fits = inner.make_room(len, self.capacity, false, stats);
+        Lookup::Load(self.start_load(inner, key, if fits { len } else { 0 }, false))
+    }
+
+    /// Reserves space to prefetch block `key`, unless it is present or there is no room to spare.
+    pub fn prefetch(&self, key: BlockKey, len: u64) -> Prefetch<'_> {
+        let mut inner = self.lock_inner();
+        if inner.ready.contains(&key) || inner.loading.contains_key(&key) {
+            return Prefetch::Present;
+        }
+        if !inner.make_room(len, self.capacity, true, &self.stats) {
+            return Prefetch::Refused;
+        }
+        Prefetch::Load(self.start_load(inner, key, len, true))
+    }
+
+    /// Whether block `key` is ready or loading.
+    pub fn contains(&self, key: BlockKey) -> bool {
+        let inner = self.lock_inner();
+        inner.ready.contains(&key) || inner.loading.contains_key(&key)
+    }
+
+    /// Bytes held or reserved right now.
+    pub fn used_bytes(&self) -> u64 {
+        self.lock_inner().used
+    }
+
+    /// The byte budget.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn start_load<'c>(
+        &'c self,
+        mut inner: MutexGuard<'c, Inner>,
+        key: BlockKey,
+        reserved: u64,
+        prefetched: bool,
+    ) -> LoadTicket<'c> {
+        inner.used += reserved;
+        self.stats.add_resident(reserved as i64);
+        let state = Mutex::new(SlotState::Loading);
+        let slot = Arc::new(LoadSlot {
+            state,
+            done: Condvar::new(),
+            prefetched,
+        });
+        let loading = Loading {
+            slot: Arc::clone(&slot),
+            prefetched,
+            demanded: false,
+        };
+        inner.loading.insert(key, loading);
+        LoadTicket {
+            cache: self,
+            key,
+            slot,
+            reserved,
+            finished: false,
+        }
+    }
+
+    fn lock_inner(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section here leaves the data consistent.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn cache(capacity: u64) -> (BlockCache, Arc<Stats>) {
+        let stats = Arc::new(Stats::default());
+        (BlockCache::new(capacity, Arc::clone(&stats)), stats)
+    }
+
+    fn load(cache: &BlockCache, block: u64, len: u64) -> BlockData {
+        match cache.lookup((0, block), len) {
+            Lookup::Load(ticket) => ticket.complete(vec![block as u8; len as usize]),
+            Lookup::Hit(data) => data,
+            Lookup::Wait(_) => panic!("nobody else is loading block {block}"),
+        }
+    }
+
+    fn prefetch(cache: &BlockCache, block: u64, len: u64) -> bool {
+        match cache.prefetch((0, block), len) {
+            Prefetch::Load(ticket) => {
+                ticket.complete(vec![block as u8; len as usize]);
+                true
+            }
+            Prefetch::Present | Prefetch::Refused => false,
+        }
+    }
+
+    #[test]
+    fn evicts_least_recently_used_within_budget() {
+        let (cache, stats) = cache(300);
+        for block in 0..3 {
+            load(&cache, block, 100);
+        }
+        assert!(matches!(cache.lookup((0, 0), 100), Lookup::Hit(_)));
+        load(&cache, 3, 100);
+        assert!(
+            !cache.contains((0, 1)),
+            "block 1 was the least recently used"
+        );
+        assert!(cache.contains((0, 0)) && cache.contains((0, 2)) && cache.contains((0, 3)));
+        assert_eq!(cache.used_bytes(), 300);
+        assert_eq!(stats.evictions.load(Relaxed), 1);
+        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 300);
+        assert_eq!(
+            (
+                stats.cache_hits.load(Relaxed),
+                stats.cache_misses.load(Relaxed)
+            ),
+            (1, 4)
+        );
+    }
+
+    #[test]
+    fn prefetch_never_evicts_unread_prefetched_blocks() {
+        let (cache, stats) = cache(200);
+        assert!(prefetch(&cache, 0, 100));
+        assert!(prefetch(&cache, 1, 100));
+        assert!(!prefetch(&cache, 2, 100), "both resident blocks are unread");
+        assert!(!prefetch(&cache, 0, 100), "already present");
+        load(&cache, 0, 100); // reads block 0, so a later prefetch may evict it
+        assert!(prefetch(&cache, 2, 100));
+        assert!(!cache.contains((0, 0)));
+        assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 0);
+        load(&cache, 3, 100); // on demand evicts block 1, prefetched and never read
+        assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 100);
+    }
+
+    #[test]
+    fn in_flight_loads_count_against_the_budget() {
+        let (cache, stats) = cache(200);
+        let Lookup::Load(first) = cache.lookup((0, 0), 100) else {
+            panic!("expected a miss")
+        };
+        let Lookup::Load(second) = cache.lookup((0, 1), 100) else {
+            panic!("expected a miss")
+        };
+        assert!(matches!(cache.prefetch((0, 2), 100), Prefetch::Refused));
+        // No room for a third on-demand block: it is still loaded, but not cached.
+        let Lookup::Load(third) = cache.lookup((0, 2), 100) else {
+            panic!("expected a miss")
+        };
+        third.complete(vec![2; 100]);
+        assert!(!cache.contains((0, 2)));
+        first.complete(vec![0; 100]);
+        second.complete(vec![1; 100]);
+        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 200);
+    }
+
+    #[test]
+    fn a_block_larger_than_the_cache_is_served_uncached() {
+        let (cache, stats) = cache(50);
+        assert_eq!(load(&cache, 0, 100).len(), 100);
+        assert!(!cache.contains((0, 0)));
+        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn waiters_share_one_load() {
+        let (cache, stats) = cache(1000);
+        let Lookup::Load(ticket) = cache.lookup((0, 7), 10) else {
+            panic!("expected a miss")
+        };
+        std::thread::scope(|scope| {
+            let waiters: Vec<_> = (0..4)
+                .map(|_| {
+                    let Lookup::Wait(slot) = cache.lookup((0, 7), 10) else {
+                        panic!("expected a wait")
+                    };
+                    scope.spawn(move || slot.wait(Duration::from_secs(5)).unwrap())
+                })
+                .collect();
+            ticket.complete(vec![7; 10]);
+            for waiter in waiters {
+                assert_eq!(*waiter.join().unwrap(), vec![7; 10]);
+            }
+        });
+        assert_eq!(stats.single_flight_waits.load(Relaxed), 4);
+        assert_eq!(stats.cache_misses.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn failed_or_abandoned_loads_wake_waiters_and_are_not_cached() {
+        let (cache, stats) = cache(1000);
+        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else {
+            panic!("expected a miss")
+        };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
+            panic!("expected a wait")
+        };
+        ticket.fail(&io::Error::other("disk on fire"));
+        let err = slot.wait(Duration::from_secs(5)).unwrap_err();
+        assert!(err.to_string().contains("disk on fire"), "{err}");
+        assert!(!cache.contains((0, 1)));
+        assert_eq!(stats.resident_bytes.load(Relaxed), 0);
+
+        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else {
+            panic!("a retry loads again")
+        };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
+            panic!("expected a wait")
+        };
+        drop(ticket);
+        assert!(slot.wait(Duration::from_secs(5)).is_err());
+        assert!(matches!(cache.lookup((0, 1), 10), Lookup::Load(_)));
+    }
+
+    #[test]
+    fn waiting_times_out() {
+        let (cache, _) = cache(1000);
+        let Lookup::Load(_ticket) = cache.lookup((0, 1), 10) else {
+            panic!("expected a miss")
+        };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
+            panic!("expected a wait")
+        };
+        let err = slot.wait(Duration::from_millis(10)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+}
