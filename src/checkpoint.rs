@@ -50,7 +50,12 @@ impl std::error::Error for OpenError {}
 /// Opens and validates a single safetensors file.
 pub fn open_file(path: &Path) -> Result<OpenedShard, OpenError> {
     let name = path.display().to_string();
-    let file = LocalFile::open(path).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
+    let file = LocalFile::open(path).map_err(|e| {
+        // LocalFile's errors may already start with the path; the message names it once.
+        let text = describe_io(&e);
+        let text = text.strip_prefix(&format!("{name}: ")).map(|t| describe_io(&std::io::Error::other(t.to_string()))).unwrap_or(text);
+        OpenError::new(&name, text)
+    })?;
     let source: Arc<dyn Source> = Arc::new(file);
     open_source(source)
 }

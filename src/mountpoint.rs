@@ -45,6 +45,9 @@ impl std::fmt::Display for MountPointError {
 /// Checks that `path` is an existing directory with nothing mounted on it. A non-empty directory
 /// is accepted, as FUSE 3 tools do: its contents are hidden while mounted.
 pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
+    if is_stale(path) {
+        return Err(MountPointError::Stale);
+    }
     let meta = match fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountPointError::Stale),
@@ -58,6 +61,18 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
         return Err(MountPointError::AlreadyMounted);
     }
     Ok(())
+}
+
+/// Whether `path` is a FUSE mount whose daemon is gone. Asks statfs(2), which the kernel never
+/// answers from its attribute cache (a plain stat may still succeed on a dead mount).
+pub fn is_stale(path: &Path) -> bool {
+    let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: c_path is a valid C string and buf a properly sized, writable statfs struct.
+    let rc = unsafe {
+        let mut buf: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut buf)
+    };
+    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 /// Whether `path` is listed as a mount point in /proc/self/mountinfo.
@@ -91,7 +106,7 @@ fn unescape_mountinfo(field: &str) -> Vec<u8> {
 /// Unmounts `path` with umount2(2); `lazy` detaches it even while files are open (MNT_DETACH).
 /// A stale mount (its daemon killed) is always detached, since nobody can be served there anyway.
 pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
-    let stale = matches!(fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    let stale = is_stale(path);
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::Other("path contains NUL".into()))?;
     let flags = if lazy || stale { libc::MNT_DETACH } else { 0 };
     // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
