@@ -20,6 +20,10 @@ NUMPY_DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", 
 
 
 def random_array(dtype, shape):
+    return np.ascontiguousarray(np.asarray(_random(dtype, shape)))
+
+
+def _random(dtype, shape):
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return rng.integers(0, 2, size=shape).astype(bool)
@@ -53,17 +57,24 @@ def numpy_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def raw_checkpoint(tmp_path_factory):
-    """Types numpy lacks (BF16, F8, F4, F6, E8M0), via the reference package's dtype-agnostic serializer."""
-    tensors = {}
+    """Types numpy lacks (BF16, the F8 family, packed F4), via the reference package's TensorSpec
+    serializer. (It cannot write F6; the project's own writer covers F6 in the Rust tests.)"""
     x = rng.standard_normal((33, 65)).astype(np.float32)
-    tensors["bf16"] = {"dtype": "BF16", "shape": [33, 65], "data": x.astype(ml_dtypes.bfloat16).tobytes()}
-    tensors["f8_e4m3"] = {"dtype": "F8_E4M3", "shape": [33, 65], "data": x.astype(ml_dtypes.float8_e4m3fn).tobytes()}
-    tensors["f8_e5m2"] = {"dtype": "F8_E5M2", "shape": [33, 65], "data": x.astype(ml_dtypes.float8_e5m2).tobytes()}
-    for dtype, bits in [("F8_E8M0", 8), ("F8_E4M3FNUZ", 8), ("F8_E5M2FNUZ", 8), ("F4", 4), ("F6_E2M3", 6), ("F6_E3M2", 6)]:
-        n = 96
-        tensors[dtype.lower()] = {"dtype": dtype, "shape": [n], "data": bytes(rng.integers(0, 256, n * bits // 8, dtype=np.uint8))}
+    arrays = {
+        "bf16": ("bfloat16", [33, 65], x.astype(ml_dtypes.bfloat16)),
+        "f8_e4m3": ("float8_e4m3fn", [33, 65], x.astype(ml_dtypes.float8_e4m3fn)),
+        "f8_e5m2": ("float8_e5m2", [33, 65], x.astype(ml_dtypes.float8_e5m2)),
+        "f8_e4m3fnuz": ("float8_e4m3fnuz", [33, 65], x.astype(ml_dtypes.float8_e4m3fnuz)),
+        "f8_e5m2fnuz": ("float8_e5m2fnuz", [33, 65], x.astype(ml_dtypes.float8_e5m2fnuz)),
+        "f8_e8m0": ("float8_e8m0fnu", [97], rng.integers(0, 255, 97, dtype=np.uint8)),
+        # Two F4 values per byte: 48 storage bytes are 96 logical elements.
+        "f4": ("float4_e2m1fn_x2", [48], rng.integers(0, 256, 48, dtype=np.uint8)),
+    }
+    specs = {name: safetensors.TensorSpec(dtype=d, shape=shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for name, (d, shape, a) in arrays.items()}
     path = tmp_path_factory.mktemp("raw") / "raw.safetensors"
-    safetensors.serialize_file(tensors, str(path), metadata={"format": "raw"})
+    safetensors.serialize_file(specs, str(path), metadata={"format": "raw"})
+    del arrays  # the specs were consumed; the buffers could go now
     return path
 
 
@@ -92,6 +103,9 @@ def test_numpy_checkpoint_matches_reference(numpy_checkpoint):
 def test_raw_dtypes_match_reference(raw_checkpoint):
     ref = reference_bytes(raw_checkpoint)
     with mounted(raw_checkpoint, "--block-size", "4K", "--cache-size", "16K") as mp:
+        meta = json.load(open(os.path.join(mp, "metadata.json")))
+        assert meta["tensors"]["f4"]["dtype"] == "F4" and meta["tensors"]["f4"]["shape"] == [96]
+        assert meta["tensors"]["f8_e8m0"]["dtype"] == "F8_E8M0"
         for name, (dtype, shape, data) in ref.items():
             assert open(os.path.join(mp, name), "rb").read() == data, name
         bf16 = np.fromfile(os.path.join(mp, "bf16"), dtype=ml_dtypes.bfloat16).reshape(33, 65)
