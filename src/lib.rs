@@ -3,5 +3,6 @@
 
 pub mod engine;
 pub mod format;
+pub mod http;
 pub mod source;
 pub mod stats;
