@@ -16,6 +16,22 @@ use ureq::{Agent, Body};
 /// Redirect hops followed per request before giving up.
 const MAX_REDIRECTS: usize = 10;
 
+/// The bearer token to send: the explicit one, else `HF_TOKEN` (read through `hf_token`) for hub URLs
+/// when the user gave no Authorization header of their own.
+fn bearer_token(
+    options: &HttpOptions,
+    uri: &Uri,
+    hf_token: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    if let Some(token) = &options.bearer_token {
+        return Some(token.expose().to_string());
+    }
+    if !options.hub_token_from_env || !is_hub_url(uri) || options.has_authorization_header() {
+        return None;
+    }
+    hf_token().filter(|token| !token.trim().is_empty())
+}
+
 /// Why one try failed, and whether trying again may help.
 pub(crate) struct Failure {
     /// What went wrong (already free of credentials).
@@ -75,20 +91,7 @@ impl Remote {
             value.set_sensitive(true);
             origin_headers.push((name, value));
         }
-        let hub_token = || {
-            let wanted = options.hub_token_from_env
-                && is_hub_url(&uri)
-                && !options.has_authorization_header();
-            wanted
-                .then(|| std::env::var("HF_TOKEN").ok())
-                .flatten()
-                .filter(|token| !token.trim().is_empty())
-        };
-        let token = options
-            .bearer_token
-            .as_ref()
-            .map(|t| t.expose().to_string())
-            .or_else(hub_token);
+        let token = bearer_token(options, &uri, || std::env::var("HF_TOKEN").ok());
         if let Some(token) = token {
             let mut value =
                 HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
@@ -345,5 +348,38 @@ impl Remote {
             name: self.name.clone(),
             detail,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Secret;
+
+    #[test]
+    fn hf_token_goes_only_to_hub_urls_without_other_credentials() {
+        let hub: Uri = "https://huggingface.co/o/r/resolve/main/m.safetensors"
+            .parse()
+            .unwrap();
+        let elsewhere: Uri = "https://example.org/m.safetensors".parse().unwrap();
+        let from_env = || Some("hf_env".to_string());
+        let mut options = HttpOptions::default();
+        assert_eq!(
+            bearer_token(&options, &hub, from_env).as_deref(),
+            Some("hf_env")
+        );
+        assert_eq!(bearer_token(&options, &elsewhere, from_env), None);
+        assert_eq!(bearer_token(&options, &hub, || Some(" ".to_string())), None);
+        options.bearer_token = Some(Secret::new("explicit"));
+        assert_eq!(
+            bearer_token(&options, &elsewhere, from_env).as_deref(),
+            Some("explicit")
+        );
+        options.bearer_token = None;
+        options.add_header_arg("Authorization: Basic abc").unwrap();
+        assert_eq!(bearer_token(&options, &hub, from_env), None);
+        options.headers.clear();
+        options.hub_token_from_env = false;
+        assert_eq!(bearer_token(&options, &hub, from_env), None);
     }
 }
