@@ -14,6 +14,7 @@ pub mod engine;
 pub mod format;
 pub mod fs;
 pub mod fuse;
+pub mod http;
 pub mod metadata;
 pub mod mountpoint;
 pub mod names;

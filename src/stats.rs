@@ -37,6 +37,14 @@ pub struct Stats {
     pub streams: AtomicU64,
     /// Sum of the current readahead windows of all streams, in bytes (gauge).
     pub window_bytes: AtomicU64,
+    /// HTTP exchanges sent to a remote source (each redirect hop counts).
+    pub http_requests: AtomicU64,
+    /// Body bytes received from a remote source.
+    pub http_bytes: AtomicU64,
+    /// HTTP requests repeated after a transient failure.
+    pub http_retries: AtomicU64,
+    /// Sum of the latencies of those exchanges (send to last body byte), in microseconds.
+    pub http_request_micros: AtomicU64,
 }
 
 impl Stats {
@@ -75,6 +83,10 @@ impl Stats {
             "peak_resident_bytes": g(&self.peak_resident_bytes),
             "streams": g(&self.streams),
             "window_bytes": g(&self.window_bytes),
+            "http_requests": g(&self.http_requests),
+            "http_bytes": g(&self.http_bytes),
+            "http_retries": g(&self.http_retries),
+            "http_request_micros": g(&self.http_request_micros),
         })
     }
 }

@@ -1,0 +1,385 @@
+//! One ranged GET against a remote object: headers, manual redirects (with the target cached),
+//! classification of failures, and the retry loop around it.
+
+use super::options::{HttpOptions, ProxySetting};
+use super::pin::{header_text, Pin};
+use super::retry::{parse_retry_after, RetryPolicy};
+use super::url::{display_name, is_hub_url, parse_http_url, resolve_location, same_origin};
+use super::HttpError;
+use crate::stats::Stats;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RANGE, RETRY_AFTER};
+use ureq::http::{Request, Response, Uri};
+use ureq::{Agent, Body};
+
+/// Redirect hops followed per request before giving up.
+const MAX_REDIRECTS: usize = 10;
+
+/// The bearer token to send: the explicit one, else `HF_TOKEN` (read through `hf_token`) for hub URLs
+/// when the user gave no Authorization header of their own.
+fn bearer_token(
+    options: &HttpOptions,
+    uri: &Uri,
+    hf_token: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    if let Some(token) = &options.bearer_token {
+        return Some(token.expose().to_string());
+    }
+    if !options.hub_token_from_env || !is_hub_url(uri) || options.has_authorization_header() {
+        return None;
+    }
+    hf_token().filter(|token| !token.trim().is_empty())
+}
+
+/// Why one try failed, and whether trying again may help.
+pub(crate) struct Failure {
+    /// What went wrong (already free of credentials).
+    pub error: HttpError,
+    /// Timeouts, dropped connections, 408/429/5xx: worth another try.
+    pub transient: bool,
+    /// The server's `Retry-After`, if it sent one.
+    pub retry_after: Option<std::time::Duration>,
+}
+
+impl Failure {
+    /// A failure that retrying cannot fix.
+    pub fn permanent(error: HttpError) -> Failure {
+        Failure {
+            error,
+            transient: false,
+            retry_after: None,
+        }
+    }
+
+    /// A failure that may go away on its own.
+    pub fn transient(error: HttpError) -> Failure {
+        Failure {
+            error,
+            transient: true,
+            retry_after: None,
+        }
+    }
+}
+
+/// The parts of a remote source shared by all its streams.
+pub(crate) struct Remote {
+    /// The URL as given (may carry a signed query string; never printed).
+    uri: Uri,
+    /// The URL for messages: no userinfo, no query string.
+    pub name: String,
+    /// User headers plus Authorization, sent only to the original origin.
+    origin_headers: Vec<(HeaderName, HeaderValue)>,
+    config: ureq::config::Config,
+    retry: RetryPolicy,
+    pub stats: Arc<Stats>,
+    cache_redirects: bool,
+    /// Where the last redirect chain ended, used directly until it refuses us.
+    redirect_target: Mutex<Option<Uri>>,
+}
+
+impl Remote {
+    /// Validates the URL and the options and prepares the shared agent configuration.
+    pub fn new(url: &str, options: &HttpOptions) -> Result<Remote, HttpError> {
+        let uri = parse_http_url(url).map_err(HttpError::BadUrl)?;
+        let mut origin_headers = Vec::new();
+        for (name, value) in &options.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| HttpError::BadOption(format!("invalid header name {name:?}")))?;
+            let mut value = HeaderValue::from_str(value.expose())
+                .map_err(|_| HttpError::BadOption(format!("invalid value for header {name}")))?;
+            value.set_sensitive(true);
+            origin_headers.push((name, value));
+        }
+        let token = bearer_token(options, &uri, || std::env::var("HF_TOKEN").ok());
+        if let Some(token) = token {
+            let mut value =
+                HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
+                    HttpError::BadOption("the bearer token holds invalid characters".to_string())
+                })?;
+            value.set_sensitive(true);
+            origin_headers.retain(|(name, _)| *name != AUTHORIZATION);
+            origin_headers.push((AUTHORIZATION, value));
+        }
+        let proxy = match &options.proxy {
+            ProxySetting::FromEnvironment => ureq::Proxy::try_from_env(),
+            ProxySetting::Direct => None,
+            ProxySetting::Url(url) => Some(ureq::Proxy::new(url.expose()).map_err(|_| {
+                HttpError::BadOption(format!("invalid proxy URL {}", display_name(url.expose())))
+            })?),
+        };
+        let config = Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .user_agent(concat!("stfs/", env!("CARGO_PKG_VERSION")))
+            .proxy(proxy)
+            .timeout_connect(Some(options.connect_timeout))
+            .timeout_per_read(Some(options.read_timeout))
+            .timeout_per_call(Some(options.request_timeout))
+            .tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+                    .build(),
+            )
+            .build();
+        Ok(Remote {
+            name: display_name(url),
+            uri,
+            origin_headers,
+            config,
+            retry: options.retry.clone(),
+            stats: Arc::clone(&options.stats),
+            cache_redirects: options.cache_redirects,
+            redirect_target: Mutex::new(None),
+        })
+    }
+
+    /// A new agent with its own connection pool, so that each stream keeps its own keep-alive link.
+    pub fn new_agent(&self) -> Agent {
+        Agent::new_with_config(self.config.clone())
+    }
+
+    /// Runs `attempt` until it succeeds, fails permanently, or the policy's tries are used up.
+    pub fn with_retries<T>(
+        &self,
+        mut attempt: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T, HttpError> {
+        let attempts = self.retry.attempts.max(1);
+        let mut retry = 0;
+        loop {
+            let started = Instant::now();
+            let outcome = attempt();
+            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            Stats::add(&self.stats.http_request_micros, micros);
+            let failure = match outcome {
+                Ok(value) => return Ok(value),
+                Err(failure) => failure,
+            };
+            if !failure.transient || retry + 1 >= attempts {
+                if failure.transient {
+                    log::warn!(
+                        "{}: giving up after {attempts} tries: {}",
+                        self.name,
+                        failure.error
+                    );
+                    return Err(HttpError::GaveUp {
+                        attempts,
+                        last: Box::new(failure.error),
+                    });
+                }
+                return Err(failure.error);
+            }
+            let delay = self.retry.delay(retry, failure.retry_after);
+            log::info!(
+                "{}: {}; retrying in {} ms",
+                self.name,
+                failure.error,
+                delay.as_millis()
+            );
+            Stats::add(&self.stats.http_retries, 1);
+            std::thread::sleep(delay);
+            retry += 1;
+        }
+    }
+
+    /// Sends `GET` for bytes `first..=last` (with the pin's precondition, if any) and returns the first
+    /// response that is not a redirect. Uses the cached redirect target first; if that refuses us
+    /// (typically an expired signature), forgets it and starts again from the original URL.
+    pub fn get_range(
+        &self,
+        agent: &Agent,
+        first: u64,
+        last: u64,
+        pin: Option<&Pin>,
+    ) -> Result<Response<Body>, Failure> {
+        let cached = self
+            .redirect_target
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(target) = cached {
+            let (response, _) = self.follow(agent, target.clone(), first, last, pin)?;
+            if !matches!(response.status().as_u16(), 401 | 403 | 404 | 410) {
+                return Ok(response);
+            }
+            log::info!(
+                "{}: cached redirect target refused ({}); resolving again",
+                self.name,
+                response.status()
+            );
+            let mut slot = self
+                .redirect_target
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref() == Some(&target) {
+                *slot = None;
+            }
+        }
+        let (response, final_uri) = self.follow(agent, self.uri.clone(), first, last, pin)?;
+        if self.cache_redirects && final_uri != self.uri && response.status().as_u16() == 206 {
+            *self
+                .redirect_target
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(final_uri);
+        }
+        Ok(response)
+    }
+
+    /// Follows redirects from `uri` by hand, so that credentials stay with their origin and the
+    /// precondition headers go to every hop. Returns the final response and where it came from.
+    fn follow(
+        &self,
+        agent: &Agent,
+        mut uri: Uri,
+        first: u64,
+        last: u64,
+        pin: Option<&Pin>,
+    ) -> Result<(Response<Body>, Uri), Failure> {
+        for _hop in 0..=MAX_REDIRECTS {
+            let mut request =
+                Request::get(uri.clone()).header(RANGE, format!("bytes={first}-{last}"));
+            if let Some((name, value)) = pin.and_then(Pin::precondition) {
+                request = request.header(name, value);
+            }
+            if same_origin(&uri, &self.uri) {
+                for (name, value) in &self.origin_headers {
+                    request = request.header(name, value);
+                }
+            }
+            let request = request.body(()).map_err(|_| {
+                Failure::permanent(HttpError::BadOption(
+                    "a header could not be encoded".to_string(),
+                ))
+            })?;
+            Stats::add(&self.stats.http_requests, 1);
+            let response = agent.run(request).map_err(|e| self.transport_failure(e))?;
+            if !matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308) {
+                return Ok((response, uri));
+            }
+            let location = header_text(response.headers(), &LOCATION).unwrap_or_default();
+            uri = resolve_location(&uri, &location).ok_or_else(|| {
+                Failure::permanent(self.protocol(format!(
+                    "redirect ({}) without a usable Location",
+                    response.status()
+                )))
+            })?;
+            log::debug!(
+                "{}: redirected to {}",
+                self.name,
+                display_name(&uri.to_string())
+            );
+        }
+        Err(Failure::permanent(
+            self.protocol(format!("more than {MAX_REDIRECTS} redirects")),
+        ))
+    }
+
+    /// Classifies a non-success status. 412 and 416 mean the pinned object is gone or different.
+    pub fn status_failure(&self, response: &Response<Body>) -> Failure {
+        let status = response.status().as_u16();
+        let retry_after = header_text(response.headers(), &RETRY_AFTER)
+            .as_deref()
+            .and_then(parse_retry_after);
+        match status {
+            412 | 416 => Failure::permanent(self.changed(format!("the server answered {status}"))),
+            408 | 429 | 500 | 502 | 503 | 504 => Failure {
+                error: HttpError::Status {
+                    name: self.name.clone(),
+                    status,
+                },
+                transient: true,
+                retry_after,
+            },
+            _ => Failure::permanent(HttpError::Status {
+                name: self.name.clone(),
+                status,
+            }),
+        }
+    }
+
+    /// The "changed since mount" error.
+    pub fn changed(&self, detail: String) -> HttpError {
+        HttpError::Changed {
+            name: self.name.clone(),
+            detail,
+        }
+    }
+
+    /// A response that breaks HTTP range semantics.
+    pub fn protocol(&self, detail: String) -> HttpError {
+        HttpError::Protocol {
+            name: self.name.clone(),
+            detail,
+        }
+    }
+
+    /// Maps a ureq error to a failure without echoing URLs (which may carry signatures).
+    fn transport_failure(&self, error: ureq::Error) -> Failure {
+        use ureq::Error as E;
+        let transient = matches!(
+            error,
+            E::Io(_)
+                | E::Timeout(_)
+                | E::HostNotFound
+                | E::ConnectionFailed
+                | E::Protocol(_)
+                | E::BodyStalled
+                | E::ConnectProxyFailed(_)
+        );
+        let detail = match error {
+            E::BadUri(_) => "the URL was refused by the HTTP client".to_string(),
+            E::RequireHttpsOnly(_) => "https is required".to_string(),
+            other => other.to_string(),
+        };
+        Failure {
+            error: HttpError::Transport {
+                name: self.name.clone(),
+                detail,
+            },
+            transient,
+            retry_after: None,
+        }
+    }
+
+    /// Maps an error while reading a body; every one of them (reset, timeout, short body) is transient.
+    pub fn body_failure(&self, error: std::io::Error) -> Failure {
+        let detail = format!("reading the response body: {error}");
+        Failure::transient(HttpError::Transport {
+            name: self.name.clone(),
+            detail,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Secret;
+
+    #[test]
+    fn hf_token_goes_only_to_hub_urls_without_other_credentials() {
+        let hub: Uri = "https://huggingface.co/o/r/resolve/main/m.safetensors"
+            .parse()
+            .unwrap();
+        let elsewhere: Uri = "https://example.org/m.safetensors".parse().unwrap();
+        let from_env = || Some("hf_env".to_string());
+        let mut options = HttpOptions::default();
+        assert_eq!(
+            bearer_token(&options, &hub, from_env).as_deref(),
+            Some("hf_env")
+        );
+        assert_eq!(bearer_token(&options, &elsewhere, from_env), None);
+        assert_eq!(bearer_token(&options, &hub, || Some(" ".to_string())), None);
+        options.bearer_token = Some(Secret::new("explicit"));
+        assert_eq!(
+            bearer_token(&options, &elsewhere, from_env).as_deref(),
+            Some("explicit")
+        );
+        options.bearer_token = None;
+        options.add_header_arg("Authorization: Basic abc").unwrap();
+        assert_eq!(bearer_token(&options, &hub, from_env), None);
+        options.headers.clear();
+        options.hub_token_from_env = false;
+        assert_eq!(bearer_token(&options, &hub, from_env), None);
+    }
+}

@@ -1,0 +1,388 @@
+//! A remote safetensors object read over HTTP(S) with range requests, as a [`Source`].
+//!
+//! Opening sends one speculative ranged GET for the first `prefix_len` bytes: it yields the total size,
+//! the version pin (ETag, else Last-Modified, plus size) and usually the whole safetensors header.
+//! Every later block is one ranged GET carrying `If-Match` (or `If-Unmodified-Since`), and every
+//! response is checked against the pin, so a replaced object fails with "changed since mount" instead
+//! of mixing versions. Each stream owns its own agent (keep-alive connection pool), so streams proceed
+//! in parallel over separate connections. Transient failures are retried with capped, jittered backoff.
+
+mod client;
+mod options;
+mod pin;
+mod retry;
+mod url;
+
+#[cfg(test)]
+mod test_server;
+#[cfg(test)]
+mod tests;
+
+pub use options::{HttpOptions, ProxySetting, Secret};
+pub use retry::RetryPolicy;
+pub use url::display_name;
+
+use crate::source::{Source, SourceStream};
+use crate::stats::Stats;
+use client::{Failure, Remote};
+use pin::{parse_content_range, Pin};
+use std::fmt;
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::time::SystemTime;
+use ureq::http::header::{CONTENT_LENGTH, CONTENT_RANGE};
+use ureq::http::Response;
+use ureq::{Agent, Body};
+
+/// Why a remote source could not be opened or read. Messages never contain credentials or query strings.
+#[derive(Debug)]
+pub enum HttpError {
+    /// The URL is unusable (not http(s), no host, credentials inside it).
+    BadUrl(String),
+    /// An option is malformed (header syntax, missing token variable, proxy URL).
+    BadOption(String),
+    /// The server ignores `Range` and would send the whole object for every block.
+    RangeUnsupported {
+        /// The URL, redacted.
+        name: String,
+    },
+    /// The server answered with a status that is neither success nor worth retrying.
+    Status {
+        /// The URL, redacted.
+        name: String,
+        /// The HTTP status code.
+        status: u16,
+    },
+    /// The remote object is no longer the version pinned at open time.
+    Changed {
+        /// The URL, redacted.
+        name: String,
+        /// What gave the change away.
+        detail: String,
+    },
+    /// A response broke HTTP range semantics (bad Content-Range, wrong length).
+    Protocol {
+        /// The URL, redacted.
+        name: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// Connection, TLS, timeout or body read failure.
+    Transport {
+        /// The URL, redacted.
+        name: String,
+        /// The underlying error.
+        detail: String,
+    },
+    /// A transient failure that persisted through every try of the retry policy.
+    GaveUp {
+        /// How many tries were made.
+        attempts: u32,
+        /// The last failure.
+        last: Box<HttpError>,
+    },
+}
+
+impl fmt::Display for HttpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpError::BadUrl(message) | HttpError::BadOption(message) => f.write_str(message),
+            HttpError::RangeUnsupported { name } => write!(
+                f,
+                "{name}: the server ignores Range requests (it answered 200 with the whole object); \
+                 stfs needs a server with byte-range support"
+            ),
+            HttpError::Status { name, status: status @ (401 | 403) } => {
+                write!(f, "{name}: HTTP {status}: access denied; check the token or the --header credentials")
+            }
+            HttpError::Status { name, status: status @ (404 | 410) } => write!(f, "{name}: HTTP {status}: not found"),
+            HttpError::Status { name, status } => write!(f, "{name}: HTTP {status}"),
+            HttpError::Changed { name, detail } => write!(f, "{name}: remote object changed since mount ({detail})"),
+            HttpError::Protocol { name, detail } => write!(f, "{name}: unexpected response: {detail}"),
+            HttpError::Transport { name, detail } => write!(f, "{name}: {detail}"),
+            HttpError::GaveUp { attempts, last } => write!(f, "{last} (gave up after {attempts} tries)"),
+        }
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+impl From<HttpError> for io::Error {
+    fn from(error: HttpError) -> io::Error {
+        let kind = match &error {
+            HttpError::GaveUp { .. } => io::ErrorKind::TimedOut,
+            HttpError::Status {
+                status: 401 | 403, ..
+            } => io::ErrorKind::PermissionDenied,
+            HttpError::Status {
+                status: 404 | 410, ..
+            } => io::ErrorKind::NotFound,
+            HttpError::BadUrl(_) | HttpError::BadOption(_) => io::ErrorKind::InvalidInput,
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, error)
+    }
+}
+
+/// A remote object pinned at open time; streams read it with one ranged GET per block.
+pub struct HttpSource {
+    remote: Arc<Remote>,
+    pin: Arc<Pin>,
+    prefix: Arc<[u8]>,
+}
+
+impl HttpSource {
+    /// Opens `url`: one speculative ranged GET for the first `options.prefix_len` bytes, which pins
+    /// the object's size and version. Fails for servers that ignore `Range` (without downloading the
+    /// object), for HTTP errors, and after the retry policy is exhausted on transient failures.
+    pub fn open(url: &str, options: HttpOptions) -> Result<HttpSource, HttpError> {
+        let remote = Arc::new(Remote::new(url, &options)?);
+        let agent = remote.new_agent();
+        let prefix_len = u64::from(options.prefix_len.max(1));
+        let (prefix, pin) = remote.with_retries(|| fetch_prefix(&remote, &agent, prefix_len))?;
+        if pin.etag.is_none() && pin.last_modified.is_none() {
+            log::warn!(
+                "{}: the server sends neither ETag nor Last-Modified; only a change of size can be detected",
+                remote.name
+            );
+        }
+        log::info!(
+            "{}: {} bytes, pinned by {:?}",
+            remote.name,
+            pin.size,
+            pin.precondition().map(|p| p.0)
+        );
+        Ok(HttpSource {
+            remote,
+            pin: Arc::new(pin),
+            prefix: prefix.into(),
+        })
+    }
+
+    /// The bytes fetched by the opening request (the object's start, up to `prefix_len` bytes):
+    /// streams serve reads inside it without a request, so header parsing costs at most one more.
+    pub fn header_prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The pinned entity tag, if the server sent one.
+    pub fn etag(&self) -> Option<&str> {
+        self.pin.etag.as_deref()
+    }
+
+    /// The pinned Last-Modified time, if the server sent a parseable one (for the mount's attributes).
+    pub fn modified_time(&self) -> Option<SystemTime> {
+        self.pin.modified_time()
+    }
+}
+
+impl fmt::Debug for HttpSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpSource")
+            .field("name", &self.remote.name)
+            .field("len", &self.pin.size)
+            .field("etag", &self.pin.etag)
+            .field("last_modified", &self.pin.last_modified)
+            .finish()
+    }
+}
+
+impl Source for HttpSource {
+    fn len(&self) -> u64 {
+        self.pin.size
+    }
+
+    fn name(&self) -> &str {
+        &self.remote.name
+    }
+
+    fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+        Ok(Box::new(HttpStream {
+            remote: Arc::clone(&self.remote),
+            pin: Arc::clone(&self.pin),
+            prefix: Arc::clone(&self.prefix),
+            agent: self.remote.new_agent(),
+        }))
+    }
+}
+
+/// One reader of an [`HttpSource`] with its own agent, hence its own keep-alive connection.
+struct HttpStream {
+    remote: Arc<Remote>,
+    pin: Arc<Pin>,
+    prefix: Arc<[u8]>,
+    agent: Agent,
+}
+
+impl SourceStream for HttpStream {
+    fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = u64::try_from(buf.len())
+            .ok()
+            .and_then(|len| offset.checked_add(len));
+        if end.map_or(true, |end| end > self.pin.size) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: read of {} bytes at {offset} is past the end ({} bytes)",
+                    self.remote.name,
+                    buf.len(),
+                    self.pin.size
+                ),
+            ));
+        }
+        // Serve what the opening request already fetched, then fetch only the rest.
+        let from_prefix = usize::try_from(offset)
+            .ok()
+            .and_then(|start| self.prefix.get(start..))
+            .map_or(0, |available| available.len().min(buf.len()));
+        if from_prefix > 0 {
+            let start = offset as usize; // fits: it indexed the prefix above
+            buf[..from_prefix].copy_from_slice(&self.prefix[start..start + from_prefix]);
+        }
+        let rest = &mut buf[from_prefix..];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let rest_offset = offset + from_prefix as u64;
+        let (remote, agent, pin) = (&self.remote, &self.agent, &self.pin);
+        remote
+            .with_retries(|| fetch_block(remote, agent, pin, rest, rest_offset))
+            .map_err(io::Error::from)
+    }
+}
+
+/// One try at the opening request: the first `prefix_len` bytes, the total size and the pin.
+fn fetch_prefix(
+    remote: &Remote,
+    agent: &Agent,
+    prefix_len: u64,
+) -> Result<(Vec<u8>, Pin), Failure> {
+    let response = remote.get_range(agent, 0, prefix_len - 1, None)?;
+    match response.status().as_u16() {
+        206 => {
+            let content_range = content_range(remote, &response)?;
+            let total = content_range.total.ok_or_else(|| {
+                Failure::permanent(remote.protocol("Content-Range gives no total size".to_string()))
+            })?;
+            let (first, last) = content_range.range.unwrap_or((1, 0));
+            if first != 0 || last >= prefix_len {
+                let detail = format!("asked for bytes 0-{}, got {first}-{last}", prefix_len - 1);
+                return Err(Failure::permanent(remote.protocol(detail)));
+            }
+            let pin = Pin::from_headers(total, response.headers());
+            let mut prefix = vec![0; last as usize + 1]; // last < prefix_len, a u32
+            read_body_exact(remote, response, &mut prefix)?;
+            Ok((prefix, pin))
+        }
+        200 => {
+            // The whole object is coming. Accept it only if it fits in the prefix; otherwise drop the
+            // connection now rather than download a multi-gigabyte body.
+            let declared = response
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if declared.is_some_and(|length| length > prefix_len) {
+                return Err(Failure::permanent(HttpError::RangeUnsupported {
+                    name: remote.name.clone(),
+                }));
+            }
+            let headers = response.headers().clone();
+            let mut whole = Vec::new();
+            let mut reader = response.into_body().into_reader().take(prefix_len + 1);
+            reader
+                .read_to_end(&mut whole)
+                .map_err(|e| remote.body_failure(e))?;
+            Stats::add(&remote.stats.http_bytes, whole.len() as u64);
+            if whole.len() as u64 > prefix_len {
+                return Err(Failure::permanent(HttpError::RangeUnsupported {
+                    name: remote.name.clone(),
+                }));
+            }
+            let pin = Pin::from_headers(whole.len() as u64, &headers);
+            Ok((whole, pin))
+        }
+        416 => match content_range(remote, &response)?.total {
+            Some(0) => Ok((Vec::new(), Pin::from_headers(0, response.headers()))),
+            _ => Err(Failure::permanent(remote.protocol(
+                "416 for the first bytes of a non-empty object".to_string(),
+            ))),
+        },
+        _ => Err(remote.status_failure(&response)),
+    }
+}
+
+/// One try at reading `buf.len()` bytes at `offset`, checked against the pin.
+fn fetch_block(
+    remote: &Remote,
+    agent: &Agent,
+    pin: &Pin,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<(), Failure> {
+    let last = offset + buf.len() as u64 - 1; // callers checked offset + len <= size
+    let response = remote.get_range(agent, offset, last, Some(pin))?;
+    match response.status().as_u16() {
+        206 => {}
+        200 => {
+            return Err(Failure::permanent(HttpError::RangeUnsupported {
+                name: remote.name.clone(),
+            }))
+        }
+        _ => return Err(remote.status_failure(&response)),
+    }
+    if let Err(detail) = pin.check(response.headers()) {
+        return Err(Failure::permanent(remote.changed(detail)));
+    }
+    let content_range = content_range(remote, &response)?;
+    match content_range.total {
+        Some(total) if total != pin.size => {
+            return Err(Failure::permanent(
+                remote.changed(format!("its size is now {total}, was {}", pin.size)),
+            ));
+        }
+        None => {
+            return Err(Failure::permanent(
+                remote.protocol("Content-Range gives no total size".to_string()),
+            ))
+        }
+        Some(_) => {}
+    }
+    if content_range.range != Some((offset, last)) {
+        let detail = format!(
+            "asked for bytes {offset}-{last}, got {:?}",
+            content_range.range
+        );
+        return Err(Failure::permanent(remote.protocol(detail)));
+    }
+    read_body_exact(remote, response, buf)
+}
+
+/// The parsed Content-Range of a response, or a protocol failure.
+fn content_range(remote: &Remote, response: &Response<Body>) -> Result<pin::ContentRange, Failure> {
+    let text = pin::header_text(response.headers(), &CONTENT_RANGE);
+    text.as_deref()
+        .and_then(parse_content_range)
+        .ok_or_else(|| {
+            Failure::permanent(remote.protocol(format!("bad or missing Content-Range {text:?}")))
+        })
+}
+
+/// Fills `buf` from the body and checks that nothing follows (a longer body means a confused server).
+fn read_body_exact(
+    remote: &Remote,
+    response: Response<Body>,
+    buf: &mut [u8],
+) -> Result<(), Failure> {
+    let mut reader = response.into_body().into_reader();
+    reader.read_exact(buf).map_err(|e| remote.body_failure(e))?;
+    Stats::add(&remote.stats.http_bytes, buf.len() as u64);
+    // Reading to the end also lets the agent put the connection back into its pool. An error here
+    // comes after every promised byte arrived, so the data stands.
+    let mut probe = [0u8; 1];
+    if let Ok(1) = reader.read(&mut probe) {
+        return Err(Failure::permanent(
+            remote.protocol("the body is longer than its Content-Range".to_string()),
+        ));
+    }
+    Ok(())
+}
