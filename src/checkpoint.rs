@@ -7,6 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::{self, Header};
+use crate::http::{HttpOptions, HttpSource};
+use crate::shards;
 use crate::source::{LocalFile, Source};
 
 /// One opened shard: its source and its header.
@@ -67,10 +69,102 @@ pub fn open_source(source: Arc<dyn Source>) -> Result<OpenedShard, OpenError> {
     Ok(OpenedShard { source, header })
 }
 
-/// Opens what the user named: a `.safetensors` file.
-pub fn open(spec: &str) -> Result<Checkpoint, OpenError> {
-    let shard = open_file(Path::new(spec))?;
-    Ok(Checkpoint { shards: vec![shard] })
+/// How to reach remote checkpoints.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Headers, token, timeouts and the counters for `http://` and `https://` sources.
+    pub http: HttpOptions,
+}
+
+/// Whether `spec` names a remote object.
+pub fn is_url(spec: &str) -> bool {
+    spec.starts_with("http://") || spec.starts_with("https://")
+}
+
+/// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
+/// `*.safetensors` shards, or an `http(s)://` URL of a file or of an index.
+pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
+    if is_url(spec) {
+        return if url_path(spec).ends_with(".json") { open_url_index(spec, options) } else { open_url(spec, options).map(single) };
+    }
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return open_dir(path);
+    }
+    if spec.ends_with(".json") {
+        return open_index(path);
+    }
+    open_file(path).map(single)
+}
+
+fn single(shard: OpenedShard) -> Checkpoint {
+    Checkpoint { shards: vec![shard] }
+}
+
+/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint.
+fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
+    let name = dir.display().to_string();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| OpenError::new(&name, describe_io(&e)))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(OpenError::new(&name, "directory holds no *.safetensors files"));
+    }
+    let shards = files.iter().map(|f| open_file(f)).collect::<Result<Vec<_>, _>>()?;
+    checked(&name, shards, None)
+}
+
+/// The shards named by a local index file.
+fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
+    let index = shards::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let opened = index.shards.iter().map(|f| open_file(&dir.join(f))).collect::<Result<Vec<_>, _>>()?;
+    checked(&name, opened, Some(&index))
+}
+
+/// A single remote safetensors object.
+fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
+    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(crate::http::display_name(url), e))?;
+    open_source(Arc::new(source))
+}
+
+/// A remote index whose shards are resolved relative to its URL.
+fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
+    let shown = crate::http::display_name(url);
+    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(&shown, e))?;
+    let len = usize::try_from(source.len()).unwrap_or(usize::MAX);
+    if len > MAX_INDEX_SIZE {
+        return Err(OpenError::new(&shown, format!("index of {len} bytes is over the limit of {MAX_INDEX_SIZE}")));
+    }
+    let mut bytes = vec![0; len];
+    let mut stream = source.open_stream().map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
+    stream.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
+    let index = shards::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
+    let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {
+        Some(i) => &url[..=i],
+        None => url,
+    };
+    let opened = index.shards.iter().map(|f| open_url(&format!("{base}{f}"), options)).collect::<Result<Vec<_>, _>>()?;
+    checked(&shown, opened, Some(&index))
+}
+
+/// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
+const MAX_INDEX_SIZE: usize = 64 << 20;
+
+fn url_path(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or(url)
+}
+
+fn checked(name: &str, opened: Vec<OpenedShard>, index: Option<&shards::Index>) -> Result<Checkpoint, OpenError> {
+    let names: Vec<String> = opened.iter().map(|s| s.source.name().to_string()).collect();
+    let headers: Vec<&Header> = opened.iter().map(|s| &s.header).collect();
+    shards::check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
+    Ok(Checkpoint { shards: opened })
 }
 
 /// An I/O error as a short lower-case phrase ("no such file or directory").

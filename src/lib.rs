@@ -22,6 +22,7 @@ pub mod namespace;
 pub mod npy;
 pub mod readahead;
 pub mod serve;
+pub mod shards;
 pub mod size;
 pub mod source;
 pub mod stats;

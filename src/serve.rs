@@ -40,15 +40,17 @@ pub struct ServeOptions {
 }
 
 /// Builds the filesystem for `checkpoint` (no mount yet).
-pub fn build_fs(checkpoint: Checkpoint, options: &ServeOptions) -> Result<Arc<Fs>, String> {
-    let engine = Engine::new(options.engine.clone(), Arc::new(Stats::default()));
+pub fn build_fs(checkpoint: Checkpoint, options: &ServeOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, String> {
+    let engine = Engine::new(options.engine.clone(), stats);
     let mut shards = Vec::new();
     let mut newest = SystemTime::UNIX_EPOCH;
     let mut read_bits = 0o444;
     for s in checkpoint.shards {
-        if let Ok(meta) = std::fs::metadata(s.source.name()) {
-            newest = newest.max(meta.modified().unwrap_or(newest));
-            read_bits &= meta.permissions().mode();
+        newest = newest.max(s.source.modified().unwrap_or(newest));
+        if !crate::checkpoint::is_url(s.source.name()) {
+            if let Ok(meta) = std::fs::metadata(s.source.name()) {
+                read_bits &= meta.permissions().mode();
+            }
         }
         let name = s.source.name().to_string();
         let source = engine.add_source(s.source);

@@ -22,6 +22,10 @@ pub trait Source: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Opens a new independent reader with its own descriptor or connection.
     fn open_stream(&self) -> io::Result<Box<dyn SourceStream>>;
+    /// When the object was last modified, if known (for the mount's timestamps).
+    fn modified(&self) -> Option<std::time::SystemTime> {
+        None
+    }
 }
 
 /// One reader of a [`Source`]: its own file descriptor (or connection), so its reads stay in order.
@@ -92,6 +96,9 @@ impl LocalFile {
 }
 
 impl Source for LocalFile {
+    fn modified(&self) -> Option<SystemTime> {
+        Some(self.mtime())
+    }
     fn len(&self) -> u64 {
         self.pinned.size
     }

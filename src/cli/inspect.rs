@@ -9,7 +9,8 @@ use crate::namespace::{Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
 pub fn run(args: InspectArgs) -> Result<ExitCode, String> {
-    let opened = checkpoint::open(&args.source).map_err(|e| e.to_string())?;
+    let options = args.remote.open_options(Default::default())?;
+    let opened = checkpoint::open(&args.source, &options).map_err(|e| e.to_string())?;
     let shards = opened
         .shards
         .into_iter()

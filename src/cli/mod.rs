@@ -58,7 +58,8 @@ pub enum Command {
 /// Arguments of `stfs mount`. Every long option is also accepted as `-o name=value`.
 #[derive(Args, Debug, Default, Clone)]
 pub struct MountArgs {
-    /// The checkpoint: a .safetensors file.
+    /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, or an
+    /// http(s):// URL of a file or an index.
     pub source: String,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
@@ -98,6 +99,35 @@ pub struct MountArgs {
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
     #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
     pub layout: Option<String>,
+    /// Remote checkpoints.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// Options for `http://` and `https://` checkpoints.
+#[derive(Args, Debug, Default, Clone)]
+#[command(next_help_heading = "Remote checkpoints")]
+pub struct RemoteArgs {
+    /// Send this header with every request (repeatable): `--header 'Authorization: Bearer ...'`.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
+    /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs).
+    #[arg(long, value_name = "VAR")]
+    pub token_env: Option<String>,
+}
+
+impl RemoteArgs {
+    /// The checkpoint-opening options these arguments describe, counting into `stats`.
+    pub fn open_options(&self, stats: std::sync::Arc<crate::stats::Stats>) -> Result<crate::checkpoint::OpenOptions, String> {
+        let mut http = crate::http::HttpOptions { stats, ..Default::default() };
+        for h in &self.headers {
+            http.add_header_arg(h).map_err(|e| format!("--header: {e}"))?;
+        }
+        if let Some(var) = &self.token_env {
+            http.token_from_env(var).map_err(|e| format!("--token-env: {e}"))?;
+        }
+        Ok(crate::checkpoint::OpenOptions { http })
+    }
 }
 
 /// Arguments of `stfs umount`.
@@ -113,11 +143,14 @@ pub struct UmountArgs {
 /// Arguments of `stfs inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// The checkpoint: a .safetensors file.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
     pub source: String,
     /// Print the same JSON document a mount serves as metadata.json.
     #[arg(long)]
     pub json: bool,
+    /// Remote checkpoints.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// Arguments of `stfs stats`.

@@ -1,12 +1,14 @@
 //! `stfs mount`: validate everything in the foreground, then serve (in the background by default).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use super::{MountArgs, MountConfig};
 use crate::checkpoint;
 use crate::daemon;
 use crate::mountpoint::check_mount_point;
 use crate::serve::{self, ServeOptions};
+use crate::stats::Stats;
 
 /// Extra help for `stfs mount`.
 pub const AFTER_HELP: &str = "\
@@ -25,7 +27,8 @@ Examples:
 pub fn run(args: MountArgs) -> Result<ExitCode, String> {
     let config = MountConfig::from_args(args)?;
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
-    let opened = checkpoint::open(&config.source).map_err(|e| e.to_string())?;
+    let stats = Arc::new(Stats::default());
+    let opened = checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?).map_err(|e| e.to_string())?;
     check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
     let options = ServeOptions {
         mountpoint: config.mountpoint.clone(),
@@ -36,11 +39,11 @@ pub fn run(args: MountArgs) -> Result<ExitCode, String> {
         layout: config.layout,
         views: config.views,
     };
-    let fsname = config.source.clone();
+    let fsname = if checkpoint::is_url(&config.source) { crate::http::display_name(&config.source) } else { config.source.clone() };
     if config.foreground {
         crate::init_logging(None);
         serve::block_signals();
-        let fs = serve::build_fs(opened, &options)?;
+        let fs = serve::build_fs(opened, &options, stats)?;
         serve::serve(fs, &fsname, &options, |_| {})?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -48,7 +51,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, String> {
     // From here on we are the daemon: errors go to the parent through the readiness pipe.
     crate::init_logging(config.log_file.as_deref());
     serve::block_signals();
-    let fs = match serve::build_fs(opened, &options) {
+    let fs = match serve::build_fs(opened, &options, stats) {
         Ok(fs) => fs,
         Err(e) => {
             readiness.failed(&e);

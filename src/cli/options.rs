@@ -53,6 +53,8 @@ pub struct MountConfig {
     pub layout: Layout,
     /// Extra views.
     pub views: Views,
+    /// Remote access options.
+    pub remote: super::RemoteArgs,
 }
 
 impl MountConfig {
@@ -84,6 +86,8 @@ impl MountConfig {
                 "npy" => a.npy |= flag_value(value)?,
                 "as" => a.as_dtype = a.as_dtype.or(Some(need()?.to_string())),
                 "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
+                "header" => a.remote.headers.push(need()?.to_string()),
+                "token_env" => a.remote.token_env = a.remote.token_env.or(Some(need()?.to_string())),
                 "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
@@ -126,6 +130,7 @@ impl MountConfig {
         Ok(MountConfig {
             layout,
             views: Views { npy: a.npy, as_f32 },
+            remote: a.remote,
             source: a.source,
             mountpoint: a.mountpoint,
             foreground: a.foreground,

@@ -188,6 +188,9 @@ impl fmt::Debug for HttpSource {
 }
 
 impl Source for HttpSource {
+    fn modified(&self) -> Option<SystemTime> {
+        self.modified_time()
+    }
     fn len(&self) -> u64 {
         self.pin.size
     }

@@ -1,0 +1,116 @@
+//! Sharded checkpoints: the `model.safetensors.index.json` format (transformers' `weight_map`) and
+//! the rules that make several shards one namespace.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+
+use crate::format::Header;
+
+/// A parsed index file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Index {
+    /// Shard file names (relative to the index), in order of first appearance in the weight map.
+    pub shards: Vec<String>,
+    /// Tensor name to shard file name.
+    pub weight_map: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct RawIndex {
+    // `metadata` (with `total_size`, often wrong) is deliberately not read: nothing depends on it.
+    weight_map: BTreeMap<String, String>,
+}
+
+/// Parses an index file. Shard names must be relative paths that stay inside the index's directory.
+pub fn parse_index(bytes: &[u8]) -> Result<Index, String> {
+    let raw: RawIndex = serde_json::from_slice(bytes).map_err(|e| format!("invalid index JSON: {e}"))?;
+    if raw.weight_map.is_empty() {
+        return Err("the index's weight_map is empty".into());
+    }
+    let mut shards: Vec<String> = Vec::new();
+    for file in raw.weight_map.values() {
+        if file.is_empty() || file.starts_with('/') || file.split('/').any(|c| c == ".." || c.is_empty()) || file.contains('\0') {
+            return Err(format!("shard name {file:?} is not a relative path inside the index's directory"));
+        }
+        if !shards.contains(file) {
+            shards.push(file.clone());
+        }
+    }
+    shards.sort();
+    Ok(Index { shards, weight_map: raw.weight_map })
+}
+
+/// Checks that tensor names are unique across shards and, for an index, that every tensor it names
+/// is in the shard it names. `names[i]` is how shard `i` is called in messages.
+pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>) -> Result<(), String> {
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    for (i, h) in headers.iter().enumerate() {
+        for t in &h.tensors {
+            if let Some(&j) = owner.get(t.name.as_str()) {
+                return Err(format!("tensor {:?} is in two shards: {} and {}", t.name, names[j], names[i]));
+            }
+            owner.insert(&t.name, i);
+        }
+    }
+    if let Some(index) = index {
+        for (tensor, file) in &index.weight_map {
+            let Some(shard) = index.shards.iter().position(|s| s == file) else { continue };
+            match owner.get(tensor.as_str()) {
+                Some(&i) if i == shard => {}
+                Some(&i) => return Err(format!("the index puts tensor {tensor:?} in {file}, but it is in {}", names[i])),
+                None => return Err(format!("the index names tensor {tensor:?} in {file}, which does not hold it")),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Dtype;
+
+    fn header(names: &[&str]) -> Header {
+        let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = names.iter().map(|n| (n.to_string(), Dtype::U8, vec![1], vec![1])).collect();
+        let bytes = crate::writer::serialize(&tensors, None).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        crate::format::parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap()
+    }
+
+    #[test]
+    fn index_parses_and_ignores_total_size() {
+        let idx = parse_index(br#"{"metadata":{"total_size":"wrong"},"weight_map":{"b":"s2.safetensors","a":"s1.safetensors","c":"s1.safetensors"}}"#).unwrap();
+        assert_eq!(idx.shards, ["s1.safetensors", "s2.safetensors"]);
+        assert_eq!(idx.weight_map["b"], "s2.safetensors");
+    }
+
+    #[test]
+    fn bad_indexes_are_refused() {
+        for (text, needle) in [
+            (&br#"{"weight_map":{}}"#[..], "empty"),
+            (&br#"{"weight_map":{"a":"../x.safetensors"}}"#[..], "relative path"),
+            (&br#"{"weight_map":{"a":"/etc/x"}}"#[..], "relative path"),
+            (&br#"{"weight_map":{"a":1}}"#[..], "invalid index JSON"),
+            (&br#"[1]"#[..], "invalid index JSON"),
+        ] {
+            assert!(parse_index(text).unwrap_err().contains(needle), "{}", String::from_utf8_lossy(text));
+        }
+    }
+
+    #[test]
+    fn shard_consistency() {
+        let names = vec!["s1".to_string(), "s2".to_string()];
+        let (h1, h2) = (header(&["a", "b"]), header(&["c"]));
+        assert_eq!(check_shards(&names, &[&h1, &h2], None), Ok(()));
+        let dup = header(&["b"]);
+        assert!(check_shards(&names, &[&h1, &dup], None).unwrap_err().contains("two shards"));
+        let idx = |map: &str| parse_index(format!(r#"{{"weight_map":{map}}}"#).as_bytes()).unwrap();
+        let good = idx(r#"{"a":"s1","b":"s1","c":"s2"}"#);
+        assert_eq!(check_shards(&names, &[&h1, &h2], Some(&good)), Ok(()));
+        let wrong = idx(r#"{"a":"s2","c":"s1"}"#);
+        assert!(check_shards(&names, &[&h1, &h2], Some(&wrong)).is_err());
+        let missing = idx(r#"{"zzz":"s1","c":"s2"}"#);
+        assert!(check_shards(&names, &[&h1, &h2], Some(&missing)).unwrap_err().contains("does not hold it"));
+    }
+}
