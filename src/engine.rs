@@ -17,13 +17,13 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::cache::{lock, BlockCache, BlockData, Lookup, Prefetch};
+use crate::prefetch::{IoPool, StreamIo};
 use crate::readahead::{ReadaheadConfig, StreamTable};
 use crate::source::{Source, SourceStream};
 use crate::stats::Stats;
@@ -93,8 +93,7 @@ impl std::error::Error for ReadError {}
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
     shared: Arc<Shared>,
-    jobs: Option<SyncSender<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    prefetcher: IoPool<Job>,
 }
 
 /// What the engine and its I/O threads share.
@@ -113,23 +112,6 @@ struct SourceEntry {
     len: u64,
     streams: Mutex<StreamTable<Arc<StreamIo>>>,
     spares: Mutex<Vec<Box<dyn SourceStream>>>,
-}
-
-/// The I/O side of one stream: its descriptor and the blocks it still has to prefetch.
-#[derive(Default)]
-struct StreamIo {
-    descriptor: Mutex<Option<Box<dyn SourceStream>>>,
-    pending: Mutex<Pending>,
-    /// First block a prefetch job was refused cache space for (`u64::MAX`: none).
-    refused_at: AtomicU64,
-}
-
-/// Blocks `[next, end)` wait to be prefetched; `queued` says a job is queued or running for them.
-#[derive(Default)]
-struct Pending {
-    next: u64,
-    end: u64,
-    queued: bool,
 }
 
 struct Job {
@@ -169,24 +151,11 @@ impl Engine {
             sources: RwLock::new(Vec::new()),
             stopping: AtomicBool::new(false),
         });
-        let (sender, receiver) = mpsc::sync_channel(JOB_QUEUE_LEN);
-        let receiver = Arc::new(Mutex::new(receiver));
-        let workers = (0..io_threads)
-            .filter_map(|n| {
-                let (shared, receiver) = (Arc::clone(&shared), Arc::clone(&receiver));
-                let spawned = std::thread::Builder::new()
-                    .name(format!("stfs-io-{n}"))
-                    .spawn(move || io_worker(&shared, &receiver));
-                spawned
-                    .map_err(|e| log::warn!("cannot start I/O thread: {e}"))
-                    .ok()
-            })
-            .collect();
-        Arc::new(Engine {
-            shared,
-            jobs: Some(sender),
-            workers,
-        })
+        let worker_shared = Arc::clone(&shared);
+        let prefetcher = IoPool::start(io_threads, JOB_QUEUE_LEN, move |job: Job| {
+            worker_shared.run_prefetch(&job)
+        });
+        Arc::new(Engine { shared, prefetcher })
     }
 
     /// Registers a source; blocks are keyed by (source, block index).
@@ -276,8 +245,7 @@ impl Engine {
             }
         }
         let stream = table.payload(decision.stream).map(Arc::clone)?;
-        let refused = stream.refused_at.swap(u64::MAX, Relaxed);
-        if refused != u64::MAX {
+        if let Some(refused) = stream.take_refusal() {
             table.prefetch_refused(decision.stream, refused);
         }
         if !decision.prefetch.is_empty()
@@ -302,30 +270,15 @@ impl Engine {
         &self,
         entry: &Arc<SourceEntry>,
         stream: &Arc<StreamIo>,
-        blocks: std::ops::Range<u64>,
+        blocks: Range<u64>,
     ) -> bool {
-        let Some(jobs) = &self.jobs else { return false };
-        let mut pending = lock(&stream.pending);
-        if pending.next >= pending.end {
-            (pending.next, pending.end) = (blocks.start, blocks.end);
-        } else {
-            pending.next = pending.next.min(blocks.start);
-            pending.end = pending.end.max(blocks.end);
-        }
-        if pending.queued {
-            return true;
-        }
-        let job = Job {
-            source: Arc::clone(entry),
-            stream: Arc::clone(stream),
-        };
-        if jobs.try_send(job).is_ok() {
-            pending.queued = true;
-            true
-        } else {
-            pending.next = pending.end;
-            false
-        }
+        stream.add_pending(blocks, || {
+            let job = Job {
+                source: Arc::clone(entry),
+                stream: Arc::clone(stream),
+            };
+            self.prefetcher.try_submit(job).is_ok()
+        })
     }
 
     /// Returns block `block` of `entry`: from the cache, by waiting for its load, or by loading it.
@@ -350,7 +303,12 @@ impl Engine {
                 },
                 Lookup::Load(ticket) => {
                     let loaded = match stream.and_then(|s| s.descriptor.try_lock().ok()) {
-                        Some(mut own) => shared.fetch(entry, block, &mut own),
+                        Some(mut own) => {
+                            if own.is_none() {
+                                *own = entry.take_spare();
+                            }
+                            shared.fetch(entry, block, &mut own)
+                        }
                         None => {
                             let mut spare = entry.take_spare();
                             let loaded = shared.fetch(entry, block, &mut spare);
@@ -374,11 +332,8 @@ impl Engine {
 impl Drop for Engine {
     /// Stops prefetching, closes the job queue and joins the I/O threads.
     fn drop(&mut self) {
+        // Queued jobs end at their next block; the pool then joins its threads as it is dropped.
         self.shared.stopping.store(true, Relaxed);
-        self.jobs = None;
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
-        }
     }
 }
 
@@ -421,25 +376,11 @@ impl Shared {
 
     /// Runs one stream's prefetch job: loads its pending blocks in order on its own descriptor.
     fn run_prefetch(&self, job: &Job) {
-        loop {
-            let block = {
-                let mut pending = lock(&job.stream.pending);
-                if pending.next >= pending.end || self.stopping.load(Relaxed) {
-                    pending.next = pending.end;
-                    pending.queued = false;
-                    return;
-                }
-                pending.next += 1;
-                pending.next - 1
-            };
+        while let Some(block) = job.stream.next_block(self.stopping.load(Relaxed)) {
             let len = job.source.block_len(block, self.config.block_size);
             match self.cache.prefetch((job.source.id, block), len) {
                 Prefetch::Present => {}
-                Prefetch::Refused => {
-                    job.stream.refused_at.fetch_min(block, Relaxed);
-                    let mut pending = lock(&job.stream.pending);
-                    pending.next = pending.end;
-                }
+                Prefetch::Refused => job.stream.refuse(block),
                 Prefetch::Load(ticket) => {
                     let mut descriptor = lock(&job.stream.descriptor);
                     if descriptor.is_none() {
@@ -454,16 +395,6 @@ impl Shared {
                     }
                 }
             }
-        }
-    }
-}
-
-fn io_worker(shared: &Shared, receiver: &Mutex<Receiver<Job>>) {
-    loop {
-        let job = lock(receiver).recv();
-        match job {
-            Ok(job) => shared.run_prefetch(&job),
-            Err(_) => return,
         }
     }
 }
@@ -501,7 +432,7 @@ impl SourceEntry {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
     use std::time::Instant;
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.

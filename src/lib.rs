@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod engine;
 pub mod format;
+mod prefetch;
 pub mod readahead;
 pub mod source;
 pub mod stats;
