@@ -194,7 +194,7 @@ impl Engine {
             let data = self.demand_block(&entry, block, stream.as_deref())?;
             let block_start = block * bs;
             let from = (offset.max(block_start) - block_start) as usize;
-            let to = (end.min(block_start + bs) - block_start) as usize;
+            let to = (end.min(block_start.saturating_add(bs)) - block_start) as usize;
             let Some(bytes) = data.get(from..to) else {
                 return Err(entry.error(block_start, io::Error::other("short block in cache")));
             };
