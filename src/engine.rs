@@ -17,13 +17,13 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::cache::{lock, BlockCache, BlockData, Lookup, Prefetch};
+use crate::prefetch::{IoPool, StreamIo};
 use crate::readahead::{ReadaheadConfig, StreamTable};
 use crate::source::{Source, SourceStream};
 use crate::stats::Stats;
@@ -93,8 +93,7 @@ impl std::error::Error for ReadError {}
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
     shared: Arc<Shared>,
-    jobs: Option<SyncSender<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    prefetcher: IoPool<Job>,
 }
 
 /// What the engine and its I/O threads share.
@@ -113,23 +112,6 @@ struct SourceEntry {
     len: u64,
     streams: Mutex<StreamTable<Arc<StreamIo>>>,
     spares: Mutex<Vec<Box<dyn SourceStream>>>,
-}
-
-/// The I/O side of one stream: its descriptor and the blocks it still has to prefetch.
-#[derive(Default)]
-struct StreamIo {
-    descriptor: Mutex<Option<Box<dyn SourceStream>>>,
-    pending: Mutex<Pending>,
-    /// First block a prefetch job was refused cache space for (`u64::MAX`: none).
-    refused_at: AtomicU64,
-}
-
-/// Blocks `[next, end)` wait to be prefetched; `queued` says a job is queued or running for them.
-#[derive(Default)]
-struct Pending {
-    next: u64,
-    end: u64,
-    queued: bool,
 }
 
 struct Job {
@@ -169,24 +151,11 @@ impl Engine {
             sources: RwLock::new(Vec::new()),
             stopping: AtomicBool::new(false),
         });
-        let (sender, receiver) = mpsc::sync_channel(JOB_QUEUE_LEN);
-        let receiver = Arc::new(Mutex::new(receiver));
-        let workers = (0..io_threads)
-            .filter_map(|n| {
-                let (shared, receiver) = (Arc::clone(&shared), Arc::clone(&receiver));
-                let spawned = std::thread::Builder::new()
-                    .name(format!("stfs-io-{n}"))
-                    .spawn(move || io_worker(&shared, &receiver));
-                spawned
-                    .map_err(|e| log::warn!("cannot start I/O thread: {e}"))
-                    .ok()
-            })
-            .collect();
-        Arc::new(Engine {
-            shared,
-            jobs: Some(sender),
-            workers,
-        })
+        let worker_shared = Arc::clone(&shared);
+        let prefetcher = IoPool::start(io_threads, JOB_QUEUE_LEN, move |job: Job| {
+            worker_shared.run_prefetch(&job)
+        });
+        Arc::new(Engine { shared, prefetcher })
     }
 
     /// Registers a source; blocks are keyed by (source, block index).
@@ -225,7 +194,7 @@ impl Engine {
             let data = self.demand_block(&entry, block, stream.as_deref())?;
             let block_start = block * bs;
             let from = (offset.max(block_start) - block_start) as usize;
-            let to = (end.min(block_start + bs) - block_start) as usize;
+            let to = (end.min(block_start.saturating_add(bs)) - block_start) as usize;
             let Some(bytes) = data.get(from..to) else {
                 return Err(entry.error(block_start, io::Error::other("short block in cache")));
             };
@@ -276,8 +245,7 @@ impl Engine {
             }
         }
         let stream = table.payload(decision.stream).map(Arc::clone)?;
-        let refused = stream.refused_at.swap(u64::MAX, Relaxed);
-        if refused != u64::MAX {
+        if let Some(refused) = stream.take_refusal() {
             table.prefetch_refused(decision.stream, refused);
         }
         if !decision.prefetch.is_empty()
@@ -302,30 +270,15 @@ impl Engine {
         &self,
         entry: &Arc<SourceEntry>,
         stream: &Arc<StreamIo>,
-        blocks: std::ops::Range<u64>,
+        blocks: Range<u64>,
     ) -> bool {
-        let Some(jobs) = &self.jobs else { return false };
-        let mut pending = lock(&stream.pending);
-        if pending.next >= pending.end {
-            (pending.next, pending.end) = (blocks.start, blocks.end);
-        } else {
-            pending.next = pending.next.min(blocks.start);
-            pending.end = pending.end.max(blocks.end);
-        }
-        if pending.queued {
-            return true;
-        }
-        let job = Job {
-            source: Arc::clone(entry),
-            stream: Arc::clone(stream),
-        };
-        if jobs.try_send(job).is_ok() {
-            pending.queued = true;
-            true
-        } else {
-            pending.next = pending.end;
-            false
-        }
+        stream.add_pending(blocks, || {
+            let job = Job {
+                source: Arc::clone(entry),
+                stream: Arc::clone(stream),
+            };
+            self.prefetcher.try_submit(job).is_ok()
+        })
     }
 
     /// Returns block `block` of `entry`: from the cache, by waiting for its load, or by loading it.
@@ -350,7 +303,12 @@ impl Engine {
                 },
                 Lookup::Load(ticket) => {
                     let loaded = match stream.and_then(|s| s.descriptor.try_lock().ok()) {
-                        Some(mut own) => shared.fetch(entry, block, &mut own),
+                        Some(mut own) => {
+                            if own.is_none() {
+                                *own = entry.take_spare();
+                            }
+                            shared.fetch(entry, block, &mut own)
+                        }
                         None => {
                             let mut spare = entry.take_spare();
                             let loaded = shared.fetch(entry, block, &mut spare);
@@ -374,11 +332,8 @@ impl Engine {
 impl Drop for Engine {
     /// Stops prefetching, closes the job queue and joins the I/O threads.
     fn drop(&mut self) {
+        // Queued jobs end at their next block; the pool then joins its threads as it is dropped.
         self.shared.stopping.store(true, Relaxed);
-        self.jobs = None;
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
-        }
     }
 }
 
@@ -421,25 +376,11 @@ impl Shared {
 
     /// Runs one stream's prefetch job: loads its pending blocks in order on its own descriptor.
     fn run_prefetch(&self, job: &Job) {
-        loop {
-            let block = {
-                let mut pending = lock(&job.stream.pending);
-                if pending.next >= pending.end || self.stopping.load(Relaxed) {
-                    pending.next = pending.end;
-                    pending.queued = false;
-                    return;
-                }
-                pending.next += 1;
-                pending.next - 1
-            };
+        while let Some(block) = job.stream.next_block(self.stopping.load(Relaxed)) {
             let len = job.source.block_len(block, self.config.block_size);
             match self.cache.prefetch((job.source.id, block), len) {
                 Prefetch::Present => {}
-                Prefetch::Refused => {
-                    job.stream.refused_at.fetch_min(block, Relaxed);
-                    let mut pending = lock(&job.stream.pending);
-                    pending.next = pending.end;
-                }
+                Prefetch::Refused => job.stream.refuse(block),
                 Prefetch::Load(ticket) => {
                     let mut descriptor = lock(&job.stream.descriptor);
                     if descriptor.is_none() {
@@ -454,16 +395,6 @@ impl Shared {
                     }
                 }
             }
-        }
-    }
-}
-
-fn io_worker(shared: &Shared, receiver: &Mutex<Receiver<Job>>) {
-    loop {
-        let job = lock(receiver).recv();
-        match job {
-            Ok(job) => shared.run_prefetch(&job),
-            Err(_) => return,
         }
     }
 }
@@ -493,6 +424,295 @@ impl SourceEntry {
             source_name: self.source.name().to_string(),
             offset,
             error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::time::Instant;
+
+    /// An in-memory source that logs every backing read and can be slowed down or made to fail.
+    struct FakeSource {
+        data: Vec<u8>,
+        reads: Mutex<Vec<(u64, usize)>>,
+        latency: Duration,
+        failures_left: AtomicUsize,
+    }
+
+    struct FakeStream(Arc<FakeSource>);
+
+    impl Source for Arc<FakeSource> {
+        fn len(&self) -> u64 {
+            self.data.len() as u64
+        }
+        fn name(&self) -> &str {
+            "fake"
+        }
+        fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+            Ok(Box::new(FakeStream(Arc::clone(self))))
+        }
+    }
+
+    impl SourceStream for FakeStream {
+        fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            let fake = &self.0;
+            lock(&fake.reads).push((offset, buf.len()));
+            std::thread::sleep(fake.latency);
+            let injected = fake
+                .failures_left
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+            if injected.is_ok() {
+                return Err(io::Error::other("injected failure"));
+            }
+            let start = offset as usize;
+            let bytes = fake
+                .data
+                .get(start..start + buf.len())
+                .ok_or_else(|| io::Error::other("past end"))?;
+            buf.copy_from_slice(bytes);
+            Ok(())
+        }
+    }
+
+    fn fake(len: usize, latency: Duration) -> Arc<FakeSource> {
+        let data = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+        let reads = Mutex::new(Vec::new());
+        Arc::new(FakeSource {
+            data,
+            reads,
+            latency,
+            failures_left: AtomicUsize::new(0),
+        })
+    }
+
+    fn engine(block_size: u64, cache_size: u64, io_threads: usize) -> (Arc<Engine>, Arc<Stats>) {
+        let stats = Arc::new(Stats::default());
+        let config = EngineConfig {
+            block_size,
+            cache_size,
+            io_threads,
+        };
+        let mut readahead = ReadaheadConfig::new(block_size, cache_size);
+        // Slack scaled to the small test blocks, so that random tests look random.
+        (readahead.back_slack, readahead.forward_slack) = (block_size / 2, 2 * block_size);
+        (
+            Engine::with_readahead(config, readahead, Arc::clone(&stats)),
+            stats,
+        )
+    }
+
+    fn counter(c: &AtomicU64) -> u64 {
+        c.load(Relaxed)
+    }
+
+    /// Every backing read is one whole aligned block, or the clipped last block.
+    fn assert_whole_blocks(source: &FakeSource, block_size: u64) {
+        let len = source.data.len() as u64;
+        for &(offset, n) in lock(&source.reads).iter() {
+            assert_eq!(offset % block_size, 0, "unaligned backing read at {offset}");
+            assert_eq!(
+                n as u64,
+                block_size.min(len - offset),
+                "partial block read at {offset}"
+            );
+        }
+    }
+
+    /// Polls `done` until it holds or 5 s pass: waits for background work without timing claims.
+    fn eventually(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn any_read_returns_the_source_bytes(
+            block_size in 1u64..=65536,
+            blocks in 0u64..12,
+            extra in 0u64..65536,
+            cache_blocks in 0u64..6,
+            io_threads in 0usize..3,
+            threads in 1usize..4,
+            reads in prop::collection::vec((0.0f64..1.1, 0usize..200_000), 1..24),
+        ) {
+            let len = blocks * block_size + extra % block_size;
+            let source = fake(len as usize, Duration::ZERO);
+            let cache_size = cache_blocks * block_size + extra % 3;
+            let (engine, stats) = engine(block_size, cache_size, io_threads);
+            let id = engine.add_source(Arc::new(Arc::clone(&source)));
+            std::thread::scope(|scope| {
+                for t in 0..threads {
+                    let (engine, source, reads) = (&engine, &source, &reads);
+                    scope.spawn(move || {
+                        for &(at, n) in reads.iter().cycle().skip(t).take(reads.len()) {
+                            let offset = (at * len as f64) as u64;
+                            let got = engine.read(id, offset, n).unwrap();
+                            let start = (offset as usize).min(source.data.len());
+                            let end = start.saturating_add(n).min(source.data.len());
+                            assert_eq!(got, &source.data[start..end], "read of {n} at {offset}");
+                        }
+                    });
+                }
+            });
+            drop(engine);
+            assert_whole_blocks(&source, block_size);
+            prop_assert!(counter(&stats.peak_resident_bytes) <= cache_size);
+            prop_assert_eq!(counter(&stats.backing_reads), lock(&source.reads).len() as u64);
+        }
+    }
+
+    #[test]
+    fn concurrent_readers_of_one_block_share_one_backing_read() {
+        let source = fake(10_000, Duration::from_millis(50));
+        // No I/O threads: these nearby reads form a stream, and its prefetch is not under test.
+        let (engine, stats) = engine(4096, 1 << 20, 0);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|scope| {
+            for t in 0..8 {
+                let (engine, barrier) = (&engine, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    assert_eq!(engine.read(id, 100 + t, 10).unwrap().len(), 10);
+                });
+            }
+        });
+        assert_eq!(*lock(&source.reads), vec![(0, 4096)]);
+        assert_eq!(counter(&stats.cache_misses), 1);
+        assert_eq!(counter(&stats.cache_hits), 7);
+    }
+
+    #[test]
+    fn sequential_scan_prefetches_and_reads_each_block_once() {
+        let bs = 4096;
+        let source = fake(64 * bs as usize, Duration::ZERO);
+        let (engine, stats) = engine(bs, 64 * bs, 2);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        engine.read(id, 0, 1000).unwrap();
+        engine.read(id, 1000, 1000).unwrap();
+        eventually("block 1 to be prefetched", || {
+            counter(&stats.prefetched_bytes) >= bs
+        });
+        let mut offset = 2000;
+        while offset < source.data.len() as u64 {
+            let got = engine.read(id, offset, 1000).unwrap();
+            assert_eq!(got, &source.data[offset as usize..][..got.len()]);
+            offset += 1000;
+        }
+        assert!(counter(&stats.window_bytes) > bs, "the window grew");
+        assert_eq!(counter(&stats.streams), 1);
+        drop(engine);
+        assert_eq!(counter(&stats.backing_read_bytes), source.data.len() as u64);
+        assert_eq!(counter(&stats.backing_reads), 64);
+        assert_whole_blocks(&source, bs);
+    }
+
+    #[test]
+    fn random_reads_prefetch_nothing() {
+        let bs = 4096;
+        let source = fake(1000 * bs as usize, Duration::ZERO);
+        let (engine, stats) = engine(bs, 64 * bs, 2);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        // Block i*389 mod 1000: within any 16 reads, no two are fewer than 57 blocks apart.
+        for i in 0..100u64 {
+            let offset = (i * 389 % 1000) * bs + i;
+            assert_eq!(
+                engine.read(id, offset, 100).unwrap(),
+                &source.data[offset as usize..][..100]
+            );
+        }
+        drop(engine);
+        assert_eq!(counter(&stats.prefetched_bytes), 0);
+        assert_eq!(counter(&stats.backing_read_bytes), 100 * bs);
+    }
+
+    #[test]
+    fn small_cache_stays_bounded_under_concurrent_scans() {
+        let bs = 1024;
+        let source = fake(200 * bs as usize, Duration::ZERO);
+        let (engine, stats) = engine(bs, 3 * bs, 4);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let engine = &engine;
+                let source = &source;
+                scope.spawn(move || {
+                    let mut offset = t * 50 * bs;
+                    while offset < (t + 1) * 50 * bs {
+                        let got = engine.read(id, offset, 300).unwrap();
+                        assert_eq!(got, &source.data[offset as usize..][..got.len()]);
+                        offset += 300;
+                    }
+                });
+            }
+        });
+        drop(engine);
+        assert!(counter(&stats.peak_resident_bytes) <= 3 * bs);
+        assert_whole_blocks(&source, bs);
+    }
+
+    #[test]
+    fn backing_error_surfaces_and_a_retry_succeeds() {
+        let source = fake(10_000, Duration::ZERO);
+        source.failures_left.store(1, Relaxed);
+        let (engine, stats) = engine(4096, 1 << 20, 0);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        let err = engine.read(id, 5000, 10).unwrap_err();
+        assert_eq!(err.offset, 4096);
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        assert_eq!(counter(&stats.backing_errors), 1);
+        assert_eq!(engine.read(id, 5000, 10).unwrap(), &source.data[5000..5010]);
+    }
+
+    #[test]
+    fn reads_are_clipped_at_the_end() {
+        let source = fake(10_000, Duration::ZERO);
+        let (engine, _) = engine(4096, 1 << 20, 1);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        assert_eq!(engine.source_len(id), 10_000);
+        assert_eq!(engine.read(id, 9_990, 100).unwrap(), &source.data[9_990..]);
+        assert!(engine.read(id, 10_000, 100).unwrap().is_empty());
+        assert!(engine.read(id, u64::MAX, usize::MAX).unwrap().is_empty());
+        assert!(engine.read(id + 1, 0, 1).is_err());
+    }
+
+    #[test]
+    fn local_file_changed_after_open_fails_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let bytes: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        for change in ["truncate", "replace", "delete"] {
+            std::fs::write(&path, &bytes).unwrap();
+            let file = crate::source::LocalFile::open(&path).unwrap();
+            let (engine, _) = engine(4096, 8192, 1);
+            let id = engine.add_source(Arc::new(file));
+            assert_eq!(engine.read(id, 0, 100).unwrap(), &bytes[..100]);
+            match change {
+                "truncate" => std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(1)
+                    .unwrap(),
+                "replace" => {
+                    std::fs::write(dir.path().join("new"), &bytes).unwrap();
+                    std::fs::rename(dir.path().join("new"), &path).unwrap();
+                }
+                _ => std::fs::remove_file(&path).unwrap(),
+            }
+            let err = engine.read(id, 30_000, 100).unwrap_err();
+            assert!(
+                err.to_string().contains("changed since mount"),
+                "{change}: {err}"
+            );
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod size;
 pub mod source;
 pub mod stats;
 pub mod writer;
+mod prefetch;
 
 /// Sets up env_logger: `RUST_LOG` (default `warn`), to `log_file` if given, else to stderr.
 pub fn init_logging(log_file: Option<&std::path::Path>) {

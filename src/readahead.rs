@@ -250,8 +250,14 @@ mod tests {
         })
     }
 
-    /// Feeds reads (offset, len) to a fresh table and returns each read's (stream, sequential, prefetch).
-    fn run(table: &mut StreamTable<u32>, reads: &[(u64, u64)]) -> Vec<(usize, bool, Range<u64>)> {
+    /// What one read decided: (stream, sequential, prefetch).
+    type Outcome = (usize, bool, Range<u64>);
+
+    /// A labelled read pattern and what each of its reads should decide.
+    type Case = (&'static str, &'static [(u64, u64)], &'static [Outcome]);
+
+    /// Feeds reads (offset, len) to a table and returns each read's outcome.
+    fn run(table: &mut StreamTable<u32>, reads: &[(u64, u64)]) -> Vec<Outcome> {
         reads
             .iter()
             .map(|&(offset, len)| {
@@ -263,7 +269,7 @@ mod tests {
 
     #[test]
     fn decisions_for_read_patterns() {
-        let cases: &[(&str, &[(u64, u64)], &[(usize, bool, Range<u64>)])] = &[
+        let cases: &[Case] = &[
             (
                 "a lone read prefetches nothing",
                 &[(5000, 10)],
