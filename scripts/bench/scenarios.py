@@ -27,7 +27,10 @@ def cat_files(paths):
     """Wall time of `cat` over `paths` to /dev/null (split into argv-sized batches)."""
     started = time.perf_counter()
     for i in range(0, len(paths), 2000):
-        subprocess.run(["cat", *paths[i:i + 2000]], stdout=subprocess.DEVNULL, check=True, timeout=STEP_TIMEOUT_S)
+        done = subprocess.run(["cat", *paths[i:i + 2000]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, timeout=STEP_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"cat failed: {done.stderr.strip().splitlines()[:3]}")
     return time.perf_counter() - started
 
 
