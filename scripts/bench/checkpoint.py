@@ -95,20 +95,23 @@ def build(workdir, key, layout, with_squashfs, seed=12345):
         "squashfs": os.path.join(root, "tensors.sqfs") if with_squashfs else None,
     }
     done = os.path.join(root, "done")
-    if not os.path.exists(done) or (with_squashfs and not os.path.exists(paths["squashfs"])):
+    if not os.path.exists(done):
         shutil.rmtree(root, ignore_errors=True)
         os.makedirs(paths["checkpoint_dir"])
         os.makedirs(paths["tensors_dir"])
         rng = np.random.default_rng(seed)
         save_file({name: _random_array(rng, dtype, shape) for name, dtype, shape in layout}, paths["checkpoint"])
         _split_into_files(paths["checkpoint"], paths["tensors_dir"])
-        if with_squashfs:
-            subprocess.run(
-                ["mksquashfs", paths["tensors_dir"], paths["squashfs"], "-noI", "-noId", "-noD", "-noF",
-                 "-noX", "-no-fragments", "-no-xattrs", "-quiet"],
-                check=True, stdout=subprocess.DEVNULL, timeout=1800)
         with open(done, "w") as f:
             f.write("ok\n")
+    if with_squashfs and not os.path.exists(paths["squashfs"]):
+        # Nothing compressed (data, inodes, ids, xattrs), no fragments: the same bytes as plain files.
+        partial = paths["squashfs"] + ".partial"
+        subprocess.run(
+            ["mksquashfs", paths["tensors_dir"], partial, "-noI", "-noId", "-noD", "-noF",
+             "-noX", "-no-fragments", "-no-xattrs", "-quiet", "-noappend"],
+            check=True, stdout=subprocess.DEVNULL, timeout=1800)
+        os.rename(partial, paths["squashfs"])
     header = read_header(paths["checkpoint"])
     paths["header"] = header
     paths["file_size"] = os.path.getsize(paths["checkpoint"])

@@ -35,6 +35,7 @@ def parse_args():
     p.add_argument("--only", default="a,b,c,d,e,f", help="comma-separated scenarios (default: all)")
     p.add_argument("--reps", type=int, help="repetitions per variant (default 10; --quick: 2)")
     p.add_argument("--size-mb", type=int, help="main checkpoint size in MiB (default 1024; --quick: 16)")
+    p.add_argument("--slow-size-mb", type=int, help="checkpoint size for (c) (default: --size-mb)")
     p.add_argument("--scale-tensors", type=int, help="tensors in the scale checkpoint (default 20000; --quick: 2000)")
     p.add_argument("--rand-count", type=int, help="random 4 KiB reads per run in (f) (default 2000; --quick: 200)")
     p.add_argument("--mem-cache-mb", type=int, help="stfs cache size in (d) (default: a quarter of the checkpoint)")
@@ -79,6 +80,7 @@ class Bench:
         self.slowfs = args.slowfs
         self.stfs = args.stfs if os.access(args.stfs, os.X_OK) else None
         self.ckpt = None
+        self.slow_ckpt = None
         self.scale_ckpt = None
 
 
@@ -106,13 +108,21 @@ def main():
     bench = Bench(args)
     print(f"stfs: {bench.stfs or 'not found at ' + args.stfs + ' (stfs rows skipped)'}", flush=True)
     os.makedirs(args.workdir, exist_ok=True)
-    needs_main = {"a", "b", "c", "d", "f"} & set(args.only)
+    needs_main = {"a", "b", "d", "f"} & set(args.only) or ("c" in args.only and not args.slow_size_mb)
     started = time.perf_counter()
     if needs_main:
         print(f"preparing {args.size_mb} MiB checkpoint in {args.workdir}", flush=True)
         bench.ckpt = checkpoint.build(args.workdir, f"transformer-{args.size_mb}M",
                                       checkpoint.transformer_layout(args.size_mb << 20),
                                       with_squashfs=bool({"a", "b", "f"} & set(args.only)))
+    if "c" in args.only:
+        slow_mb = args.slow_size_mb or args.size_mb
+        if bench.ckpt is not None and slow_mb == args.size_mb:
+            bench.slow_ckpt = bench.ckpt
+        else:
+            print(f"preparing {slow_mb} MiB checkpoint for (c)", flush=True)
+            bench.slow_ckpt = checkpoint.build(args.workdir, f"transformer-{slow_mb}M",
+                                               checkpoint.transformer_layout(slow_mb << 20), with_squashfs=False)
     if "e" in args.only:
         print(f"preparing {args.scale_tensors}-tensor checkpoint", flush=True)
         bench.scale_ckpt = checkpoint.build(args.workdir, f"small-{args.scale_tensors}",

@@ -96,7 +96,7 @@ def scenario_read(bench):
 
 def _slow_run(bench, impl, mode, seed):
     """One load of the checkpoint through a fresh slowfs mount. Returns a dict of measurements."""
-    ckpt = bench.ckpt
+    ckpt = bench.slow_ckpt
     workers = 4 if mode == "ii" else 1
     order = "shuffled" if mode == "iii" else "file"
     out = {}
@@ -126,7 +126,7 @@ def _slow_run(bench, impl, mode, seed):
 
 def scenario_slow(bench):
     """(c) loads through slowfs: safetensors safe_open reference vs stfs, one/four workers, file/shuffled order."""
-    ckpt = bench.ckpt
+    ckpt = bench.slow_ckpt
     args = bench.args
     res = Results("c", f"slow storage (slowfs {args.slow_bandwidth_mbps:g} MB/s per handle, "
                        f"{args.slow_latency_ms:g} ms per range request), {ckpt['file_size'] / 2**20:.0f} MiB file")
