@@ -1,31 +1,9 @@
-//! slowfs: a read-only passthrough FUSE mount that charges object-store costs (GCSFuse-like) per handle.
-//!
-//! Model. Every open file handle is one network stream. A read that starts exactly where that
-//! handle's previous read ended costs transfer time only (`len / bandwidth`). Any other read (the
-//! first on the handle, a backward jump, a forward jump) is a new range request and first pays
-//! the fixed latency. Reads on one handle are served one at a time, in the order the kernel
-//! queued them (by FUSE request id), so several threads never overlap on one stream; different
-//! handles proceed in parallel (8 FUSE threads).
-//!
-//! Page cache. Files are opened without `FOPEN_KEEP_CACHE`, like a network filesystem: the kernel
-//! drops this file's cached pages on every open, so each new open (a fresh stfs mount, a fresh
-//! Python process) starts cold. Within one open the page cache still serves re-reads, as it does
-//! on GCSFuse. Kernel readahead is left at its default (128 KiB).
-//!
-//! Counters (global, since mount): READ requests, range requests, bytes served, opens. They are
-//! readable as JSON from the hidden file `MOUNTPOINT/.slowfs_stats` (not listed by readdir, always
-//! fresh: direct I/O) and, with `--stats-file PATH`, rewritten atomically to PATH whenever they
-//! changed (checked every 50 ms) and once more at unmount.
-//!
-//! Usage: `slowfs SRC_DIR MOUNTPOINT [--bandwidth-mbps 200] [--latency-ms 10] [--stats-file PATH]`.
-//! Bandwidth is in megabytes (10^6 bytes) per second per handle. Prints `ready` on stdout once the
-//! mount is visible in /proc/self/mountinfo; unmounts and exits on SIGINT or SIGTERM, or when
-//! someone else unmounted it.
+//! The slowfs filesystem: passthrough of a flat directory with per-handle object-store stream costs.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -33,11 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use clap::Parser;
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, LockOwner,
-    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, LockOwner, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
 };
 
 /// Inode of the hidden stats file; source files start right after it.
@@ -47,32 +23,11 @@ const STATS_NAME: &str = ".slowfs_stats";
 /// Files never change while mounted, so attributes may be cached for a long time.
 const ATTR_TTL: Duration = Duration::from_secs(60);
 
-#[derive(Parser)]
-#[command(about = "Read-only passthrough FUSE mount that models object-store per-stream costs")]
-struct Args {
-    /// Directory whose regular files are exposed (flat, no subdirectories).
-    src_dir: PathBuf,
-    /// Where to mount.
-    mountpoint: PathBuf,
-    /// Per-handle stream bandwidth in MB/s (10^6 bytes per second).
-    #[arg(long, default_value_t = 200.0)]
-    bandwidth_mbps: f64,
-    /// Fixed cost of each new range request, in milliseconds.
-    #[arg(long, default_value_t = 10.0)]
-    latency_ms: f64,
-    /// Also keep the counters as JSON in this file.
-    #[arg(long)]
-    stats_file: Option<PathBuf>,
-    /// FUSE worker threads.
-    #[arg(long, default_value_t = 8)]
-    threads: usize,
-}
-
 /// Costs of one stream, independent of FUSE so it can be tested.
 #[derive(Debug, Clone, Copy)]
-struct CostModel {
-    bytes_per_sec: f64,
-    latency: Duration,
+pub(crate) struct CostModel {
+    pub(crate) bytes_per_sec: f64,
+    pub(crate) latency: Duration,
 }
 
 impl CostModel {
@@ -89,7 +44,7 @@ impl CostModel {
 }
 
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     requests: AtomicU64,
     range_requests: AtomicU64,
     bytes: AtomicU64,
@@ -97,7 +52,7 @@ struct Counters {
 }
 
 impl Counters {
-    fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         format!(
             "{{\"requests\": {}, \"range_requests\": {}, \"bytes\": {}, \"opens\": {}}}\n",
             self.requests.load(Relaxed),
@@ -128,7 +83,7 @@ struct Handle {
     turn: Condvar,
 }
 
-struct SlowFs {
+pub(crate) struct SlowFs {
     files: Vec<SourceFile>,
     root_attr: FileAttr,
     model: CostModel,
@@ -141,14 +96,22 @@ fn attr_from(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
     let mtime = UNIX_EPOCH + Duration::from_secs(u64::try_from(meta.mtime()).unwrap_or(0));
     FileAttr {
         ino: INodeNo(ino),
-        size: if kind == FileType::Directory { 0 } else { meta.len() },
+        size: if kind == FileType::Directory {
+            0
+        } else {
+            meta.len()
+        },
         blocks: meta.len().div_ceil(512),
         atime: mtime,
         mtime,
         ctime: mtime,
         crtime: mtime,
         kind,
-        perm: if kind == FileType::Directory { 0o555 } else { 0o444 },
+        perm: if kind == FileType::Directory {
+            0o555
+        } else {
+            0o444
+        },
         nlink: if kind == FileType::Directory { 2 } else { 1 },
         uid: meta.uid(),
         gid: meta.gid(),
@@ -159,11 +122,22 @@ fn attr_from(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
 }
 
 fn stats_attr(root: &FileAttr) -> FileAttr {
-    FileAttr { ino: INodeNo(STATS_INO), size: 0, kind: FileType::RegularFile, perm: 0o444, nlink: 1, ..*root }
+    FileAttr {
+        ino: INodeNo(STATS_INO),
+        size: 0,
+        kind: FileType::RegularFile,
+        perm: 0o444,
+        nlink: 1,
+        ..*root
+    }
 }
 
 impl SlowFs {
-    fn new(src_dir: &Path, model: CostModel, counters: Arc<Counters>) -> io::Result<Self> {
+    pub(crate) fn new(
+        src_dir: &Path,
+        model: CostModel,
+        counters: Arc<Counters>,
+    ) -> io::Result<Self> {
         let root_attr = attr_from(1, &std::fs::metadata(src_dir)?, FileType::Directory);
         let mut entries: Vec<(Vec<u8>, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(src_dir)? {
@@ -176,10 +150,21 @@ impl SlowFs {
         entries.sort();
         let mut files = Vec::with_capacity(entries.len());
         for (index, (name, path)) in entries.into_iter().enumerate() {
-            let attr = attr_from(FIRST_FILE_INO + index as u64, &std::fs::metadata(&path)?, FileType::RegularFile);
+            let attr = attr_from(
+                FIRST_FILE_INO + index as u64,
+                &std::fs::metadata(&path)?,
+                FileType::RegularFile,
+            );
             files.push(SourceFile { name, path, attr });
         }
-        Ok(SlowFs { files, root_attr, model, counters, handles: Mutex::new(HashMap::new()), next_handle: AtomicU64::new(1) })
+        Ok(SlowFs {
+            files,
+            root_attr,
+            model,
+            counters,
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        })
     }
 
     fn file(&self, ino: INodeNo) -> Option<&SourceFile> {
@@ -192,7 +177,13 @@ impl SlowFs {
     }
 
     /// Serves one READ on `handle` in queue order, sleeping for the modelled cost.
-    fn read_stream(&self, handle: &Handle, request_id: u64, offset: u64, size: u32) -> io::Result<Vec<u8>> {
+    fn read_stream(
+        &self,
+        handle: &Handle,
+        request_id: u64,
+        offset: u64,
+        size: u32,
+    ) -> io::Result<Vec<u8>> {
         let poisoned = |_| io::Error::other("stream lock poisoned");
         let mut state = handle.stream.lock().map_err(poisoned)?;
         state.queued.insert(request_id);
@@ -254,7 +245,9 @@ fn sleep_until(deadline: Instant) {
 }
 
 fn errno_of(err: &io::Error) -> Errno {
-    err.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO)
+    err.raw_os_error()
+        .map(Errno::from_i32)
+        .unwrap_or(Errno::EIO)
 }
 
 impl Filesystem for SlowFs {
@@ -263,9 +256,16 @@ impl Filesystem for SlowFs {
             return reply.error(Errno::ENOENT);
         }
         if name.as_bytes() == STATS_NAME.as_bytes() {
-            return reply.entry(&Duration::ZERO, &stats_attr(&self.root_attr), fuser::Generation(0));
+            return reply.entry(
+                &Duration::ZERO,
+                &stats_attr(&self.root_attr),
+                fuser::Generation(0),
+            );
         }
-        match self.files.binary_search_by(|f| f.name.as_slice().cmp(name.as_bytes())) {
+        match self
+            .files
+            .binary_search_by(|f| f.name.as_slice().cmp(name.as_bytes()))
+        {
             Ok(index) => reply.entry(&ATTR_TTL, &self.files[index].attr, fuser::Generation(0)),
             Err(_) => reply.error(Errno::ENOENT),
         }
@@ -290,13 +290,19 @@ impl Filesystem for SlowFs {
             // Direct I/O: the size in the attributes is 0 and the content changes all the time.
             return reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
         }
-        let Some(source) = self.file(ino) else { return reply.error(Errno::ENOENT) };
+        let Some(source) = self.file(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
         let file = match File::open(&source.path) {
             Ok(file) => file,
             Err(err) => return reply.error(errno_of(&err)),
         };
         let id = self.next_handle.fetch_add(1, Relaxed);
-        let handle = Arc::new(Handle { file, stream: Mutex::new(StreamState::default()), turn: Condvar::new() });
+        let handle = Arc::new(Handle {
+            file,
+            stream: Mutex::new(StreamState::default()),
+            turn: Condvar::new(),
+        });
         match self.handles.lock() {
             Ok(mut handles) => handles.insert(id, handle),
             Err(_) => return reply.error(Errno::EIO),
@@ -320,11 +326,15 @@ impl Filesystem for SlowFs {
     ) {
         if u64::from(ino) == STATS_INO {
             let json = self.counters.to_json().into_bytes();
-            let start = usize::try_from(offset).unwrap_or(usize::MAX).min(json.len());
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(json.len());
             let end = start.saturating_add(size as usize).min(json.len());
             return reply.data(&json[start..end]);
         }
-        let Some(handle) = self.handle(fh) else { return reply.error(Errno::EBADF) };
+        let Some(handle) = self.handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
         match self.read_stream(&handle, u64::from(req.unique()), offset, size) {
             Ok(data) => reply.data(&data),
             Err(err) => reply.error(errno_of(&err)),
@@ -347,7 +357,14 @@ impl Filesystem for SlowFs {
         reply.ok();
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
         }
@@ -355,10 +372,21 @@ impl Filesystem for SlowFs {
         let entries = dots
             .iter()
             .map(|&(ino, name)| (ino, FileType::Directory, name))
-            .chain(self.files.iter().map(|f| (u64::from(f.attr.ino), FileType::RegularFile, f.name.as_slice())));
+            .chain(self.files.iter().map(|f| {
+                (
+                    u64::from(f.attr.ino),
+                    FileType::RegularFile,
+                    f.name.as_slice(),
+                )
+            }));
         let skip = usize::try_from(offset).unwrap_or(usize::MAX);
         for (index, (ino, kind, name)) in entries.enumerate().skip(skip) {
-            if reply.add(INodeNo(ino), index as u64 + 1, kind, OsStr::from_bytes(name)) {
+            if reply.add(
+                INodeNo(ino),
+                index as u64 + 1,
+                kind,
+                OsStr::from_bytes(name),
+            ) {
                 break;
             }
         }
@@ -366,120 +394,15 @@ impl Filesystem for SlowFs {
     }
 }
 
-/// True when `mountpoint` (canonical path) appears as a mount point in /proc/self/mountinfo.
-fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let wanted = mountpoint.as_os_str().as_bytes();
-    text.lines().any(|line| line.split(' ').nth(4).is_some_and(|field| unescape_octal(field) == wanted))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_octal(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let code = bytes.get(i + 1..i + 4).and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| u8::from_str_radix(d, 8).ok());
-        match (bytes[i], code) {
-            (b'\\', Some(code)) => {
-                out.push(code);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-fn write_stats_file(path: &Path, counters: &Counters) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, counters.to_json())?;
-    std::fs::rename(&tmp, path)
-}
-
-/// Blocks SIGINT and SIGTERM in this thread (and in the threads it spawns later) and returns the set.
-fn block_exit_signals() -> libc::sigset_t {
-    // SAFETY: plain libc signal-set manipulation on a local, zero-initialised sigset_t.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// Waits up to `timeout` for one of the signals in `set`; true if one arrived.
-fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> bool {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: `set` is a valid signal set and the info pointer may be null.
-    unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) > 0 }
-}
-
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
-    if !(args.bandwidth_mbps > 0.0) || !(args.latency_ms >= 0.0) {
-        return Err("--bandwidth-mbps must be > 0 and --latency-ms >= 0".into());
-    }
-    let model = CostModel {
-        bytes_per_sec: args.bandwidth_mbps * 1e6,
-        latency: Duration::from_secs_f64(args.latency_ms / 1e3),
-    };
-    let counters = Arc::new(Counters::default());
-    let fs = SlowFs::new(&args.src_dir, model, Arc::clone(&counters))?;
-    let mountpoint = std::fs::canonicalize(&args.mountpoint)?;
-
-    let signals = block_exit_signals();
-    let mut config = Config::default();
-    config.mount_options = vec![MountOption::RO, MountOption::FSName("slowfs".into()), MountOption::Subtype("slowfs".into())];
-    config.n_threads = Some(args.threads.max(1));
-    let session = fuser::spawn_mount(fs, &mountpoint, &config)?;
-
-    let ready_by = Instant::now() + Duration::from_secs(10);
-    while !is_mounted(&mountpoint) {
-        if Instant::now() > ready_by {
-            return Err("mount did not appear in /proc/self/mountinfo within 10 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    println!("ready");
-    io::stdout().flush()?;
-
-    let mut last_written = String::new();
-    loop {
-        if let Some(path) = &args.stats_file {
-            let json = counters.to_json();
-            if json != last_written {
-                write_stats_file(path, &counters)?;
-                last_written = json;
-            }
-        }
-        if wait_signal(&signals, Duration::from_millis(50)) {
-            break;
-        }
-        if !is_mounted(&mountpoint) {
-            eprintln!("slowfs: {} was unmounted externally", mountpoint.display());
-            break;
-        }
-    }
-    let unmounted = session.umount_and_join();
-    if let Some(path) = &args.stats_file {
-        write_stats_file(path, &counters)?;
-    }
-    unmounted?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn model() -> CostModel {
-        CostModel { bytes_per_sec: 100e6, latency: Duration::from_millis(10) }
+        CostModel {
+            bytes_per_sec: 100e6,
+            latency: Duration::from_millis(10),
+        }
     }
 
     #[test]
@@ -503,8 +426,29 @@ mod tests {
     }
 
     #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape_octal("/tmp/a\\040b\\134c"), b"/tmp/a b\\c".to_vec());
-        assert_eq!(unescape_octal("/x\\04"), b"/x\\04".to_vec());
+    fn stream_counts_requests_ranges_and_bytes_and_serves_the_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..64u8).collect();
+        std::fs::write(dir.path().join("f"), &content).unwrap();
+        let counters = Arc::new(Counters::default());
+        let fast = CostModel {
+            bytes_per_sec: 1e12,
+            latency: Duration::ZERO,
+        };
+        let fs = SlowFs::new(dir.path(), fast, Arc::clone(&counters)).unwrap();
+        let handle = Handle {
+            file: File::open(dir.path().join("f")).unwrap(),
+            stream: Mutex::new(StreamState::default()),
+            turn: Condvar::new(),
+        };
+        assert_eq!(fs.read_stream(&handle, 1, 0, 10).unwrap(), content[0..10]);
+        assert_eq!(fs.read_stream(&handle, 2, 10, 10).unwrap(), content[10..20]);
+        assert_eq!(fs.read_stream(&handle, 3, 5, 10).unwrap(), content[5..15]);
+        // Past the end: a short read that still counts as a request.
+        assert_eq!(fs.read_stream(&handle, 4, 60, 10).unwrap(), content[60..64]);
+        assert_eq!(counters.requests.load(Relaxed), 4);
+        assert_eq!(counters.range_requests.load(Relaxed), 3);
+        assert_eq!(counters.bytes.load(Relaxed), 34);
+        assert!(handle.stream.lock().unwrap().queued.is_empty());
     }
 }
