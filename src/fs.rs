@@ -98,6 +98,8 @@ pub enum FsError {
     BadHandle,
     /// The node has no such extended attribute.
     NoXattr,
+    /// Extended attributes outside the `user.` namespace are not supported.
+    XattrNamespace,
     /// Reading the backing source failed (I/O error, or the file changed since mount).
     Read(ReadError),
 }
@@ -112,6 +114,7 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle => libc::EBADF,
             FsError::NoXattr => libc::ENODATA,
+            FsError::XattrNamespace => libc::EOPNOTSUPP,
             // A changed or failing backing file can no longer be served correctly: EIO, never stale bytes.
             FsError::Read(_) => libc::EIO,
         }
@@ -127,6 +130,7 @@ impl fmt::Display for FsError {
             FsError::ReadOnly => f.write_str("read-only file system"),
             FsError::BadHandle => f.write_str("bad file handle"),
             FsError::NoXattr => f.write_str("no such attribute"),
+            FsError::XattrNamespace => f.write_str("attribute namespace not supported"),
             FsError::Read(e) => write!(f, "{e}"),
         }
     }
@@ -278,23 +282,20 @@ impl Fs {
         Ok(out)
     }
 
-    /// Entries of directory `ino` after `offset` (0 starts with `.` and `..`).
-    pub fn readdir(&self, ino: Ino, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+    /// Passes the entries of directory `ino` after `offset` (0 starts with `.` and `..`) to `add`
+    /// until it returns `true` (the reply buffer is full); nothing is built for entries not sent.
+    pub fn readdir(&self, ino: Ino, offset: u64, mut add: impl FnMut(DirEntry) -> bool) -> Result<(), FsError> {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::Dir(dir) = &node.kind else { return Err(FsError::NotDir) };
-        let dots = [(".".to_string(), ino), ("..".to_string(), node.parent)];
-        let all = dots.iter().chain(dir.entries().iter());
-        let entries = all
-            .enumerate()
-            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
-            .map(|(i, (name, child))| DirEntry {
-                ino: *child,
-                next_offset: i as u64 + 1,
-                kind: if self.ns.dir(*child).is_some() { Kind::Dir } else { Kind::File },
-                name: name.clone(),
-            })
-            .collect();
-        Ok(entries)
+        let dots = [(".", ino), ("..", node.parent)];
+        let all = dots.into_iter().chain(dir.entries().iter().map(|(n, i)| (n.as_str(), *i)));
+        for (i, (name, child)) in all.enumerate().skip(usize::try_from(offset).unwrap_or(usize::MAX)) {
+            let kind = if self.ns.dir(child).is_some() { Kind::Dir } else { Kind::File };
+            if add(DirEntry { ino: child, next_offset: i as u64 + 1, kind, name: name.to_string() }) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The tensor a file serves (raw or `.npy`), for xattrs.
@@ -314,6 +315,12 @@ impl Fs {
 
     /// The value of extended attribute `name` of `ino`.
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>, FsError> {
+        if !name.as_bytes().starts_with(b"user.") {
+            // Only the user namespace exists here. Saying so (EOPNOTSUPP, not ENODATA) lets tools
+            // such as `ls -l` stop asking for security.selinux on every file of the mount.
+            self.ns.node(ino).ok_or(FsError::NotFound)?;
+            return Err(FsError::XattrNamespace);
+        }
         let i = self.tensor_of(ino)?.ok_or(FsError::NoXattr)?;
         let t = &self.ns.tensors()[i];
         let value = match name.as_bytes() {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
-    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, warn};
@@ -81,6 +81,11 @@ impl Filesystem for FuseAdapter {
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             debug!("kernel refused max_background {MAX_BACKGROUND}, keeps {max}");
         }
+        // Directory listings carry attributes (no lookup per file); the kernel may cache them.
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS;
+        if let Err(missing) = config.add_capabilities(wanted & config.capabilities()) {
+            debug!("kernel lacks {missing:?}");
+        }
         Ok(())
     }
 
@@ -149,16 +154,22 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.fs.readdir(ino.0, offset) {
-            Ok(entries) => {
-                for e in entries {
-                    if reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), &e.name) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+        let result = self.fs.readdir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), &e.name));
+        match result {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("readdir", ino.0, &e)),
+        }
+    }
+
+    /// Entries with their attributes, so `ls -l` of a large checkpoint needs no lookup per file.
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let result = self.fs.readdir(ino.0, offset, |e| match self.fs.getattr(e.ino) {
+            Ok(a) => reply.add(INodeNo(e.ino), e.next_offset, &e.name, &TTL, &file_attr(&a), Generation(0)),
+            Err(_) => false,
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("readdirplus", ino.0, &e)),
         }
     }
 

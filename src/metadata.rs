@@ -17,64 +17,95 @@
 //!   "files": { PATH: NAME } }         // every served tensor path back to its tensor name
 //! ```
 
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 
+use serde::Serialize;
+
+use crate::format::Dtype;
 use crate::namespace::Namespace;
 
 /// Version of the schema above; bumped on incompatible changes.
 pub const METADATA_VERSION: u64 = 1;
 
+#[derive(Serialize)]
+struct Doc<'a> {
+    stfs_metadata_version: u64,
+    shards: Vec<ShardDoc<'a>>,
+    metadata: Option<&'a BTreeMap<String, String>>,
+    tensors: BTreeMap<&'a str, TensorDoc<'a>>,
+    files: BTreeMap<&'a str, &'a str>,
+}
+
+#[derive(Serialize)]
+struct ShardDoc<'a> {
+    source: &'a str,
+    file_size: u64,
+    header_len: u64,
+    data_start: u64,
+    metadata: Option<&'a BTreeMap<String, String>>,
+}
+
+#[derive(Serialize)]
+struct TensorDoc<'a> {
+    dtype: Dtype,
+    shape: &'a [u64],
+    byte_len: u64,
+    data_offsets: [u64; 2],
+    offset: u64,
+    shard: usize,
+    path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served_dtype: Option<Dtype>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served_byte_len: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    npy_path: Option<&'a str>,
+}
+
 /// Renders metadata.json for a built namespace, pretty-printed with a final newline.
 pub fn render(ns: &Namespace) -> Vec<u8> {
-    let shards: Vec<Value> = ns
+    let shards = ns
         .shards()
         .iter()
-        .map(|s| {
-            json!({
-                "source": s.name,
-                "file_size": s.header.file_len,
-                "header_len": s.header.header_len,
-                "data_start": s.header.data_start(),
-                "metadata": s.header.metadata,
-            })
+        .map(|s| ShardDoc {
+            source: &s.name,
+            file_size: s.header.file_len,
+            header_len: s.header.header_len,
+            data_start: s.header.data_start(),
+            metadata: s.header.metadata.as_ref(),
         })
         .collect();
-    let mut tensors = Map::new();
-    let mut files = Map::new();
+    let mut tensors = BTreeMap::new();
+    let mut files = BTreeMap::new();
     for t in ns.tensors() {
-        let shard = &ns.shards()[t.shard];
-        let relative = t.start - shard.header.data_start();
-        let mut entry = json!({
-                "dtype": t.dtype.name(),
-                "shape": t.shape,
-                "byte_len": t.len,
-                "data_offsets": [relative, relative + t.len],
-                "offset": t.start,
-                "shard": t.shard,
-                "path": t.path,
-        });
-        if t.served_dtype != t.dtype {
-            entry["served_dtype"] = json!(t.served_dtype.name());
-            entry["served_byte_len"] = json!(t.served_len);
-        }
+        let relative = t.start - ns.shards()[t.shard].header.data_start();
+        let converted = t.served_dtype != t.dtype;
+        tensors.insert(
+            t.name.as_str(),
+            TensorDoc {
+                dtype: t.dtype,
+                shape: &t.shape,
+                byte_len: t.len,
+                data_offsets: [relative, relative + t.len],
+                offset: t.start,
+                shard: t.shard,
+                path: &t.path,
+                served_dtype: converted.then_some(t.served_dtype),
+                served_byte_len: converted.then_some(t.served_len),
+                npy_path: t.npy_path.as_deref(),
+            },
+        );
+        files.insert(t.path.as_str(), t.name.as_str());
         if let Some(npy) = &t.npy_path {
-            entry["npy_path"] = json!(npy);
-            files.insert(npy.clone(), Value::String(t.name.clone()));
+            files.insert(npy.as_str(), t.name.as_str());
         }
-        tensors.insert(t.name.clone(), entry);
-        files.insert(t.path.clone(), Value::String(t.name.clone()));
     }
     let metadata = match ns.shards() {
-        [only] => json!(only.header.metadata),
-        _ => Value::Null,
+        [only] => only.header.metadata.as_ref(),
+        _ => None,
     };
-    let doc = json!({
-        "stfs_metadata_version": METADATA_VERSION,
-        "shards": shards,
-        "metadata": metadata,
-        "tensors": tensors,
-        "files": files,
-    });
+    let doc = Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files };
+    // Serializing plain structs of strings and numbers cannot fail.
     let mut out = serde_json::to_vec_pretty(&doc).unwrap_or_default();
     out.push(b'\n');
     out

@@ -217,6 +217,11 @@ impl Namespace {
                 }
             }
         }
+        for node in &mut ns.nodes {
+            if let NodeKind::Dir(d) = &mut node.kind {
+                d.entries.sort_unstable();
+            }
+        }
         ns.shards = shards;
         let json = crate::metadata::render(&ns);
         let size = json.len() as u64;
@@ -302,8 +307,8 @@ impl Namespace {
 
     fn insert_entry(&mut self, dir: Ino, name: String, ino: Ino) {
         if let Some(NodeKind::Dir(d)) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind) {
-            let at = d.entries.partition_point(|(n, _)| n.as_str() < name.as_str());
-            d.entries.insert(at, (name.clone(), ino));
+            // Sorted once in `build` when everything is in: inserting in order here would be quadratic.
+            d.entries.push((name.clone(), ino));
             d.index.insert(name, ino);
         }
     }
