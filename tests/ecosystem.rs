@@ -311,3 +311,23 @@ fn extract_reads_sharded_checkpoints() {
     assert_eq!(std::fs::read(out_dir.join("a.w")).unwrap(), first[0].data);
     assert_eq!(std::fs::read(out_dir.join("b.w")).unwrap(), second[0].data);
 }
+
+/// docs/man is generated from the clap definitions (`cargo run --example gen_man`); it must match them.
+#[test]
+fn man_pages_match_the_command_line() {
+    let generator = Path::new(STFS).parent().unwrap().join("examples").join("gen_man");
+    if !generator.exists() {
+        eprintln!("skipping: {} is not built (cargo test builds examples)", generator.display());
+        return;
+    }
+    let dir = workdir();
+    let out = Command::new(&generator).arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/man");
+    assert_eq!(listing(dir.path()), listing(&committed), "docs/man has other pages than the commands");
+    for page in listing(dir.path()) {
+        let fresh = std::fs::read(dir.path().join(&page)).unwrap();
+        let old = std::fs::read(committed.join(&page)).unwrap();
+        assert!(fresh == old, "docs/man/{page} is out of date: run `cargo run --example gen_man`");
+    }
+}
