@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    stfs::cli::run(stfs::cli::Cli::parse())
+    // Not `Cli::parse()`: the binary also answers as mount(8)'s helper, told apart by its arguments.
+    stfs::cli::run_args(std::env::args_os().collect())
 }

@@ -1,10 +1,14 @@
 //! The command line: clap definitions (the raw arguments) and dispatch to one module per subcommand.
 
+mod extract;
+mod helper;
 mod inspect;
 mod mount;
 mod options;
+mod progress;
 mod umount;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,7 +29,10 @@ Examples:
   ls -l /mnt/model; cat /mnt/model/metadata.json
   dd if=/mnt/model/lm_head.weight bs=1M skip=3 count=2 | legacy-tool
   stfs inspect model.safetensors              # the tensor table, no mount
+  stfs cat model.safetensors lm_head.weight | od -t f4 | head   # no FUSE needed
+  stfs extract --npy model.safetensors lm_head.weight -o out/
   stfs umount /mnt/model
+  stfs install-helper && mount -t fuse.stfs model.safetensors /mnt/model -o ro,cache_size=1G
 
 Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error.
 Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in the background).";
@@ -52,8 +59,28 @@ pub enum Command {
     #[command(after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'")]
     Inspect(InspectArgs),
     /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
+    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits")]
     Stats(StatsArgs),
+    /// Write tensors to files (raw bytes, or .npy) without mounting: no /dev/fuse needed.
+    #[command(after_help = extract::EXTRACT_HELP)]
+    Extract(ExtractArgs),
+    /// Write one tensor's bytes (raw, or .npy) to stdout without mounting.
+    #[command(after_help = extract::CAT_HELP)]
+    Cat(CatArgs),
+    /// Link /sbin/mount.fuse.stfs to this binary, so `mount -t fuse.stfs` and fstab lines work.
+    #[command(after_help = INSTALL_HELPER_HELP)]
+    InstallHelper(InstallHelperArgs),
 }
+
+const INSTALL_HELPER_HELP: &str = "\
+mount(8) runs /sbin/mount.fuse.stfs SOURCE MOUNTPOINT -o OPTIONS for the type fuse.stfs; the options are
+those of `stfs mount` (`rw`, which mount(8) adds unless told `ro`, is ignored: the mount is read-only).
+
+Examples:
+  stfs install-helper
+  mount -t fuse.stfs /models/m.safetensors /mnt/m -o ro,cache_size=1G
+  echo '/models/m.safetensors /mnt/m fuse.stfs ro,cache_size=1G,nofail 0 0' >> /etc/fstab
+  stfs install-helper --remove";
 
 /// Arguments of `stfs mount`. Every long option is also accepted as `-o name=value`.
 #[derive(Args, Debug, Default, Clone)]
@@ -153,6 +180,57 @@ pub struct InspectArgs {
     pub remote: RemoteArgs,
 }
 
+/// Arguments of `stfs extract`.
+#[derive(Args, Debug)]
+pub struct ExtractArgs {
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    pub source: String,
+    /// Tensor names, as in the header (`stfs inspect` lists them).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub tensors: Vec<String>,
+    /// Extract every tensor.
+    #[arg(long)]
+    pub all: bool,
+    /// Directory to write into (created if missing).
+    #[arg(short = 'o', long = "output-dir", value_name = "DIR", default_value = ".")]
+    pub output_dir: PathBuf,
+    /// Write NAME.npy (a NumPy header, then the bytes) instead of the raw bytes.
+    #[arg(long)]
+    pub npy: bool,
+    /// Remote checkpoints.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// Arguments of `stfs cat`.
+#[derive(Args, Debug)]
+pub struct CatArgs {
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    pub source: String,
+    /// The tensor's name, as in the header.
+    pub tensor: String,
+    /// Write the .npy form (a NumPy header, then the bytes).
+    #[arg(long)]
+    pub npy: bool,
+    /// Remote checkpoints.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// Arguments of `stfs install-helper`.
+#[derive(Args, Debug)]
+pub struct InstallHelperArgs {
+    /// Directory mount(8) looks in for helpers.
+    #[arg(long, value_name = "DIR", default_value = "/sbin")]
+    pub prefix: PathBuf,
+    /// Replace an existing mount.fuse.stfs that points elsewhere.
+    #[arg(long)]
+    pub force: bool,
+    /// Remove the link instead (only if it is a symbolic link).
+    #[arg(long, conflicts_with = "force")]
+    pub remove: bool,
+}
+
 /// Arguments of `stfs stats`.
 #[derive(Args, Debug)]
 pub struct StatsArgs {
@@ -167,7 +245,28 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Umount(args) => umount::run_umount(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Stats(args) => umount::run_stats(args),
+        Command::Extract(args) => extract::run_extract(args),
+        Command::Cat(args) => extract::run_cat(args),
+        Command::InstallHelper(args) => helper::install(args),
     };
+    finish(result)
+}
+
+/// Runs a whole command line (`args[0]` included): as mount(8)'s helper when called as one (see
+/// [`helper`]: `mount.fuse.stfs SRC MP -o OPTS`, or `stfs SRC MP -o OPTS` from fuse3's mount.fuse),
+/// otherwise as the `stfs` subcommands.
+pub fn run_args(args: Vec<OsString>) -> ExitCode {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let names: Vec<&str> = command.get_subcommands().flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases())).collect();
+    if helper::is_helper_call(&args, &names) {
+        return finish(helper::parse(args.get(1..).unwrap_or_default()).and_then(helper::run));
+    }
+    run(Cli::parse_from(args))
+}
+
+/// Turns a command's result into its exit status, printing a failure as one `stfs: ` line.
+fn finish(result: Result<ExitCode, String>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {

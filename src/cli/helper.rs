@@ -1,0 +1,227 @@
+//! Answering as mount(8)'s helper, so `mount -t fuse.stfs` and fstab lines work.
+//!
+//! util-linux runs `/sbin/mount.fuse.stfs SOURCE MOUNTPOINT [-s] [-f] [-n] [-v] [-o OPTS]` (the binary,
+//! linked under that name by `stfs install-helper`). Without that link, fuse3's `mount.fuse` runs
+//! `stfs SOURCE MOUNTPOINT -o OPTS` from PATH instead. Both are translated into `stfs mount`, which
+//! returns only once the mount answers, as mount(8) expects of a helper.
+
+use std::ffi::OsString;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use super::{InstallHelperArgs, MountArgs, MountConfig};
+
+/// The name mount(8) looks for in /sbin (and /usr/sbin) for the type `fuse.stfs`.
+pub const HELPER_NAME: &str = "mount.fuse.stfs";
+
+/// Options mount(8) adds on its own that mean nothing to a filesystem that is always read-only:
+/// `rw` is what it passes when the fstab line or command line does not say `ro`.
+const DROPPED_OPTIONS: &[&str] = &["rw"];
+
+const HELPER_USAGE: &str = "\
+usage: mount.fuse.stfs SOURCE MOUNTPOINT [-s] [-f] [-n] [-v] [-o OPT[,OPT...]]
+  the mount(8) helper of stfs: `mount -t fuse.stfs SOURCE MOUNTPOINT -o OPTS` runs it.
+  -f only checks SOURCE, MOUNTPOINT and OPTS; -v says what is mounted; -s and -n are accepted.
+  Options are those of `stfs mount --help`; `rw`, which mount(8) adds by default, is ignored.";
+
+/// A helper call, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperCall {
+    /// The checkpoint.
+    pub source: String,
+    /// Where to mount it.
+    pub mountpoint: PathBuf,
+    /// The `-o` options, split on commas, without the ones mount(8) adds by default.
+    pub options: Vec<String>,
+    /// `-f`: check everything, mount nothing (mount(8)'s "fake").
+    pub fake: bool,
+    /// `-v`: say what is being mounted.
+    pub verbose: bool,
+    /// `-h`: print the usage.
+    pub help: bool,
+}
+
+/// Whether the command line (`args[0]` included) is a helper call rather than a subcommand: the
+/// program was started as `mount.fuse.stfs`, or its first argument is an existing path or a URL
+/// (how fuse3's `mount.fuse` calls the program named by the type).
+pub fn is_helper_call(args: &[OsString], subcommands: &[&str]) -> bool {
+    let program = args.first().map(Path::new).and_then(Path::file_name);
+    if program.is_some_and(|p| p == HELPER_NAME) {
+        return true;
+    }
+    let Some(first) = args.get(1).and_then(|a| a.to_str()) else { return false };
+    if first.starts_with('-') || subcommands.contains(&first) {
+        return false;
+    }
+    args.len() >= 3 && (crate::checkpoint::is_url(first) || Path::new(first).exists())
+}
+
+/// Parses a helper call's arguments (`args[0]` excluded).
+pub fn parse(args: &[OsString]) -> Result<HelperCall, String> {
+    let mut positional = Vec::new();
+    let mut call = HelperCall {
+        source: String::new(),
+        mountpoint: PathBuf::new(),
+        options: Vec::new(),
+        fake: false,
+        verbose: false,
+        help: false,
+    };
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.to_str().ok_or_else(|| format!("argument {arg:?} is not UTF-8"))?;
+        if let Some(opts) = arg.strip_prefix("-o") {
+            let opts = if opts.is_empty() { next_str(&mut rest, "-o")? } else { opts };
+            let kept = opts.split(',').filter(|o| !o.is_empty() && !DROPPED_OPTIONS.contains(o));
+            call.options.extend(kept.map(str::to_string));
+        } else if let Some(kind) = arg.strip_prefix("-t") {
+            let kind = if kind.is_empty() { next_str(&mut rest, "-t")? } else { kind };
+            if !matches!(kind, "fuse.stfs" | "stfs") {
+                return Err(format!("type `{kind}` is not stfs's (use -t fuse.stfs)"));
+            }
+        } else if arg == "--help" {
+            call.help = true;
+        } else if let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) {
+            for flag in flags.chars() {
+                match flag {
+                    'f' => call.fake = true,
+                    'v' => call.verbose = true,
+                    'h' => call.help = true,
+                    // Sloppy (-s) and no-mtab (-n) change nothing: options are checked either way
+                    // and stfs writes no mtab.
+                    's' | 'n' => {}
+                    other => return Err(format!("unknown flag `-{other}`\n{HELPER_USAGE}")),
+                }
+            }
+        } else {
+            positional.push(arg.to_string());
+        }
+    }
+    if call.help {
+        return Ok(call);
+    }
+    match <[String; 2]>::try_from(positional) {
+        Ok([source, mountpoint]) => {
+            call.source = source;
+            call.mountpoint = PathBuf::from(mountpoint);
+            Ok(call)
+        }
+        Err(p) => Err(format!("expected SOURCE and MOUNTPOINT, got {} arguments\n{HELPER_USAGE}", p.len())),
+    }
+}
+
+fn next_str<'a>(rest: &mut impl Iterator<Item = &'a OsString>, flag: &str) -> Result<&'a str, String> {
+    let value = rest.next().ok_or_else(|| format!("`{flag}` needs a value"))?;
+    value.to_str().ok_or_else(|| format!("argument {value:?} is not UTF-8"))
+}
+
+/// Runs a helper call: `stfs mount` in the background, or only its checks under `-f`.
+pub fn run(call: HelperCall) -> Result<ExitCode, String> {
+    if call.help {
+        println!("{HELPER_USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let args = MountArgs {
+        source: call.source.clone(),
+        mountpoint: call.mountpoint.clone(),
+        options: vec![call.options.join(",")],
+        ..Default::default()
+    };
+    if call.verbose {
+        eprintln!("stfs: mounting {} on {} (-o {})", call.source, call.mountpoint.display(), call.options.join(","));
+    }
+    if call.fake {
+        let config = MountConfig::from_args(args)?;
+        let stats = Arc::new(crate::stats::Stats::default());
+        crate::checkpoint::open(&config.source, &config.remote.open_options(stats)?).map_err(|e| e.to_string())?;
+        crate::mountpoint::check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    super::mount::run(args)
+}
+
+/// Runs `stfs install-helper`: links PREFIX/mount.fuse.stfs to this binary (or removes the link).
+pub fn install(args: InstallHelperArgs) -> Result<ExitCode, String> {
+    let link = args.prefix.join(HELPER_NAME);
+    let shown = link.display();
+    let current = std::fs::read_link(&link).ok();
+    if args.remove {
+        return match current {
+            Some(_) => {
+                std::fs::remove_file(&link).map_err(|e| format!("{shown}: {}", crate::checkpoint::describe_io(&e)))?;
+                println!("removed {shown}");
+                Ok(ExitCode::SUCCESS)
+            }
+            None if link.exists() => Err(format!("{shown}: not a symbolic link; left alone")),
+            None => Err(format!("{shown}: not installed")),
+        };
+    }
+    let exe = std::env::current_exe().and_then(std::fs::canonicalize).map_err(|e| format!("finding this binary: {e}"))?;
+    if current.as_deref() == Some(exe.as_path()) {
+        println!("{shown} -> {} (already installed)", exe.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    if (current.is_some() || link.exists()) && !args.force {
+        let what = current.map_or("a file".to_string(), |c| format!("a link to {}", c.display()));
+        return Err(format!("{shown}: already exists ({what}); --force replaces it"));
+    }
+    // Link under a temporary name, then rename over: the helper is never missing or half-made.
+    let temp = args.prefix.join(format!(".{HELPER_NAME}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&temp);
+    symlink(&exe, &temp).map_err(|e| format!("{}: {}", temp.display(), crate::checkpoint::describe_io(&e)))?;
+    if let Err(e) = std::fs::rename(&temp, &link) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(format!("{shown}: {}", crate::checkpoint::describe_io(&e)));
+    }
+    println!("{shown} -> {}", exe.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn mount8_argv_is_understood() {
+        let call = parse(&os(&["/m/x.safetensors", "/mnt/x", "-s", "-n", "-v", "-o", "rw,nosuid,cache_size=64M"])).unwrap();
+        assert_eq!((call.source.as_str(), call.mountpoint.as_path()), ("/m/x.safetensors", Path::new("/mnt/x")));
+        assert_eq!(call.options, ["nosuid", "cache_size=64M"]);
+        assert!(call.verbose && !call.fake && !call.help);
+        let call = parse(&os(&["a", "b", "-f", "-oro", "-t", "fuse.stfs"])).unwrap();
+        assert!(call.fake);
+        assert_eq!(call.options, ["ro"]);
+        assert!(parse(&os(&["-h"])).unwrap().help);
+    }
+
+    #[test]
+    fn bad_helper_calls_are_errors() {
+        for (args, needle) in [
+            (&["a"][..], "got 1 arguments"),
+            (&["a", "b", "c"][..], "got 3 arguments"),
+            (&["a", "b", "-x"][..], "unknown flag `-x`"),
+            (&["a", "b", "-o"][..], "`-o` needs a value"),
+            (&["a", "b", "-t", "ext4"][..], "type `ext4`"),
+        ] {
+            let e = parse(&os(args)).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn helper_calls_are_told_from_subcommands() {
+        let subs = ["mount", "inspect"];
+        assert!(is_helper_call(&os(&["/sbin/mount.fuse.stfs", "a", "b"]), &subs));
+        assert!(is_helper_call(&os(&["stfs", "/", "/mnt", "-o", "ro"]), &subs));
+        assert!(is_helper_call(&os(&["stfs", "https://h/m.safetensors", "/mnt"]), &subs));
+        assert!(!is_helper_call(&os(&["stfs", "mount", "/", "/mnt"]), &subs));
+        assert!(!is_helper_call(&os(&["stfs", "--help", "/"]), &subs));
+        assert!(!is_helper_call(&os(&["stfs", "/no/such/stfs/path", "/mnt"]), &subs));
+        assert!(!is_helper_call(&os(&["stfs", "/"]), &subs));
+    }
+}
