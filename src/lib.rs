@@ -29,9 +29,11 @@ pub mod stats;
 pub mod writer;
 mod prefetch;
 
-/// Sets up env_logger: `RUST_LOG` (default `warn`), to `log_file` if given, else to stderr.
+/// Sets up env_logger: `RUST_LOG`, by default `info` into a log file (mount, unmount, final
+/// counters, read failures) and `warn` on a terminal; to `log_file` if given, else to stderr.
 pub fn init_logging(log_file: Option<&std::path::Path>) {
-    let mut builder = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"));
+    let default = if log_file.is_some() { "stfs=info,warn" } else { "warn" };
+    let mut builder = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default));
     if log_file.is_some() {
         // The daemon's stderr already points at the log file (see daemon::daemonize).
         builder.format_timestamp_millis();

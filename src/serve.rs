@@ -80,8 +80,10 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
         config.mount_options.push(MountOption::DefaultPermissions);
     }
     config.n_threads = Some(options.threads as usize);
-    // One /dev/fuse descriptor per thread spreads requests without a shared-queue bottleneck.
-    config.clone_fd = true;
+    // One /dev/fuse descriptor per thread spreads requests without a shared-queue bottleneck; it
+    // needs permission to open /dev/fuse, which an unprivileged user mounting through fusermount
+    // may lack, so probe first.
+    config.clone_fd = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_ok();
     config
 }
 
