@@ -230,3 +230,45 @@ fn rewrite_that_restores_the_mtime_gives_eio() {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO)),
     }
 }
+
+#[test]
+fn a_hung_backing_store_blocks_only_the_reads_that_need_it() {
+    let dir = workdir();
+    let backing = dir.path().join("backing");
+    let fault_mp = dir.path().join("fault");
+    std::fs::create_dir(&backing).unwrap();
+    std::fs::create_dir(&fault_mp).unwrap();
+    let (_, tensors) = fixture(&backing);
+    let fault = FaultMount::new(&backing, &fault_mp);
+    let mut args = MOUNT_OPTS.to_vec();
+    args.extend(["--threads", "4"]);
+    let m = Mount::new(&fault_mp.join("model.safetensors"), &args);
+    assert_eq!(std::fs::read(m.file("first")).unwrap(), tensors[0].data);
+
+    fault.hang_reads.store(true, std::sync::atomic::Ordering::SeqCst);
+    let stuck = {
+        let path = m.file("last");
+        std::thread::spawn(move || std::fs::read(path))
+    };
+    // While that read hangs below us, the namespace, metadata.json, stats and cached data answer.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!stuck.is_finished(), "the read should be held by the hung store");
+    let quick = std::thread::spawn({
+        let (root, first) = (m.path.clone(), m.file("first"));
+        move || {
+            let names = std::fs::read_dir(&root).unwrap().count();
+            let meta = std::fs::read(root.join("metadata.json")).unwrap().len();
+            let stats = std::fs::read(root.join(".stfs/stats.json")).unwrap().len();
+            let first = std::fs::read(first).unwrap();
+            (names, meta, stats, first)
+        }
+    });
+    assert!(wait_until(Duration::from_secs(10), || quick.is_finished()), "a hung store blocked the whole mount");
+    let (names, meta, stats, first) = quick.join().unwrap();
+    assert!(names == tensors.len() + 2 && meta > 0 && stats > 0);
+    assert_eq!(first, tensors[0].data, "cached data is still served");
+    // Once the store answers again, the held read completes with the right bytes.
+    fault.hang_reads.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(wait_until(TIMEOUT, || stuck.is_finished()), "the held read never completed");
+    assert_eq!(stuck.join().unwrap().unwrap(), tensors[2].data);
+}

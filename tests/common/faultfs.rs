@@ -1,5 +1,6 @@
 //! A tiny fault-injecting FUSE passthrough for tests: serves the regular files of one directory
-//! (flat, read-only) and fails every read with EIO while a shared flag is set.
+//! (flat, read-only), fails every read with EIO while one shared flag is set, and holds every
+//! read (a hung store) while another is set.
 //!
 //! It stands in for a disk or network filesystem that returns I/O errors, so a test can put a
 //! checkpoint on it, mount stfs on top, and check how a backing EIO surfaces and recovers.
@@ -26,6 +27,7 @@ struct FaultFs {
     backing: PathBuf,
     fail_reads: Arc<AtomicBool>,
     failed_reads: Arc<AtomicU64>,
+    hang_reads: Arc<AtomicBool>,
     /// Index + 2 is the inode number (1 is the root).
     names: Mutex<Vec<std::ffi::OsString>>,
 }
@@ -117,6 +119,11 @@ impl Filesystem for FaultFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // A hung store: hold the read until released (bounded, so a broken test cannot wedge).
+        let held_since = std::time::Instant::now();
+        while self.hang_reads.load(SeqCst) && held_since.elapsed() < super::TIMEOUT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if self.fail_reads.load(SeqCst) {
             self.failed_reads.fetch_add(1, SeqCst);
             return reply.error(Errno::EIO);
@@ -169,6 +176,8 @@ pub struct FaultMount {
     pub fail_reads: Arc<AtomicBool>,
     /// How many reads were failed on purpose.
     pub failed_reads: Arc<AtomicU64>,
+    /// While true, every read waits (up to the test timeout) until it is cleared.
+    pub hang_reads: Arc<AtomicBool>,
     session: Option<fuser::BackgroundSession>,
 }
 
@@ -177,7 +186,9 @@ impl FaultMount {
     pub fn new(backing: &Path, mountpoint: &Path) -> FaultMount {
         let fail_reads = Arc::new(AtomicBool::new(false));
         let failed_reads = Arc::new(AtomicU64::new(0));
+        let hang_reads = Arc::new(AtomicBool::new(false));
         let fs = FaultFs {
+            hang_reads: Arc::clone(&hang_reads),
             backing: backing.to_path_buf(),
             fail_reads: Arc::clone(&fail_reads),
             failed_reads: Arc::clone(&failed_reads),
@@ -191,7 +202,7 @@ impl FaultMount {
             super::wait_until(super::TIMEOUT, || std::fs::metadata(mountpoint).map(|m| m.ino() == 1).unwrap_or(false)),
             "fault filesystem never answered"
         );
-        FaultMount { path: mountpoint.to_path_buf(), fail_reads, failed_reads, session: Some(session) }
+        FaultMount { path: mountpoint.to_path_buf(), fail_reads, failed_reads, hang_reads, session: Some(session) }
     }
 }
 
