@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use stfs::format::Dtype;
 
+pub mod faultfs;
+
 /// The binary under test.
 pub const STFS: &str = env!("CARGO_BIN_EXE_stfs");
 /// Longest any wait in these tests may take.
@@ -175,4 +177,15 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Pid of the stfs daemon serving `mp`, found by its command line in /proc.
+pub fn daemon_pid(mp: &Path) -> Option<i32> {
+    let want = mp.to_str()?;
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.iter().any(|a| *a == want.as_bytes())).then_some(pid)
+    })
 }
