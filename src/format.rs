@@ -169,6 +169,88 @@ struct RawTensor {
     data_offsets: (u64, u64),
 }
 
+/// The accepting fast path: the same document as [`HashMetadata`], deserialized straight into maps.
+/// serde's `flatten` (which the reference uses) first buffers the whole document as generic values,
+/// costing tens of times a large header's size in memory; this visitor does not. It accepts exactly
+/// what the reference accepts (unknown entry fields are read as JSON values, so the parser's nesting
+/// limit applies to them as it does under `flatten`); on any error, [`parse_header`] parses again the
+/// reference's way to report the reference's own message.
+struct FastHeader {
+    metadata: Option<BTreeMap<String, String>>,
+    tensors: BTreeMap<String, RawTensor>,
+}
+
+impl<'de> serde::Deserialize<'de> for FastHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FastHeader;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("struct HashMetadata")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FastHeader, A::Error> {
+                let (mut metadata, mut seen_metadata, mut tensors) = (None, false, BTreeMap::new());
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "__metadata__" {
+                        if seen_metadata {
+                            return Err(serde::de::Error::duplicate_field("__metadata__"));
+                        }
+                        seen_metadata = true;
+                        metadata = map.next_value::<Option<BTreeMap<String, String>>>()?;
+                    } else {
+                        let entry = map.next_value::<FastTensor>()?;
+                        tensors.insert(key, entry.0);
+                    }
+                }
+                Ok(FastHeader { metadata, tensors })
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+/// A tensor entry for [`FastHeader`]: the three known fields, anything else read and dropped.
+struct FastTensor(RawTensor);
+
+impl<'de> serde::Deserialize<'de> for FastTensor {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FastTensor;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("struct TensorInfo")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FastTensor, A::Error> {
+                use serde::de::Error;
+                let (mut dtype, mut shape, mut offsets) = (None, None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "dtype" if dtype.is_none() => dtype = Some(map.next_value()?),
+                        "shape" if shape.is_none() => shape = Some(map.next_value()?),
+                        "data_offsets" if offsets.is_none() => offsets = Some(map.next_value()?),
+                        "dtype" | "shape" | "data_offsets" => return Err(A::Error::custom("duplicate field")),
+                        _ => drop(map.next_value::<serde_json::Value>()?),
+                    }
+                }
+                Ok(FastTensor(RawTensor {
+                    dtype: dtype.ok_or_else(|| A::Error::missing_field("dtype"))?,
+                    shape: shape.ok_or_else(|| A::Error::missing_field("shape"))?,
+                    data_offsets: offsets.ok_or_else(|| A::Error::missing_field("data_offsets"))?,
+                }))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<FastTensor, A::Error> {
+                use serde::de::Error;
+                let missing = |n| A::Error::invalid_length(n, &"struct TensorInfo with 3 elements");
+                let dtype = seq.next_element()?.ok_or_else(|| missing(0))?;
+                let shape = seq.next_element()?.ok_or_else(|| missing(1))?;
+                let data_offsets = seq.next_element()?.ok_or_else(|| missing(2))?;
+                Ok(FastTensor(RawTensor { dtype, shape, data_offsets }))
+            }
+        }
+        deserializer.deserialize_struct("TensorInfo", &["dtype", "shape", "data_offsets"], Visitor)
+    }
+}
+
 /// Validates a header given its JSON bytes (exactly N bytes after the prefix) and the file length.
 ///
 /// Checks, in the reference's order: N against the limit and the file, UTF-8, JSON shape, then
@@ -184,12 +266,24 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
         return Err(FormatError::HeaderLengthPastEnd { declared: header_len, file_len });
     }
     let text = std::str::from_utf8(json).map_err(|error| FormatError::InvalidUtf8 { error })?;
-    let raw: HashMetadata = serde_json::from_str(text).map_err(|error| {
-        let mut message = String::new();
-        // Writing into a String cannot fail.
-        let _ = write_escaped(&mut message, &error.to_string(), MAX_SHOWN_MESSAGE);
-        FormatError::InvalidJson { message }
-    })?;
+    let raw = match serde_json::from_str::<FastHeader>(text) {
+        Ok(fast) => HashMetadata { metadata: fast.metadata, tensors: fast.tensors },
+        // Rejected: parse the reference's way for the reference's message (the rare, costly path).
+        Err(fast_error) => {
+            match serde_json::from_str::<HashMetadata>(text) {
+                // Both are meant to accept the same documents; should they ever differ, the
+                // reference's way decides, so no file the reference reads is refused.
+                Ok(reference) => reference,
+                Err(error) => {
+                    let _ = fast_error;
+                    let mut message = String::new();
+                    // Writing into a String cannot fail.
+                    let _ = write_escaped(&mut message, &error.to_string(), MAX_SHOWN_MESSAGE);
+                    return Err(FormatError::InvalidJson { message });
+                }
+            }
+        }
+    };
     let mut tensors: Vec<TensorInfo> = raw
         .tensors
         .into_iter()
@@ -734,6 +828,26 @@ mod tests {
             data_len in 0usize..12,
         ) {
             let _ = parse_file(&file(tokens.concat().as_bytes(), data_len));
+        }
+
+        /// The fast deserializer and the reference-shaped one accept exactly the same documents.
+        #[test]
+        fn fast_and_reference_deserializers_agree(
+            tokens in prop::collection::vec(proptest::sample::select(JSON_TOKENS), 0..64),
+            tensors in arb_tensors(),
+            at in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let mut valid = write(&tensors, None);
+            let n = 8 + u64::from_le_bytes(valid[..8].try_into().unwrap()) as usize;
+            let at = 8 + at.index(n - 8);
+            valid[at] = byte;
+            for doc in [tokens.concat().into_bytes(), valid[8..n].to_vec()] {
+                let Ok(text) = std::str::from_utf8(&doc) else { continue };
+                let fast = serde_json::from_str::<FastHeader>(text).map(|h| (h.metadata, h.tensors.into_iter().map(|(k, t)| (k, t.dtype, t.shape, t.data_offsets)).collect::<Vec<_>>()));
+                let reference = serde_json::from_str::<HashMetadata>(text).map(|h| (h.metadata, h.tensors.into_iter().map(|(k, t)| (k, t.dtype, t.shape, t.data_offsets)).collect::<Vec<_>>()));
+                prop_assert_eq!(fast.ok(), reference.ok(), "{}", text);
+            }
         }
 
         #[test]
