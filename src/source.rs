@@ -35,7 +35,10 @@ pub trait SourceStream: Send {
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 }
 
-/// What pins a local file: which inode it is, and the size and mtime it had when opened.
+/// What pins a local file: which inode it is, and the size, mtime and ctime it had when opened.
+/// The ctime matters because anyone who can write the file can also set its mtime back (`cp -p`,
+/// `touch -r`, rsync) but nobody can set the ctime; it also moves on chmod, chown and link, which
+/// then count as changes too (a safe failure: EIO, never stale bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Identity {
     dev: u64,
@@ -43,6 +46,8 @@ struct Identity {
     size: u64,
     mtime_sec: i64,
     mtime_nsec: i64,
+    ctime_sec: i64,
+    ctime_nsec: i64,
 }
 
 impl Identity {
@@ -53,6 +58,8 @@ impl Identity {
             size: meta.size(),
             mtime_sec: meta.mtime(),
             mtime_nsec: meta.mtime_nsec(),
+            ctime_sec: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
         }
     }
 }
@@ -144,13 +151,19 @@ impl LocalStream {
             return Err(changed("modification time changed".into()));
         }
         match std::fs::metadata(&self.path) {
-            Ok(now) if now.dev() == pinned.dev && now.ino() == pinned.ino => Ok(()),
-            Ok(_) => Err(changed("the path now names a different file".into())),
+            Ok(now) if now.dev() == pinned.dev && now.ino() == pinned.ino => {}
+            Ok(_) => return Err(changed("the path now names a different file".into())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Err(changed("the file was deleted".into()))
+                return Err(changed("the file was deleted".into()))
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
         }
+        // Checked last: deleting or renaming over the file moves it too, and those have their
+        // own, more specific messages above.
+        if (ours.ctime_sec, ours.ctime_nsec) != (pinned.ctime_sec, pinned.ctime_nsec) {
+            return Err(changed("change time moved (rewritten, or its metadata changed)".into()));
+        }
+        Ok(())
     }
 }
 

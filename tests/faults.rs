@@ -209,12 +209,9 @@ fn backing_eio_surfaces_as_eio_and_a_retry_succeeds() {
     drop(fault);
 }
 
-/// Known gap (engine side, src/source.rs): the pin is (device, inode, size, mtime), and mtime can be
-/// set back by anyone who can write the file (`touch -r`, `cp -p`, rsync). The change time (ctime)
-/// cannot be set by users and moves on every write and every utimensat, so pinning it too would
-/// close this. Run with `cargo test --test faults -- --ignored` to see it fail.
+/// The mtime can be set back by anyone who can write the file (`touch -r`, `cp -p`, rsync); the
+/// change time cannot, and it is part of the pin (src/source.rs), so such a rewrite is caught.
 #[test]
-#[ignore = "known gap: a rewrite that restores the mtime is served; pin ctime in LocalFile (see docs/reliability.md)"]
 fn rewrite_that_restores_the_mtime_gives_eio() {
     let dir = workdir();
     let (file, tensors) = fixture(dir.path());
