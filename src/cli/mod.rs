@@ -141,6 +141,27 @@ pub struct RemoteArgs {
     /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs).
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
+    /// Tries per request before a read fails (tests and benchmarks) [default: 5].
+    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub http_retries: Option<u32>,
+    /// Backoff ceiling of the first retry, doubling per retry up to 32 times it (`20ms`, `1s`) [default: 100ms].
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub http_retry_delay: Option<std::time::Duration>,
+    /// Limit for connecting and for each wait on the socket (`500ms`, `10s`) [default: 10s, 30s].
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub http_timeout: Option<std::time::Duration>,
+}
+
+/// Parses `250ms`, `3s` or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let (number, scale) = match text.strip_suffix("ms") {
+        Some(n) => (n, 1),
+        None => (text.strip_suffix('s').unwrap_or(text), 1000),
+    };
+    match number.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(scale)) {
+        Some(ms) => Ok(std::time::Duration::from_millis(ms)),
+        None => Err(format!("invalid duration `{text}` (use e.g. 250ms or 3s)")),
+    }
 }
 
 impl RemoteArgs {
@@ -152,6 +173,17 @@ impl RemoteArgs {
         }
         if let Some(var) = &self.token_env {
             http.token_from_env(var).map_err(|e| format!("--token-env: {e}"))?;
+        }
+        if let Some(attempts) = self.http_retries {
+            http.retry.attempts = attempts;
+        }
+        if let Some(delay) = self.http_retry_delay {
+            http.retry.base_delay = delay;
+            http.retry.max_delay = delay.saturating_mul(32).min(http.retry.max_delay);
+        }
+        if let Some(timeout) = self.http_timeout {
+            http.connect_timeout = timeout;
+            http.read_timeout = timeout;
         }
         Ok(crate::checkpoint::OpenOptions { http })
     }
@@ -283,5 +315,27 @@ pub(crate) fn print_out(text: &str) -> Result<ExitCode, String> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
         Err(e) => Err(format!("writing to stdout: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_http_knobs_reach_the_options() {
+        assert_eq!(parse_duration("250ms"), Ok(std::time::Duration::from_millis(250)));
+        assert_eq!(parse_duration("3s"), Ok(std::time::Duration::from_secs(3)));
+        assert_eq!(parse_duration("2"), Ok(std::time::Duration::from_secs(2)));
+        assert!(parse_duration("soon").is_err() && parse_duration("99999999999999999s").is_err());
+        let args = RemoteArgs {
+            http_retries: Some(2),
+            http_retry_delay: Some(std::time::Duration::from_millis(10)),
+            http_timeout: Some(std::time::Duration::from_secs(1)),
+            ..Default::default()
+        };
+        let http = args.open_options(Default::default()).unwrap().http;
+        assert_eq!((http.retry.attempts, http.retry.base_delay, http.retry.max_delay), (2, std::time::Duration::from_millis(10), std::time::Duration::from_millis(320)));
+        assert_eq!((http.connect_timeout, http.read_timeout), (std::time::Duration::from_secs(1), std::time::Duration::from_secs(1)));
     }
 }

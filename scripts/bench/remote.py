@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Remote-mount benchmark: stfs over HTTP against download-then-read, through a latency-adding proxy.
+
+nginx serves a generated checkpoint on loopback; a small threaded proxy in this script adds a fixed
+latency to every request (20 ms by default), standing in for a distant object store. Measured, with a
+fresh (cold) mount each time and the variants interleaved in every repetition:
+
+  download   curl the whole file through the proxy to a local file, then read it back
+  stfs 1st   stfs mount URL + first byte of one tensor (a middle one)
+  stfs one   stfs mount URL + all bytes of that tensor
+  stfs all   stfs mount URL + every tensor read in file order (1 MiB reads, one reader)
+
+Targets (issue 7): one tensor in under 5% of the download time; the whole model at least as fast.
+Needs nginx and curl; uses only the Python standard library.
+
+  python3 scripts/bench/remote.py --stfs target/release/stfs            # 1 GiB, 5 repetitions
+  python3 scripts/bench/remote.py --stfs target/release/stfs --quick    # 64 MiB smoke run
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CHUNK = 1 << 20
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port):
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                sys.exit(f"nothing listens on port {port}")
+            time.sleep(0.02)
+
+
+def write_checkpoint(path, size, tensor_mb):
+    """A safetensors file of about `size` bytes: F32 tensors of about tensor_mb MiB (sizes vary a little
+    so they do not align with blocks), random bytes. Returns [(name, offset, length)]."""
+    count = max(1, size // (tensor_mb << 20))
+    lengths = [((tensor_mb << 20) + (i % 7) * 4096 + 4 * i) // 4 * 4 for i in range(count)]
+    header, start = {}, 0
+    for i, length in enumerate(lengths):
+        header[f"model.layers.{i}.weight"] = {"dtype": "F32", "shape": [length // 4], "data_offsets": [start, start + length]}
+        start += length
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    base = 8 + len(blob)
+    block = os.urandom(CHUNK)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for length in lengths:
+            for at in range(0, length, CHUNK):
+                f.write(block[: min(CHUNK, length - at)])
+    return [(name, base + v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0]) for name, v in header.items()]
+
+
+class Nginx:
+    def __init__(self, root, workdir):
+        program = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.port = free_port()
+        conf = os.path.join(workdir, "nginx.conf")
+        d = workdir
+        with open(conf, "w") as f:
+            f.write(f"""daemon off; master_process off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+                events {{ worker_connections 256; }}
+                http {{ access_log off; keepalive_requests 100000; sendfile on;
+                       client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;
+                       uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+                       server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}""")
+        self.proc = subprocess.Popen([program, "-e", "stderr", "-p", d, "-c", conf], stdout=subprocess.DEVNULL)
+        wait_port(self.port)
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class LatencyProxy:
+    """HTTP/1.1 keep-alive proxy adding `latency` seconds before forwarding each request."""
+
+    def __init__(self, upstream_port, latency):
+        self.upstream_port, self.latency = upstream_port, latency
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _head(reader):
+        lines = []
+        while True:
+            line = reader.readline(65536)
+            if not line:
+                return None
+            if line in (b"\r\n", b"\n"):
+                return lines
+            lines.append(line)
+
+    def _serve(self, client):
+        upstream = None
+        try:
+            requests = client.makefile("rb")
+            while True:
+                head = self._head(requests)
+                if head is None:
+                    return
+                time.sleep(self.latency)
+                if upstream is None:
+                    upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+                    responses = upstream.makefile("rb")
+                upstream.sendall(b"".join(head) + b"\r\n")
+                response = self._head(responses)
+                if response is None:
+                    return
+                length = next((int(l.split(b":", 1)[1]) for l in response if l.lower().startswith(b"content-length:")), 0)
+                client.sendall(b"".join(response) + b"\r\n")
+                while length > 0:
+                    data = responses.read1(min(length, CHUNK))
+                    if not data:
+                        return
+                    client.sendall(data)
+                    length -= len(data)
+        except OSError:
+            pass
+        finally:
+            client.close()
+            if upstream is not None:
+                upstream.close()
+
+
+def clean_env():
+    """The environment without proxy settings, so curl and stfs both go straight to our proxy URL."""
+    return {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+
+
+def read_file(path, limit=None):
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while limit is None or n < limit:
+            data = f.read(CHUNK if limit is None else min(CHUNK, limit - n))
+            if not data:
+                break
+            n += len(data)
+    return n
+
+
+def run_download(url, workdir, size):
+    target = os.path.join(workdir, "download.safetensors")
+    started = time.perf_counter()
+    subprocess.run(["curl", "-sSf", "--noproxy", "*", "-o", target, url], check=True, env=clean_env())
+    got = read_file(target)
+    took = time.perf_counter() - started
+    os.unlink(target)
+    assert got == size, (got, size)
+    return took
+
+
+class Mounted:
+    def __init__(self, stfs, url, workdir, extra):
+        self.stfs, self.mp = stfs, tempfile.mkdtemp(prefix="mp-", dir=workdir)
+        subprocess.run([stfs, "mount", url, self.mp, *extra], check=True, env=clean_env())
+
+    def stats(self):
+        with open(os.path.join(self.mp, ".stfs", "stats.json")) as f:
+            return json.load(f)
+
+    def close(self):
+        subprocess.run([self.stfs, "umount", self.mp], check=True)
+        os.rmdir(self.mp)
+
+
+def run_one(args, url, workdir, tensor):
+    name, _, length = tensor
+    started = time.perf_counter()
+    m = Mounted(args.stfs, url, workdir, args.mount_arg)
+    try:
+        with open(os.path.join(m.mp, name), "rb", buffering=0) as f:
+            assert len(f.read(1)) == 1
+            first = time.perf_counter() - started
+            rest = 1
+            while rest < length:
+                data = f.read(min(CHUNK, length - rest))
+                assert data
+                rest += len(data)
+        return first, time.perf_counter() - started
+    finally:
+        m.close()
+
+
+def run_all(args, url, workdir, tensors):
+    started = time.perf_counter()
+    m = Mounted(args.stfs, url, workdir, args.mount_arg)
+    try:
+        total = sum(read_file(os.path.join(m.mp, name)) for name, _, _ in tensors)
+        took = time.perf_counter() - started
+        assert total == sum(length for _, _, length in tensors)
+        return took, m.stats()
+    finally:
+        m.close()
+
+
+def summary(values):
+    return f"median {statistics.median(values):7.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stfs", default="target/release/stfs", help="the stfs binary")
+    p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size in MiB [1024]")
+    p.add_argument("--tensor-mb", type=int, default=16, help="approximate size of each tensor in MiB [16]")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds per request [20]")
+    p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
+    p.add_argument("--quick", action="store_true", help="64 MiB, 3 repetitions: a smoke run")
+    p.add_argument("--mount-arg", action="append", default=[], help="extra `stfs mount` argument (repeatable)")
+    args = p.parse_args()
+    if args.quick:
+        args.size_mb, args.reps, args.tensor_mb = 64, 3, min(args.tensor_mb, 4)
+    for tool in ("curl",):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed")
+    args.stfs = os.path.abspath(args.stfs)
+    with tempfile.TemporaryDirectory(prefix="stfs-bench-remote-") as workdir:
+        root = os.path.join(workdir, "www")
+        os.mkdir(root)
+        path = os.path.join(root, "model.safetensors")
+        tensors = write_checkpoint(path, args.size_mb << 20, args.tensor_mb)
+        size = os.path.getsize(path)
+        nginx = Nginx(root, workdir)
+        try:
+            proxy = LatencyProxy(nginx.port, args.latency_ms / 1000)
+            url = f"http://127.0.0.1:{proxy.port}/model.safetensors"
+            middle = tensors[len(tensors) // 2]
+            print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB; "
+                  f"proxy adds {args.latency_ms:g} ms per request; {args.reps} repetitions, interleaved; "
+                  f"mount args {args.mount_arg or 'default'}")
+            download, first, one, whole, last_stats = [], [], [], [], None
+            for _ in range(args.reps):
+                download.append(run_download(url, workdir, size))
+                f, o = run_one(args, url, workdir, middle)
+                first.append(f)
+                one.append(o)
+                w, last_stats = run_all(args, url, workdir, tensors)
+                whole.append(w)
+        finally:
+            nginx.stop()
+    d = statistics.median(download)
+    print(f"download (curl + local read)    {summary(download)}  {size / 2**20 / d:7.1f} MiB/s")
+    print(f"stfs mount + first byte          {summary(first)}")
+    print(f"stfs mount + one tensor ({middle[2] / 2**20:.1f} MiB) {summary(one)}")
+    print(f"stfs mount + every tensor        {summary(whole)}  {size / 2**20 / statistics.median(whole):7.1f} MiB/s")
+    ratio_one = statistics.median(one) / d
+    speed = d / statistics.median(whole)
+    print(f"one tensor / download   = {ratio_one:6.1%}   target < 5%    {'MET' if ratio_one < 0.05 else 'MISSED'}")
+    print(f"whole-model speed vs download = {speed:5.2f}x  target >= 1x  {'MET' if speed >= 1 else 'MISSED'}")
+    s = last_stats or {}
+    if s.get("http_requests"):
+        print(f"last whole read: {s['http_requests']} requests, {s['http_bytes'] / 2**20:.0f} MiB, "
+              f"mean {s['http_request_micros'] / s['http_requests'] / 1000:.1f} ms per request, "
+              f"prefetched {s.get('prefetched_bytes', 0) / 2**20:.0f} MiB, retries {s['http_retries']}")
+
+
+if __name__ == "__main__":
+    main()

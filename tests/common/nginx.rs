@@ -1,0 +1,147 @@
+//! A throwaway nginx on a free loopback port serving one directory, with a parseable access log.
+//!
+//! The log line is `status|body_bytes_sent|range|request`, so a test can sum what the server really
+//! sent (the transfer bound) and see which ranges were asked for. nginx writes each line when the
+//! request ends (no log buffer is configured), so the log is current once a response has been read.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where nginx is, if installed (it lives in /usr/sbin, often not on a user's PATH).
+pub fn find_nginx() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|dir| dir.join("nginx"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// A free loopback port (bound then released; nginx binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One access-log line.
+#[derive(Debug, Clone)]
+pub struct LogLine {
+    /// HTTP status sent.
+    pub status: u16,
+    /// Body bytes sent.
+    pub bytes: u64,
+    /// The Range header asked for, or "-".
+    pub range: String,
+    /// The request line ("GET /x HTTP/1.1").
+    pub request: String,
+}
+
+/// A running nginx; killed when dropped, pass or fail.
+pub struct Nginx {
+    child: Child,
+    /// The served directory: put files here.
+    pub root: PathBuf,
+    /// The port it listens on, on 127.0.0.1.
+    pub port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    /// Starts nginx serving a fresh empty directory; None when nginx is not installed.
+    pub fn start() -> Option<Nginx> {
+        let program = find_nginx()?;
+        let dir = tempfile::Builder::new().prefix("stfs-nginx-").tempdir().unwrap();
+        let d = dir.path().display();
+        let root = dir.path().join("www");
+        std::fs::create_dir(&root).unwrap();
+        let log = dir.path().join("access.log");
+        let port = free_port();
+        // master_process off: one process to kill. open_file_cache stays off (the default), so a file
+        // swapped on disk is served (with its new ETag) from the very next request.
+        let config = format!(
+            "daemon off; master_process off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+             events {{ worker_connections 256; }}
+             http {{ log_format ranges '$status|$body_bytes_sent|$http_range|$request';
+                    access_log {d}/access.log ranges;
+                    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;
+                    uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+                    keepalive_requests 100000;
+                    server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}"
+        );
+        std::fs::write(dir.path().join("nginx.conf"), config).unwrap();
+        let child = Command::new(program)
+            .args(["-e", "stderr", "-p"])
+            .arg(dir.path())
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start nginx");
+        let nginx = Nginx { child, root, port, log, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nginx did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Some(nginx)
+    }
+
+    /// The URL of a served file.
+    pub fn url(&self, file: &str) -> String {
+        format!("http://127.0.0.1:{}/{file}", self.port)
+    }
+
+    /// Every access-log line so far.
+    pub fn log(&self) -> Vec<LogLine> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let mut parts = line.splitn(4, '|');
+                Some(LogLine {
+                    status: parts.next()?.parse().ok()?,
+                    bytes: parts.next()?.parse().ok()?,
+                    range: parts.next()?.to_string(),
+                    request: parts.next()?.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Waits (bounded) until the log has stopped growing for `quiet`, so background readahead
+    /// that was still in flight is counted; returns every line.
+    pub fn settled_log(&self, quiet: Duration) -> Vec<LogLine> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = self.log().len();
+        let mut since = Instant::now();
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.log().len();
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+            } else if since.elapsed() >= quiet {
+                break;
+            }
+        }
+        self.log()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Replaces `path` by `bytes` atomically (write aside, rename), as a publisher would, with a modified
+/// time `skew` away from the old one so nginx's ETag (mtime-size) changes even at the same size.
+pub fn replace_file(path: &Path, bytes: &[u8], skew: Duration) {
+    let old = std::fs::metadata(path).unwrap().modified().unwrap();
+    let aside = path.with_extension("new");
+    std::fs::write(&aside, bytes).unwrap();
+    let file = std::fs::File::options().write(true).open(&aside).unwrap();
+    file.set_modified(old + skew).unwrap();
+    drop(file);
+    std::fs::rename(&aside, path).unwrap();
+}
