@@ -153,7 +153,7 @@ pub struct RemoteArgs {
 }
 
 /// Parses `250ms`, `3s` or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let (number, scale) = match text.strip_suffix("ms") {
         Some(n) => (n, 1),
         None => (text.strip_suffix('s').unwrap_or(text), 1000),

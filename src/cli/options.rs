@@ -88,6 +88,9 @@ impl MountConfig {
                 "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
                 "header" => a.remote.headers.push(need()?.to_string()),
                 "token_env" => a.remote.token_env = a.remote.token_env.or(Some(need()?.to_string())),
+                "http_retries" => a.remote.http_retries = a.remote.http_retries.or(Some(parse_count(key, need()?, 1, 100)?)),
+                "http_retry_delay" => a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(super::parse_duration(need()?)?)),
+                "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(super::parse_duration(need()?)?)),
                 "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
