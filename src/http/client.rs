@@ -157,11 +157,8 @@ impl Remote {
             };
             if !failure.transient || retry + 1 >= attempts {
                 if failure.transient {
-                    log::warn!(
-                        "{}: giving up after {attempts} tries: {}",
-                        self.name,
-                        failure.error
-                    );
+                    // The error names the URL already.
+                    log::warn!("giving up after {attempts} tries: {}", failure.error);
                     return Err(HttpError::GaveUp {
                         attempts,
                         last: Box::new(failure.error),
@@ -170,12 +167,7 @@ impl Remote {
                 return Err(failure.error);
             }
             let delay = self.retry.delay(retry, failure.retry_after);
-            log::info!(
-                "{}: {}; retrying in {} ms",
-                self.name,
-                failure.error,
-                delay.as_millis()
-            );
+            log::info!("{}; retrying in {} ms", failure.error, delay.as_millis());
             Stats::add(&self.stats.http_retries, 1);
             std::thread::sleep(delay);
             retry += 1;
