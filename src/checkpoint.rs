@@ -50,22 +50,33 @@ impl fmt::Display for OpenError {
 impl std::error::Error for OpenError {}
 
 /// Opens and validates a single safetensors file.
+///
+/// Messages name the path as given; the source itself is opened by its absolute path, so the daemon
+/// can leave the working directory and metadata.json says where the data lives.
 pub fn open_file(path: &Path) -> Result<OpenedShard, OpenError> {
     let name = path.display().to_string();
-    let file = LocalFile::open(path).map_err(|e| {
+    let absolute = std::path::absolute(path).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
+    let file = LocalFile::open(&absolute).map_err(|e| {
         // LocalFile's errors may already start with the path; the message names it once.
         let text = describe_io(&e);
-        let text = text.strip_prefix(&format!("{name}: ")).map(|t| describe_io(&std::io::Error::other(t.to_string()))).unwrap_or(text);
+        let prefix = format!("{}: ", absolute.display());
+        let text = text.strip_prefix(&prefix).map(|t| describe_io(&std::io::Error::other(t.to_string()))).unwrap_or(text);
         OpenError::new(&name, text)
     })?;
     let source: Arc<dyn Source> = Arc::new(file);
-    open_source(source)
+    open_source_named(source, &name)
 }
 
 /// Reads and validates the header of an already opened source.
 pub fn open_source(source: Arc<dyn Source>) -> Result<OpenedShard, OpenError> {
-    let mut stream = source.open_stream().map_err(|e| OpenError::new(source.name(), describe_io(&e)))?;
-    let header = format::read_header(stream.as_mut(), source.len()).map_err(|e| OpenError::new(source.name(), e))?;
+    let name = source.name().to_string();
+    open_source_named(source, &name)
+}
+
+/// [`open_source`], naming the source `name` in messages.
+fn open_source_named(source: Arc<dyn Source>, name: &str) -> Result<OpenedShard, OpenError> {
+    let mut stream = source.open_stream().map_err(|e| OpenError::new(name, describe_io(&e)))?;
+    let header = format::read_header(stream.as_mut(), source.len()).map_err(|e| OpenError::new(name, e))?;
     Ok(OpenedShard { source, header })
 }
 

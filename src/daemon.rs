@@ -59,6 +59,8 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Readiness, String> {
             drop(read_end);
             // SAFETY: setsid has no memory-safety preconditions.
             unsafe { libc::setsid() };
+            // Do not keep the caller's directory busy; every path was made absolute before the fork.
+            let _ = std::env::set_current_dir("/");
             redirect_std_streams(log.as_ref()).map_err(|e| format!("redirecting output: {e}"))?;
             Ok(Readiness { pipe: File::from(write_end) })
         }

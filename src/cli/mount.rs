@@ -25,7 +25,9 @@ Examples:
 
 /// Runs `stfs mount`.
 pub fn run(args: MountArgs) -> Result<ExitCode, String> {
-    let config = MountConfig::from_args(args)?;
+    let mut config = MountConfig::from_args(args)?;
+    // The daemon leaves the working directory, so every path it keeps must be absolute.
+    config.mountpoint = std::path::absolute(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
     let opened = checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?).map_err(|e| e.to_string())?;
@@ -39,7 +41,11 @@ pub fn run(args: MountArgs) -> Result<ExitCode, String> {
         layout: config.layout,
         views: config.views,
     };
-    let fsname = if checkpoint::is_url(&config.source) { crate::http::display_name(&config.source) } else { config.source.clone() };
+    let fsname = if checkpoint::is_url(&config.source) {
+        crate::http::display_name(&config.source)
+    } else {
+        std::path::absolute(&config.source).map_or(config.source.clone(), |p| p.display().to_string())
+    };
     if config.foreground {
         crate::init_logging(None);
         serve::block_signals();
