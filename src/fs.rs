@@ -179,10 +179,7 @@ impl Fs {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let b = &self.base;
         let (kind, size, perm, nlink) = match &node.kind {
-            NodeKind::Dir(d) => {
-                let subdirs = d.entries().iter().filter(|(_, i)| self.ns.dir(*i).is_some()).count() as u32;
-                (Kind::Dir, 0, b.dir_perm, 2 + subdirs)
-            }
+            NodeKind::Dir(d) => (Kind::Dir, 0, b.dir_perm, 2 + d.subdirs()),
             NodeKind::File { size, .. } => (Kind::File, *size, b.file_perm, 1),
         };
         Ok(Attr { ino, size, kind, perm, nlink, uid: b.uid, gid: b.gid, mtime: b.mtime, blksize: b.blksize })

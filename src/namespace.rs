@@ -109,6 +109,7 @@ pub enum Content {
 pub struct Dir {
     entries: Vec<(String, Ino)>,
     index: HashMap<String, Ino>,
+    subdirs: u32,
 }
 
 impl Dir {
@@ -119,6 +120,10 @@ impl Dir {
     /// The inode of `name`, if present.
     pub fn get(&self, name: &str) -> Option<Ino> {
         self.index.get(name).copied()
+    }
+    /// Number of subdirectories (a directory's link count is this plus 2).
+    pub fn subdirs(&self) -> u32 {
+        self.subdirs
     }
 }
 
@@ -295,6 +300,9 @@ impl Namespace {
         self.nodes.push(Node { parent, kind: NodeKind::Dir(Dir::default()) });
         let ino = self.nodes.len() as Ino;
         self.insert_entry(parent, name, ino);
+        if let Some(NodeKind::Dir(d)) = self.nodes.get_mut((parent - 1) as usize).map(|n| &mut n.kind) {
+            d.subdirs += 1;
+        }
         ino
     }
 
