@@ -359,3 +359,188 @@ fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
     let end = start.saturating_add(size as usize).min(bytes.len());
     &bytes[start..end]
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::format::Dtype;
+    use crate::namespace::{Layout, Shard, Views, METADATA_NAME};
+    use crate::source::{Source, SourceStream};
+
+    /// An in-memory source whose reads can be made to fail.
+    struct MemSource {
+        bytes: Arc<Vec<u8>>,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct MemStream(Arc<Vec<u8>>, Arc<std::sync::atomic::AtomicBool>);
+
+    impl Source for MemSource {
+        fn len(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+        fn name(&self) -> &str {
+            "mem.safetensors"
+        }
+        fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+            Ok(Box::new(MemStream(self.bytes.clone(), self.fail.clone())))
+        }
+    }
+
+    impl SourceStream for MemStream {
+        fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            if self.1.load(Relaxed) {
+                return Err(io::Error::other("injected"));
+            }
+            let start = offset as usize;
+            buf.copy_from_slice(self.0.get(start..start + buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?);
+            Ok(())
+        }
+    }
+
+    type Tensors = Vec<(String, Dtype, Vec<u64>, Vec<u8>)>;
+
+    fn fixture(views: Views) -> (Fs, Tensors, Arc<std::sync::atomic::AtomicBool>) {
+        let tensors: Tensors = vec![
+            ("a/b".into(), Dtype::U8, vec![300], (0..300u32).map(|i| i as u8).collect()),
+            ("w".into(), Dtype::BF16, vec![2, 3], vec![0x80, 0x3f, 0, 0x40, 0, 0xc0, 0, 0, 0x80, 0x7f, 1, 0x3f]),
+        ];
+        let bytes = Arc::new(crate::writer::serialize(&tensors, None).unwrap());
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let engine = Engine::new(EngineConfig { block_size: 64, cache_size: 256, io_threads: 1 }, Arc::new(Stats::default()));
+        let source = engine.add_source(Arc::new(MemSource { bytes: bytes.clone(), fail: fail.clone() }));
+        let mut stream = MemStream(bytes.clone(), fail.clone());
+        let header = crate::format::read_header(&mut stream, bytes.len() as u64).unwrap();
+        let ns = Namespace::build(vec![Shard { source, name: "mem.safetensors".into(), header }], Layout::Flat, views).unwrap();
+        let base = AttrBase { uid: 7, gid: 8, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
+        (Fs::new(ns, engine, base), tensors, fail)
+    }
+
+    fn ino(fs: &Fs, name: &str) -> Ino {
+        fs.lookup(ROOT_INO, OsStr::new(name)).unwrap().ino
+    }
+
+    #[test]
+    fn lookup_getattr_and_errors() {
+        let (fs, tensors, _) = fixture(Views::default());
+        let a = fs.lookup(ROOT_INO, OsStr::new("a%2Fb")).unwrap();
+        assert_eq!((a.kind, a.size, a.perm, a.uid, a.gid, a.nlink), (Kind::File, 300, 0o444, 7, 8, 1));
+        assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 3);
+        assert_eq!(fs.lookup(ROOT_INO, OsStr::new(".")).unwrap().ino, ROOT_INO);
+        assert!(matches!(fs.lookup(ROOT_INO, OsStr::new("a/b")), Err(FsError::NotFound)));
+        assert!(matches!(fs.lookup(a.ino, OsStr::new("x")), Err(FsError::NotDir)));
+        assert!(matches!(fs.getattr(9999), Err(FsError::NotFound)));
+        assert!(matches!(fs.getattr(0), Err(FsError::NotFound)));
+        assert!(matches!(fs.open(ROOT_INO, false), Err(FsError::IsDir)));
+        assert!(matches!(fs.open(a.ino, true), Err(FsError::ReadOnly)));
+        assert!(matches!(fs.read(ROOT_INO, 0, 0, 10), Err(FsError::IsDir)));
+        assert!(matches!(fs.readdir(a.ino, 0, |_| false), Err(FsError::NotDir)));
+        assert_eq!(tensors.len(), 2);
+        // Every errno is the documented one.
+        let expected = [
+            (FsError::NotFound, libc::ENOENT),
+            (FsError::NotDir, libc::ENOTDIR),
+            (FsError::IsDir, libc::EISDIR),
+            (FsError::ReadOnly, libc::EROFS),
+            (FsError::BadHandle, libc::EBADF),
+            (FsError::NoXattr, libc::ENODATA),
+            (FsError::XattrNamespace, libc::EOPNOTSUPP),
+        ];
+        for (e, errno) in expected {
+            assert_eq!(e.errno(), errno, "{e}");
+        }
+    }
+
+    #[test]
+    fn reads_clip_at_any_offset_and_size() {
+        let (fs, tensors, _) = fixture(Views::default());
+        let a = ino(&fs, "a%2Fb");
+        let data = &tensors[0].3;
+        for (off, size) in [(0u64, 300u32), (1, 63), (63, 2), (64, 64), (299, 10), (300, 1), (10_000, 5), (u64::MAX, u32::MAX)] {
+            let got = fs.read(a, 0, off, size).unwrap();
+            let lo = (off.min(300)) as usize;
+            let hi = (off.saturating_add(u64::from(size))).min(300) as usize;
+            assert_eq!(got, &data[lo..hi], "{off} {size}");
+        }
+        let meta = fs.read(ino(&fs, METADATA_NAME), 0, 0, u32::MAX).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&meta).unwrap();
+        assert_eq!(doc["tensors"]["a/b"]["path"], "a%2Fb");
+        assert!(fs.stats().fuse_reads.load(Relaxed) >= 9);
+    }
+
+    #[test]
+    fn backing_failures_are_eio_and_retry_succeeds() {
+        let (fs, tensors, fail) = fixture(Views::default());
+        let a = ino(&fs, "a%2Fb");
+        fail.store(true, Relaxed);
+        let err = fs.read(a, 0, 0, 300).unwrap_err();
+        assert_eq!(err.errno(), libc::EIO);
+        assert!(fs.stats().read_errors.load(Relaxed) >= 1);
+        fail.store(false, Relaxed);
+        assert_eq!(fs.read(a, 0, 0, 300).unwrap(), tensors[0].3);
+    }
+
+    #[test]
+    fn readdir_pages_resume_at_offsets() {
+        let (fs, _, _) = fixture(Views { npy: true, as_f32: false });
+        let mut all = Vec::new();
+        fs.readdir(ROOT_INO, 0, |e| {
+            all.push(e);
+            false
+        })
+        .unwrap();
+        let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, [".", "..", ".stfs", "a%2Fb", "a%2Fb.npy", "metadata.json", "w", "w.npy"]);
+        // Stop after two entries, then resume from the offset the second one gave.
+        let mut first = Vec::new();
+        fs.readdir(ROOT_INO, 0, |e| {
+            first.push(e);
+            first.len() == 2
+        })
+        .unwrap();
+        let mut rest = Vec::new();
+        fs.readdir(ROOT_INO, first[1].next_offset, |e| {
+            rest.push(e.name);
+            false
+        })
+        .unwrap();
+        assert_eq!(rest, names[2..]);
+    }
+
+    #[test]
+    fn xattrs_and_views() {
+        let (fs, tensors, _) = fixture(Views { npy: true, as_f32: true });
+        let w = ino(&fs, "w");
+        assert_eq!(fs.getxattr(w, OsStr::new("user.safetensors.dtype")).unwrap(), b"BF16");
+        assert_eq!(fs.getxattr(w, OsStr::new("user.safetensors.shape")).unwrap(), b"[2,3]");
+        assert!(matches!(fs.getxattr(w, OsStr::new("user.other")), Err(FsError::NoXattr)));
+        assert!(matches!(fs.getxattr(w, OsStr::new("security.selinux")), Err(FsError::XattrNamespace)));
+        assert_eq!(fs.listxattr(w).unwrap(), XATTRS);
+        assert!(fs.listxattr(ROOT_INO).unwrap().is_empty());
+        // The F32 view: BF16 bits shifted into the high half.
+        let f32_bytes = fs.read(w, 0, 0, 100).unwrap();
+        let want: Vec<u8> = tensors[1].3.chunks(2).flat_map(|c| (u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes()).collect();
+        assert_eq!(f32_bytes, want);
+        assert_eq!(fs.read(w, 0, 5, 6).unwrap(), &want[5..11]);
+        // The .npy view: header then raw bytes.
+        let npy = fs.read(ino(&fs, "w.npy"), 0, 0, 10_000).unwrap();
+        assert!(npy.starts_with(b"\x93NUMPY"));
+        assert_eq!(&npy[npy.len() - 12..], &tensors[1].3[..]);
+    }
+
+    #[test]
+    fn stats_snapshots_belong_to_their_handle() {
+        let (fs, _, _) = fixture(Views::default());
+        let control = ino(&fs, crate::namespace::CONTROL_DIR);
+        let stats = fs.lookup(control, OsStr::new(crate::namespace::STATS_NAME)).unwrap().ino;
+        let opened = fs.open(stats, false).unwrap();
+        assert!(opened.direct_io);
+        let doc: serde_json::Value = serde_json::from_slice(&fs.read(stats, opened.fh, 0, 1 << 20).unwrap()).unwrap();
+        assert!(doc["cache_hits"].is_u64());
+        fs.release(opened.fh);
+        assert!(matches!(fs.read(stats, opened.fh, 0, 10), Err(FsError::BadHandle)));
+    }
+}
