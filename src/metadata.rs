@@ -5,7 +5,7 @@
 //! ```text
 //! { "stfs_metadata_version": 1,
 //!   "shards": [ { "source": PATH, "file_size": N, "header_len": N, "data_start": N,
-//!                 "metadata": {..} | null } ],
+//!                 "metadata": {..} } ],     // per-shard __metadata__, only when sharded
 //!   "metadata": {..} | null,          // __metadata__ of the only shard (null when sharded)
 //!   "tensors": { NAME: { "dtype": "BF16", "shape": [..], "byte_len": N,
 //!                        "data_offsets": [BEGIN, END],  // relative to the shard's data section
@@ -42,6 +42,8 @@ struct ShardDoc<'a> {
     file_size: u64,
     header_len: u64,
     data_start: u64,
+    /// Only for sharded checkpoints; a single shard's is the top-level `metadata`, not repeated.
+    #[serde(skip_serializing_if = "Option::is_none")]
     metadata: Option<&'a BTreeMap<String, String>>,
 }
 
@@ -62,8 +64,9 @@ struct TensorDoc<'a> {
     npy_path: Option<&'a str>,
 }
 
-/// Renders metadata.json for a built namespace, pretty-printed with a final newline.
+/// Renders metadata.json for a built namespace: one line per shard, tensor and file.
 pub fn render(ns: &Namespace) -> Vec<u8> {
+    let sharded = ns.shards().len() > 1;
     let shards = ns
         .shards()
         .iter()
@@ -72,7 +75,7 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
             file_size: s.header.file_len,
             header_len: s.header.header_len,
             data_start: s.header.data_start(),
-            metadata: s.header.metadata.as_ref(),
+            metadata: if sharded { s.header.metadata.as_ref() } else { None },
         })
         .collect();
     let mut tensors = BTreeMap::new();
@@ -105,8 +108,39 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
         _ => None,
     };
     let doc = Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files };
-    // Serializing plain structs of strings and numbers cannot fail.
-    let mut out = serde_json::to_vec_pretty(&doc).unwrap_or_default();
-    out.push(b'\n');
+    write_one_entry_per_line(&doc)
+}
+
+/// Writes the document with one line per shard, tensor and file (each entry compact): readable
+/// with `cat` and `grep`, and without the one-number-per-line blow-up of fully pretty JSON.
+fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
+    use std::io::Write;
+    // Writing JSON of strings and numbers into a Vec cannot fail.
+    fn compact<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+        let _ = serde_json::to_writer(&mut *out, value);
+    }
+    fn map<K: Serialize, V: Serialize>(out: &mut Vec<u8>, entries: &BTreeMap<K, V>) {
+        out.extend_from_slice(b"{");
+        for (i, (k, v)) in entries.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+            compact(out, k);
+            out.extend_from_slice(b": ");
+            compact(out, v);
+        }
+        out.extend_from_slice(if entries.is_empty() { b"}" } else { b"\n  }" });
+    }
+    let mut out = Vec::new();
+    let _ = write!(out, "{{\n  \"stfs_metadata_version\": {},\n  \"shards\": [", doc.stfs_metadata_version);
+    for (i, shard) in doc.shards.iter().enumerate() {
+        out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+        compact(&mut out, shard);
+    }
+    out.extend_from_slice(b"\n  ],\n  \"metadata\": ");
+    compact(&mut out, &doc.metadata);
+    out.extend_from_slice(b",\n  \"tensors\": ");
+    map(&mut out, &doc.tensors);
+    out.extend_from_slice(b",\n  \"files\": ");
+    map(&mut out, &doc.files);
+    out.extend_from_slice(b"\n}\n");
     out
 }
