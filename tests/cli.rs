@@ -112,17 +112,6 @@ fn inspect_prints_the_table_and_json() {
     assert_eq!(doc["tensors"]["scale"]["shape"], serde_json::json!([]));
 }
 
-/// Pid of the daemon serving `mp`, found by its command line.
-fn daemon_pid(mp: &Path) -> Option<i32> {
-    let want = mp.to_str()?;
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.iter().any(|a| *a == want.as_bytes())).then_some(pid)
-    })
-}
-
 #[test]
 fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
     let dir = workdir();
