@@ -177,15 +177,17 @@ pub struct Namespace {
 
 impl Namespace {
     /// Builds the tree for `shards`. Tensor names are unique across shards (checked by the caller).
-    pub fn build(shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
+    /// Each shard's tensor list is moved into [`Namespace::tensors`] (not copied: a header may hold
+    /// a million entries), so the kept shards' `header.tensors` are empty.
+    pub fn build(mut shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
         let mut ns = Namespace { nodes: Vec::new(), tensors: Vec::new(), shards: Vec::new() };
         ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
         let meta_ino = ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
         let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
         ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
 
-        for (shard_index, shard) in shards.iter().enumerate() {
-            for info in &shard.header.tensors {
+        for (shard_index, shard) in shards.iter_mut().enumerate() {
+            for info in std::mem::take(&mut shard.header.tensors) {
                 let i = ns.tensors.len();
                 let start = shard.header.data_start() + info.data_offsets.0;
                 let len = info.byte_len();
@@ -198,10 +200,11 @@ impl Namespace {
                 };
                 let content_kind = content.clone();
                 let path = ns.place(layout, views, &info.name, content, served_len, "")?;
+                let npy_header = if views.npy { crate::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
                 ns.tensors.push(Tensor {
-                    name: info.name.clone(),
+                    name: info.name,
                     dtype: info.dtype,
-                    shape: info.shape.clone(),
+                    shape: info.shape,
                     shard: shard_index,
                     source: shard.source,
                     start,
@@ -211,14 +214,14 @@ impl Namespace {
                     served_len,
                     npy_path: None,
                 });
-                if views.npy {
-                    // A tensor whose header cannot be expressed (never for a validated file) has no view.
-                    if let Ok(header) = crate::npy::npy_header(info.dtype, &info.shape) {
-                        let size = header.len() as u64 + len;
-                        let content = Content::Npy { tensor: i, header: header.into() };
-                        let npy_path = ns.place(layout, views, &info.name, content, size, ".npy")?;
-                        ns.tensors[i].npy_path = Some(npy_path);
-                    }
+                // A tensor whose header cannot be expressed (never for a validated file) has no view.
+                if let Some(header) = npy_header {
+                    let size = header.len() as u64 + len;
+                    let content = Content::Npy { tensor: i, header: header.into() };
+                    let name = std::mem::take(&mut ns.tensors[i].name);
+                    let placed = ns.place(layout, views, &name, content, size, ".npy");
+                    ns.tensors[i].name = name;
+                    ns.tensors[i].npy_path = Some(placed?);
                 }
             }
         }
