@@ -90,10 +90,18 @@ pub struct Decision<T> {
     pub prefetch: Range<u64>,
     /// The payload of a stream this read's new stream replaced.
     pub evicted: Option<T>,
+    /// Blocks this stream read from their first byte and has now left more than the backward
+    /// slack behind: it will not come back for them, so their memory may be reused (drop-behind).
+    /// A block the stream started in the middle of is never included: its head belongs to whatever
+    /// comes before (often another tensor, read by another process).
+    pub consumed: Range<u64>,
 }
 
 struct Stream<T> {
     cursor: u64,
+    /// Blocks before this one were either not read whole by this stream or already reported
+    /// consumed.
+    consumed_until: u64,
     confirmed: bool,
     window_blocks: u64,
     next_prefetch: u64,
@@ -130,6 +138,7 @@ impl<T: Default> StreamTable<T> {
         let Some(index) = self.matching_stream(offset) else {
             let stream = Stream {
                 cursor: end,
+                consumed_until: offset.div_ceil(bs),
                 confirmed: false,
                 window_blocks: 0,
                 next_prefetch: last_block + 1,
@@ -142,6 +151,7 @@ impl<T: Default> StreamTable<T> {
                 sequential: false,
                 prefetch: 0..0,
                 evicted,
+                consumed: 0..0,
             };
         };
         let max_window = self.config.max_window_blocks;
@@ -167,11 +177,19 @@ impl<T: Default> StreamTable<T> {
             0..0
         };
         stream.next_prefetch = stream.next_prefetch.max(prefetch.end);
+        let left_behind = stream.cursor.saturating_sub(self.config.back_slack) / bs;
+        let consumed = if stream.consumed_until < left_behind {
+            stream.consumed_until..left_behind
+        } else {
+            0..0
+        };
+        stream.consumed_until = stream.consumed_until.max(left_behind);
         Decision {
             stream: index,
             sequential: true,
             prefetch,
             evicted: None,
+            consumed,
         }
     }
 
@@ -333,6 +351,23 @@ mod tests {
         for (label, reads, expected) in cases {
             assert_eq!(&run(&mut table(8, 4), reads), expected, "{label}");
         }
+    }
+
+    #[test]
+    fn blocks_left_behind_are_reported_once_and_never_the_first_partial_one() {
+        let mut t = table(8, 4);
+        let mut consumed = Vec::new();
+        // Starts at 500 (block 0 is partial), back slack 300.
+        for offset in (500..5000).step_by(250) {
+            let d = t.on_read(offset, 250, 100 * BS);
+            consumed.extend(d.consumed);
+        }
+        // Cursor 5000, minus slack 300: blocks up to 3 are behind; block 0 was not read whole.
+        assert_eq!(consumed, vec![1, 2, 3]);
+        let mut aligned = table(8, 4);
+        aligned.on_read(0, 1000, 100 * BS);
+        let d = aligned.on_read(1000, 1000, 100 * BS);
+        assert_eq!(d.consumed, 0..1, "a block read from its first byte is consumed");
     }
 
     #[test]
