@@ -76,9 +76,9 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            block_size: 8 << 20,
+            block_size: 256 << 10,
             cache_size: 512 << 20,
-            io_threads: 4,
+            io_threads: 8,
         }
     }
 }

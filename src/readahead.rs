@@ -38,6 +38,12 @@ pub const BACK_SLACK: u64 = 1 << 20;
 /// and hf-mount's forward tolerance.
 pub const FORWARD_SLACK: u64 = 16 << 20;
 
+/// How close to an *unconfirmed* stream's cursor a read must start to confirm it: a new sequential
+/// reader's next request starts right where its first ended (or within the kernel's read-around),
+/// while a random reader's next read only lands this close by chance, so random readers rarely
+/// trigger readahead even though a confirmed stream tolerates the full slacks.
+pub const CONFIRM_SLACK: u64 = 256 << 10;
+
 /// Window of a freshly confirmed stream: one block, so a reader that touches just two adjacent
 /// spots wastes at most one block.
 pub const INITIAL_WINDOW_BLOCKS: u64 = 1;
@@ -60,6 +66,9 @@ pub struct ReadaheadConfig {
     pub back_slack: u64,
     /// Bytes after a cursor that a read may start at and still continue the stream.
     pub forward_slack: u64,
+    /// Bytes either side of an unconfirmed stream's cursor that a read may start at to confirm it
+    /// (capped by the two slacks above).
+    pub confirm_slack: u64,
 }
 
 impl ReadaheadConfig {
@@ -75,6 +84,7 @@ impl ReadaheadConfig {
             max_streams: MAX_STREAMS,
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
+            confirm_slack: CONFIRM_SLACK,
         }
     }
 }
@@ -228,10 +238,16 @@ impl<T: Default> StreamTable<T> {
 
     fn matching_stream(&self, offset: u64) -> Option<usize> {
         let (back, forward) = (self.config.back_slack, self.config.forward_slack);
+        let confirm = self.config.confirm_slack;
         self.streams
             .iter()
             .enumerate()
             .filter(|(_, s)| {
+                let (back, forward) = if s.confirmed {
+                    (back, forward)
+                } else {
+                    (back.min(confirm), forward.min(confirm))
+                };
                 offset.saturating_add(back) >= s.cursor
                     && offset <= s.cursor.saturating_add(forward)
             })
@@ -265,6 +281,7 @@ mod tests {
             max_streams,
             back_slack: 300,
             forward_slack: 2 * BS,
+            confirm_slack: BS,
         })
     }
 
@@ -368,6 +385,20 @@ mod tests {
         aligned.on_read(0, 1000, 100 * BS);
         let d = aligned.on_read(1000, 1000, 100 * BS);
         assert_eq!(d.consumed, 0..1, "a block read from its first byte is consumed");
+    }
+
+    #[test]
+    fn only_a_read_close_to_a_new_stream_confirms_it() {
+        let mut t = table(8, 4);
+        t.on_read(10_000, 100, 100 * BS);
+        // 1,900 past the cursor: inside the forward slack, outside the confirm slack.
+        let d = t.on_read(12_000, 100, 100 * BS);
+        assert!(!d.sequential && d.prefetch.is_empty(), "{d:?}");
+        assert_eq!(t.len(), 2);
+        let d = t.on_read(12_500, 100, 100 * BS);
+        assert!(d.sequential, "400 past the cursor confirms");
+        // Once confirmed, the whole forward slack applies.
+        assert!(t.on_read(14_500, 100, 100 * BS).sequential);
     }
 
     #[test]
