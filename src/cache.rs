@@ -14,6 +14,11 @@
 //!   recently used first; it never evicts a prefetched block nobody has read yet, because that block
 //!   is about to be read. If that leaves no room, the prefetch is refused rather than blocking or
 //!   overshooting the budget.
+//!
+//! Buffers are reused: a block a sequential stream has moved past ([`BlockCache::recycle`]) and a
+//! block evicted to make room hand their allocation to the next load, so a steady stream touches
+//! no fresh memory (no page faults, no kernel zeroing). Idle spare buffers count against the
+//! budget like ready blocks, and are the first thing dropped when room is needed.
 
 use std::collections::HashMap;
 use std::io;
@@ -41,9 +46,14 @@ pub struct BlockCache {
 struct Inner {
     ready: LruCache<BlockKey, Resident>,
     loading: HashMap<BlockKey, Loading>,
-    /// Bytes of ready blocks plus bytes reserved by loads in flight; never above `capacity`.
+    /// Allocations of blocks nobody holds any more, kept for the next loads (most recent last).
+    spares: Vec<Vec<u8>>,
+    /// Bytes of ready blocks, spare buffers and loads in flight; never above `capacity`.
     used: u64,
 }
+
+/// Spare buffers kept at most: enough for the loads of several streams in flight at once.
+const MAX_SPARES: usize = 32;
 
 struct Resident {
     data: BlockData,
@@ -128,9 +138,22 @@ pub struct LoadTicket<'c> {
     slot: Arc<LoadSlot>,
     reserved: u64,
     finished: bool,
+    buffer: Option<Vec<u8>>,
 }
 
 impl LoadTicket<'_> {
+    /// A buffer of `len` bytes to load the block into: a reused allocation when one was free (its
+    /// old bytes are overwritten by the load), else a fresh zeroed one.
+    pub fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.buffer.take() {
+            Some(mut buffer) => {
+                buffer.resize(len, 0);
+                buffer
+            }
+            None => vec![0; len],
+        }
+    }
+
     /// Publishes the loaded bytes: caches them (if space was reserved, or has freed up since) and
     /// wakes the waiters. Returns the same bytes for the caller.
     pub fn complete(mut self, data: Vec<u8>) -> BlockData {
@@ -146,7 +169,10 @@ impl LoadTicket<'_> {
             inner.release(self.reserved, &cache.stats);
             // Re-reserve the real length; for an uncached load this is a second chance at a slot.
             let evict_read_only = prefetched;
-            if len > 0 && inner.make_room(len, cache.capacity, evict_read_only, &cache.stats) {
+            let mut unused = None;
+            if len > 0
+                && inner.make_room(len, cache.capacity, evict_read_only, &cache.stats, &mut unused)
+            {
                 inner.used += len;
                 cache.stats.add_resident(len as i64);
                 let read = !prefetched || demanded;
@@ -194,12 +220,32 @@ impl Inner {
         stats.add_resident(-(bytes as i64));
     }
 
-    /// Evicts least recently used blocks until `len` more bytes fit, and returns whether they do.
-    /// With `read_only`, prefetched blocks nobody has read yet are passed over; nothing is evicted
-    /// unless enough other blocks can go.
-    fn make_room(&mut self, len: u64, capacity: u64, read_only: bool, stats: &Stats) -> bool {
+    /// Takes a spare buffer of exactly `len` bytes (out of the budget: the caller reserves anew).
+    fn take_spare(&mut self, len: u64, stats: &Stats) -> Option<Vec<u8>> {
+        let index = self.spares.iter().rposition(|b| b.len() as u64 == len)?;
+        let buffer = self.spares.swap_remove(index);
+        self.release(len, stats);
+        Some(buffer)
+    }
+
+    /// Drops spare buffers, then evicts least recently used blocks, until `len` more bytes fit, and
+    /// returns whether they do. With `read_only`, prefetched blocks nobody has read yet are passed
+    /// over; nothing is evicted unless enough other blocks can go. An evicted block nobody holds
+    /// becomes `reuse` (if that is empty and the sizes match), so the load needs no new memory.
+    fn make_room(
+        &mut self,
+        len: u64,
+        capacity: u64,
+        read_only: bool,
+        stats: &Stats,
+        reuse: &mut Option<Vec<u8>>,
+    ) -> bool {
         if len > capacity {
             return false;
+        }
+        while self.used + len > capacity {
+            let Some(spare) = self.spares.pop() else { break };
+            self.release(spare.len() as u64, stats);
         }
         let excess = (self.used + len).saturating_sub(capacity);
         let mut victims = Vec::new();
@@ -225,6 +271,9 @@ impl Inner {
                 if victim.prefetched && !victim.read {
                     Stats::add(&stats.prefetch_unused_bytes, bytes);
                 }
+                if reuse.is_none() && bytes == len {
+                    *reuse = Arc::try_unwrap(victim.data).ok();
+                }
             }
         }
         true
@@ -237,6 +286,7 @@ impl BlockCache {
         let inner = Inner {
             ready: LruCache::unbounded(),
             loading: HashMap::new(),
+            spares: Vec::new(),
             used: 0,
         };
         BlockCache {
@@ -262,8 +312,10 @@ impl BlockCache {
             return Lookup::Wait(Arc::clone(&loading.slot));
         }
         Stats::add(&stats.cache_misses, 1);
-        let fits = inner.make_room(len, self.capacity, false, stats);
-        Lookup::Load(self.start_load(inner, key, if fits { len } else { 0 }, false))
+        let mut buffer = inner.take_spare(len, stats);
+        let fits = inner.make_room(len, self.capacity, false, stats, &mut buffer);
+        let reserved = if fits { len } else { 0 };
+        Lookup::Load(self.start_load(inner, key, reserved, false, buffer))
     }
 
     /// Reserves space to prefetch block `key`, unless it is present or there is no room to spare.
@@ -272,10 +324,47 @@ impl BlockCache {
         if inner.ready.contains(&key) || inner.loading.contains_key(&key) {
             return Prefetch::Present;
         }
-        if !inner.make_room(len, self.capacity, true, &self.stats) {
+        let mut buffer = inner.take_spare(len, &self.stats);
+        if !inner.make_room(len, self.capacity, true, &self.stats, &mut buffer) {
+            if let Some(buffer) = buffer {
+                // Back where it came from: the budget had room for it a moment ago.
+                inner.used += len;
+                self.stats.add_resident(len as i64);
+                inner.spares.push(buffer);
+            }
             return Prefetch::Refused;
         }
-        Prefetch::Load(self.start_load(inner, key, len, true))
+        Prefetch::Load(self.start_load(inner, key, len, true, buffer))
+    }
+
+    /// Drop-behind: a sequential reader has moved past block `key`, so unless someone else still
+    /// holds its bytes, its allocation becomes a spare for the next load (its bytes stay counted).
+    /// Returns whether it did. A later read of the block simply loads it again.
+    pub fn recycle(&self, key: BlockKey) -> bool {
+        let mut inner = self.lock_inner();
+        let spare_room = inner.spares.len() < MAX_SPARES;
+        let unshared = inner
+            .ready
+            .peek(&key)
+            .is_some_and(|r| r.read && Arc::strong_count(&r.data) == 1);
+        if !(spare_room && unshared) {
+            return false;
+        }
+        let Some(resident) = inner.ready.pop(&key) else {
+            return false;
+        };
+        match Arc::try_unwrap(resident.data) {
+            Ok(buffer) => {
+                inner.spares.push(buffer);
+                Stats::add(&self.stats.evictions, 1);
+                true
+            }
+            Err(data) => {
+                let bytes = data.len() as u64;
+                inner.release(bytes, &self.stats);
+                false
+            }
+        }
     }
 
     /// Whether block `key` is ready or loading.
@@ -300,6 +389,7 @@ impl BlockCache {
         key: BlockKey,
         reserved: u64,
         prefetched: bool,
+        buffer: Option<Vec<u8>>,
     ) -> LoadTicket<'c> {
         inner.used += reserved;
         self.stats.add_resident(reserved as i64);
@@ -321,6 +411,7 @@ impl BlockCache {
             slot,
             reserved,
             finished: false,
+            buffer,
         }
     }
 

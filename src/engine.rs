@@ -1,19 +1,24 @@
 //! The block engine: aligned block reads through a byte-bounded LRU cache with readahead.
 //!
-//! [`Engine::read`] clips the range to the source, lets the source's [`StreamTable`] classify it,
-//! queues any prefetch, and then assembles the answer block by block: a ready block is copied out,
-//! a block another thread is loading is waited for, and a missing block is loaded by the calling
-//! thread itself (only the blocks it needs, never the prefetch). Every backing read covers one whole
-//! aligned block `[k*B, (k+1)*B)`, clipped only at the end of the source.
+//! [`Engine::read_with`] clips the range to the source, lets the source's [`StreamTable`] classify
+//! it, queues any prefetch, and then gathers the answer block by block: a ready block is used as
+//! is, a block another thread is loading is waited for, and a missing block is loaded by the
+//! calling thread itself (only the blocks it needs, never the prefetch). A range inside one block
+//! is handed to the caller straight from the cached block, so each byte is copied once on its way
+//! to the kernel. Every backing read covers whole aligned blocks `[k*B, (k+1)*B)`, clipped only at
+//! the end of the source: one block on demand, a run of neighbouring blocks (up to a chunk of
+//! [`PREFETCH_CHUNK_BYTES`]) in one scatter read for the prefetch.
 //!
-//! Descriptors: a confirmed sequential stream owns one [`SourceStream`], used by its prefetches
-//! (loaded in block order, so that descriptor only ever reads forward) and by its on-demand loads
-//! when the prefetcher is not using it. Reads outside any confirmed stream borrow a descriptor from a
-//! small per-source pool of spares, so random readers do not open a file per read.
+//! Descriptors: a confirmed sequential stream owns one [`SourceStream`] for its on-demand loads and
+//! one per prefetch lane ([`crate::prefetch::LANES`]): the lanes load the stream's window chunk by
+//! chunk in parallel, each lane's chunks in increasing order, so every descriptor reads forward in
+//! big steps. Reads outside any confirmed stream borrow a descriptor from a small per-source pool of
+//! spares, so random readers do not open a file per read.
 //!
 //! Prefetch runs on `io_threads` background threads fed by a bounded queue holding at most one job
-//! per stream; the job loads that stream's pending blocks in order. When the queue is full or the
-//! cache has no room that is not holding unread data, the prefetch is dropped (never waited for).
+//! per stream lane. When the queue is full or the cache has no room that is not holding unread
+//! data, the prefetch is dropped (never waited for). Blocks a stream has moved past are recycled
+//! (drop-behind, see [`BlockCache::recycle`]), so streaming reuses the same few buffers.
 
 use std::fmt;
 use std::io;
@@ -22,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crate::cache::{lock, BlockCache, BlockData, Lookup, Prefetch};
+use crate::cache::{lock, BlockCache, BlockData, LoadTicket, Lookup, Prefetch};
 use crate::prefetch::{IoPool, StreamIo};
 use crate::readahead::{ReadaheadConfig, StreamTable};
 use crate::source::{Source, SourceStream};
@@ -46,6 +51,17 @@ const SPARE_DESCRIPTORS: usize = 8;
 /// Largest block the engine accepts: one allocation per block, and far above any useful size.
 const MAX_BLOCK_SIZE: u64 = 1 << 30;
 
+/// Most bytes one prefetch read covers: a lane loads its chunk of the window in one scatter read,
+/// so the storage below sees requests this large however small the blocks are (gcsfuse keeps a
+/// handle in sequential mode only while it averages 8 MiB or more per seek).
+pub const PREFETCH_CHUNK_BYTES: u64 = 8 << 20;
+
+thread_local! {
+    /// Where a read spanning several blocks is joined, reused by each FUSE thread so that joining
+    /// costs one copy and no allocation.
+    static JOIN_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Tuning of the engine; see each field.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -60,9 +76,9 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            block_size: 8 << 20,
+            block_size: 256 << 10,
             cache_size: 512 << 20,
-            io_threads: 4,
+            io_threads: 8,
         }
     }
 }
@@ -117,6 +133,7 @@ struct SourceEntry {
 struct Job {
     source: Arc<SourceEntry>,
     stream: Arc<StreamIo>,
+    lane: usize,
 }
 
 impl Engine {
@@ -178,6 +195,19 @@ impl Engine {
 
     /// Reads `len` bytes at absolute `offset` of `source`, clipped at its end (empty past it).
     pub fn read(&self, source: SourceId, offset: u64, len: usize) -> Result<Vec<u8>, ReadError> {
+        self.read_with(source, offset, len, <[u8]>::to_vec)
+    }
+
+    /// Like [`Engine::read`], but hands the bytes to `consume` instead of returning a copy: a range
+    /// inside one block is passed straight from the cache, a longer one joined in a reused
+    /// per-thread buffer. `consume` runs on the calling thread with no lock held.
+    pub fn read_with<R>(
+        &self,
+        source: SourceId,
+        offset: u64,
+        len: usize,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ReadError> {
         let entry = self.entry(source).ok_or_else(|| ReadError {
             source_name: format!("source #{source}"),
             offset,
@@ -185,22 +215,43 @@ impl Engine {
         })?;
         let end = offset.saturating_add(len as u64).min(entry.len);
         if offset >= end {
-            return Ok(Vec::new());
+            return Ok(consume(&[]));
         }
         let stream = self.plan_readahead(&entry, offset, end);
         let bs = self.shared.config.block_size;
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        for block in offset / bs..=(end - 1) / bs {
-            let data = self.demand_block(&entry, block, stream.as_deref())?;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let slice = |data: &BlockData, block: u64| {
             let block_start = block * bs;
             let from = (offset.max(block_start) - block_start) as usize;
             let to = (end.min(block_start.saturating_add(bs)) - block_start) as usize;
-            let Some(bytes) = data.get(from..to) else {
+            if data.len() < to {
                 return Err(entry.error(block_start, io::Error::other("short block in cache")));
-            };
-            out.extend_from_slice(bytes);
+            }
+            Ok((from, to))
+        };
+        if first == last {
+            let data = self.demand_block(&entry, first, stream.as_deref())?;
+            let (from, to) = slice(&data, first)?;
+            return Ok(consume(&data[from..to]));
         }
-        Ok(out)
+        JOIN_BUFFER.with(|cell| {
+            // A reentrant call (none today) gets its own buffer rather than a borrow panic.
+            let mut own = Vec::new();
+            let mut borrowed = cell.try_borrow_mut();
+            let out = borrowed.as_deref_mut().unwrap_or(&mut own);
+            out.clear();
+            for block in first..=last {
+                let data = self.demand_block(&entry, block, stream.as_deref())?;
+                let (from, to) = slice(&data, block)?;
+                out.extend_from_slice(&data[from..to]);
+            }
+            let result = consume(out);
+            // Keep at most a few MiB per thread between requests.
+            if out.capacity() > 4 * (1 << 20) {
+                *out = Vec::new();
+            }
+            Ok(result)
+        })
     }
 
     /// The configuration in force.
@@ -239,9 +290,11 @@ impl Engine {
         let before = (table.len() as u64, table.window_bytes());
         let decision = table.on_read(offset, end - offset, entry.len);
         if let Some(evicted) = decision.evicted {
-            // If its prefetch still runs, the descriptor closes when that job ends instead.
-            if let Ok(mut descriptor) = evicted.descriptor.try_lock() {
-                entry.keep_spare(descriptor.take());
+            // If its prefetch still runs, a lane's descriptor closes when that job ends instead.
+            for descriptor in std::iter::once(&evicted.descriptor).chain(&evicted.lanes) {
+                if let Ok(mut descriptor) = descriptor.try_lock() {
+                    entry.keep_spare(descriptor.take());
+                }
             }
         }
         let stream = table.payload(decision.stream).map(Arc::clone)?;
@@ -252,6 +305,12 @@ impl Engine {
             && !self.queue_prefetch(entry, &stream, decision.prefetch.clone())
         {
             table.prefetch_refused(decision.stream, decision.prefetch.start);
+        }
+        if !decision.consumed.is_empty() {
+            stream.left_behind(decision.consumed.end);
+        }
+        for block in decision.consumed.clone() {
+            self.shared.cache.recycle((entry.id, block));
         }
         let after = (table.len() as u64, table.window_bytes());
         drop(table);
@@ -272,10 +331,13 @@ impl Engine {
         stream: &Arc<StreamIo>,
         blocks: Range<u64>,
     ) -> bool {
-        stream.add_pending(blocks, || {
+        let bs = self.shared.config.block_size;
+        let chunk_blocks = (PREFETCH_CHUNK_BYTES / bs).max(1);
+        stream.add_pending(blocks, entry.len.div_ceil(bs), chunk_blocks, |lane| {
             let job = Job {
                 source: Arc::clone(entry),
                 stream: Arc::clone(stream),
+                lane,
             };
             self.prefetcher.try_submit(job).is_ok()
         })
@@ -301,23 +363,23 @@ impl Engine {
                     Err(_) if slot.is_prefetch() && !retried_prefetch => retried_prefetch = true,
                     Err(e) => return Err(entry.error(block_start, e)),
                 },
-                Lookup::Load(ticket) => {
+                Lookup::Load(mut ticket) => {
                     let loaded = match stream.and_then(|s| s.descriptor.try_lock().ok()) {
                         Some(mut own) => {
                             if own.is_none() {
                                 *own = entry.take_spare();
                             }
-                            shared.fetch(entry, block, &mut own)
+                            shared.fetch(entry, block, &mut [&mut ticket], &mut own)
                         }
                         None => {
                             let mut spare = entry.take_spare();
-                            let loaded = shared.fetch(entry, block, &mut spare);
+                            let loaded = shared.fetch(entry, block, &mut [&mut ticket], &mut spare);
                             entry.keep_spare(spare);
                             loaded
                         }
                     };
                     return match loaded {
-                        Ok(data) => Ok(ticket.complete(data)),
+                        Ok(mut buffers) => Ok(ticket.complete(buffers.pop().unwrap_or_default())),
                         Err(e) => {
                             ticket.fail(&e);
                             Err(entry.error(block_start, e))
@@ -338,34 +400,44 @@ impl Drop for Engine {
 }
 
 impl Shared {
-    /// One backing read of a whole block through `descriptor` (opened first if it is `None`).
+    /// One backing read of the whole blocks `first..first + tickets.len()` through `descriptor`
+    /// (opened first if it is `None`), into the tickets' buffers; returns them in block order.
     fn fetch(
         &self,
         entry: &SourceEntry,
-        block: u64,
+        first: u64,
+        tickets: &mut [&mut LoadTicket<'_>],
         descriptor: &mut Option<Box<dyn SourceStream>>,
-    ) -> io::Result<Vec<u8>> {
+    ) -> io::Result<Vec<Vec<u8>>> {
         let bs = self.config.block_size;
-        let len = entry.block_len(block, bs);
         let result = (|| {
-            let len = usize::try_from(len).map_err(|_| io::Error::other("block too large"))?;
+            let mut buffers = Vec::with_capacity(tickets.len());
+            for (block, ticket) in (first..).zip(tickets.iter_mut()) {
+                let len = usize::try_from(entry.block_len(block, bs))
+                    .map_err(|_| io::Error::other("block too large"))?;
+                buffers.push(ticket.take_buffer(len));
+            }
             if descriptor.is_none() {
                 *descriptor = Some(entry.source.open_stream()?);
             }
-            let mut buf = vec![0; len];
             if let Some(fd) = descriptor.as_mut() {
-                fd.read_exact_at(&mut buf, block * bs)?;
+                let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
+                fd.read_vectored_exact_at(&mut slices, first * bs)?;
             }
-            Ok(buf)
+            Ok(buffers)
         })();
         Stats::add(&self.stats.backing_reads, 1);
         match &result {
-            Ok(buf) => Stats::add(&self.stats.backing_read_bytes, buf.len() as u64),
+            Ok(buffers) => {
+                let bytes: usize = buffers.iter().map(Vec::len).sum();
+                Stats::add(&self.stats.backing_read_bytes, bytes as u64);
+            }
             Err(e) => {
                 Stats::add(&self.stats.backing_errors, 1);
                 log::warn!(
-                    "{}: backing read of block {block} failed: {e}",
-                    entry.source.name()
+                    "{}: backing read of block {first} (+{}) failed: {e}",
+                    entry.source.name(),
+                    tickets.len().saturating_sub(1)
                 );
                 // A descriptor that failed may be broken (e.g. a dropped connection): reopen next time.
                 *descriptor = None;
@@ -374,27 +446,73 @@ impl Shared {
         result
     }
 
-    /// Runs one stream's prefetch job: loads its pending blocks in order on its own descriptor.
+    /// Runs one lane of a stream's prefetch: claims chunks of the pending blocks in order and loads
+    /// each run of missing blocks in one read on the lane's own descriptor.
     fn run_prefetch(&self, job: &Job) {
-        while let Some(block) = job.stream.next_block(self.stopping.load(Relaxed)) {
-            let len = job.source.block_len(block, self.config.block_size);
-            match self.cache.prefetch((job.source.id, block), len) {
-                Prefetch::Present => {}
-                Prefetch::Refused => job.stream.refuse(block),
-                Prefetch::Load(ticket) => {
-                    let mut descriptor = lock(&job.stream.descriptor);
-                    if descriptor.is_none() {
-                        *descriptor = job.source.take_spare();
-                    }
-                    match self.fetch(&job.source, block, &mut descriptor) {
-                        Ok(data) => {
-                            Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
-                            ticket.complete(data);
+        let bs = self.config.block_size;
+        let chunk_blocks = (PREFETCH_CHUNK_BYTES / bs).max(1);
+        let Some(lane) = job.stream.lanes.get(job.lane) else {
+            return;
+        };
+        while let Some(chunk) =
+            job.stream
+                .next_chunk(job.lane, chunk_blocks, self.stopping.load(Relaxed))
+        {
+            let mut run: Vec<LoadTicket<'_>> = Vec::new();
+            let mut run_start = chunk.start;
+            let mut refused = None;
+            for block in chunk {
+                if job.stream.is_behind(block) {
+                    self.prefetch_run(job, lane, run_start, std::mem::take(&mut run));
+                    continue;
+                }
+                match self.cache.prefetch((job.source.id, block), bs.min(job.source.block_len(block, bs))) {
+                    Prefetch::Load(ticket) => {
+                        if run.is_empty() {
+                            run_start = block;
                         }
-                        Err(e) => ticket.fail(&e),
+                        run.push(ticket);
+                        continue;
                     }
+                    Prefetch::Present => {}
+                    Prefetch::Refused => refused = Some(block),
+                }
+                self.prefetch_run(job, lane, run_start, std::mem::take(&mut run));
+                if let Some(block) = refused {
+                    job.stream.refuse(block);
+                    break;
                 }
             }
+            self.prefetch_run(job, lane, run_start, run);
+        }
+    }
+
+    /// Loads a run of reserved neighbouring blocks starting at `first` in one backing read.
+    fn prefetch_run(
+        &self,
+        job: &Job,
+        lane: &Mutex<Option<Box<dyn SourceStream>>>,
+        first: u64,
+        mut run: Vec<LoadTicket<'_>>,
+    ) {
+        if run.is_empty() {
+            return;
+        }
+        let mut descriptor = lock(lane);
+        if descriptor.is_none() {
+            *descriptor = job.source.take_spare();
+        }
+        let mut tickets: Vec<&mut LoadTicket<'_>> = run.iter_mut().collect();
+        let loaded = self.fetch(&job.source, first, &mut tickets, &mut descriptor);
+        drop(descriptor);
+        match loaded {
+            Ok(buffers) => {
+                for (ticket, data) in run.into_iter().zip(buffers) {
+                    Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
+                    ticket.complete(data);
+                }
+            }
+            Err(e) => run.into_iter().for_each(|ticket| ticket.fail(&e)),
         }
     }
 }
@@ -509,15 +627,18 @@ mod tests {
         c.load(Relaxed)
     }
 
-    /// Every backing read is one whole aligned block, or the clipped last block.
+    /// Every backing read covers whole aligned blocks (the last one clipped at the end), and at
+    /// most a prefetch chunk of them.
     fn assert_whole_blocks(source: &FakeSource, block_size: u64) {
         let len = source.data.len() as u64;
+        let chunk = (PREFETCH_CHUNK_BYTES / block_size).max(1) * block_size;
         for &(offset, n) in lock(&source.reads).iter() {
+            let n = n as u64;
             assert_eq!(offset % block_size, 0, "unaligned backing read at {offset}");
-            assert_eq!(
-                n as u64,
-                block_size.min(len - offset),
-                "partial block read at {offset}"
+            assert!(n > 0 && n <= chunk, "read of {n} at {offset}");
+            assert!(
+                n % block_size == 0 || offset + n == len,
+                "partial block read of {n} at {offset}"
             );
         }
     }
@@ -610,9 +731,45 @@ mod tests {
         assert!(counter(&stats.window_bytes) > bs, "the window grew");
         assert_eq!(counter(&stats.streams), 1);
         drop(engine);
-        assert_eq!(counter(&stats.backing_read_bytes), source.data.len() as u64);
-        assert_eq!(counter(&stats.backing_reads), 64);
+        let reads = lock(&source.reads).clone();
+        assert_eq!(counter(&stats.backing_read_bytes), source.data.len() as u64, "{reads:?}");
+        assert!(counter(&stats.backing_reads) <= 64);
         assert_whole_blocks(&source, bs);
+        // Each block was read exactly once: sorted, the reads tile the source.
+        let mut reads = lock(&source.reads).clone();
+        reads.sort();
+        let mut next = 0;
+        for (offset, n) in reads {
+            assert_eq!(offset, next, "a gap or an overlap before {offset}");
+            next += n as u64;
+        }
+    }
+
+    #[test]
+    fn prefetch_coalesces_neighbouring_blocks_into_chunk_reads_on_several_lanes() {
+        let bs = 64 << 10;
+        let chunk_blocks = PREFETCH_CHUNK_BYTES / bs;
+        let source = fake((4 * PREFETCH_CHUNK_BYTES) as usize, Duration::from_millis(1));
+        let mut readahead = ReadaheadConfig::new(bs, 1 << 30);
+        readahead.max_window_blocks = 3 * chunk_blocks;
+        let stats = Arc::new(Stats::default());
+        let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4 };
+        let engine = Engine::with_readahead(config, readahead, Arc::clone(&stats));
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        let mut offset = 0;
+        while offset < source.data.len() as u64 {
+            let got = engine.read(id, offset, 1 << 20).unwrap();
+            assert_eq!(got, &source.data[offset as usize..][..got.len()]);
+            offset += got.len() as u64;
+            // A paced reader (as a consumer that computes between reads), so the lanes get ahead.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(engine);
+        assert_whole_blocks(&source, bs);
+        let reads = lock(&source.reads).clone();
+        let big = reads.iter().filter(|&&(_, n)| n as u64 >= PREFETCH_CHUNK_BYTES / 2).count();
+        assert!(big >= 2, "prefetch read big runs: {reads:?} {stats:?}");
+        assert!(counter(&stats.backing_reads) < 4 * chunk_blocks / 4, "{reads:?}");
     }
 
     #[test]

@@ -209,38 +209,49 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` of file `ino`; short only at end of file.
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        self.read_with(ino, fh, offset, size, <[u8]>::to_vec)
+    }
+
+    /// Like [`Fs::read`], but hands the bytes to `reply` instead of returning a copy: a raw tensor
+    /// range inside one cached block reaches `reply` without any copy in between.
+    pub fn read_with<R>(&self, ino: Ino, fh: u64, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::File { content, size: file_size } = &node.kind else { return Err(FsError::IsDir) };
+        let mut sent = 0;
+        let counted = |data: &[u8]| {
+            sent = data.len();
+            reply(data)
+        };
         let result = match content {
-            Content::Tensor(i) => self.read_tensor(*i, offset, size),
-            Content::Npy { tensor, header } => self.read_with_prefix(header, *tensor, offset, size),
-            Content::F32(i) => self.read_converted(*i, offset, size),
-            Content::Bytes(bytes) => Ok(slice_at(bytes, offset, size).to_vec()),
+            Content::Tensor(i) => self.read_tensor(*i, offset, size, counted),
+            Content::Npy { tensor, header } => self.read_with_prefix(header, *tensor, offset, size).map(|v| counted(&v)),
+            Content::F32(i) => self.read_converted(*i, offset, size).map(|v| counted(&v)),
+            Content::Bytes(bytes) => Ok(counted(slice_at(bytes, offset, size))),
             Content::Stats => {
                 let snapshot = self.lock_snapshots().get(&fh).cloned().ok_or(FsError::BadHandle)?;
-                Ok(slice_at(&snapshot, offset, size).to_vec())
+                Ok(counted(slice_at(&snapshot, offset, size)))
             }
         };
         let stats = self.stats();
         match &result {
-            Ok(data) => {
+            Ok(_) => {
                 Stats::add(&stats.fuse_reads, 1);
-                Stats::add(&stats.fuse_read_bytes, data.len() as u64);
-                debug_assert!(matches!(content, Content::Stats) || data.len() as u64 <= *file_size);
+                Stats::add(&stats.fuse_read_bytes, sent as u64);
+                debug_assert!(matches!(content, Content::Stats) || sent as u64 <= *file_size);
             }
             Err(_) => Stats::add(&stats.read_errors, 1),
         }
         result
     }
 
-    /// Bytes `[offset, offset+size)` of tensor `i`, clipped to its length.
-    fn read_tensor(&self, i: usize, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+    /// Bytes `[offset, offset+size)` of tensor `i`, clipped to its length, handed to `reply`.
+    fn read_tensor<R>(&self, i: usize, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
         let t = self.ns.tensors().get(i).ok_or(FsError::NotFound)?;
         if offset >= t.len {
-            return Ok(Vec::new());
+            return Ok(reply(&[]));
         }
         let n = (t.len - offset).min(u64::from(size)) as usize;
-        self.engine.read(t.source, t.start + offset, n).map_err(FsError::Read)
+        self.engine.read_with(t.source, t.start + offset, n, reply).map_err(FsError::Read)
     }
 
     /// Bytes `[offset, offset+size)` of tensor `i` converted to F32: the whole source elements that
@@ -274,7 +285,7 @@ impl Fs {
         let rest = size - out.len() as u32;
         if rest > 0 {
             let tensor_offset = offset.saturating_sub(prefix.len() as u64);
-            out.extend(self.read_tensor(i, tensor_offset, rest)?);
+            self.read_tensor(i, tensor_offset, rest, |bytes| out.extend_from_slice(bytes))?;
         }
         Ok(out)
     }

@@ -125,9 +125,15 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno("read", ino.0, &e)),
+        // The reply is written from inside the read, so bytes go from the cached block to the kernel.
+        let mut reply = Some(reply);
+        let sent = self.fs.read_with(ino.0, fh.0, offset, size, |data| {
+            if let Some(reply) = reply.take() {
+                reply.data(data);
+            }
+        });
+        if let (Err(e), Some(reply)) = (sent, reply) {
+            reply.error(errno("read", ino.0, &e));
         }
     }
 

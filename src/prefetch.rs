@@ -1,8 +1,8 @@
 //! Background prefetch plumbing: the bounded I/O thread pool and each stream's queue of blocks.
 //!
 //! The engine decides *what* to prefetch ([`crate::readahead`]) and *how* to load a block; this
-//! module only owns the threads, the bounded job queue, and the per-stream state that lets one job
-//! at a time load a stream's blocks in order on the stream's own descriptor.
+//! module only owns the threads, the bounded job queue, and the per-stream state that splits a
+//! stream's pending blocks into chunks handed to up to [`LANES`] jobs, each on its own descriptor.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -75,57 +75,131 @@ fn run_jobs<J>(receiver: &Mutex<Receiver<J>>, handler: &dyn Fn(J)) {
     }
 }
 
-/// The I/O side of one stream: its descriptor and the blocks it still has to prefetch.
-#[derive(Default)]
+/// Descriptors a stream may read through at once for its prefetch. Each lane is one descriptor
+/// reading whole chunks in increasing order, so every descriptor only moves forward and jumps at
+/// least a chunk at a time; together they go past one handle's bandwidth on a network store.
+pub(crate) const LANES: usize = 4;
+
+/// The I/O side of one stream: its descriptors and the blocks it still has to prefetch.
 pub(crate) struct StreamIo {
-    /// The stream's own descriptor, opened on first use.
+    /// The descriptor for this stream's on-demand loads (blocks the prefetch has not reached).
     pub(crate) descriptor: Mutex<Option<Box<dyn SourceStream>>>,
+    /// One descriptor per prefetch lane, each opened on first use and used by one job at a time.
+    pub(crate) lanes: [Mutex<Option<Box<dyn SourceStream>>>; LANES],
     pending: Mutex<Pending>,
     /// First block a prefetch was refused cache space for, plus one (0: none).
     refused_at: AtomicU64,
+    /// Blocks below this one the stream has left behind (and recycled): a lagging prefetch must
+    /// not load them again.
+    behind: AtomicU64,
 }
 
-/// Blocks `[next, end)` wait to be prefetched; `queued` says a job is queued or running for them.
+impl Default for StreamIo {
+    fn default() -> Self {
+        StreamIo {
+            descriptor: Mutex::new(None),
+            lanes: std::array::from_fn(|_| Mutex::new(None)),
+            pending: Mutex::new(Pending::default()),
+            refused_at: AtomicU64::new(0),
+            behind: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Blocks `[next, end)` wait to be prefetched; `busy` has one bit per lane with a job queued or
+/// running; `last` is the source's block count (a chunk cut short by it is still whole).
 #[derive(Default)]
 struct Pending {
     next: u64,
     end: u64,
-    queued: bool,
+    last: u64,
+    busy: u32,
+}
+
+impl Pending {
+    /// The blocks a lane may claim now: the rest of the chunk `next` is in, if the window covers
+    /// all of it (or it ends the source). A partial chunk only goes to a lone lane, which then
+    /// continues it on the same descriptor, so a small window never costs a jump per read.
+    fn claimable(&self, lane: usize, chunk_blocks: u64) -> Option<Range<u64>> {
+        if self.next >= self.end {
+            return None;
+        }
+        let chunk_end = (self.next / chunk_blocks + 1)
+            .saturating_mul(chunk_blocks)
+            .min(self.last.max(self.next + 1));
+        if self.end >= chunk_end {
+            Some(self.next..chunk_end)
+        } else if self.busy & !(1 << lane) == 0 {
+            Some(self.next..self.end)
+        } else {
+            None
+        }
+    }
+
+    /// Whole chunks waiting beyond the ones busy lanes are already loading.
+    fn wants_another_lane(&self, chunk_blocks: u64) -> bool {
+        let waiting = self.end.saturating_sub(self.next) / chunk_blocks;
+        let some_partial = self.busy == 0 && self.next < self.end;
+        (waiting > u64::from(self.busy.count_ones()) || some_partial)
+            && self.busy.count_ones() < LANES as u32
+    }
 }
 
 impl StreamIo {
-    /// Adds `blocks` to the pending prefetch. If no job is queued or running for this stream,
-    /// calls `submit` (under the stream's lock, so exactly one job exists); if that fails, the
-    /// pending blocks are dropped and false is returned.
-    pub(crate) fn add_pending(&self, blocks: Range<u64>, submit: impl FnOnce() -> bool) -> bool {
+    /// Adds `blocks` (of a source with `last` blocks) to the pending prefetch and starts jobs for
+    /// idle lanes while whole chunks of `chunk_blocks` wait: `submit(lane)` queues a job for that
+    /// lane (called under the stream's lock). Returns false if no job could be queued and none
+    /// runs (the pending blocks are then dropped).
+    pub(crate) fn add_pending(
+        &self,
+        blocks: Range<u64>,
+        last: u64,
+        chunk_blocks: u64,
+        mut submit: impl FnMut(usize) -> bool,
+    ) -> bool {
+        let chunk_blocks = chunk_blocks.max(1);
         let mut pending = lock(&self.pending);
+        pending.last = last;
         if pending.next >= pending.end {
             (pending.next, pending.end) = (blocks.start, blocks.end);
         } else {
             pending.next = pending.next.min(blocks.start);
             pending.end = pending.end.max(blocks.end);
         }
-        if pending.queued {
-            return true;
+        while pending.wants_another_lane(chunk_blocks) {
+            let lane = (!pending.busy).trailing_zeros() as usize;
+            pending.busy |= 1 << lane;
+            if !submit(lane) {
+                pending.busy &= !(1 << lane);
+                break;
+            }
         }
-        pending.queued = submit();
-        if !pending.queued {
+        if pending.busy == 0 {
             pending.next = pending.end;
+            return false;
         }
-        pending.queued
+        true
     }
 
-    /// The next block for this stream's job, or `None` when it should end (nothing pending, or
-    /// `stop`); ending clears the job's claim so the next [`StreamIo::add_pending`] submits anew.
-    pub(crate) fn next_block(&self, stop: bool) -> Option<u64> {
+    /// The next run of blocks for the job of `lane`, or `None` when it should end (nothing it may
+    /// claim, or `stop`); ending frees the lane so a later [`StreamIo::add_pending`] can use it.
+    pub(crate) fn next_chunk(&self, lane: usize, chunk_blocks: u64, stop: bool) -> Option<Range<u64>> {
         let mut pending = lock(&self.pending);
-        if pending.next >= pending.end || stop {
-            pending.next = pending.end;
-            pending.queued = false;
-            return None;
+        pending.next = pending.next.max(self.behind.load(Relaxed));
+        let claim = if stop { None } else { pending.claimable(lane, chunk_blocks.max(1)) };
+        match claim {
+            Some(run) => {
+                pending.next = run.end;
+                Some(run)
+            }
+            None => {
+                pending.busy &= !(1 << lane);
+                if stop {
+                    pending.next = pending.end;
+                }
+                None
+            }
         }
-        pending.next += 1;
-        Some(pending.next - 1)
     }
 
     /// Drops the pending blocks because `block` found no room, and remembers it for the next read.
@@ -136,6 +210,16 @@ impl StreamIo {
         let _ = self.refused_at.fetch_update(Relaxed, Relaxed, |old| {
             (old == 0 || mark < old).then_some(mark)
         });
+    }
+
+    /// Records that the stream has left every block below `block` behind.
+    pub(crate) fn left_behind(&self, block: u64) {
+        self.behind.fetch_max(block, Relaxed);
+    }
+
+    /// Whether the stream has left `block` behind (prefetching it would be wasted).
+    pub(crate) fn is_behind(&self, block: u64) -> bool {
+        block < self.behind.load(Relaxed)
     }
 
     /// The first refused block since the last call, if any.
@@ -170,34 +254,48 @@ mod tests {
     }
 
     #[test]
-    fn one_job_per_stream_walks_its_blocks_in_order() {
+    fn lanes_claim_whole_chunks_in_order() {
         let io = StreamIo::default();
-        let mut submitted = 0;
-        assert!(io.add_pending(3..5, || {
-            submitted += 1;
+        let mut lanes = Vec::new();
+        // 3 whole chunks of 4 blocks and a partial one: three lanes start.
+        assert!(io.add_pending(0..14, 100, 4, |lane| {
+            lanes.push(lane);
             true
         }));
-        assert!(io.add_pending(5..7, || unreachable!("a job is already queued")));
-        let walked: Vec<u64> = std::iter::from_fn(|| io.next_block(false)).collect();
-        assert_eq!((walked, submitted), (vec![3, 4, 5, 6], 1));
+        assert_eq!(lanes, vec![0, 1, 2]);
+        assert_eq!(io.next_chunk(0, 4, false), Some(0..4));
+        assert_eq!(io.next_chunk(1, 4, false), Some(4..8));
+        assert_eq!(io.next_chunk(2, 4, false), Some(8..12));
+        // 12..14 is a partial chunk and other lanes are busy: lane 2 waits for the window.
+        assert_eq!(io.next_chunk(2, 4, false), None);
+        assert_eq!(io.next_chunk(1, 4, false), None);
+        // The lone remaining lane may take the partial chunk, then continues it as it grows.
+        assert_eq!(io.next_chunk(0, 4, false), Some(12..14));
+        assert!(io.add_pending(14..15, 100, 4, |_| unreachable!("lane 0 still runs")));
+        assert_eq!(io.next_chunk(0, 4, false), Some(14..15));
+        assert_eq!(io.next_chunk(0, 4, false), None);
+        // The end of the source closes a chunk early, so it counts as whole.
+        assert!(io.add_pending(97..100, 100, 8, |lane| lane == 0));
+        assert_eq!(io.next_chunk(0, 8, false), Some(97..100));
+        assert_eq!(io.next_chunk(0, 8, false), None);
         assert!(
-            !io.add_pending(7..8, || false),
+            !io.add_pending(100..101, 101, 4, |_| false),
             "a full queue drops the blocks"
         );
-        assert_eq!(io.next_block(false), None);
+        assert_eq!(io.next_chunk(0, 4, false), None);
     }
 
     #[test]
     fn refusal_drops_pending_blocks_and_is_reported_once() {
         let io = StreamIo::default();
-        io.add_pending(0..4, || true);
-        assert_eq!(io.next_block(false), Some(0));
+        io.add_pending(0..4, 10, 1, |_| true);
+        assert_eq!(io.next_chunk(0, 1, false), Some(0..1));
         io.refuse(1);
         io.refuse(3);
-        assert_eq!(io.next_block(false), None);
+        assert_eq!(io.next_chunk(0, 1, false), None);
         assert_eq!(io.take_refusal(), Some(1));
         assert_eq!(io.take_refusal(), None);
-        io.add_pending(0..4, || true);
-        assert_eq!(io.next_block(true), None, "stop ends the job");
+        io.add_pending(0..4, 10, 1, |_| true);
+        assert_eq!(io.next_chunk(0, 1, true), None, "stop ends the job");
     }
 }

@@ -38,6 +38,12 @@ pub const BACK_SLACK: u64 = 1 << 20;
 /// and hf-mount's forward tolerance.
 pub const FORWARD_SLACK: u64 = 16 << 20;
 
+/// How close to an *unconfirmed* stream's cursor a read must start to confirm it: a new sequential
+/// reader's next request starts right where its first ended (or within the kernel's read-around),
+/// while a random reader's next read only lands this close by chance, so random readers rarely
+/// trigger readahead even though a confirmed stream tolerates the full slacks.
+pub const CONFIRM_SLACK: u64 = 256 << 10;
+
 /// Window of a freshly confirmed stream: one block, so a reader that touches just two adjacent
 /// spots wastes at most one block.
 pub const INITIAL_WINDOW_BLOCKS: u64 = 1;
@@ -60,6 +66,9 @@ pub struct ReadaheadConfig {
     pub back_slack: u64,
     /// Bytes after a cursor that a read may start at and still continue the stream.
     pub forward_slack: u64,
+    /// Bytes either side of an unconfirmed stream's cursor that a read may start at to confirm it
+    /// (capped by the two slacks above).
+    pub confirm_slack: u64,
 }
 
 impl ReadaheadConfig {
@@ -75,6 +84,7 @@ impl ReadaheadConfig {
             max_streams: MAX_STREAMS,
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
+            confirm_slack: CONFIRM_SLACK,
         }
     }
 }
@@ -90,10 +100,18 @@ pub struct Decision<T> {
     pub prefetch: Range<u64>,
     /// The payload of a stream this read's new stream replaced.
     pub evicted: Option<T>,
+    /// Blocks this stream read from their first byte and has now left more than the backward
+    /// slack behind: it will not come back for them, so their memory may be reused (drop-behind).
+    /// A block the stream started in the middle of is never included: its head belongs to whatever
+    /// comes before (often another tensor, read by another process).
+    pub consumed: Range<u64>,
 }
 
 struct Stream<T> {
     cursor: u64,
+    /// Blocks before this one were either not read whole by this stream or already reported
+    /// consumed.
+    consumed_until: u64,
     confirmed: bool,
     window_blocks: u64,
     next_prefetch: u64,
@@ -130,6 +148,7 @@ impl<T: Default> StreamTable<T> {
         let Some(index) = self.matching_stream(offset) else {
             let stream = Stream {
                 cursor: end,
+                consumed_until: offset.div_ceil(bs),
                 confirmed: false,
                 window_blocks: 0,
                 next_prefetch: last_block + 1,
@@ -142,6 +161,7 @@ impl<T: Default> StreamTable<T> {
                 sequential: false,
                 prefetch: 0..0,
                 evicted,
+                consumed: 0..0,
             };
         };
         let max_window = self.config.max_window_blocks;
@@ -167,11 +187,19 @@ impl<T: Default> StreamTable<T> {
             0..0
         };
         stream.next_prefetch = stream.next_prefetch.max(prefetch.end);
+        let left_behind = stream.cursor.saturating_sub(self.config.back_slack) / bs;
+        let consumed = if stream.consumed_until < left_behind {
+            stream.consumed_until..left_behind
+        } else {
+            0..0
+        };
+        stream.consumed_until = stream.consumed_until.max(left_behind);
         Decision {
             stream: index,
             sequential: true,
             prefetch,
             evicted: None,
+            consumed,
         }
     }
 
@@ -210,10 +238,16 @@ impl<T: Default> StreamTable<T> {
 
     fn matching_stream(&self, offset: u64) -> Option<usize> {
         let (back, forward) = (self.config.back_slack, self.config.forward_slack);
+        let confirm = self.config.confirm_slack;
         self.streams
             .iter()
             .enumerate()
             .filter(|(_, s)| {
+                let (back, forward) = if s.confirmed {
+                    (back, forward)
+                } else {
+                    (back.min(confirm), forward.min(confirm))
+                };
                 offset.saturating_add(back) >= s.cursor
                     && offset <= s.cursor.saturating_add(forward)
             })
@@ -247,6 +281,7 @@ mod tests {
             max_streams,
             back_slack: 300,
             forward_slack: 2 * BS,
+            confirm_slack: BS,
         })
     }
 
@@ -333,6 +368,37 @@ mod tests {
         for (label, reads, expected) in cases {
             assert_eq!(&run(&mut table(8, 4), reads), expected, "{label}");
         }
+    }
+
+    #[test]
+    fn blocks_left_behind_are_reported_once_and_never_the_first_partial_one() {
+        let mut t = table(8, 4);
+        let mut consumed = Vec::new();
+        // Starts at 500 (block 0 is partial), back slack 300.
+        for offset in (500..5000).step_by(250) {
+            let d = t.on_read(offset, 250, 100 * BS);
+            consumed.extend(d.consumed);
+        }
+        // Cursor 5000, minus slack 300: blocks up to 3 are behind; block 0 was not read whole.
+        assert_eq!(consumed, vec![1, 2, 3]);
+        let mut aligned = table(8, 4);
+        aligned.on_read(0, 1000, 100 * BS);
+        let d = aligned.on_read(1000, 1000, 100 * BS);
+        assert_eq!(d.consumed, 0..1, "a block read from its first byte is consumed");
+    }
+
+    #[test]
+    fn only_a_read_close_to_a_new_stream_confirms_it() {
+        let mut t = table(8, 4);
+        t.on_read(10_000, 100, 100 * BS);
+        // 1,900 past the cursor: inside the forward slack, outside the confirm slack.
+        let d = t.on_read(12_000, 100, 100 * BS);
+        assert!(!d.sequential && d.prefetch.is_empty(), "{d:?}");
+        assert_eq!(t.len(), 2);
+        let d = t.on_read(12_500, 100, 100 * BS);
+        assert!(d.sequential, "400 past the cursor confirms");
+        // Once confirmed, the whole forward slack applies.
+        assert!(t.on_read(14_500, 100, 100 * BS).sequential);
     }
 
     #[test]
