@@ -208,6 +208,20 @@ impl Engine {
         len: usize,
         consume: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ReadError> {
+        self.read_in(source, u64::MAX, offset, len, consume)
+    }
+
+    /// [`Engine::read_with`] for a read of a file that ends at `extent_end` within the source (a
+    /// tensor): readahead stops there until the reader goes on into the next file, so reading one
+    /// tensor transfers no more than the blocks it overlaps.
+    pub fn read_in<R>(
+        &self,
+        source: SourceId,
+        extent_end: u64,
+        offset: u64,
+        len: usize,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ReadError> {
         let entry = self.entry(source).ok_or_else(|| ReadError {
             source_name: format!("source #{source}"),
             offset,
@@ -217,7 +231,7 @@ impl Engine {
         if offset >= end {
             return Ok(consume(&[]));
         }
-        let stream = self.plan_readahead(&entry, offset, end);
+        let stream = self.plan_readahead(&entry, offset, end, extent_end.min(entry.len));
         let bs = self.shared.config.block_size;
         let (first, last) = (offset / bs, (end - 1) / bs);
         let slice = |data: &BlockData, block: u64| {
@@ -284,11 +298,12 @@ impl Engine {
         entry: &Arc<SourceEntry>,
         offset: u64,
         end: u64,
+        extent_end: u64,
     ) -> Option<Arc<StreamIo>> {
         let stats = &self.shared.stats;
         let mut table = lock(&entry.streams);
         let before = (table.len() as u64, table.window_bytes());
-        let decision = table.on_read(offset, end - offset, entry.len);
+        let decision = table.on_read(offset, end - offset, entry.len, extent_end);
         if let Some(evicted) = decision.evicted {
             // If its prefetch still runs, a lane's descriptor closes when that job ends instead.
             for descriptor in std::iter::once(&evicted.descriptor).chain(&evicted.lanes) {

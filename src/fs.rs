@@ -251,7 +251,7 @@ impl Fs {
             return Ok(reply(&[]));
         }
         let n = (t.len - offset).min(u64::from(size)) as usize;
-        self.engine.read_with(t.source, t.start + offset, n, reply).map_err(FsError::Read)
+        self.engine.read_in(t.source, t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
     }
 
     /// Bytes `[offset, offset+size)` of tensor `i` converted to F32: the whole source elements that
@@ -267,7 +267,10 @@ impl Fs {
         let (first, count) = crate::convert::source_range_for(t.dtype, offset, size);
         let count = count.min(elements.saturating_sub(first));
         let (byte_start, byte_len) = crate::convert::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
-        let src = self.engine.read(t.source, t.start + byte_start, byte_len as usize).map_err(FsError::Read)?;
+        let src = self
+            .engine
+            .read_in(t.source, t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
+            .map_err(FsError::Read)?;
         let mut out = Vec::with_capacity(count as usize * 4);
         // The dtype was checked convertible when the namespace was built.
         if crate::convert::convert_to_f32(t.dtype, &src, &mut out).is_err() {

@@ -109,6 +109,12 @@ pub struct Decision<T> {
 
 struct Stream<T> {
     cursor: u64,
+    /// End of the extent (the file, in source offsets) the stream is reading now.
+    extent_end: u64,
+    /// Whether the stream has gone on from one extent into another: a loader reading files in
+    /// source order. Until then prefetch stops at the extent's end, so reading one tensor costs
+    /// that tensor and nothing past it.
+    crossed: bool,
     /// Blocks before this one were either not read whole by this stream or already reported
     /// consumed.
     consumed_until: u64,
@@ -140,7 +146,10 @@ impl<T: Default> StreamTable<T> {
 
     /// Classifies a read of `[offset, offset + len)` of a source of `source_len` bytes and says
     /// which blocks to prefetch. `len` must be at least 1 and the range inside the source.
-    pub fn on_read(&mut self, offset: u64, len: u64, source_len: u64) -> Decision<T> {
+    /// `extent_end` is where the file being read ends in the source (`source_len` when the read
+    /// is not of a file within it): prefetch does not pass it until the stream has crossed from
+    /// one file into the next.
+    pub fn on_read(&mut self, offset: u64, len: u64, source_len: u64, extent_end: u64) -> Decision<T> {
         self.clock += 1;
         let bs = self.config.block_size;
         let end = offset.saturating_add(len.max(1));
@@ -148,6 +157,8 @@ impl<T: Default> StreamTable<T> {
         let Some(index) = self.matching_stream(offset) else {
             let stream = Stream {
                 cursor: end,
+                extent_end,
+                crossed: false,
                 consumed_until: offset.div_ceil(bs),
                 confirmed: false,
                 window_blocks: 0,
@@ -174,8 +185,17 @@ impl<T: Default> StreamTable<T> {
         } else if entered_new_block && max_window > 0 {
             stream.window_blocks = stream.window_blocks.saturating_mul(2).clamp(1, max_window);
         }
+        if extent_end != stream.extent_end {
+            // Crossing means reading a file to its end and going straight on into the next one;
+            // a jump to another file within the slack is just a read of that file.
+            // (Within the back slack of the end: the last reads of a file may still be in flight.)
+            let finished = stream.cursor.saturating_add(self.config.back_slack) >= stream.extent_end;
+            stream.crossed |= finished && offset <= stream.extent_end.saturating_add(bs);
+            stream.extent_end = extent_end;
+        }
         stream.cursor = stream.cursor.max(end);
-        let block_count = source_len.div_ceil(bs);
+        let limit = if stream.crossed { source_len } else { extent_end.min(source_len) };
+        let block_count = limit.div_ceil(bs);
         let cursor_block = (stream.cursor - 1) / bs;
         let target_end = cursor_block
             .saturating_add(1 + stream.window_blocks)
@@ -296,7 +316,7 @@ mod tests {
         reads
             .iter()
             .map(|&(offset, len)| {
-                let d = table.on_read(offset, len, 100 * BS);
+                let d = table.on_read(offset, len, 100 * BS, 100 * BS);
                 (d.stream, d.sequential, d.prefetch)
             })
             .collect()
@@ -376,29 +396,29 @@ mod tests {
         let mut consumed = Vec::new();
         // Starts at 500 (block 0 is partial), back slack 300.
         for offset in (500..5000).step_by(250) {
-            let d = t.on_read(offset, 250, 100 * BS);
+            let d = t.on_read(offset, 250, 100 * BS, 100 * BS);
             consumed.extend(d.consumed);
         }
         // Cursor 5000, minus slack 300: blocks up to 3 are behind; block 0 was not read whole.
         assert_eq!(consumed, vec![1, 2, 3]);
         let mut aligned = table(8, 4);
-        aligned.on_read(0, 1000, 100 * BS);
-        let d = aligned.on_read(1000, 1000, 100 * BS);
+        aligned.on_read(0, 1000, 100 * BS, 100 * BS);
+        let d = aligned.on_read(1000, 1000, 100 * BS, 100 * BS);
         assert_eq!(d.consumed, 0..1, "a block read from its first byte is consumed");
     }
 
     #[test]
     fn only_a_read_close_to_a_new_stream_confirms_it() {
         let mut t = table(8, 4);
-        t.on_read(10_000, 100, 100 * BS);
+        t.on_read(10_000, 100, 100 * BS, 100 * BS);
         // 1,900 past the cursor: inside the forward slack, outside the confirm slack.
-        let d = t.on_read(12_000, 100, 100 * BS);
+        let d = t.on_read(12_000, 100, 100 * BS, 100 * BS);
         assert!(!d.sequential && d.prefetch.is_empty(), "{d:?}");
         assert_eq!(t.len(), 2);
-        let d = t.on_read(12_500, 100, 100 * BS);
+        let d = t.on_read(12_500, 100, 100 * BS, 100 * BS);
         assert!(d.sequential, "400 past the cursor confirms");
         // Once confirmed, the whole forward slack applies.
-        assert!(t.on_read(14_500, 100, 100 * BS).sequential);
+        assert!(t.on_read(14_500, 100, 100 * BS, 100 * BS).sequential);
     }
 
     #[test]
@@ -421,14 +441,14 @@ mod tests {
     #[test]
     fn least_recently_used_stream_is_replaced() {
         let mut t = table(8, 2);
-        t.on_read(0, 10, 100 * BS);
-        t.on_read(20_000, 10, 100 * BS);
-        t.on_read(20_010, 10, 100 * BS);
-        let d = t.on_read(60_000, 10, 100 * BS);
+        t.on_read(0, 10, 100 * BS, 100 * BS);
+        t.on_read(20_000, 10, 100 * BS, 100 * BS);
+        t.on_read(20_010, 10, 100 * BS, 100 * BS);
+        let d = t.on_read(60_000, 10, 100 * BS, 100 * BS);
         assert_eq!((d.stream, d.evicted), (0, Some(0)));
         assert_eq!(t.len(), 2);
         // The surviving stream is still there and continues.
-        assert!(t.on_read(20_020, 10, 100 * BS).sequential);
+        assert!(t.on_read(20_020, 10, 100 * BS, 100 * BS).sequential);
     }
 
     #[test]
@@ -438,7 +458,26 @@ mod tests {
         assert_eq!(got[3].2, 4..7);
         t.prefetch_refused(0, 4);
         assert_eq!(t.window_bytes(), 2 * BS);
-        let d = t.on_read(2500, 100, 100 * BS);
+        let d = t.on_read(2500, 100, 100 * BS, 100 * BS);
         assert_eq!(d.prefetch, 4..5, "refused blocks are asked for again");
+    }
+
+    #[test]
+    fn prefetch_stops_at_the_file_end_until_the_reader_crosses_into_the_next() {
+        let mut t = table(8, 4);
+        let file_end = 10 * BS + 100;
+        t.on_read(0, BS, 100 * BS, file_end);
+        for k in 1..10 {
+            let d = t.on_read(k * BS, BS, 100 * BS, file_end);
+            assert!(d.prefetch.end <= 11, "read {k}: prefetch {:?} runs past the file's last block", d.prefetch);
+        }
+        // The reader goes on into the next file: the window runs past file ends from now on.
+        let next_end = 40 * BS;
+        let d = t.on_read(file_end, BS, 100 * BS, next_end);
+        assert!(d.sequential);
+        let d = t.on_read(file_end + BS, BS, 100 * BS, next_end);
+        let d2 = t.on_read(file_end + 2 * BS, BS, 100 * BS, 60 * BS);
+        assert!(d.prefetch.end.max(d2.prefetch.end) > 11);
+        assert!(d2.prefetch.end <= 100);
     }
 }

@@ -101,7 +101,6 @@ fn every_tensor_is_byte_exact_and_inspect_works() {
 }
 
 #[test]
-#[ignore = "fails today: the engine's readahead runs past the tensor's end (see docs/remote.md, Transfer bound)"]
 fn one_tensor_transfers_at_most_itself_plus_two_blocks() {
     let nginx = nginx_or_skip!();
     let mut tensors = fixture();
