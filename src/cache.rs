@@ -337,11 +337,18 @@ impl BlockCache {
         Prefetch::Load(self.start_load(inner, key, len, true, buffer))
     }
 
-    /// Drop-behind: a sequential reader has moved past block `key`, so unless someone else still
-    /// holds its bytes, its allocation becomes a spare for the next load (its bytes stay counted).
-    /// Returns whether it did. A later read of the block simply loads it again.
+    /// Drop-behind: a sequential reader has moved past block `key`. While the cache has room, the
+    /// block only becomes the first to be evicted (another reader, or the neighbouring tensor that
+    /// shares it, may still want it, and storage should see each byte once). Once the cache is
+    /// three-quarters full, unless someone else still holds its bytes, its allocation becomes a
+    /// spare for the next load (its bytes stay counted), which saves faulting in fresh memory.
+    /// Returns whether it was turned into a spare.
     pub fn recycle(&self, key: BlockKey) -> bool {
         let mut inner = self.lock_inner();
+        if inner.used < self.capacity / 4 * 3 {
+            inner.ready.demote(&key);
+            return false;
+        }
         let spare_room = inner.spares.len() < MAX_SPARES;
         let unshared = inner
             .ready

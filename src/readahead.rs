@@ -181,7 +181,11 @@ impl<T: Default> StreamTable<T> {
         let entered_new_block = last_block > (stream.cursor - 1) / bs;
         if !stream.confirmed {
             stream.confirmed = true;
-            stream.window_blocks = INITIAL_WINDOW_BLOCKS.min(max_window);
+            // A reader going sequentially through a file (a tensor) almost always reads it to the
+            // end: open the window over the rest of it at once, instead of ramping up, so a load of
+            // tensors in any order streams each one (within the usual cap).
+            let rest_of_file = if extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
+            stream.window_blocks = rest_of_file.max(INITIAL_WINDOW_BLOCKS).min(max_window);
         } else if entered_new_block && max_window > 0 {
             stream.window_blocks = stream.window_blocks.saturating_mul(2).clamp(1, max_window);
         }
