@@ -99,7 +99,8 @@ pub struct MountArgs {
     /// Most bytes the block cache may hold (readahead included) [default: 512M].
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub cache_size: Option<u64>,
-    /// Size of every backing read, aligned to the backing file [default: 8M].
+    /// Cache and alignment unit: every backing read covers whole blocks of this size, aligned to the
+    /// backing file (sequential readers get reads of many blocks at once) [default: 256K].
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub block_size: Option<u64>,
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
@@ -111,7 +112,7 @@ pub struct MountArgs {
     /// Threads answering FUSE requests [default: 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
-    /// Background threads doing readahead [default: 4].
+    /// Background threads doing readahead [default: 8].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub io_threads: Option<u32>,
     /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
