@@ -248,7 +248,15 @@ impl Engine {
             let (from, to) = slice(&data, first)?;
             return Ok(consume(&data[from..to]));
         }
-        let blocks = self.demand_blocks(&entry, first, last, stream.as_deref())?;
+        let blocks = match stream.as_deref() {
+            // A sequential stream's prefetch lanes are loading what follows in parallel: take the
+            // blocks one by one, so this thread claims only what it must.
+            Some(sequential) => (first..=last)
+                .map(|block| self.demand_block(&entry, block, Some(sequential)))
+                .collect::<Result<Vec<_>, _>>()?,
+            // Nobody else will fetch these: one backing read for each run of cold blocks.
+            None => self.demand_blocks(&entry, first, last, None)?,
+        };
         JOIN_BUFFER.with(|cell| {
             // A reentrant call (none today) gets its own buffer rather than a borrow panic.
             let mut own = Vec::new();
