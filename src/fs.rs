@@ -218,8 +218,13 @@ impl Fs {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::File { content, size: file_size } = &node.kind else { return Err(FsError::IsDir) };
         let mut sent = 0;
+        let stats = self.stats();
+        // Counted before the reply goes out, so a reader that looks at stats.json right after its
+        // read returned sees that read.
         let counted = |data: &[u8]| {
             sent = data.len();
+            Stats::add(&stats.fuse_reads, 1);
+            Stats::add(&stats.fuse_read_bytes, data.len() as u64);
             reply(data)
         };
         let result = match content {
@@ -232,13 +237,8 @@ impl Fs {
                 Ok(counted(slice_at(&snapshot, offset, size)))
             }
         };
-        let stats = self.stats();
         match &result {
-            Ok(_) => {
-                Stats::add(&stats.fuse_reads, 1);
-                Stats::add(&stats.fuse_read_bytes, sent as u64);
-                debug_assert!(matches!(content, Content::Stats) || sent as u64 <= *file_size);
-            }
+            Ok(_) => debug_assert!(matches!(content, Content::Stats) || sent as u64 <= *file_size),
             Err(_) => Stats::add(&stats.read_errors, 1),
         }
         result
