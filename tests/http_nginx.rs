@@ -2,11 +2,15 @@
 //! throwaway CA), checking byte-exact ranged reads, the version pin and TLS through the system store.
 //! Skips with a message when nginx (or openssl, for the HTTPS half) is not installed.
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "common/nginx.rs"]
+mod nginx;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use nginx::{find_program, Nginx};
 use stfs::http::{HttpOptions, HttpSource, ProxySetting, RetryPolicy};
 use stfs::source::Source;
 
@@ -21,40 +25,6 @@ fn pattern(len: usize) -> Vec<u8> {
             state as u8
         })
         .collect()
-}
-
-fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/sbin".into()])
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The nginx child process; killed when the test ends, pass or fail.
-struct Nginx(Child);
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nginx did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Makes a CA and a leaf certificate for 127.0.0.1 signed by it; returns false if openssl fails.
@@ -168,45 +138,16 @@ fn check_byte_exact(source: &Arc<HttpSource>, data: &Arc<Vec<u8>>) {
 
 #[test]
 fn nginx_serves_byte_exact_ranges_over_http_and_https() {
-    let Some(nginx) = find_program("nginx") else {
-        println!("skipping: nginx is not installed (apt-get install nginx-light)");
+    let certs = tempfile::tempdir().unwrap();
+    let tls = find_program("openssl").is_some() && make_certificates(certs.path());
+    let (cert, key) = (certs.path().join("leaf.pem"), certs.path().join("leaf.key"));
+    let Some(nginx) = Nginx::start_with_tls(tls.then_some((cert.as_path(), key.as_path()))) else {
+        println!("skipping: nginx is not installed (apt-get install nginx)");
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let www = dir.path().join("www");
-    std::fs::create_dir(&www).unwrap();
     let data = Arc::new(pattern((7 << 20) + 12_345));
-    std::fs::write(www.join("model.safetensors"), data.as_slice()).unwrap();
-    let tls = find_program("openssl").is_some() && make_certificates(dir.path());
-    let (http_port, https_port) = (free_port(), free_port());
-    let d = dir.path().display();
-    let tls_server = if tls {
-        format!(
-            "server {{ listen 127.0.0.1:{https_port} ssl; ssl_certificate {d}/leaf.pem; \
-             ssl_certificate_key {d}/leaf.key; root {d}/www; }}"
-        )
-    } else {
-        String::new()
-    };
-    let config = format!(
-        "daemon off; master_process off; pid {d}/nginx.pid; error_log {d}/error.log warn;
-         events {{ worker_connections 64; }}
-         http {{ access_log off; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;
-                fastcgi_temp_path {d}/fastcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
-                server {{ listen 127.0.0.1:{http_port}; root {d}/www; }}
-                {tls_server} }}"
-    );
-    std::fs::write(dir.path().join("nginx.conf"), config).unwrap();
-    let child = Command::new(nginx)
-        .args(["-e", "stderr", "-p"])
-        .arg(dir.path())
-        .arg("-c")
-        .arg(dir.path().join("nginx.conf"))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start nginx");
-    let _nginx = Nginx(child);
-    wait_for_port(http_port);
+    std::fs::write(nginx.root.join("model.safetensors"), data.as_slice()).unwrap();
+    let http_port = nginx.port;
 
     let url = format!("http://127.0.0.1:{http_port}/model.safetensors");
     let source = Arc::new(HttpSource::open(&url, options()).unwrap());
@@ -218,11 +159,10 @@ fn nginx_serves_byte_exact_ranges_over_http_and_https() {
     );
     check_byte_exact(&source, &data);
 
-    if tls {
-        wait_for_port(https_port);
+    if let Some(https_port) = nginx.https_port {
         // The system store is read through rustls-native-certs, which honours SSL_CERT_FILE. This is the
         // only test in this binary, so no other thread reads the environment meanwhile.
-        std::env::set_var("SSL_CERT_FILE", dir.path().join("ca.pem"));
+        std::env::set_var("SSL_CERT_FILE", certs.path().join("ca.pem"));
         let url = format!("https://127.0.0.1:{https_port}/model.safetensors");
         let secure = Arc::new(HttpSource::open(&url, options()).unwrap());
         assert_eq!(secure.etag(), source.etag());
@@ -232,7 +172,7 @@ fn nginx_serves_byte_exact_ranges_over_http_and_https() {
     }
 
     // Replace the file (new size, hence new ETag): the pinned source must refuse, not mix versions.
-    std::fs::write(www.join("model.safetensors"), pattern(1 << 20)).unwrap();
+    std::fs::write(nginx.root.join("model.safetensors"), pattern(1 << 20)).unwrap();
     let mut stream = source.open_stream().unwrap();
     let mut buf = vec![0; 4096];
     let error = stream.read_exact_at(&mut buf, 2 << 20).unwrap_err();

@@ -4,18 +4,26 @@
 //! sent (the transfer bound) and see which ranges were asked for. nginx writes each line when the
 //! request ends (no log buffer is configured), so the log is current once a response has been read.
 
+#![allow(dead_code)] // shared by several test binaries, each using part of it
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Where nginx is, if installed (it lives in /usr/sbin, often not on a user's PATH).
-pub fn find_nginx() -> Option<PathBuf> {
+/// Where a program is, if installed, looking in /usr/sbin and /sbin too (nginx lives there, often
+/// not on a user's PATH).
+pub fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])
-        .map(|dir| dir.join("nginx"))
+        .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+/// Where nginx is, if installed.
+pub fn find_nginx() -> Option<PathBuf> {
+    find_program("nginx")
 }
 
 /// A free loopback port (bound then released; nginx binds it right after).
@@ -43,6 +51,8 @@ pub struct Nginx {
     pub root: PathBuf,
     /// The port it listens on, on 127.0.0.1.
     pub port: u16,
+    /// The HTTPS port, when started with a certificate.
+    pub https_port: Option<u16>,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -50,6 +60,11 @@ pub struct Nginx {
 impl Nginx {
     /// Starts nginx serving a fresh empty directory; None when nginx is not installed.
     pub fn start() -> Option<Nginx> {
+        Nginx::start_with_tls(None)
+    }
+
+    /// [`Nginx::start`], also serving the directory over HTTPS with `(certificate, key)` (PEM files).
+    pub fn start_with_tls(tls: Option<(&Path, &Path)>) -> Option<Nginx> {
         let program = find_nginx()?;
         let dir = tempfile::Builder::new().prefix("stfs-nginx-").tempdir().unwrap();
         let d = dir.path().display();
@@ -57,6 +72,15 @@ impl Nginx {
         std::fs::create_dir(&root).unwrap();
         let log = dir.path().join("access.log");
         let port = free_port();
+        let https_port = tls.map(|_| free_port());
+        let tls_server = match (tls, https_port) {
+            (Some((cert, key)), Some(p)) => format!(
+                "server {{ listen 127.0.0.1:{p} ssl; ssl_certificate {}; ssl_certificate_key {}; root {d}/www; }}",
+                cert.display(),
+                key.display()
+            ),
+            _ => String::new(),
+        };
         // master_process off: one process to kill. open_file_cache stays off (the default), so a file
         // swapped on disk is served (with its new ETag) from the very next request.
         let config = format!(
@@ -67,7 +91,8 @@ impl Nginx {
                     client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;
                     uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
                     keepalive_requests 100000;
-                    server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}"
+                    server {{ listen 127.0.0.1:{port}; root {d}/www; }}
+                    {tls_server} }}"
         );
         std::fs::write(dir.path().join("nginx.conf"), config).unwrap();
         let child = Command::new(program)
@@ -78,11 +103,13 @@ impl Nginx {
             .stdout(Stdio::null())
             .spawn()
             .expect("start nginx");
-        let nginx = Nginx { child, root, port, log, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nginx did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(10));
+        let nginx = Nginx { child, root, port, https_port, log, _dir: dir };
+        for p in std::iter::once(port).chain(https_port) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(Instant::now() < deadline, "nginx did not listen on {p}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         Some(nginx)
     }
