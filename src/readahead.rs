@@ -183,8 +183,11 @@ impl<T: Default> StreamTable<T> {
             stream.confirmed = true;
             // A reader going sequentially through a file (a tensor) almost always reads it to the
             // end: open the window over the rest of it at once, instead of ramping up, so a load of
-            // tensors in any order streams each one (within the usual cap).
-            let rest_of_file = if extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
+            // tensors in any order streams each one (within the usual cap). Only for a read that
+            // continues the first one exactly, as a sequential reader's do: a random reader that
+            // happens to land a little after another's read gets the small window.
+            let exact = offset == stream.cursor;
+            let rest_of_file = if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
             stream.window_blocks = rest_of_file.max(INITIAL_WINDOW_BLOCKS).min(max_window);
         } else if entered_new_block && max_window > 0 {
             stream.window_blocks = stream.window_blocks.saturating_mul(2).clamp(1, max_window);
