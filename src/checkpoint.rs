@@ -56,13 +56,7 @@ impl std::error::Error for OpenError {}
 pub fn open_file(path: &Path) -> Result<OpenedShard, OpenError> {
     let name = path.display().to_string();
     let absolute = std::path::absolute(path).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
-    let file = LocalFile::open(&absolute).map_err(|e| {
-        // LocalFile's errors may already start with the path; the message names it once.
-        let text = describe_io(&e);
-        let prefix = format!("{}: ", absolute.display());
-        let text = text.strip_prefix(&prefix).map(|t| describe_io(&std::io::Error::other(t.to_string()))).unwrap_or(text);
-        OpenError::new(&name, text)
-    })?;
+    let file = LocalFile::open(&absolute).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
     let source: Arc<dyn Source> = Arc::new(file);
     open_source_named(source, &name)
 }

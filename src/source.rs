@@ -95,11 +95,11 @@ impl LocalFile {
     pub fn open(path: &Path) -> io::Result<LocalFile> {
         let name = path.to_string_lossy().into_owned();
         // stat before open: opening a FIFO read-only would block until a writer shows up.
-        let before = std::fs::metadata(path).map_err(|e| annotate(&name, e))?;
-        check_regular(&name, &before)?;
-        let file = File::open(path).map_err(|e| annotate(&name, e))?;
-        let meta = file.metadata().map_err(|e| annotate(&name, e))?;
-        check_regular(&name, &meta)?;
+        let before = std::fs::metadata(path)?;
+        check_regular(&before)?;
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        check_regular(&meta)?;
         Ok(LocalFile {
             path: path.to_path_buf(),
             name,
@@ -134,7 +134,7 @@ impl Source for LocalFile {
     }
 
     fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
-        let file = File::open(&self.path).map_err(|e| annotate(&self.name, e))?;
+        let file = File::open(&self.path)?;
         // The engine already reads whole blocks and prefetches on its own; kernel readahead on
         // top would read past what it asked for (on a network mount: bytes fetched twice or for
         // nothing). Advice only: failure changes nothing but speed.
@@ -204,7 +204,7 @@ impl LocalStream {
         let end = u64::try_from(len)
             .ok()
             .and_then(|len| offset.checked_add(len));
-        if end.map_or(true, |end| end > self.pinned.size) {
+        if end.is_none_or(|end| end > self.pinned.size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -294,11 +294,8 @@ fn changed(what: String) -> io::Error {
     io::Error::other(format!("backing file changed since mount ({what})"))
 }
 
-fn annotate(name: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{name}: {e}"))
-}
-
-fn check_regular(name: &str, meta: &Metadata) -> io::Result<()> {
+/// Refuses anything but a regular file (errors do not repeat the path: the caller names it).
+fn check_regular(meta: &Metadata) -> io::Result<()> {
     let kind = meta.file_type();
     if kind.is_file() {
         return Ok(());
@@ -310,7 +307,7 @@ fn check_regular(name: &str, meta: &Metadata) -> io::Result<()> {
     };
     Err(io::Error::new(
         io::ErrorKind::InvalidInput,
-        format!("{name}: {what}"),
+        what,
     ))
 }
 
