@@ -121,7 +121,6 @@ impl MountConfig {
             block_size,
             cache_size,
             io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize,
-            ..EngineConfig::default()
         };
         let as_f32 = match a.as_dtype.as_deref() {
             None => false,

@@ -222,7 +222,7 @@ impl SourceStream for HttpStream {
         let end = u64::try_from(buf.len())
             .ok()
             .and_then(|len| offset.checked_add(len));
-        if end.map_or(true, |end| end > self.pin.size) {
+        if end.is_none_or(|end| end > self.pin.size) {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(

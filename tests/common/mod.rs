@@ -186,6 +186,6 @@ pub fn daemon_pid(mp: &Path) -> Option<i32> {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.iter().any(|a| *a == want.as_bytes())).then_some(pid)
+        (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.contains(&want.as_bytes())).then_some(pid)
     })
 }
