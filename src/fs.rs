@@ -1,11 +1,9 @@
 //! Filesystem operations (lookup, getattr, open, read, readdir, xattrs, statfs) as plain functions
 //! returning plain results, independent of the fuser bindings so they can be tested without a mount.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -46,15 +44,9 @@ pub struct Attr {
     pub mtime: SystemTime,
     /// Preferred I/O size: the engine's block size.
     pub blksize: u32,
-}
-
-/// The reply to `open`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Opened {
-    /// The new file handle.
-    pub fh: u64,
-    /// Reply FOPEN_DIRECT_IO: only for files whose length is not known in advance (stats).
-    pub direct_io: bool,
+    /// The content is rendered anew at every lookup (stats.json), so the kernel must look the
+    /// name up again on every path walk instead of caching the entry.
+    pub renew_on_lookup: bool,
 }
 
 /// One directory entry returned by `readdir`.
@@ -94,8 +86,6 @@ pub enum FsError {
     IsDir,
     /// Any attempt to modify the read-only mount.
     ReadOnly,
-    /// A file handle that `open` never returned, or that was released.
-    BadHandle,
     /// The node has no such extended attribute.
     NoXattr,
     /// Extended attributes outside the `user.` namespace are not supported.
@@ -112,7 +102,6 @@ impl FsError {
             FsError::NotDir => libc::ENOTDIR,
             FsError::IsDir => libc::EISDIR,
             FsError::ReadOnly => libc::EROFS,
-            FsError::BadHandle => libc::EBADF,
             FsError::NoXattr => libc::ENODATA,
             FsError::XattrNamespace => libc::EOPNOTSUPP,
             // A changed or failing backing file can no longer be served correctly: EIO, never stale bytes.
@@ -128,7 +117,6 @@ impl fmt::Display for FsError {
             FsError::NotDir => f.write_str("not a directory"),
             FsError::IsDir => f.write_str("is a directory"),
             FsError::ReadOnly => f.write_str("read-only file system"),
-            FsError::BadHandle => f.write_str("bad file handle"),
             FsError::NoXattr => f.write_str("no such attribute"),
             FsError::XattrNamespace => f.write_str("attribute namespace not supported"),
             FsError::Read(e) => write!(f, "{e}"),
@@ -141,15 +129,16 @@ pub struct Fs {
     ns: Namespace,
     engine: Arc<Engine>,
     base: AttrBase,
-    next_fh: AtomicU64,
-    /// Per-handle snapshots of files rendered at open time (stats), so one read sequence is consistent.
-    snapshots: Mutex<HashMap<u64, Arc<[u8]>>>,
+    /// The stats document as rendered at the last lookup of stats.json, and when.
+    stats_snapshot: Mutex<(Arc<[u8]>, SystemTime)>,
 }
 
 impl Fs {
     /// A filesystem over `ns`, reading tensor bytes through `engine`.
     pub fn new(ns: Namespace, engine: Arc<Engine>, base: AttrBase) -> Fs {
-        Fs { ns, engine, base, next_fh: AtomicU64::new(1), snapshots: Mutex::new(HashMap::new()) }
+        let fs = Fs { ns, engine, base, stats_snapshot: Mutex::new((Arc::from(&[][..]), SystemTime::UNIX_EPOCH)) };
+        fs.renew_stats_snapshot();
+        fs
     }
 
     /// The namespace served.
@@ -171,6 +160,11 @@ impl Fs {
             ".." => self.ns.node(parent).map_or(ROOT_INO, |n| n.parent),
             _ => dir.get(name).ok_or(FsError::NotFound)?,
         };
+        if self.is_stats(ino) {
+            // Every open by path looks the name up first (entry TTL 0), so each reader gets a
+            // document taken when it opened, and one snapshot serves all of its reads.
+            self.renew_stats_snapshot();
+        }
         self.getattr(ino)
     }
 
@@ -182,39 +176,55 @@ impl Fs {
             NodeKind::Dir(d) => (Kind::Dir, 0, b.dir_perm, 2 + d.subdirs()),
             NodeKind::File { size, .. } => (Kind::File, *size, b.file_perm, 1),
         };
-        Ok(Attr { ino, size, kind, perm, nlink, uid: b.uid, gid: b.gid, mtime: b.mtime, blksize: b.blksize })
+        let attr = Attr { ino, size, kind, perm, nlink, uid: b.uid, gid: b.gid, mtime: b.mtime, blksize: b.blksize, renew_on_lookup: false };
+        if !self.is_stats(ino) {
+            return Ok(attr);
+        }
+        let (doc, taken) = self.current_stats_snapshot();
+        Ok(Attr { size: doc.len() as u64, mtime: taken, renew_on_lookup: true, ..attr })
     }
 
-    /// Opens a file for reading; `write` is whether the caller asked for write access.
-    pub fn open(&self, ino: Ino, write: bool) -> Result<Opened, FsError> {
+    fn is_stats(&self, ino: Ino) -> bool {
+        matches!(self.ns.node(ino).map(|n| &n.kind), Some(NodeKind::File { content: Content::Stats, .. }))
+    }
+
+    fn renew_stats_snapshot(&self) {
+        let mut json = serde_json::to_vec_pretty(&self.stats().to_json()).unwrap_or_default();
+        json.push(b'\n');
+        let mut now = SystemTime::now();
+        let mut current = self.lock_stats_snapshot();
+        // A new mtime tells the kernel that its cached pages of the old document are stale.
+        if now <= current.1 {
+            now = current.1 + std::time::Duration::from_nanos(1);
+        }
+        *current = (json.into(), now);
+    }
+
+    fn current_stats_snapshot(&self) -> (Arc<[u8]>, SystemTime) {
+        self.lock_stats_snapshot().clone()
+    }
+
+    /// Checks that file `ino` may be opened (`write`: for writing). Files hold no per-open state:
+    /// any reader may read any file at any offset without opening it first.
+    pub fn open(&self, ino: Ino, write: bool) -> Result<(), FsError> {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
-        let NodeKind::File { content, .. } = &node.kind else { return Err(FsError::IsDir) };
+        if !matches!(node.kind, NodeKind::File { .. }) {
+            return Err(FsError::IsDir);
+        }
         if write {
             return Err(FsError::ReadOnly);
         }
-        let fh = self.next_fh.fetch_add(1, Relaxed);
-        let direct_io = matches!(content, Content::Stats);
-        if direct_io {
-            let mut json = serde_json::to_vec_pretty(&self.stats().to_json()).unwrap_or_default();
-            json.push(b'\n');
-            self.lock_snapshots().insert(fh, json.into());
-        }
-        Ok(Opened { fh, direct_io })
-    }
-
-    /// Forgets a handle returned by [`Fs::open`].
-    pub fn release(&self, fh: u64) {
-        self.lock_snapshots().remove(&fh);
+        Ok(())
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`; short only at end of file.
-    pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        self.read_with(ino, fh, offset, size, <[u8]>::to_vec)
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        self.read_with(ino, offset, size, <[u8]>::to_vec)
     }
 
     /// Like [`Fs::read`], but hands the bytes to `reply` instead of returning a copy: a raw tensor
     /// range inside one cached block reaches `reply` without any copy in between.
-    pub fn read_with<R>(&self, ino: Ino, fh: u64, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
+    pub fn read_with<R>(&self, ino: Ino, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::File { content, size: file_size } = &node.kind else { return Err(FsError::IsDir) };
         let mut sent = 0;
@@ -232,10 +242,7 @@ impl Fs {
             Content::Npy { tensor, header } => self.read_with_prefix(header, *tensor, offset, size).map(|v| counted(&v)),
             Content::F32(i) => self.read_converted(*i, offset, size).map(|v| counted(&v)),
             Content::Bytes(bytes) => Ok(counted(slice_at(bytes, offset, size))),
-            Content::Stats => {
-                let snapshot = self.lock_snapshots().get(&fh).cloned().ok_or(FsError::BadHandle)?;
-                Ok(counted(slice_at(&snapshot, offset, size)))
-            }
+            Content::Stats => Ok(counted(slice_at(&self.current_stats_snapshot().0, offset, size))),
         };
         match &result {
             Ok(_) => debug_assert!(matches!(content, Content::Stats) || sent as u64 <= *file_size),
@@ -361,9 +368,9 @@ impl Fs {
         StatFs { blocks: bytes.div_ceil(u64::from(bsize)), files: self.ns.len() as u64, bsize, namelen: crate::names::NAME_MAX as u32 }
     }
 
-    fn lock_snapshots(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<[u8]>>> {
-        // A poisoned lock only means another thread panicked mid-insert; the map is still usable.
-        self.snapshots.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_stats_snapshot(&self) -> std::sync::MutexGuard<'_, (Arc<[u8]>, SystemTime)> {
+        // A poisoned lock only means another thread panicked while holding it; the pair is whole.
+        self.stats_snapshot.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -377,6 +384,7 @@ fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use std::io;
+    use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
     use crate::engine::EngineConfig;
@@ -450,7 +458,7 @@ mod tests {
         assert!(matches!(fs.getattr(0), Err(FsError::NotFound)));
         assert!(matches!(fs.open(ROOT_INO, false), Err(FsError::IsDir)));
         assert!(matches!(fs.open(a.ino, true), Err(FsError::ReadOnly)));
-        assert!(matches!(fs.read(ROOT_INO, 0, 0, 10), Err(FsError::IsDir)));
+        assert!(matches!(fs.read(ROOT_INO, 0, 10), Err(FsError::IsDir)));
         assert!(matches!(fs.readdir(a.ino, 0, |_| false), Err(FsError::NotDir)));
         assert_eq!(tensors.len(), 2);
         // Every errno is the documented one.
@@ -459,7 +467,6 @@ mod tests {
             (FsError::NotDir, libc::ENOTDIR),
             (FsError::IsDir, libc::EISDIR),
             (FsError::ReadOnly, libc::EROFS),
-            (FsError::BadHandle, libc::EBADF),
             (FsError::NoXattr, libc::ENODATA),
             (FsError::XattrNamespace, libc::EOPNOTSUPP),
         ];
@@ -474,12 +481,12 @@ mod tests {
         let a = ino(&fs, "a%2Fb");
         let data = &tensors[0].3;
         for (off, size) in [(0u64, 300u32), (1, 63), (63, 2), (64, 64), (299, 10), (300, 1), (10_000, 5), (u64::MAX, u32::MAX)] {
-            let got = fs.read(a, 0, off, size).unwrap();
+            let got = fs.read(a, off, size).unwrap();
             let lo = (off.min(300)) as usize;
             let hi = (off.saturating_add(u64::from(size))).min(300) as usize;
             assert_eq!(got, &data[lo..hi], "{off} {size}");
         }
-        let meta = fs.read(ino(&fs, METADATA_NAME), 0, 0, u32::MAX).unwrap();
+        let meta = fs.read(ino(&fs, METADATA_NAME), 0, u32::MAX).unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&meta).unwrap();
         assert_eq!(doc["tensors"]["a/b"]["path"], "a%2Fb");
         assert!(fs.stats().fuse_reads.load(Relaxed) >= 9);
@@ -490,11 +497,11 @@ mod tests {
         let (fs, tensors, fail) = fixture(Views::default());
         let a = ino(&fs, "a%2Fb");
         fail.store(true, Relaxed);
-        let err = fs.read(a, 0, 0, 300).unwrap_err();
+        let err = fs.read(a, 0, 300).unwrap_err();
         assert_eq!(err.errno(), libc::EIO);
         assert!(fs.stats().read_errors.load(Relaxed) >= 1);
         fail.store(false, Relaxed);
-        assert_eq!(fs.read(a, 0, 0, 300).unwrap(), tensors[0].3);
+        assert_eq!(fs.read(a, 0, 300).unwrap(), tensors[0].3);
     }
 
     #[test]
@@ -535,26 +542,37 @@ mod tests {
         assert_eq!(fs.listxattr(w).unwrap(), XATTRS);
         assert!(fs.listxattr(ROOT_INO).unwrap().is_empty());
         // The F32 view: BF16 bits shifted into the high half.
-        let f32_bytes = fs.read(w, 0, 0, 100).unwrap();
+        let f32_bytes = fs.read(w, 0, 100).unwrap();
         let want: Vec<u8> = tensors[1].3.chunks(2).flat_map(|c| (u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes()).collect();
         assert_eq!(f32_bytes, want);
-        assert_eq!(fs.read(w, 0, 5, 6).unwrap(), &want[5..11]);
+        assert_eq!(fs.read(w, 5, 6).unwrap(), &want[5..11]);
         // The .npy view: header then raw bytes.
-        let npy = fs.read(ino(&fs, "w.npy"), 0, 0, 10_000).unwrap();
+        let npy = fs.read(ino(&fs, "w.npy"), 0, 10_000).unwrap();
         assert!(npy.starts_with(b"\x93NUMPY"));
         assert_eq!(&npy[npy.len() - 12..], &tensors[1].3[..]);
     }
 
     #[test]
-    fn stats_snapshots_belong_to_their_handle() {
-        let (fs, _, _) = fixture(Views::default());
+    fn stats_snapshot_is_renewed_by_lookup_only() {
+        let (fs, tensors, _) = fixture(Views::default());
         let control = ino(&fs, crate::namespace::CONTROL_DIR);
-        let stats = fs.lookup(control, OsStr::new(crate::namespace::STATS_NAME)).unwrap().ino;
-        let opened = fs.open(stats, false).unwrap();
-        assert!(opened.direct_io);
-        let doc: serde_json::Value = serde_json::from_slice(&fs.read(stats, opened.fh, 0, 1 << 20).unwrap()).unwrap();
-        assert!(doc["cache_hits"].is_u64());
-        fs.release(opened.fh);
-        assert!(matches!(fs.read(stats, opened.fh, 0, 10), Err(FsError::BadHandle)));
+        let name = OsStr::new(crate::namespace::STATS_NAME);
+        let first = fs.lookup(control, name).unwrap();
+        assert!(first.renew_on_lookup);
+        assert!(!fs.getattr(ino(&fs, "a%2Fb")).unwrap().renew_on_lookup);
+        let doc = fs.read(first.ino, 0, 1 << 20).unwrap();
+        assert_eq!(doc.len() as u64, first.size);
+        let parsed: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+        assert_eq!(parsed["fuse_reads"], 0);
+        // Reads and getattr serve the same snapshot, whatever happened since the lookup.
+        fs.read(ino(&fs, "a%2Fb"), 0, 300).unwrap();
+        assert_eq!(fs.getattr(first.ino).unwrap(), first);
+        assert_eq!(fs.read(first.ino, 5, 1 << 20).unwrap(), &doc[5..]);
+        // The next lookup renders a new document, with a later mtime so cached pages are dropped.
+        let second = fs.lookup(control, name).unwrap();
+        assert!(second.mtime > first.mtime);
+        let parsed: serde_json::Value = serde_json::from_slice(&fs.read(second.ino, 0, 1 << 20).unwrap()).unwrap();
+        assert_eq!(parsed["fuse_reads"], 3);
+        assert_eq!(tensors.len(), 2);
     }
 }

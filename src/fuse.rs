@@ -18,6 +18,11 @@ use crate::fs::{Attr, Fs, FsError, Kind};
 
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
+
+/// How long the kernel may keep the name `a` resolves to: not at all for files renewed at lookup.
+fn entry_ttl(a: &Attr) -> Duration {
+    if a.renew_on_lookup { Duration::ZERO } else { TTL }
+}
 /// Requests the kernel may keep in flight; fuser's default of 16 starves parallel readahead.
 const MAX_BACKGROUND: u16 = 64;
 
@@ -82,7 +87,9 @@ impl Filesystem for FuseAdapter {
             debug!("kernel refused max_background {MAX_BACKGROUND}, keeps {max}");
         }
         // Directory listings carry attributes (no lookup per file); the kernel may cache them.
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS;
+        // AUTO_INVAL_DATA: a file whose mtime moves (stats.json, renewed at lookup) loses its
+        // cached pages; tensor files never change, so theirs stay.
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_AUTO_INVAL_DATA;
         if let Err(missing) = config.add_capabilities(wanted & config.capabilities()) {
             debug!("kernel lacks {missing:?}");
         }
@@ -91,7 +98,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry_with_ttls(&TTL, &entry_ttl(&a), &file_attr(&a), Generation(0)),
             Err(e) => reply.error(errno("lookup", parent.0, &e)),
         }
     }
@@ -106,11 +113,17 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         match self.fs.open(ino.0, write) {
-            // Immutable data: keep the page cache across opens. Never direct_io for tensors: it breaks mmap.
-            Ok(o) if o.direct_io => reply.opened(FileHandle(o.fh), FopenFlags::FOPEN_DIRECT_IO),
-            Ok(o) => reply.opened(FileHandle(o.fh), FopenFlags::FOPEN_KEEP_CACHE),
+            // Files keep no per-open state, so opens need no round trip: on ENOSYS the kernel
+            // stops sending OPEN and RELEASE for files and opens them itself with FOPEN_KEEP_CACHE
+            // (the data is immutable; never direct_io, which would break mmap).
+            Ok(()) => reply.error(Errno::ENOSYS),
             Err(e) => reply.error(errno("open", ino.0, &e)),
         }
+    }
+
+    /// Nothing to flush on a read-only mount; ENOSYS stops the kernel sending FLUSH at each close.
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -118,7 +131,7 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -127,7 +140,7 @@ impl Filesystem for FuseAdapter {
     ) {
         // The reply is written from inside the read, so bytes go from the cached block to the kernel.
         let mut reply = Some(reply);
-        let sent = self.fs.read_with(ino.0, fh.0, offset, size, |data| {
+        let sent = self.fs.read_with(ino.0, offset, size, |data| {
             if let Some(reply) = reply.take() {
                 reply.data(data);
             }
@@ -135,20 +148,6 @@ impl Filesystem for FuseAdapter {
         if let (Err(e), Some(reply)) = (sent, reply) {
             reply.error(errno("read", ino.0, &e));
         }
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.fs.release(fh.0);
-        reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -170,7 +169,7 @@ impl Filesystem for FuseAdapter {
     /// Entries with their attributes, so `ls -l` of a large checkpoint needs no lookup per file.
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let result = self.fs.readdir(ino.0, offset, |e| match self.fs.getattr(e.ino) {
-            Ok(a) => reply.add(INodeNo(e.ino), e.next_offset, &e.name, &TTL, &file_attr(&a), Generation(0)),
+            Ok(a) => reply.add(INodeNo(e.ino), e.next_offset, &e.name, &entry_ttl(&a), &file_attr(&a), Generation(0)),
             Err(_) => false,
         });
         match result {

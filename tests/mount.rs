@@ -192,6 +192,40 @@ fn stats_file_and_command_report_counters() {
 }
 
 #[test]
+fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
+    use std::io::Read;
+    let (_dir, tensors, m) = mixed_mount();
+    let stats_path = m.path.join(".stfs/stats.json");
+    let reads = |doc: &[u8]| serde_json::from_slice::<serde_json::Value>(doc).unwrap()["fuse_reads"].as_u64().unwrap();
+    let before = reads(&std::fs::read(&stats_path).unwrap());
+    // A reader keeps the document taken at its open while others read tensors, even read a few
+    // bytes at a time. (Another open of stats.json renews the one cached document; see docs/usage.md.)
+    let mut held = std::fs::File::open(&stats_path).unwrap();
+    let mut first = [0u8; 5];
+    held.read_exact(&mut first).unwrap();
+    for t in &tensors {
+        assert_eq!(std::fs::read(served_path(&m, &t.name)).unwrap(), t.data);
+    }
+    let mut rest = Vec::new();
+    for chunk in std::iter::repeat_with(|| {
+        let mut c = [0u8; 7];
+        let n = held.read(&mut c).unwrap();
+        c[..n].to_vec()
+    }) {
+        if chunk.is_empty() {
+            break;
+        }
+        rest.extend_from_slice(&chunk);
+    }
+    let whole = [&first[..], &rest].concat();
+    assert_eq!(reads(&whole), before + 1, "the held document is the one taken at its open: {}", String::from_utf8_lossy(&whole));
+    // A new open sees every read since, and stat agrees with what it reads.
+    let fresh = std::fs::read(&stats_path).unwrap();
+    assert!(reads(&fresh) >= before + 1 + tensors.len() as u64);
+    assert_eq!(std::fs::metadata(&stats_path).unwrap().len(), fresh.len() as u64);
+}
+
+#[test]
 fn umount_command_unmounts_and_daemon_exits() {
     let (_dir, _tensors, m) = mixed_mount();
     let out = stfs(&["umount", m.path.to_str().unwrap()]);

@@ -134,25 +134,23 @@ impl std::fmt::Display for CopyError {
 
 /// Streams the whole of `item` into `out`, front to back, so the engine sees one sequential reader.
 fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> Result<(), CopyError> {
-    let opened = fs.open(item.ino, false).map_err(|e| CopyError::Read(format!("{}: {e}", item.path)))?;
+    fs.open(item.ino, false).map_err(|e| CopyError::Read(format!("{}: {e}", item.path)))?;
     let mut offset = 0u64;
-    let result = loop {
+    loop {
         if offset >= item.size {
-            break Ok(());
+            return Ok(());
         }
-        let data = match fs.read(item.ino, opened.fh, offset, CHUNK) {
-            Ok(d) if d.is_empty() => break Err(CopyError::Read(format!("{}: ended at byte {offset} of {}", item.path, item.size))),
+        let data = match fs.read(item.ino, offset, CHUNK) {
+            Ok(d) if d.is_empty() => return Err(CopyError::Read(format!("{}: ended at byte {offset} of {}", item.path, item.size))),
             Ok(d) => d,
-            Err(e) => break Err(CopyError::Read(format!("reading tensor {:?}: {e}", item.name))),
+            Err(e) => return Err(CopyError::Read(format!("reading tensor {:?}: {e}", item.name))),
         };
         if let Err(e) = out.write_all(&data) {
-            break Err(CopyError::Write(e));
+            return Err(CopyError::Write(e));
         }
         offset += data.len() as u64;
         progress.advance(data.len() as u64, &item.name);
-    };
-    fs.release(opened.fh);
-    result
+    }
 }
 
 /// Writes `item` to `dir/PATH`: first under a temporary name, renamed into place once complete, so
