@@ -78,7 +78,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            block_size: 256 << 10,
+            block_size: 64 << 10,
             cache_size: 512 << 20,
             io_threads: 8,
         }
@@ -210,16 +210,17 @@ impl Engine {
         len: usize,
         consume: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ReadError> {
-        self.read_in(source, u64::MAX, offset, len, consume)
+        self.read_in(source, 0..u64::MAX, offset, len, consume)
     }
 
-    /// [`Engine::read_with`] for a read of a file that ends at `extent_end` within the source (a
-    /// tensor): readahead stops there until the reader goes on into the next file, so reading one
-    /// tensor transfers no more than the blocks it overlaps.
+    /// [`Engine::read_with`] for a read of a file that spans `extent` within the source (a tensor):
+    /// readahead stops at its end until the reader goes on into the next file, so reading one
+    /// tensor transfers no more than the blocks it overlaps; a read from its first byte starts the
+    /// readahead at once.
     pub fn read_in<R>(
         &self,
         source: SourceId,
-        extent_end: u64,
+        extent: Range<u64>,
         offset: u64,
         len: usize,
         consume: impl FnOnce(&[u8]) -> R,
@@ -233,7 +234,8 @@ impl Engine {
         if offset >= end {
             return Ok(consume(&[]));
         }
-        let stream = self.plan_readahead(&entry, offset, end, extent_end.min(entry.len));
+        let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
+        let stream = self.plan_readahead(&entry, offset, end, extent);
         let bs = self.shared.config.block_size;
         let (first, last) = (offset / bs, (end - 1) / bs);
         let slice = |data: &BlockData, block: u64| {
@@ -308,12 +310,12 @@ impl Engine {
         entry: &Arc<SourceEntry>,
         offset: u64,
         end: u64,
-        extent_end: u64,
+        extent: Range<u64>,
     ) -> Option<Arc<StreamIo>> {
         let stats = &self.shared.stats;
         let mut table = lock(&entry.streams);
         let before = (table.len() as u64, table.window_bytes());
-        let decision = table.on_read(offset, end - offset, entry.len, extent_end);
+        let decision = table.on_read(offset, end - offset, entry.len, extent);
         if let Some(evicted) = decision.evicted {
             // If its prefetch still runs, a lane's descriptor closes when that job ends instead.
             for descriptor in std::iter::once(&evicted.descriptor).chain(&evicted.lanes) {
@@ -391,6 +393,8 @@ mod tests {
         reads: Mutex<Vec<(u64, usize)>>,
         latency: Duration,
         failures_left: AtomicUsize,
+        /// [`Source::prefetch_piece_bytes`] (0: none).
+        piece: AtomicU64,
     }
 
     struct FakeStream(Arc<FakeSource>);
@@ -404,6 +408,9 @@ mod tests {
         }
         fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
             Ok(Box::new(FakeStream(Arc::clone(self))))
+        }
+        fn prefetch_piece_bytes(&self) -> Option<u64> {
+            Some(self.piece.load(Relaxed)).filter(|&p| p > 0)
         }
     }
 
@@ -436,6 +443,7 @@ mod tests {
             reads,
             latency,
             failures_left: AtomicUsize::new(0),
+            piece: AtomicU64::new(0),
         })
     }
 
@@ -495,9 +503,11 @@ mod tests {
             io_threads in 0usize..3,
             threads in 1usize..4,
             reads in prop::collection::vec((0.0f64..1.1, 0usize..200_000), 1..24),
+            piece in 0u64..200_000,
         ) {
             let len = blocks * block_size + extra % block_size;
             let source = fake(len as usize, Duration::ZERO);
+            source.piece.store(piece, Relaxed);
             let cache_size = cache_blocks * block_size + extra % 3;
             let (engine, stats) = engine(block_size, cache_size, io_threads);
             let id = engine.add_source(Arc::new(Arc::clone(&source)));
@@ -605,6 +615,34 @@ mod tests {
         let big = reads.iter().filter(|&&(_, n)| n as u64 >= PREFETCH_CHUNK_BYTES / 2).count();
         assert!(big >= 2, "prefetch read big runs: {reads:?} {stats:?}");
         assert!(counter(&stats.backing_reads) < 4 * chunk_blocks / 4, "{reads:?}");
+    }
+
+    #[test]
+    fn lanes_read_long_runs_front_to_back_in_pieces() {
+        let bs = 64 << 10;
+        let source = fake((3 * PREFETCH_CHUNK_BYTES) as usize, Duration::ZERO);
+        source.piece.store(1 << 20, Relaxed);
+        let (engine, stats) = engine(bs, 1 << 30, 4);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        let mut offset = 0;
+        while offset < source.data.len() as u64 {
+            let got = engine.read(id, offset, 1 << 20).unwrap();
+            assert_eq!(got, &source.data[offset as usize..][..got.len()]);
+            offset += got.len() as u64;
+        }
+        drop(engine);
+        assert_whole_blocks(&source, bs);
+        let reads = lock(&source.reads).clone();
+        assert!(reads.iter().all(|&(_, n)| n <= 1 << 20), "a read longer than a piece: {reads:?}");
+        assert!(counter(&stats.prefetched_bytes) > 0);
+        // Still each byte once: sorted, the reads tile the source.
+        let mut sorted = reads.clone();
+        sorted.sort();
+        let mut next = 0;
+        for (offset, n) in sorted {
+            assert_eq!(offset, next, "a gap or an overlap before {offset}: {reads:?}");
+            next += n as u64;
+        }
     }
 
     #[test]

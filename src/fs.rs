@@ -258,7 +258,7 @@ impl Fs {
             return Ok(reply(&[]));
         }
         let n = (t.len - offset).min(u64::from(size)) as usize;
-        self.engine.read_in(t.source, t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
+        self.engine.read_in(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
     }
 
     /// Bytes `[offset, offset+size)` of tensor `i` converted to F32: the whole source elements that
@@ -276,7 +276,7 @@ impl Fs {
         let (byte_start, byte_len) = crate::convert::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
         let src = self
             .engine
-            .read_in(t.source, t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
+            .read_in(t.source, t.start..t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
             .map_err(FsError::Read)?;
         let mut out = Vec::with_capacity(count as usize * 4);
         // The dtype was checked convertible when the namespace was built.

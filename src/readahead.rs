@@ -8,8 +8,10 @@
 //! not look like seeks.
 //!
 //! A read that matches no stream starts a new stream, *unconfirmed* and without any prefetch, so a
-//! random reader costs no backing I/O beyond the blocks it touches. The next read that continues it
-//! confirms it: the window opens at [`INITIAL_WINDOW_BLOCKS`] and then doubles each time the cursor
+//! random reader costs no backing I/O beyond the blocks it touches; the exception is a read from the
+//! first byte of a file (a tensor), how sequential readers start, which prefetches up to
+//! [`FILE_START_WINDOW_BYTES`] at once. The next read that continues a stream
+//! confirms it: the window opens at [`INITIAL_WINDOW_BYTES`] and then doubles each time the cursor
 //! enters a new block, up to [`ReadaheadConfig::max_window_blocks`] (TCP slow start, as in
 //! mountpoint-s3 and hf-mount). After every read the stream asks for the blocks from just past the
 //! read up to `window` blocks past the cursor's block, skipping those it asked for before.
@@ -44,9 +46,15 @@ pub const FORWARD_SLACK: u64 = 16 << 20;
 /// trigger readahead even though a confirmed stream tolerates the full slacks.
 pub const CONFIRM_SLACK: u64 = 256 << 10;
 
-/// Window of a freshly confirmed stream: one block, so a reader that touches just two adjacent
-/// spots wastes at most one block.
-pub const INITIAL_WINDOW_BLOCKS: u64 = 1;
+/// Window of a freshly confirmed stream (at least one block), so a reader that touches just two
+/// adjacent spots wastes little.
+pub const INITIAL_WINDOW_BYTES: u64 = 256 << 10;
+
+/// Prefetch started by a read from a file's first byte, before any second read confirms a stream:
+/// readers that start there (cat, numpy, torch, a loader) almost always go on, and on a store with
+/// per-request latency the file's next chunk is then already on its way when they do. One
+/// prefetch chunk, so a reader that only peeks at the start of each file wastes a bounded amount.
+pub const FILE_START_WINDOW_BYTES: u64 = 8 << 20;
 
 /// Largest window in bytes: 64 MiB in flight per stream keeps a local NVMe or a network store
 /// streaming (gcsfuse's buffered reader peaks at 320 MiB, hf-mount at 128 MiB) while leaving room
@@ -69,6 +77,10 @@ pub struct ReadaheadConfig {
     /// Bytes either side of an unconfirmed stream's cursor that a read may start at to confirm it
     /// (capped by the two slacks above).
     pub confirm_slack: u64,
+    /// Window of a freshly confirmed stream, in blocks (at least 1).
+    pub initial_window_blocks: u64,
+    /// Blocks prefetched on a read from a file's first byte (0: none).
+    pub file_start_window_blocks: u64,
 }
 
 impl ReadaheadConfig {
@@ -85,6 +97,8 @@ impl ReadaheadConfig {
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
             confirm_slack: CONFIRM_SLACK,
+            initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
+            file_start_window_blocks: FILE_START_WINDOW_BYTES.div_ceil(block_size),
         }
     }
 }
@@ -146,15 +160,23 @@ impl<T: Default> StreamTable<T> {
 
     /// Classifies a read of `[offset, offset + len)` of a source of `source_len` bytes and says
     /// which blocks to prefetch. `len` must be at least 1 and the range inside the source.
-    /// `extent_end` is where the file being read ends in the source (`source_len` when the read
-    /// is not of a file within it): prefetch does not pass it until the stream has crossed from
-    /// one file into the next.
-    pub fn on_read(&mut self, offset: u64, len: u64, source_len: u64, extent_end: u64) -> Decision<T> {
+    /// `extent` is the byte range of the file being read within the source (`0..source_len` when
+    /// the read is not of a file within it): prefetch does not pass its end until the stream has
+    /// crossed from one file into the next.
+    pub fn on_read(&mut self, offset: u64, len: u64, source_len: u64, extent: Range<u64>) -> Decision<T> {
         self.clock += 1;
         let bs = self.config.block_size;
         let end = offset.saturating_add(len.max(1));
         let last_block = (end - 1) / bs;
+        let extent_end = extent.end;
         let Some(index) = self.matching_stream(offset) else {
+            let is_file = extent.start > 0 || extent.end < source_len;
+            let prefetch = if is_file && offset == extent.start && self.config.max_window_blocks > 0 {
+                let window = self.config.file_start_window_blocks.min(self.config.max_window_blocks);
+                last_block + 1..(last_block + 1 + window).min(extent_end.min(source_len).div_ceil(bs))
+            } else {
+                0..0
+            };
             let stream = Stream {
                 cursor: end,
                 extent_end,
@@ -162,7 +184,7 @@ impl<T: Default> StreamTable<T> {
                 consumed_until: offset.div_ceil(bs),
                 confirmed: false,
                 window_blocks: 0,
-                next_prefetch: last_block + 1,
+                next_prefetch: (last_block + 1).max(prefetch.end),
                 last_used: self.clock,
                 payload: T::default(),
             };
@@ -170,7 +192,7 @@ impl<T: Default> StreamTable<T> {
             return Decision {
                 stream: index,
                 sequential: false,
-                prefetch: 0..0,
+                prefetch: if prefetch.is_empty() { 0..0 } else { prefetch },
                 evicted,
                 consumed: 0..0,
             };
@@ -188,7 +210,7 @@ impl<T: Default> StreamTable<T> {
             // happens to land a little after another's read gets the small window.
             let exact = offset == stream.cursor;
             let rest_of_file = if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
-            stream.window_blocks = rest_of_file.max(INITIAL_WINDOW_BLOCKS).min(max_window);
+            stream.window_blocks = rest_of_file.max(self.config.initial_window_blocks).min(max_window);
         } else if entered_new_block && max_window > 0 {
             stream.window_blocks = stream.window_blocks.saturating_mul(2).clamp(1, max_window);
         }
@@ -309,6 +331,8 @@ mod tests {
             back_slack: 300,
             forward_slack: 2 * BS,
             confirm_slack: BS,
+            initial_window_blocks: 1,
+            file_start_window_blocks: 4,
         })
     }
 
@@ -323,7 +347,7 @@ mod tests {
         reads
             .iter()
             .map(|&(offset, len)| {
-                let d = table.on_read(offset, len, 100 * BS, 100 * BS);
+                let d = table.on_read(offset, len, 100 * BS, 0..100 * BS);
                 (d.stream, d.sequential, d.prefetch)
             })
             .collect()
@@ -403,29 +427,29 @@ mod tests {
         let mut consumed = Vec::new();
         // Starts at 500 (block 0 is partial), back slack 300.
         for offset in (500..5000).step_by(250) {
-            let d = t.on_read(offset, 250, 100 * BS, 100 * BS);
+            let d = t.on_read(offset, 250, 100 * BS, 0..100 * BS);
             consumed.extend(d.consumed);
         }
         // Cursor 5000, minus slack 300: blocks up to 3 are behind; block 0 was not read whole.
         assert_eq!(consumed, vec![1, 2, 3]);
         let mut aligned = table(8, 4);
-        aligned.on_read(0, 1000, 100 * BS, 100 * BS);
-        let d = aligned.on_read(1000, 1000, 100 * BS, 100 * BS);
+        aligned.on_read(0, 1000, 100 * BS, 0..100 * BS);
+        let d = aligned.on_read(1000, 1000, 100 * BS, 0..100 * BS);
         assert_eq!(d.consumed, 0..1, "a block read from its first byte is consumed");
     }
 
     #[test]
     fn only_a_read_close_to_a_new_stream_confirms_it() {
         let mut t = table(8, 4);
-        t.on_read(10_000, 100, 100 * BS, 100 * BS);
+        t.on_read(10_000, 100, 100 * BS, 0..100 * BS);
         // 1,900 past the cursor: inside the forward slack, outside the confirm slack.
-        let d = t.on_read(12_000, 100, 100 * BS, 100 * BS);
+        let d = t.on_read(12_000, 100, 100 * BS, 0..100 * BS);
         assert!(!d.sequential && d.prefetch.is_empty(), "{d:?}");
         assert_eq!(t.len(), 2);
-        let d = t.on_read(12_500, 100, 100 * BS, 100 * BS);
+        let d = t.on_read(12_500, 100, 100 * BS, 0..100 * BS);
         assert!(d.sequential, "400 past the cursor confirms");
         // Once confirmed, the whole forward slack applies.
-        assert!(t.on_read(14_500, 100, 100 * BS, 100 * BS).sequential);
+        assert!(t.on_read(14_500, 100, 100 * BS, 0..100 * BS).sequential);
     }
 
     #[test]
@@ -448,14 +472,14 @@ mod tests {
     #[test]
     fn least_recently_used_stream_is_replaced() {
         let mut t = table(8, 2);
-        t.on_read(0, 10, 100 * BS, 100 * BS);
-        t.on_read(20_000, 10, 100 * BS, 100 * BS);
-        t.on_read(20_010, 10, 100 * BS, 100 * BS);
-        let d = t.on_read(60_000, 10, 100 * BS, 100 * BS);
+        t.on_read(0, 10, 100 * BS, 0..100 * BS);
+        t.on_read(20_000, 10, 100 * BS, 0..100 * BS);
+        t.on_read(20_010, 10, 100 * BS, 0..100 * BS);
+        let d = t.on_read(60_000, 10, 100 * BS, 0..100 * BS);
         assert_eq!((d.stream, d.evicted), (0, Some(0)));
         assert_eq!(t.len(), 2);
         // The surviving stream is still there and continues.
-        assert!(t.on_read(20_020, 10, 100 * BS, 100 * BS).sequential);
+        assert!(t.on_read(20_020, 10, 100 * BS, 0..100 * BS).sequential);
     }
 
     #[test]
@@ -465,7 +489,7 @@ mod tests {
         assert_eq!(got[3].2, 4..7);
         t.prefetch_refused(0, 4);
         assert_eq!(t.window_bytes(), 2 * BS);
-        let d = t.on_read(2500, 100, 100 * BS, 100 * BS);
+        let d = t.on_read(2500, 100, 100 * BS, 0..100 * BS);
         assert_eq!(d.prefetch, 4..5, "refused blocks are asked for again");
     }
 
@@ -473,18 +497,39 @@ mod tests {
     fn prefetch_stops_at_the_file_end_until_the_reader_crosses_into_the_next() {
         let mut t = table(8, 4);
         let file_end = 10 * BS + 100;
-        t.on_read(0, BS, 100 * BS, file_end);
+        t.on_read(0, BS, 100 * BS, 0..file_end);
         for k in 1..10 {
-            let d = t.on_read(k * BS, BS, 100 * BS, file_end);
+            let d = t.on_read(k * BS, BS, 100 * BS, 0..file_end);
             assert!(d.prefetch.end <= 11, "read {k}: prefetch {:?} runs past the file's last block", d.prefetch);
         }
         // The reader goes on into the next file: the window runs past file ends from now on.
         let next_end = 40 * BS;
-        let d = t.on_read(file_end, BS, 100 * BS, next_end);
+        let d = t.on_read(file_end, BS, 100 * BS, file_end..next_end);
         assert!(d.sequential);
-        let d = t.on_read(file_end + BS, BS, 100 * BS, next_end);
-        let d2 = t.on_read(file_end + 2 * BS, BS, 100 * BS, 60 * BS);
+        let d = t.on_read(file_end + BS, BS, 100 * BS, file_end..next_end);
+        let d2 = t.on_read(file_end + 2 * BS, BS, 100 * BS, next_end..60 * BS);
         assert!(d.prefetch.end.max(d2.prefetch.end) > 11);
         assert!(d2.prefetch.end <= 100);
+    }
+
+    #[test]
+    fn a_read_from_a_files_first_byte_prefetches_its_start_at_once() {
+        let mut t = table(8, 4);
+        // File [5000, 30_000): a read of its first byte prefetches the next 4 blocks (the file-start
+        // window), before any second read; the stream is not confirmed yet.
+        let d = t.on_read(5000, 100, 100 * BS, 5000..30 * BS);
+        assert_eq!((d.sequential, d.prefetch.clone()), (false, 6..10));
+        // Its exact continuation confirms it and opens the window over the rest of the file,
+        // without asking again for what is already on its way.
+        let d = t.on_read(5100, 900, 100 * BS, 5000..30 * BS);
+        assert!(d.sequential);
+        assert_eq!(d.prefetch, 10..14);
+        // Near the end of a short file, the file-start window stops at the file's last block.
+        let d = t.on_read(60 * BS, 100, 100 * BS, 60 * BS..62 * BS);
+        assert_eq!(d.prefetch, 61..62);
+        // A read inside a file, or from the start of a source that is not a file, prefetches nothing.
+        assert!(t.on_read(80 * BS + 7, 100, 100 * BS, 80 * BS..90 * BS).prefetch.is_empty());
+        let mut whole = table(8, 4);
+        assert!(whole.on_read(0, 100, 100 * BS, 0..100 * BS).prefetch.is_empty());
     }
 }

@@ -10,6 +10,9 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The piece size of a local file's prefetch reads: see [`Source::prefetch_piece_bytes`].
+pub const PREFETCH_PIECE_BYTES: u64 = 1 << 20;
+
 /// One immutable backing object (a local file, or a remote object), pinned when it was opened.
 pub trait Source: Send + Sync + 'static {
     /// Length in bytes, as pinned at open time.
@@ -24,6 +27,14 @@ pub trait Source: Send + Sync + 'static {
     fn open_stream(&self) -> io::Result<Box<dyn SourceStream>>;
     /// When the object was last modified, if known (for the mount's timestamps).
     fn modified(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+    /// How a prefetch lane splits a long run of blocks: it reads the run front to back in reads of
+    /// about this many bytes on its one descriptor (the storage still sees one sequential stream)
+    /// and hands out each piece as it lands, so a reader waiting at the front of an 8 MiB chunk
+    /// does not wait for all of it. `None` (the default): the whole run in one read, for sources
+    /// where every read is a request with its own round trip.
+    fn prefetch_piece_bytes(&self) -> Option<u64> {
         None
     }
 }
@@ -124,6 +135,11 @@ impl LocalFile {
 impl Source for LocalFile {
     fn modified(&self) -> Option<SystemTime> {
         Some(self.mtime())
+    }
+    /// A file read continues where the previous read on its descriptor ended: no round trip to
+    /// pay, so 1 MiB pieces (one FUSE request's worth) cost nothing over one long read.
+    fn prefetch_piece_bytes(&self) -> Option<u64> {
+        Some(PREFETCH_PIECE_BYTES)
     }
     fn len(&self) -> u64 {
         self.pinned.size

@@ -124,7 +124,7 @@ fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> bool {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    if !(args.bandwidth_mbps > 0.0) || !(args.latency_ms >= 0.0) {
+    if args.bandwidth_mbps.is_nan() || args.bandwidth_mbps <= 0.0 || args.latency_ms.is_nan() || args.latency_ms < 0.0 {
         return Err("--bandwidth-mbps must be > 0 and --latency-ms >= 0".into());
     }
     let model = CostModel {

@@ -144,6 +144,10 @@ def slowfs_stats(mnt):
         return json.load(f)
 
 
+# Extra arguments for every stfs mount (run.py --stfs-opts), for tuning runs.
+STFS_EXTRA_ARGS = []
+
+
 @contextlib.contextmanager
 def stfs(binary, checkpoint, cache_size=None, block_size=None, foreground=True):
     """Mounts `checkpoint` with stfs.
@@ -158,6 +162,7 @@ def stfs(binary, checkpoint, cache_size=None, block_size=None, foreground=True):
             cmd += ["--cache-size", cache_size]
         if block_size:
             cmd += ["--block-size", block_size]
+        cmd += STFS_EXTRA_ARGS
         proc = None
         started = time.perf_counter()
         try:

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import checkpoint  # noqa: E402
+import mounts  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
 
@@ -42,6 +44,8 @@ def parse_args():
     p.add_argument("--slow-bandwidth-mbps", type=float, default=200.0, help="slowfs MB/s per handle")
     p.add_argument("--slow-latency-ms", type=float, default=10.0, help="slowfs cost per range request")
     p.add_argument("--quick", action="store_true", help="smoke mode: tiny sizes, 2 reps, about a minute")
+    p.add_argument("--stfs-opts", default="", metavar="ARGS",
+                   help="extra arguments for every `stfs mount`, e.g. \"--block-size 256K\" (for tuning runs)")
     p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"), help="stfs binary")
     p.add_argument("--slowfs", default=os.path.join(REPO, "target", "release", "examples", "slowfs"),
                    help="slowfs binary (built with cargo if missing)")
@@ -105,6 +109,7 @@ def main():
     if os.geteuid() != 0:
         sys.exit("run.py needs root (it mounts FUSE filesystems and squashfs images)")
     ensure_tools(args)
+    mounts.STFS_EXTRA_ARGS = shlex.split(args.stfs_opts)
     bench = Bench(args)
     print(f"stfs: {bench.stfs or 'not found at ' + args.stfs + ' (stfs rows skipped)'}", flush=True)
     os.makedirs(args.workdir, exist_ok=True)

@@ -164,14 +164,9 @@ def scenario_memory(bench):
         res.note("stfs binary not found: not measured")
         res.value_check("(d) daemon VmHWM", "stfs daemon VmHWM", "<=", (cache_mb + 64) << 20, " B")
         return res
-    # stfs needs a cache of at least two blocks (a power of two): a tiny cache gets smaller blocks.
-    block_kb = 256
-    while block_kb > 64 and 2 * block_kb > cache_mb << 10:
-        block_kb //= 2
-    block_size = None if block_kb == 256 else f"{block_kb}K"
     mounts.warm_page_cache([ckpt["checkpoint"]])
     for _ in range(bench.reps):
-        with mounts.stfs(bench.stfs, ckpt["checkpoint"], cache_size=f"{cache_mb}M", block_size=block_size) as m:
+        with mounts.stfs(bench.stfs, ckpt["checkpoint"], cache_size=f"{cache_mb}M") as m:
             res.add("stfs cat all", cat_files(tensor_paths(m.path, ckpt)))
             res.add("stfs daemon VmHWM", mounts.peak_rss_bytes(m.pid), "B")
             res.add("stfs peak_resident_bytes", mounts.stfs_stats(m.path).get("peak_resident_bytes", 0), "B")

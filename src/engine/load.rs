@@ -62,7 +62,7 @@ impl Engine {
 
     /// Blocks `first..=last` of `entry`, for one request. Runs of consecutive missing blocks are
     /// loaded with one backing read each (one `preadv`, one ranged GET), so a 1 MiB request over
-    /// four cold 256 KiB blocks costs one round trip, not four. Every load this thread starts is
+    /// four cold blocks costs one round trip, not four. Every load this thread starts is
     /// finished before it waits for anyone else's, so two readers can never wait on each other.
     pub(super) fn demand_blocks(
         &self,
@@ -238,32 +238,43 @@ impl Shared {
         }
     }
 
-    /// Loads a run of reserved neighbouring blocks starting at `first` in one backing read.
+    /// Loads a run of reserved neighbouring blocks starting at `first`, front to back on the lane's
+    /// descriptor: in one backing read, or in consecutive pieces published one by one where the
+    /// source prefers that ([`crate::source::Source::prefetch_piece_bytes`]).
     pub(super) fn prefetch_run(
         &self,
         job: &Job,
         lane: &Mutex<Option<Box<dyn SourceStream>>>,
-        first: u64,
+        mut first: u64,
         mut run: Vec<LoadTicket<'_>>,
     ) {
-        if run.is_empty() {
-            return;
-        }
+        let bs = self.config.block_size;
+        let piece_blocks = job
+            .source
+            .source
+            .prefetch_piece_bytes()
+            .map_or(usize::MAX, |bytes| usize::try_from(bytes / bs).unwrap_or(usize::MAX).max(1));
         let mut descriptor = lock(lane);
         if descriptor.is_none() {
             *descriptor = job.source.take_spare();
         }
-        let mut tickets: Vec<&mut LoadTicket<'_>> = run.iter_mut().collect();
-        let loaded = self.fetch(&job.source, first, &mut tickets, &mut descriptor);
-        drop(descriptor);
-        match loaded {
-            Ok(buffers) => {
-                for (ticket, data) in run.into_iter().zip(buffers) {
-                    Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
-                    ticket.complete(data);
+        while !run.is_empty() {
+            let rest = run.split_off(piece_blocks.min(run.len()));
+            let mut tickets: Vec<&mut LoadTicket<'_>> = run.iter_mut().collect();
+            match self.fetch(&job.source, first, &mut tickets, &mut descriptor) {
+                Ok(buffers) => {
+                    first += run.len() as u64;
+                    for (ticket, data) in run.into_iter().zip(buffers) {
+                        Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
+                        ticket.complete(data);
+                    }
+                }
+                Err(e) => {
+                    run.into_iter().chain(rest).for_each(|ticket| ticket.fail(&e));
+                    return;
                 }
             }
-            Err(e) => run.into_iter().for_each(|ticket| ticket.fail(&e)),
+            run = rest;
         }
     }
 }
