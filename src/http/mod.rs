@@ -247,11 +247,47 @@ impl SourceStream for HttpStream {
             return Ok(());
         }
         let rest_offset = offset + from_prefix as u64;
+        self.fetch(&mut [rest], rest_offset)
+    }
+
+    /// One ranged GET whose body goes straight into the blocks' buffers, one after the other
+    /// (the default would join them in a temporary buffer and copy out).
+    fn read_vectored_exact_at(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let end = offset.checked_add(total as u64);
+        let from_prefix = offset < self.prefix.len() as u64;
+        if bufs.len() < 2 || total == 0 || from_prefix || end.is_none_or(|end| end > self.pin.size) {
+            // Single buffers, ranges the opening request already holds and errors: the plain path.
+            return match bufs {
+                [only] => self.read_exact_at(only, offset),
+                _ => read_joined(self, bufs, offset),
+            };
+        }
+        self.fetch(bufs, offset)
+    }
+}
+
+impl HttpStream {
+    /// Fetches `offset..offset + total length of bufs` (inside the object) into `bufs`, with retries.
+    fn fetch(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         let (remote, agent, pin) = (&self.remote, &self.agent, &self.pin);
         remote
-            .with_retries(|| fetch_block(remote, agent, pin, rest, rest_offset))
+            .with_retries(|| fetch_range(remote, agent, pin, bufs, offset))
             .map_err(io::Error::from)
     }
+}
+
+/// The trait's default vectored read (one joined read, copied out), for the cases above.
+fn read_joined(stream: &mut HttpStream, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+    let mut joined = vec![0; bufs.iter().map(|b| b.len()).sum()];
+    stream.read_exact_at(&mut joined, offset)?;
+    let mut rest = joined.as_slice();
+    for buf in bufs.iter_mut() {
+        let (head, tail) = rest.split_at(buf.len());
+        buf.copy_from_slice(head);
+        rest = tail;
+    }
+    Ok(())
 }
 
 /// One try at the opening request: the first `prefix_len` bytes, the total size and the pin.
@@ -274,7 +310,7 @@ fn fetch_prefix(
             }
             let pin = Pin::from_headers(total, response.headers());
             let mut prefix = vec![0; last as usize + 1]; // last < prefix_len, a u32
-            read_body_exact(remote, response, &mut prefix)?;
+            read_body_exact(remote, response, &mut [&mut prefix])?;
             Ok((prefix, pin))
         }
         200 => {
@@ -315,14 +351,15 @@ fn fetch_prefix(
 }
 
 /// One try at reading `buf.len()` bytes at `offset`, checked against the pin.
-fn fetch_block(
+fn fetch_range(
     remote: &Remote,
     agent: &Agent,
     pin: &Pin,
-    buf: &mut [u8],
+    bufs: &mut [&mut [u8]],
     offset: u64,
 ) -> Result<(), Failure> {
-    let last = offset + buf.len() as u64 - 1; // callers checked offset + len <= size
+    let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+    let last = offset + len - 1; // callers checked 0 < len and offset + len <= size
     let response = remote.get_range(agent, offset, last, Some(pin))?;
     match response.status().as_u16() {
         206 => {}
@@ -357,7 +394,7 @@ fn fetch_block(
         );
         return Err(Failure::permanent(remote.protocol(detail)));
     }
-    read_body_exact(remote, response, buf)
+    read_body_exact(remote, response, bufs)
 }
 
 /// The parsed Content-Range of a response, or a protocol failure.
@@ -374,11 +411,13 @@ fn content_range(remote: &Remote, response: &Response<Body>) -> Result<pin::Cont
 fn read_body_exact(
     remote: &Remote,
     response: Response<Body>,
-    buf: &mut [u8],
+    bufs: &mut [&mut [u8]],
 ) -> Result<(), Failure> {
     let mut reader = response.into_body().into_reader();
-    reader.read_exact(buf).map_err(|e| remote.body_failure(e))?;
-    Stats::add(&remote.stats.http_bytes, buf.len() as u64);
+    for buf in bufs.iter_mut() {
+        reader.read_exact(buf).map_err(|e| remote.body_failure(e))?;
+        Stats::add(&remote.stats.http_bytes, buf.len() as u64);
+    }
     // Reading to the end also lets the agent put the connection back into its pool. An error here
     // comes after every promised byte arrived, so the data stands.
     let mut probe = [0u8; 1];

@@ -99,6 +99,25 @@ fn reads_are_byte_exact_and_the_prefix_saves_requests() {
 }
 
 #[test]
+fn a_vectored_read_is_one_request_straight_into_the_buffers() {
+    let data = pattern(100_000);
+    let server = TestServer::start(data.clone());
+    let source = HttpSource::open(&server.url("/m"), options()).unwrap();
+    let mut stream = source.open_stream().unwrap();
+    for (offset, lens) in [(10_000u64, vec![1000, 3000, 7]), (0, vec![100, 5000]), (99_000, vec![500, 500])] {
+        let before = server.seen().len();
+        let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0; n]).collect();
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        stream.read_vectored_exact_at(&mut slices, offset).unwrap();
+        assert_eq!(bufs.concat(), &data[offset as usize..][..lens.iter().sum::<usize>()], "at {offset}");
+        assert!(server.seen().len() <= before + 1, "one request at most, at {offset}");
+    }
+    let mut past = [vec![0u8; 10], vec![0u8; 10]];
+    let mut slices: Vec<&mut [u8]> = past.iter_mut().map(Vec::as_mut_slice).collect();
+    assert!(stream.read_vectored_exact_at(&mut slices, 99_990).is_err());
+}
+
+#[test]
 fn streams_read_in_parallel_over_their_own_connections() {
     let data = pattern(1 << 20);
     let server = TestServer::start(data.clone());
