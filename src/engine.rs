@@ -393,7 +393,7 @@ mod tests {
         reads: Mutex<Vec<(u64, usize)>>,
         latency: Duration,
         failures_left: AtomicUsize,
-        /// [`Source::prefetch_piece_bytes`] (0: none).
+        /// Streams read long runs in pieces of this many bytes (0: in one read), as a local file does.
         piece: AtomicU64,
     }
 
@@ -409,12 +409,35 @@ mod tests {
         fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
             Ok(Box::new(FakeStream(Arc::clone(self))))
         }
-        fn prefetch_piece_bytes(&self) -> Option<u64> {
-            Some(self.piece.load(Relaxed)).filter(|&p| p > 0)
-        }
     }
 
     impl SourceStream for FakeStream {
+        fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+            let piece = self.0.piece.load(Relaxed) as usize;
+            if piece == 0 {
+                let mut bufs = bufs;
+                let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+                self.read_vectored_exact_at(&mut slices, offset)?;
+                bufs.into_iter().for_each(landed);
+                return Ok(());
+            }
+            // As a local file does: whole buffers, at most `piece` bytes per read (at least one buffer).
+            let (mut at, mut bufs) = (offset, bufs.into_iter().peekable());
+            while let Some(first) = bufs.next() {
+                let mut group = vec![first];
+                let mut bytes = group[0].len();
+                while let Some(next) = bufs.next_if(|b| bytes + b.len() <= piece) {
+                    bytes += next.len();
+                    group.push(next);
+                }
+                let mut slices: Vec<&mut [u8]> = group.iter_mut().map(Vec::as_mut_slice).collect();
+                self.read_vectored_exact_at(&mut slices, at)?;
+                at += bytes as u64;
+                group.into_iter().for_each(&mut *landed);
+            }
+            Ok(())
+        }
+
         fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
             let fake = &self.0;
             lock(&fake.reads).push((offset, buf.len()));
@@ -528,7 +551,10 @@ mod tests {
             drop(engine);
             assert_whole_blocks(&source, block_size);
             prop_assert!(counter(&stats.peak_resident_bytes) <= cache_size);
-            prop_assert_eq!(counter(&stats.backing_reads), lock(&source.reads).len() as u64);
+            // A fetch is one read, or several pieces of one.
+            let reads = lock(&source.reads).len() as u64;
+            prop_assert!(counter(&stats.backing_reads) <= reads);
+            prop_assert!(piece > 0 || counter(&stats.backing_reads) == reads);
         }
     }
 
@@ -617,32 +643,71 @@ mod tests {
         assert!(counter(&stats.backing_reads) < 4 * chunk_blocks / 4, "{reads:?}");
     }
 
+    /// A source whose multi-block reads hand out their first block, then wait until the gate opens.
+    struct GatedSource {
+        data: Vec<u8>,
+        open: Mutex<bool>,
+        opened: std::sync::Condvar,
+    }
+
+    struct GatedStream(Arc<GatedSource>);
+
+    impl Source for Arc<GatedSource> {
+        fn len(&self) -> u64 {
+            self.data.len() as u64
+        }
+        fn name(&self) -> &str {
+            "gated"
+        }
+        fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+            Ok(Box::new(GatedStream(Arc::clone(self))))
+        }
+    }
+
+    impl SourceStream for GatedStream {
+        fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            buf.copy_from_slice(&self.0.data[offset as usize..][..buf.len()]);
+            Ok(())
+        }
+        fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+            let (many, mut at) = (bufs.len() > 1, offset);
+            for (i, mut buf) in bufs.into_iter().enumerate() {
+                self.read_exact_at(&mut buf, at)?;
+                at += buf.len() as u64;
+                landed(buf);
+                if i == 0 && many {
+                    let open = lock(&self.0.open);
+                    let (_open, waited) = self.0.opened.wait_timeout_while(open, Duration::from_secs(5), |o| !*o).unwrap();
+                    assert!(!waited.timed_out(), "the gate was never opened");
+                }
+            }
+            Ok(())
+        }
+    }
+
     #[test]
-    fn lanes_read_long_runs_front_to_back_in_pieces() {
-        let bs = 64 << 10;
-        let source = fake((3 * PREFETCH_CHUNK_BYTES) as usize, Duration::ZERO);
-        source.piece.store(1 << 20, Relaxed);
-        let (engine, stats) = engine(bs, 1 << 30, 4);
-        let id = engine.add_source(Arc::new(Arc::clone(&source)));
-        let mut offset = 0;
-        while offset < source.data.len() as u64 {
-            let got = engine.read(id, offset, 1 << 20).unwrap();
-            assert_eq!(got, &source.data[offset as usize..][..got.len()]);
-            offset += got.len() as u64;
-        }
-        drop(engine);
-        assert_whole_blocks(&source, bs);
-        let reads = lock(&source.reads).clone();
-        assert!(reads.iter().all(|&(_, n)| n <= 1 << 20), "a read longer than a piece: {reads:?}");
-        assert!(counter(&stats.prefetched_bytes) > 0);
-        // Still each byte once: sorted, the reads tile the source.
-        let mut sorted = reads.clone();
-        sorted.sort();
-        let mut next = 0;
-        for (offset, n) in sorted {
-            assert_eq!(offset, next, "a gap or an overlap before {offset}: {reads:?}");
-            next += n as u64;
-        }
+    fn a_prefetched_block_is_served_while_the_rest_of_its_read_is_in_flight() {
+        let bs = 4096;
+        let gated = Arc::new(GatedSource {
+            data: (0..64 * bs as usize).map(|i| (i % 249) as u8).collect(),
+            open: Mutex::new(false),
+            opened: std::sync::Condvar::new(),
+        });
+        let (engine, stats) = engine(bs, 1 << 20, 1);
+        let id = engine.add_source(Arc::new(Arc::clone(&gated)));
+        // A read of a file's first byte (the file is blocks 2..40) prefetches blocks 3.. in one read.
+        let file = 2 * bs..40 * bs;
+        engine.read_in(id, file.clone(), 2 * bs, 100, <[u8]>::to_vec).unwrap();
+        eventually("the first prefetched block to land", || counter(&stats.prefetched_bytes) >= bs);
+        // The rest of that read is still held at the gate, yet block 3 is served from the cache.
+        assert_eq!(counter(&stats.prefetched_bytes), bs);
+        let misses = counter(&stats.cache_misses);
+        let got = engine.read_in(id, file.clone(), 3 * bs + 10, 100, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, &gated.data[3 * bs as usize + 10..][..100]);
+        assert_eq!(counter(&stats.cache_misses), misses, "block 3 came from the cache");
+        *lock(&gated.open) = true;
+        gated.opened.notify_all();
+        eventually("the rest of the prefetch", || counter(&stats.prefetched_bytes) > bs);
     }
 
     #[test]

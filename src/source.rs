@@ -10,8 +10,10 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The piece size of a local file's prefetch reads: see [`Source::prefetch_piece_bytes`].
-pub const PREFETCH_PIECE_BYTES: u64 = 1 << 20;
+/// How much of a long read a local file stream reads per `preadv` in
+/// [`SourceStream::read_blocks_at`]: the next piece continues where the previous one ended (the
+/// storage still sees one sequential stream), and each lands for readers as soon as it is read.
+pub const LOCAL_PIECE_BYTES: usize = 1 << 20;
 
 /// One immutable backing object (a local file, or a remote object), pinned when it was opened.
 pub trait Source: Send + Sync + 'static {
@@ -27,14 +29,6 @@ pub trait Source: Send + Sync + 'static {
     fn open_stream(&self) -> io::Result<Box<dyn SourceStream>>;
     /// When the object was last modified, if known (for the mount's timestamps).
     fn modified(&self) -> Option<std::time::SystemTime> {
-        None
-    }
-    /// How a prefetch lane splits a long run of blocks: it reads the run front to back in reads of
-    /// about this many bytes on its one descriptor (the storage still sees one sequential stream)
-    /// and hands out each piece as it lands, so a reader waiting at the front of an 8 MiB chunk
-    /// does not wait for all of it. `None` (the default): the whole run in one read, for sources
-    /// where every read is a request with its own round trip.
-    fn prefetch_piece_bytes(&self) -> Option<u64> {
         None
     }
 }
@@ -61,6 +55,17 @@ pub trait SourceStream: Send {
             buf.copy_from_slice(head);
             rest = tail;
         }
+        Ok(())
+    }
+
+    /// Like [`SourceStream::read_vectored_exact_at`] over `bufs` (one backing read, or consecutive
+    /// pieces of it on this descriptor), but hands each buffer to `landed`, in order, as soon as it
+    /// is full, so the front of a long read can be used before its end arrives. On an error, the
+    /// buffers not yet handed out are dropped. The default hands them all out at the end.
+    fn read_blocks_at(&mut self, mut bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        self.read_vectored_exact_at(&mut slices, offset)?;
+        bufs.into_iter().for_each(landed);
         Ok(())
     }
 }
@@ -135,11 +140,6 @@ impl LocalFile {
 impl Source for LocalFile {
     fn modified(&self) -> Option<SystemTime> {
         Some(self.mtime())
-    }
-    /// A file read continues where the previous read on its descriptor ended: no round trip to
-    /// pay, so 1 MiB pieces (one FUSE request's worth) cost nothing over one long read.
-    fn prefetch_piece_bytes(&self) -> Option<u64> {
-        Some(PREFETCH_PIECE_BYTES)
     }
     fn len(&self) -> u64 {
         self.pinned.size
@@ -234,6 +234,25 @@ impl LocalStream {
 }
 
 impl SourceStream for LocalStream {
+    /// Pieces of about [`LOCAL_PIECE_BYTES`] (whole buffers), one `preadv` each, front to back.
+    fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+        let mut at = offset;
+        let mut bufs = bufs.into_iter().peekable();
+        while bufs.peek().is_some() {
+            let mut piece = vec![bufs.next().unwrap_or_default()];
+            let mut bytes = piece[0].len();
+            while let Some(next) = bufs.next_if(|b| bytes + b.len() <= LOCAL_PIECE_BYTES) {
+                bytes += next.len();
+                piece.push(next);
+            }
+            let mut slices: Vec<&mut [u8]> = piece.iter_mut().map(Vec::as_mut_slice).collect();
+            self.read_vectored_exact_at(&mut slices, at)?;
+            at += bytes as u64;
+            piece.into_iter().for_each(&mut *landed);
+        }
+        Ok(())
+    }
+
     /// One preadv per call (repeated only after a short read), straight into the block buffers.
     fn read_vectored_exact_at(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
@@ -374,6 +393,25 @@ mod tests {
             .read_vectored_exact_at(&mut [&mut a, &mut c], 2000)
             .unwrap_err();
         assert!(err.to_string().contains("past the pinned length"), "{err}");
+    }
+
+    #[test]
+    fn block_reads_land_in_order_in_pieces_of_whole_buffers() {
+        let bytes: Vec<u8> = (0..3 * LOCAL_PIECE_BYTES + 5000).map(|i| (i % 253) as u8).collect();
+        let (_dir, path) = file_with(&bytes);
+        let file = LocalFile::open(&path).unwrap();
+        let mut stream = file.open_stream().unwrap();
+        let sizes = [LOCAL_PIECE_BYTES / 2, LOCAL_PIECE_BYTES, 0, 7, LOCAL_PIECE_BYTES + 3, 4990];
+        let bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();
+        let mut landed = Vec::new();
+        stream.read_blocks_at(bufs, 10, &mut |b| landed.push(b)).unwrap();
+        assert_eq!(landed.iter().map(Vec::len).collect::<Vec<_>>(), sizes);
+        assert_eq!(landed.concat(), &bytes[10..10 + sizes.iter().sum::<usize>()]);
+        // Past the end: an error, and only the buffers before the failing piece were handed out.
+        let mut count = 0;
+        let bufs = vec![vec![0; LOCAL_PIECE_BYTES], vec![0; LOCAL_PIECE_BYTES], vec![0; 2 * LOCAL_PIECE_BYTES]];
+        assert!(stream.read_blocks_at(bufs, 0, &mut |_| count += 1).is_err());
+        assert_eq!(count, 2);
     }
 
     #[test]

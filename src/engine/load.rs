@@ -160,35 +160,60 @@ impl Shared {
         tickets: &mut [&mut LoadTicket<'_>],
         descriptor: &mut Option<Box<dyn SourceStream>>,
     ) -> io::Result<Vec<Vec<u8>>> {
+        let buffers = self.take_buffers(entry, first, tickets.iter_mut().map(|t| &mut **t));
+        let mut filled = Vec::with_capacity(tickets.len());
+        self.fetch_landing(entry, first, buffers, descriptor, &mut |buffer| filled.push(buffer))?;
+        Ok(filled)
+    }
+
+    /// The tickets' buffers for blocks `first..`, each sized to its block.
+    fn take_buffers<'a, 't: 'a>(
+        &self,
+        entry: &SourceEntry,
+        first: u64,
+        tickets: impl Iterator<Item = &'a mut LoadTicket<'t>>,
+    ) -> Vec<Vec<u8>> {
         let bs = self.config.block_size;
+        // A block is at most MAX_BLOCK_SIZE (1 GiB), so its length fits a usize.
+        (first..).zip(tickets).map(|(block, t)| t.take_buffer(entry.block_len(block, bs) as usize)).collect()
+    }
+
+    /// One backing read of blocks `first..first + buffers.len()` into `buffers` (see
+    /// [`Shared::fetch`]), handing each to `landed`, in block order, as soon as the source has
+    /// filled it ([`SourceStream::read_blocks_at`]); on an error the rest are dropped.
+    pub(super) fn fetch_landing(
+        &self,
+        entry: &SourceEntry,
+        first: u64,
+        buffers: Vec<Vec<u8>>,
+        descriptor: &mut Option<Box<dyn SourceStream>>,
+        landed: &mut dyn FnMut(Vec<u8>),
+    ) -> io::Result<()> {
+        let bs = self.config.block_size;
+        let count = buffers.len();
+        let mut bytes = 0u64;
         let result = (|| {
-            let mut buffers = Vec::with_capacity(tickets.len());
-            for (block, ticket) in (first..).zip(tickets.iter_mut()) {
-                let len = usize::try_from(entry.block_len(block, bs))
-                    .map_err(|_| io::Error::other("block too large"))?;
-                buffers.push(ticket.take_buffer(len));
-            }
             if descriptor.is_none() {
                 *descriptor = Some(entry.source.open_stream()?);
             }
             if let Some(fd) = descriptor.as_mut() {
-                let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
-                fd.read_vectored_exact_at(&mut slices, first * bs)?;
+                fd.read_blocks_at(buffers, first * bs, &mut |buffer| {
+                    bytes += buffer.len() as u64;
+                    landed(buffer);
+                })?;
             }
-            Ok(buffers)
+            Ok(())
         })();
         Stats::add(&self.stats.backing_reads, 1);
+        Stats::add(&self.stats.backing_read_bytes, bytes);
         match &result {
-            Ok(buffers) => {
-                let bytes: usize = buffers.iter().map(Vec::len).sum();
-                Stats::add(&self.stats.backing_read_bytes, bytes as u64);
-            }
+            Ok(()) => {}
             Err(e) => {
                 Stats::add(&self.stats.backing_errors, 1);
                 log::warn!(
                     "{}: backing read of block {first} (+{}) failed: {e}",
                     entry.source.name(),
-                    tickets.len().saturating_sub(1)
+                    count.saturating_sub(1)
                 );
                 // A descriptor that failed may be broken (e.g. a dropped connection): reopen next time.
                 *descriptor = None;
@@ -238,43 +263,33 @@ impl Shared {
         }
     }
 
-    /// Loads a run of reserved neighbouring blocks starting at `first`, front to back on the lane's
-    /// descriptor: in one backing read, or in consecutive pieces published one by one where the
-    /// source prefers that ([`crate::source::Source::prefetch_piece_bytes`]).
+    /// Loads a run of reserved neighbouring blocks starting at `first` in one backing read on the
+    /// lane's descriptor, publishing each block as soon as it lands.
     pub(super) fn prefetch_run(
         &self,
         job: &Job,
         lane: &Mutex<Option<Box<dyn SourceStream>>>,
-        mut first: u64,
+        first: u64,
         mut run: Vec<LoadTicket<'_>>,
     ) {
-        let bs = self.config.block_size;
-        let piece_blocks = job
-            .source
-            .source
-            .prefetch_piece_bytes()
-            .map_or(usize::MAX, |bytes| usize::try_from(bytes / bs).unwrap_or(usize::MAX).max(1));
+        if run.is_empty() {
+            return;
+        }
         let mut descriptor = lock(lane);
         if descriptor.is_none() {
             *descriptor = job.source.take_spare();
         }
-        while !run.is_empty() {
-            let rest = run.split_off(piece_blocks.min(run.len()));
-            let mut tickets: Vec<&mut LoadTicket<'_>> = run.iter_mut().collect();
-            match self.fetch(&job.source, first, &mut tickets, &mut descriptor) {
-                Ok(buffers) => {
-                    first += run.len() as u64;
-                    for (ticket, data) in run.into_iter().zip(buffers) {
-                        Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
-                        ticket.complete(data);
-                    }
-                }
-                Err(e) => {
-                    run.into_iter().chain(rest).for_each(|ticket| ticket.fail(&e));
-                    return;
-                }
+        let buffers = self.take_buffers(&job.source, first, run.iter_mut());
+        let mut tickets = run.into_iter();
+        let result = self.fetch_landing(&job.source, first, buffers, &mut descriptor, &mut |data| {
+            if let Some(ticket) = tickets.next() {
+                Stats::add(&self.stats.prefetched_bytes, data.len() as u64);
+                ticket.complete(data);
             }
-            run = rest;
+        });
+        drop(descriptor);
+        if let Err(e) = result {
+            tickets.for_each(|ticket| ticket.fail(&e));
         }
     }
 }

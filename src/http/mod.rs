@@ -265,6 +265,10 @@ impl SourceStream for HttpStream {
         }
         self.fetch(bufs, offset)
     }
+
+    // `read_blocks_at` keeps the default: the blocks of a GET land together once its body is in.
+    // Landing them one by one as the body arrives was measured on loopback (remote.py) and only
+    // added wake-ups: the reader then competes with the transfer for the same CPUs.
 }
 
 impl HttpStream {
@@ -360,6 +364,13 @@ fn fetch_range(
 ) -> Result<(), Failure> {
     let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
     let last = offset + len - 1; // callers checked 0 < len and offset + len <= size
+    let response = open_range(remote, agent, pin, offset, last)?;
+    read_body_exact(remote, response, bufs)
+}
+
+/// Sends the ranged GET for bytes `offset..=last` of the pinned object and checks the answer: a
+/// 206 for exactly that range of the same object, ready for its body to be read.
+fn open_range(remote: &Remote, agent: &Agent, pin: &Pin, offset: u64, last: u64) -> Result<Response<Body>, Failure> {
     let response = remote.get_range(agent, offset, last, Some(pin))?;
     match response.status().as_u16() {
         206 => {}
@@ -394,7 +405,7 @@ fn fetch_range(
         );
         return Err(Failure::permanent(remote.protocol(detail)));
     }
-    read_body_exact(remote, response, bufs)
+    Ok(response)
 }
 
 /// The parsed Content-Range of a response, or a protocol failure.
@@ -418,6 +429,12 @@ fn read_body_exact(
         reader.read_exact(buf).map_err(|e| remote.body_failure(e))?;
         Stats::add(&remote.stats.http_bytes, buf.len() as u64);
     }
+    expect_body_end(remote, &mut reader)
+}
+
+/// Checks that a body holds nothing past the promised bytes; reading to its end also lets the
+/// agent put the connection back into its pool.
+fn expect_body_end(remote: &Remote, reader: &mut impl Read) -> Result<(), Failure> {
     // Reading to the end also lets the agent put the connection back into its pool. An error here
     // comes after every promised byte arrived, so the data stands.
     let mut probe = [0u8; 1];
