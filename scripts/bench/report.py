@@ -28,14 +28,17 @@ class Results:
     def note(self, text):
         self.notes.append(text)
 
+    def paired_ratios(self, slower, faster):
+        """Repetition i of `slower` over repetition i of `faster`, for every i measured in both."""
+        a, b = self.series.get(slower, []), self.series.get(faster, [])
+        return [x / y for x, y in zip(a, b) if y > 0]
+
     def ratio_check(self, label, slower, faster, target):
         """Pairs repetition i of `slower` with repetition i of `faster` and checks median(slower/faster) >= target.
 
         The series were measured interleaved, so pairing by index cancels slow drifts of the VM.
         """
-        a, b = self.series.get(slower, []), self.series.get(faster, [])
-        ratios = [x / y for x, y in zip(a, b) if y > 0]
-        self._check(label, ratios, ">=", target, "x")
+        self._check(label, self.paired_ratios(slower, faster), ">=", target, "x")
 
     def value_check(self, label, name, op, limit, unit=""):
         """Checks the median of series `name` against `limit` with `op` ("<=" or "<" or ">=")."""

@@ -7,6 +7,7 @@ order rotated by r, so drifts of this noisy VM hit all variants alike and ratios
 import json
 import os
 import subprocess
+import statistics
 import sys
 import time
 
@@ -21,6 +22,16 @@ STEP_TIMEOUT_S = 1800
 def rotated(items, rep):
     shift = rep % len(items)
     return items[shift:] + items[:shift]
+
+
+def fresh_memory_seconds(nbytes):
+    """Wall time of `dd` reading `nbytes` of /dev/zero into one never-touched buffer: every page is
+    faulted in and written once, as the kernel does for the page cache of a fresh FUSE read."""
+    mib = max(1, -(-nbytes // (1 << 20)))
+    started = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", "of=/dev/null", f"bs={mib}M", "count=1", "iflag=fullblock"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=STEP_TIMEOUT_S)
+    return time.perf_counter() - started
 
 
 def cat_files(paths):
@@ -65,11 +76,13 @@ def scenario_read(bench):
     res = Results("a+b", f"read every tensor once ({ckpt['data_bytes'] / 2**20:.0f} MiB, "
                          f"{len(ckpt['header'])} tensors), backing file in page cache")
     local = tensor_paths(ckpt["tensors_dir"], ckpt)
-    variants = ["squashfuse", "local"] + (["stfs"] if bench.stfs else [])
+    variants = ["squashfuse", "local", "floor"] + (["stfs"] if bench.stfs else [])
     verified = False
     for rep in range(bench.reps):
         for variant in rotated(variants, rep):
-            if variant == "local":
+            if variant == "floor":
+                res.add("fresh-memory floor", fresh_memory_seconds(ckpt["data_bytes"]))
+            elif variant == "local":
                 mounts.warm_page_cache(local)
                 res.add("local cat", cat_files(local))
             elif variant == "squashfuse":
@@ -89,6 +102,11 @@ def scenario_read(bench):
     res.ratio_check("(a) stfs fresh vs squashfuse fresh (speed-up)", "squashfuse fresh", "stfs fresh", 2.0)
     res.ratio_check("(a) stfs fresh vs local cat (fraction of local speed)", "local cat", "stfs fresh", 0.3)
     res.ratio_check("(b) stfs re-read vs local cat (fraction of local speed)", "local cat", "stfs re-read", 0.75)
+    floor = res.paired_ratios("local cat", "fresh-memory floor")
+    if floor:
+        res.note(f"fresh-memory floor: writing the tensors' bytes once into never-touched memory (what a fresh "
+                 f"FUSE read does to the kernel's page cache) runs at {statistics.median(floor):.2f}x local cat "
+                 f"speed [{min(floor):.2f}-{max(floor):.2f}]: no FUSE filesystem's fresh read can beat that here")
     if not bench.stfs:
         res.note("stfs binary not found: stfs rows not measured")
     return res
