@@ -18,7 +18,9 @@
 //! Buffers are reused: a block a sequential stream has moved past ([`BlockCache::recycle`]) and a
 //! block evicted to make room hand their allocation to the next load, so a steady stream touches
 //! no fresh memory (no page faults, no kernel zeroing). Idle spare buffers count against the
-//! budget like ready blocks, and are the first thing dropped when room is needed.
+//! budget like ready blocks, and are the first thing dropped when room is needed. Until the cache
+//! is full enough to recycle, a background thread keeps a few spares faulted in ahead of need
+//! ([`warm`]), so loads do not fault in fresh memory on a reader's time either.
 
 use std::collections::HashMap;
 use std::io;
@@ -29,6 +31,8 @@ use lru::LruCache;
 
 use crate::engine::SourceId;
 use crate::stats::Stats;
+
+mod warm;
 
 /// A block's identity: its source and its index (`offset / block_size`).
 pub type BlockKey = (SourceId, u64);
@@ -41,6 +45,8 @@ pub struct BlockCache {
     capacity: u64,
     stats: Arc<Stats>,
     inner: Mutex<Inner>,
+    /// Signalled when loads have used up the warm spares ([`BlockCache::keep_warm`]).
+    spares_low: Condvar,
 }
 
 struct Inner {
@@ -293,6 +299,7 @@ impl BlockCache {
             capacity,
             stats,
             inner: Mutex::new(inner),
+            spares_low: Condvar::new(),
         }
     }
 
@@ -313,6 +320,7 @@ impl BlockCache {
         }
         Stats::add(&stats.cache_misses, 1);
         let mut buffer = inner.take_spare(len, stats);
+        self.spare_taken(&inner);
         let fits = inner.make_room(len, self.capacity, false, stats, &mut buffer);
         let reserved = if fits { len } else { 0 };
         Lookup::Load(self.start_load(inner, key, reserved, false, buffer))
@@ -325,6 +333,7 @@ impl BlockCache {
             return Prefetch::Present;
         }
         let mut buffer = inner.take_spare(len, &self.stats);
+        self.spare_taken(&inner);
         if !inner.make_room(len, self.capacity, true, &self.stats, &mut buffer) {
             if let Some(buffer) = buffer {
                 // Back where it came from: the budget had room for it a moment ago.

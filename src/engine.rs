@@ -112,6 +112,8 @@ impl std::error::Error for ReadError {}
 pub struct Engine {
     shared: Arc<Shared>,
     prefetcher: IoPool<Job>,
+    /// Keeps a few block buffers faulted in ahead of need ([`BlockCache::keep_warm`]).
+    warmer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the engine and its I/O threads share.
@@ -174,7 +176,13 @@ impl Engine {
         let prefetcher = IoPool::start(io_threads, JOB_QUEUE_LEN, move |job: Job| {
             worker_shared.run_prefetch(&job)
         });
-        Arc::new(Engine { shared, prefetcher })
+        let warm_shared = Arc::clone(&shared);
+        let warmer = std::thread::Builder::new()
+            .name("stfs-warm".into())
+            .spawn(move || warm_shared.cache.keep_warm(warm_shared.config.block_size, &warm_shared.stopping))
+            .map_err(|e| log::warn!("no thread to keep spare buffers warm: {e}"))
+            .ok();
+        Arc::new(Engine { shared, prefetcher, warmer })
     }
 
     /// Registers a source; blocks are keyed by (source, block index).
@@ -377,6 +385,10 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // Queued jobs end at their next block; the pool then joins its threads as it is dropped.
         self.shared.stopping.store(true, Relaxed);
+        self.shared.cache.wake_warmer();
+        if let Some(warmer) = self.warmer.take() {
+            let _ = warmer.join();
+        }
     }
 }
 

@@ -1,0 +1,151 @@
+//! Warm spare buffers: a background thread faults in a few block buffers ahead of need, so a load
+//! that finds no buffer to reuse (a random reader filling the cache) does not pay for fresh memory
+//! on the reader's time.
+//!
+//! A new block's buffer is fresh memory until the cache is full and starts reusing evicted ones.
+//! Its first write costs a page fault per 4 KiB, and on a VM that hands freed memory back to the
+//! host (free page reporting) a host fault too: about 3 µs per page here, so 50 µs for a 64 KiB
+//! block, half of a first-touch random read (docs/benchmarks.md). The warm spares are ordinary
+//! spare buffers (counted against the cache budget), topped up only while the cache is at most
+//! three-quarters full, where a load would otherwise allocate.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use super::{BlockCache, Inner};
+
+/// Bytes of warm spares kept ready (at least one buffer): a few FUSE requests' worth.
+const WARM_SPARE_BYTES: u64 = 4 << 20;
+
+impl BlockCache {
+    /// Runs on a background thread until `stop` is set (then call [`BlockCache::wake_warmer`]):
+    /// keeps up to [`WARM_SPARE_BYTES`] of spare buffers of `len` bytes faulted in.
+    pub fn keep_warm(&self, len: u64, stop: &AtomicBool) {
+        let Ok(size) = usize::try_from(len) else { return };
+        if len == 0 {
+            return;
+        }
+        loop {
+            {
+                let mut inner = self.lock_inner();
+                while !stop.load(Relaxed) && !self.wants_warm(&inner, len) {
+                    inner = self.spares_low.wait(inner).unwrap_or_else(|e| e.into_inner());
+                }
+                if stop.load(Relaxed) {
+                    return;
+                }
+                // Counted now, so the budget holds while the buffer is being faulted in.
+                inner.used += len;
+                self.stats.add_resident(len as i64);
+            }
+            let buffer = faulted_in(size);
+            self.lock_inner().spares.push(buffer);
+        }
+    }
+
+    /// Wakes the warming thread (to stop it, or because spares ran low).
+    pub fn wake_warmer(&self) {
+        // Taking the lock first: the thread is then either before its check of `stop` or waiting.
+        drop(self.lock_inner());
+        self.spares_low.notify_all();
+    }
+
+    /// Called after a load took (or failed to find) a spare buffer: the warming thread may top up.
+    pub(super) fn spare_taken(&self, inner: &Inner) {
+        if inner.used <= self.warm_limit() {
+            self.spares_low.notify_one();
+        }
+    }
+
+    fn wants_warm(&self, inner: &Inner, len: u64) -> bool {
+        let warm = inner.spares.iter().filter(|b| b.len() as u64 == len).count() as u64;
+        warm < self.warm_count(len) && inner.used + len <= self.warm_limit()
+    }
+
+    fn warm_count(&self, len: u64) -> u64 {
+        (WARM_SPARE_BYTES / len.max(1)).max(1)
+    }
+
+    /// Warm spares are added only while the cache is at most three-quarters full: beyond that,
+    /// loads reuse the buffers of evicted blocks, and spares would only crowd out data.
+    fn warm_limit(&self) -> u64 {
+        self.capacity / 4 * 3
+    }
+}
+
+/// A zeroed buffer of `len` bytes whose every page has been written, so it is resident.
+fn faulted_in(len: usize) -> Vec<u8> {
+    let mut buffer = vec![0u8; len];
+    // A zeroed allocation may be untouched pages; writing an opaque zero into each makes the
+    // kernel fault it in now (a plain zero store could be optimised away).
+    for page in buffer.chunks_mut(4096) {
+        page[0] = std::hint::black_box(0);
+    }
+    buffer
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::cache::Lookup;
+    use crate::stats::Stats;
+
+    const LEN: u64 = 64 << 10;
+
+    fn spares(cache: &BlockCache) -> usize {
+        cache.lock_inner().spares.len()
+    }
+
+    /// Polls `done` until it holds or 5 s pass: waits for the thread without timing claims.
+    fn eventually(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn keeps_spares_warm_within_the_budget_and_stops_when_told() {
+        let stats = Arc::new(Stats::default());
+        let cache = BlockCache::new(1 << 30, Arc::clone(&stats));
+        let stop = AtomicBool::new(false);
+        let want = (WARM_SPARE_BYTES / LEN) as usize;
+        std::thread::scope(|scope| {
+            let warmer = scope.spawn(|| cache.keep_warm(LEN, &stop));
+            eventually("the warm spares", || spares(&cache) == want);
+            assert_eq!(cache.used_bytes(), want as u64 * LEN, "spares count against the budget");
+            // A load takes one (its buffer is a warm spare, already counted), and the thread tops up.
+            let Lookup::Load(mut ticket) = cache.lookup((0, 7), LEN) else { panic!("a miss loads") };
+            assert_eq!(ticket.take_buffer(LEN as usize).len(), LEN as usize);
+            ticket.complete(vec![7; LEN as usize]);
+            eventually("the top-up", || spares(&cache) == want);
+            stop.store(true, Relaxed);
+            cache.wake_warmer();
+            warmer.join().unwrap();
+        });
+        assert_eq!(spares(&cache), want);
+    }
+
+    #[test]
+    fn adds_nothing_past_three_quarters_of_a_small_cache() {
+        let stats = Arc::new(Stats::default());
+        // Room for two blocks: at most one warm spare (1.5 blocks is three quarters).
+        let cache = BlockCache::new(2 * LEN, Arc::clone(&stats));
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let warmer = scope.spawn(|| cache.keep_warm(LEN, &stop));
+            eventually("one warm spare", || spares(&cache) == 1);
+            // A block read on demand fills the cache past the limit: no spare is added back.
+            let Lookup::Load(ticket) = cache.lookup((0, 1), LEN) else { panic!("a miss loads") };
+            ticket.complete(vec![1; LEN as usize]);
+            stop.store(true, Relaxed);
+            cache.wake_warmer();
+            warmer.join().unwrap();
+        });
+        assert_eq!(spares(&cache), 0);
+        assert!(stats.peak_resident_bytes.load(Relaxed) <= 2 * LEN);
+    }
+}
