@@ -433,21 +433,8 @@ mod tests {
                 bufs.into_iter().for_each(landed);
                 return Ok(());
             }
-            // As a local file does: whole buffers, at most `piece` bytes per read (at least one buffer).
-            let (mut at, mut bufs) = (offset, bufs.into_iter().peekable());
-            while let Some(first) = bufs.next() {
-                let mut group = vec![first];
-                let mut bytes = group[0].len();
-                while let Some(next) = bufs.next_if(|b| bytes + b.len() <= piece) {
-                    bytes += next.len();
-                    group.push(next);
-                }
-                let mut slices: Vec<&mut [u8]> = group.iter_mut().map(Vec::as_mut_slice).collect();
-                self.read_vectored_exact_at(&mut slices, at)?;
-                at += bytes as u64;
-                group.into_iter().for_each(&mut *landed);
-            }
-            Ok(())
+            // As a local file does: whole buffers, at most `piece` bytes per read.
+            crate::source::read_in_pieces(self, bufs, offset, piece, landed)
         }
 
         fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -46,16 +46,7 @@ pub trait SourceStream: Send {
         if let [only] = bufs {
             return self.read_exact_at(only, offset);
         }
-        let total = bufs.iter().map(|b| b.len()).sum();
-        let mut joined = vec![0; total];
-        self.read_exact_at(&mut joined, offset)?;
-        let mut rest = joined.as_slice();
-        for buf in bufs.iter_mut() {
-            let (head, tail) = rest.split_at(buf.len());
-            buf.copy_from_slice(head);
-            rest = tail;
-        }
-        Ok(())
+        read_joined(self, bufs, offset)
     }
 
     /// Like [`SourceStream::read_vectored_exact_at`] over `bufs` (one backing read, or consecutive
@@ -233,24 +224,48 @@ impl LocalStream {
     }
 }
 
+/// Fills `bufs` from one read of their joined length, copied out: for streams without a scatter read.
+pub fn read_joined<S: SourceStream + ?Sized>(stream: &mut S, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+    let mut joined = vec![0; bufs.iter().map(|b| b.len()).sum()];
+    stream.read_exact_at(&mut joined, offset)?;
+    let mut rest = joined.as_slice();
+    for buf in bufs.iter_mut() {
+        let (head, tail) = rest.split_at(buf.len());
+        buf.copy_from_slice(head);
+        rest = tail;
+    }
+    Ok(())
+}
+
+/// [`SourceStream::read_blocks_at`] in consecutive vectored reads of whole buffers, each of at most
+/// `piece_bytes` (or one buffer, if that is longer), handing each piece's buffers out as it lands.
+pub fn read_in_pieces<S: SourceStream + ?Sized>(
+    stream: &mut S,
+    bufs: Vec<Vec<u8>>,
+    offset: u64,
+    piece_bytes: usize,
+    landed: &mut dyn FnMut(Vec<u8>),
+) -> io::Result<()> {
+    let (mut at, mut bufs) = (offset, bufs.into_iter().peekable());
+    while let Some(first) = bufs.next() {
+        let mut piece = vec![first];
+        let mut bytes = piece[0].len();
+        while let Some(next) = bufs.next_if(|b| bytes + b.len() <= piece_bytes) {
+            bytes += next.len();
+            piece.push(next);
+        }
+        let mut slices: Vec<&mut [u8]> = piece.iter_mut().map(Vec::as_mut_slice).collect();
+        stream.read_vectored_exact_at(&mut slices, at)?;
+        at += bytes as u64;
+        piece.into_iter().for_each(&mut *landed);
+    }
+    Ok(())
+}
+
 impl SourceStream for LocalStream {
     /// Pieces of about [`LOCAL_PIECE_BYTES`] (whole buffers), one `preadv` each, front to back.
     fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
-        let mut at = offset;
-        let mut bufs = bufs.into_iter().peekable();
-        while bufs.peek().is_some() {
-            let mut piece = vec![bufs.next().unwrap_or_default()];
-            let mut bytes = piece[0].len();
-            while let Some(next) = bufs.next_if(|b| bytes + b.len() <= LOCAL_PIECE_BYTES) {
-                bytes += next.len();
-                piece.push(next);
-            }
-            let mut slices: Vec<&mut [u8]> = piece.iter_mut().map(Vec::as_mut_slice).collect();
-            self.read_vectored_exact_at(&mut slices, at)?;
-            at += bytes as u64;
-            piece.into_iter().for_each(&mut *landed);
-        }
-        Ok(())
+        read_in_pieces(self, bufs, offset, LOCAL_PIECE_BYTES, landed)
     }
 
     /// One preadv per call (repeated only after a short read), straight into the block buffers.

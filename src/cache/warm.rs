@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::{BlockCache, Inner};
 
-/// Bytes of warm spares kept ready (at least one buffer): a few FUSE requests' worth.
+/// Bytes of warm spares kept ready: a few FUSE requests' worth.
 const WARM_SPARE_BYTES: u64 = 4 << 20;
 
 impl BlockCache {
@@ -61,8 +61,10 @@ impl BlockCache {
         warm < self.warm_count(len) && inner.used + len <= self.warm_limit()
     }
 
+    /// Spares of `len` bytes to keep: none for blocks larger than [`WARM_SPARE_BYTES`], whose
+    /// loads are large reads anyway (and a 1 GiB block would make an idle mount hold 1 GiB).
     fn warm_count(&self, len: u64) -> u64 {
-        (WARM_SPARE_BYTES / len.max(1)).max(1)
+        WARM_SPARE_BYTES / len.max(1)
     }
 
     /// Warm spares are added only while the cache is at most three-quarters full: beyond that,
@@ -127,6 +129,16 @@ mod tests {
             warmer.join().unwrap();
         });
         assert_eq!(spares(&cache), want);
+    }
+
+    #[test]
+    fn keeps_no_spares_of_blocks_larger_than_the_warm_budget() {
+        let cache = BlockCache::new(1 << 30, Arc::new(Stats::default()));
+        let stop = AtomicBool::new(false);
+        assert!(!cache.wants_warm(&cache.lock_inner(), 2 * WARM_SPARE_BYTES));
+        stop.store(true, Relaxed);
+        cache.keep_warm(2 * WARM_SPARE_BYTES, &stop);
+        assert_eq!((spares(&cache), cache.used_bytes()), (0, 0));
     }
 
     #[test]

@@ -260,7 +260,7 @@ impl SourceStream for HttpStream {
             // Single buffers, ranges the opening request already holds and errors: the plain path.
             return match bufs {
                 [only] => self.read_exact_at(only, offset),
-                _ => read_joined(self, bufs, offset),
+                _ => crate::source::read_joined(self, bufs, offset),
             };
         }
         self.fetch(bufs, offset)
@@ -279,19 +279,6 @@ impl HttpStream {
             .with_retries(|| fetch_range(remote, agent, pin, bufs, offset))
             .map_err(io::Error::from)
     }
-}
-
-/// The trait's default vectored read (one joined read, copied out), for the cases above.
-fn read_joined(stream: &mut HttpStream, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
-    let mut joined = vec![0; bufs.iter().map(|b| b.len()).sum()];
-    stream.read_exact_at(&mut joined, offset)?;
-    let mut rest = joined.as_slice();
-    for buf in bufs.iter_mut() {
-        let (head, tail) = rest.split_at(buf.len());
-        buf.copy_from_slice(head);
-        rest = tail;
-    }
-    Ok(())
 }
 
 /// One try at the opening request: the first `prefix_len` bytes, the total size and the pin.
