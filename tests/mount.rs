@@ -226,6 +226,22 @@ fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
 }
 
 #[test]
+fn opening_files_needs_no_round_trip_to_the_daemon() {
+    let (_dir, tensors, m) = mixed_mount();
+    for _ in 0..3 {
+        for t in &tensors {
+            let mut f = std::fs::File::open(served_path(&m, &t.name)).unwrap();
+            let mut first = [0u8; 1];
+            std::io::Read::read(&mut f, &mut first).unwrap();
+        }
+    }
+    std::fs::read(m.path.join("metadata.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+    // The first OPEN is declined with ENOSYS; from then on the kernel opens and closes files itself.
+    assert!(doc["opens"].as_u64().unwrap() <= 1, "{doc}");
+}
+
+#[test]
 fn umount_command_unmounts_and_daemon_exits() {
     let (_dir, _tensors, m) = mixed_mount();
     let out = stfs(&["umount", m.path.to_str().unwrap()]);
