@@ -162,7 +162,8 @@ impl Fs {
         };
         if self.is_stats(ino) {
             // Every open by path looks the name up first (entry TTL 0), so each reader gets a
-            // document taken when it opened, and one snapshot serves all of its reads.
+            // document taken when it opened, which serves all of its reads unless another open
+            // renews it meanwhile (the kernel caches one copy per file; docs/usage.md).
             self.renew_stats_snapshot();
         }
         self.getattr(ino)
