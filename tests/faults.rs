@@ -177,17 +177,21 @@ impl Drop for Unmount {
     }
 }
 
-#[test]
-fn backing_eio_surfaces_as_eio_and_a_retry_succeeds() {
-    let dir = workdir();
-    let backing = dir.path().join("backing");
-    let fault_mp = dir.path().join("fault");
+/// The fixture written under `dir/backing`, served through a fault-injecting mount on `dir/fault`.
+fn fixture_behind_fault_mount(dir: &Path) -> (Vec<T>, FaultMount) {
+    let (backing, fault_mp) = (dir.join("backing"), dir.join("fault"));
     std::fs::create_dir(&backing).unwrap();
     std::fs::create_dir(&fault_mp).unwrap();
     let (_, tensors) = fixture(&backing);
-    let fault = FaultMount::new(&backing, &fault_mp);
+    (tensors, FaultMount::new(&backing, &fault_mp))
+}
+
+#[test]
+fn backing_eio_surfaces_as_eio_and_a_retry_succeeds() {
+    let dir = workdir();
+    let (tensors, fault) = fixture_behind_fault_mount(dir.path());
     let log = dir.path().join("stfs.log");
-    let m = mount_logged(&fault_mp.join("model.safetensors"), &log);
+    let m = mount_logged(&fault.path.join("model.safetensors"), &log);
     assert_eq!(std::fs::read(m.file("first")).unwrap(), tensors[0].data);
 
     fault.fail_reads.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -231,15 +235,10 @@ fn rewrite_that_restores_the_mtime_gives_eio() {
 #[test]
 fn a_hung_backing_store_blocks_only_the_reads_that_need_it() {
     let dir = workdir();
-    let backing = dir.path().join("backing");
-    let fault_mp = dir.path().join("fault");
-    std::fs::create_dir(&backing).unwrap();
-    std::fs::create_dir(&fault_mp).unwrap();
-    let (_, tensors) = fixture(&backing);
-    let fault = FaultMount::new(&backing, &fault_mp);
+    let (tensors, fault) = fixture_behind_fault_mount(dir.path());
     let mut args = MOUNT_OPTS.to_vec();
     args.extend(["--threads", "4"]);
-    let m = Mount::new(&fault_mp.join("model.safetensors"), &args);
+    let m = Mount::new(&fault.path.join("model.safetensors"), &args);
     assert_eq!(std::fs::read(m.file("first")).unwrap(), tensors[0].data);
 
     fault.hang_reads.store(true, std::sync::atomic::Ordering::SeqCst);
