@@ -56,6 +56,8 @@ struct Inner {
     spares: Vec<Vec<u8>>,
     /// Bytes of ready blocks, spare buffers and loads in flight; never above `capacity`.
     used: u64,
+    /// The warming thread is waiting for spares to run low ([`BlockCache::keep_warm`]).
+    warmer_asleep: bool,
 }
 
 /// Spare buffers kept at most: enough for the loads of several streams in flight at once.
@@ -294,6 +296,7 @@ impl BlockCache {
             loading: HashMap::new(),
             spares: Vec::new(),
             used: 0,
+            warmer_asleep: false,
         };
         BlockCache {
             capacity,

@@ -11,9 +11,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use super::{BlockCache, Inner};
+use super::{BlockCache, Inner, MAX_SPARES};
 
-/// Bytes of warm spares kept ready: a few FUSE requests' worth.
+/// Bytes of warm spares kept ready (at most [`MAX_SPARES`] buffers): a few FUSE requests' worth.
 const WARM_SPARE_BYTES: u64 = 4 << 20;
 
 impl BlockCache {
@@ -28,7 +28,9 @@ impl BlockCache {
             {
                 let mut inner = self.lock_inner();
                 while !stop.load(Relaxed) && !self.wants_warm(&inner, len) {
+                    inner.warmer_asleep = true;
                     inner = self.spares_low.wait(inner).unwrap_or_else(|e| e.into_inner());
+                    inner.warmer_asleep = false;
                 }
                 if stop.load(Relaxed) {
                     return;
@@ -49,9 +51,10 @@ impl BlockCache {
         self.spares_low.notify_all();
     }
 
-    /// Called after a load took (or failed to find) a spare buffer: the warming thread may top up.
+    /// Called after a load took (or failed to find) a spare buffer: wakes the warming thread if
+    /// it sleeps and may top up (so a load costs no wake-up call otherwise).
     pub(super) fn spare_taken(&self, inner: &Inner) {
-        if inner.used <= self.warm_limit() {
+        if inner.warmer_asleep && inner.used <= self.warm_limit() {
             self.spares_low.notify_one();
         }
     }
@@ -62,9 +65,10 @@ impl BlockCache {
     }
 
     /// Spares of `len` bytes to keep: none for blocks larger than [`WARM_SPARE_BYTES`], whose
-    /// loads are large reads anyway (and a 1 GiB block would make an idle mount hold 1 GiB).
+    /// loads are large reads anyway (and a 1 GiB block would make an idle mount hold 1 GiB), and
+    /// never more than the pool holds ([`MAX_SPARES`]), so drop-behind can still add to it.
     fn warm_count(&self, len: u64) -> u64 {
-        WARM_SPARE_BYTES / len.max(1)
+        (WARM_SPARE_BYTES / len.max(1)).min(MAX_SPARES as u64)
     }
 
     /// Warm spares are added only while the cache is at most three-quarters full: beyond that,
@@ -114,7 +118,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let cache = BlockCache::new(1 << 30, Arc::clone(&stats));
         let stop = AtomicBool::new(false);
-        let want = (WARM_SPARE_BYTES / LEN) as usize;
+        let want = (WARM_SPARE_BYTES / LEN).min(MAX_SPARES as u64) as usize;
         std::thread::scope(|scope| {
             let warmer = scope.spawn(|| cache.keep_warm(LEN, &stop));
             eventually("the warm spares", || spares(&cache) == want);
