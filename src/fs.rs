@@ -160,7 +160,7 @@ impl Fs {
             ".." => self.ns.node(parent).map_or(ROOT_INO, |n| n.parent),
             _ => dir.get(name).ok_or(FsError::NotFound)?,
         };
-        if self.is_stats(ino) {
+        if self.ns.node(ino).is_some_and(|n| is_stats(&n.kind)) {
             // Every open by path looks the name up first (entry TTL 0), so each reader gets a
             // document taken when it opened, which serves all of its reads unless another open
             // renews it meanwhile (the kernel caches one copy per file; docs/usage.md).
@@ -178,15 +178,11 @@ impl Fs {
             NodeKind::File { size, .. } => (Kind::File, *size, b.file_perm, 1),
         };
         let attr = Attr { ino, size, kind, perm, nlink, uid: b.uid, gid: b.gid, mtime: b.mtime, blksize: b.blksize, renew_on_lookup: false };
-        if !self.is_stats(ino) {
+        if !is_stats(&node.kind) {
             return Ok(attr);
         }
         let (doc, taken) = self.current_stats_snapshot();
         Ok(Attr { size: doc.len() as u64, mtime: taken, renew_on_lookup: true, ..attr })
-    }
-
-    fn is_stats(&self, ino: Ino) -> bool {
-        matches!(self.ns.node(ino).map(|n| &n.kind), Some(NodeKind::File { content: Content::Stats, .. }))
     }
 
     fn renew_stats_snapshot(&self) {
@@ -374,6 +370,11 @@ impl Fs {
         // A poisoned lock only means another thread panicked while holding it; the pair is whole.
         self.stats_snapshot.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Whether a node is the stats document, rendered anew at each lookup.
+fn is_stats(kind: &NodeKind) -> bool {
+    matches!(kind, NodeKind::File { content: Content::Stats, .. })
 }
 
 /// `bytes[offset..offset+size]`, clipped to the slice (empty past its end).
