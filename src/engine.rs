@@ -425,15 +425,11 @@ mod tests {
 
     impl SourceStream for FakeStream {
         fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
-            let piece = self.0.piece.load(Relaxed) as usize;
-            if piece == 0 {
-                let mut bufs = bufs;
-                let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
-                self.read_vectored_exact_at(&mut slices, offset)?;
-                bufs.into_iter().for_each(landed);
-                return Ok(());
-            }
-            // As a local file does: whole buffers, at most `piece` bytes per read.
+            // As a local file does: whole buffers, at most `piece` bytes per read (0: all in one).
+            let piece = match self.0.piece.load(Relaxed) as usize {
+                0 => usize::MAX,
+                piece => piece,
+            };
             crate::source::read_in_pieces(self, bufs, offset, piece, landed)
         }
 

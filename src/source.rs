@@ -53,11 +53,8 @@ pub trait SourceStream: Send {
     /// pieces of it on this descriptor), but hands each buffer to `landed`, in order, as soon as it
     /// is full, so the front of a long read can be used before its end arrives. On an error, the
     /// buffers not yet handed out are dropped. The default hands them all out at the end.
-    fn read_blocks_at(&mut self, mut bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
-        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
-        self.read_vectored_exact_at(&mut slices, offset)?;
-        bufs.into_iter().for_each(landed);
-        Ok(())
+    fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+        read_in_pieces(self, bufs, offset, usize::MAX, landed)
     }
 }
 
