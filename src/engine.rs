@@ -58,6 +58,18 @@ const MAX_BLOCK_SIZE: u64 = 1 << 30;
 /// handle in sequential mode only while it averages 8 MiB or more per seek).
 pub const PREFETCH_CHUNK_BYTES: u64 = 8 << 20;
 
+/// Fewest bytes one prefetch read covers while the window is small: a window is split over the
+/// prefetch lanes in chunks of a quarter of it, so the first megabytes of a file arrive in parallel
+/// (one round trip, not one per chunk in turn), but never in pieces smaller than this.
+pub const MIN_PREFETCH_CHUNK_BYTES: u64 = 1 << 20;
+
+/// Blocks per prefetch read for a stream whose window is `window_blocks`: the window shared by
+/// the lanes, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
+fn prefetch_chunk_blocks(window_blocks: u64, block_size: u64) -> u64 {
+    let share = window_blocks.saturating_mul(block_size) / crate::prefetch::LANES as u64;
+    (share.clamp(MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES) / block_size).max(1)
+}
+
 thread_local! {
     /// Where a read spanning several blocks is joined, reused by each FUSE thread so that joining
     /// costs one copy and no allocation.
@@ -337,7 +349,7 @@ impl Engine {
             table.prefetch_refused(decision.stream, refused);
         }
         if !decision.prefetch.is_empty()
-            && !self.queue_prefetch(entry, &stream, decision.prefetch.clone())
+            && !self.queue_prefetch(entry, &stream, decision.prefetch.clone(), decision.window_blocks)
         {
             table.prefetch_refused(decision.stream, decision.prefetch.start);
         }
@@ -358,16 +370,17 @@ impl Engine {
         decision.sequential.then_some(stream)
     }
 
-    /// Adds `blocks` to the stream's pending prefetch and makes sure a job will run it. Returns
-    /// false if the job queue is full (the pending blocks are dropped).
+    /// Adds `blocks` to the stream's pending prefetch (for a window of `window_blocks`) and makes
+    /// sure a job will run it. Returns false if the job queue is full (the blocks are dropped).
     fn queue_prefetch(
         &self,
         entry: &Arc<SourceEntry>,
         stream: &Arc<StreamIo>,
         blocks: Range<u64>,
+        window_blocks: u64,
     ) -> bool {
         let bs = self.shared.config.block_size;
-        let chunk_blocks = (PREFETCH_CHUNK_BYTES / bs).max(1);
+        let chunk_blocks = prefetch_chunk_blocks(window_blocks, bs);
         stream.add_pending(blocks, entry.len.div_ceil(bs), chunk_blocks, |lane| {
             let job = Job {
                 source: Arc::clone(entry),
@@ -398,6 +411,7 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
     use std::time::Instant;
+    use crate::readahead::FILE_START_WINDOW_BYTES;
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.
     struct FakeSource {
@@ -636,6 +650,36 @@ mod tests {
         let big = reads.iter().filter(|&&(_, n)| n as u64 >= PREFETCH_CHUNK_BYTES / 2).count();
         assert!(big >= 2, "prefetch read big runs: {reads:?} {stats:?}");
         assert!(counter(&stats.backing_reads) < 4 * chunk_blocks / 4, "{reads:?}");
+    }
+
+    #[test]
+    fn prefetch_reads_are_a_quarter_of_the_window_within_bounds() {
+        let (kib, mib) = (1u64 << 10, 1u64 << 20);
+        assert_eq!(prefetch_chunk_blocks(8 * mib / (64 * kib), 64 * kib), 2 * mib / (64 * kib));
+        assert_eq!(prefetch_chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
+        assert_eq!(prefetch_chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
+        assert_eq!(prefetch_chunk_blocks(2, 4 * mib), 1, "never less than one block");
+        assert_eq!(prefetch_chunk_blocks(u64::MAX, 4 * kib), PREFETCH_CHUNK_BYTES / (4 * kib));
+    }
+
+    #[test]
+    fn a_first_read_of_a_file_fetches_its_start_on_every_lane_at_once() {
+        let bs = 64 << 10;
+        let source = fake(32 << 20, Duration::from_millis(30));
+        let (engine, _stats) = engine(bs, 256 << 20, 8);
+        let id = engine.add_source(Arc::new(Arc::clone(&source)));
+        let file = (1 << 20) + 100..(17 << 20) + 100;
+        let got = engine.read_in(id, file.clone(), file.start, 1, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, &source.data[file.start as usize..][..1]);
+        let window = FILE_START_WINDOW_BYTES;
+        eventually("the file-start prefetch", || lock(&source.reads).iter().map(|&(_, n)| n as u64).sum::<u64>() > window);
+        drop(engine);
+        let reads = lock(&source.reads).clone();
+        let prefetch: Vec<_> = reads.iter().filter(|&&(at, _)| at > file.start).collect();
+        let share = window / crate::prefetch::LANES as u64;
+        assert!(prefetch.len() >= crate::prefetch::LANES, "one read per lane: {reads:?}");
+        assert!(prefetch.iter().all(|&&(_, n)| n as u64 <= share), "reads of a quarter window: {reads:?}");
+        assert_whole_blocks(&source, bs);
     }
 
     /// A source whose multi-block reads hand out their first block, then wait until the gate opens.

@@ -106,13 +106,15 @@ impl Default for StreamIo {
     }
 }
 
-/// Blocks `[next, end)` wait to be prefetched; `busy` has one bit per lane with a job queued or
-/// running; `last` is the source's block count (a chunk cut short by it is still whole).
+/// Blocks `[next, end)` wait to be prefetched in chunks of `chunk_blocks`; `busy` has one bit per
+/// lane with a job queued or running; `last` is the source's block count (a chunk cut short by it
+/// is still whole).
 #[derive(Default)]
 struct Pending {
     next: u64,
     end: u64,
     last: u64,
+    chunk_blocks: u64,
     busy: u32,
 }
 
@@ -146,10 +148,10 @@ impl Pending {
 }
 
 impl StreamIo {
-    /// Adds `blocks` (of a source with `last` blocks) to the pending prefetch and starts jobs for
-    /// idle lanes while whole chunks of `chunk_blocks` wait: `submit(lane)` queues a job for that
-    /// lane (called under the stream's lock). Returns false if no job could be queued and none
-    /// runs (the pending blocks are then dropped).
+    /// Adds `blocks` (of a source with `last` blocks) to the pending prefetch, to be loaded in
+    /// chunks of `chunk_blocks` from now on, and starts jobs for idle lanes while whole chunks
+    /// wait: `submit(lane)` queues a job for that lane (called under the stream's lock). Returns
+    /// false if no job could be queued and none runs (the pending blocks are then dropped).
     pub(crate) fn add_pending(
         &self,
         blocks: Range<u64>,
@@ -160,6 +162,7 @@ impl StreamIo {
         let chunk_blocks = chunk_blocks.max(1);
         let mut pending = lock(&self.pending);
         pending.last = last;
+        pending.chunk_blocks = chunk_blocks;
         if pending.next >= pending.end {
             (pending.next, pending.end) = (blocks.start, blocks.end);
         } else {
@@ -183,10 +186,10 @@ impl StreamIo {
 
     /// The next run of blocks for the job of `lane`, or `None` when it should end (nothing it may
     /// claim, or `stop`); ending frees the lane so a later [`StreamIo::add_pending`] can use it.
-    pub(crate) fn next_chunk(&self, lane: usize, chunk_blocks: u64, stop: bool) -> Option<Range<u64>> {
+    pub(crate) fn next_chunk(&self, lane: usize, stop: bool) -> Option<Range<u64>> {
         let mut pending = lock(&self.pending);
         pending.next = pending.next.max(self.behind.load(Relaxed));
-        let claim = if stop { None } else { pending.claimable(lane, chunk_blocks.max(1)) };
+        let claim = if stop { None } else { pending.claimable(lane, pending.chunk_blocks.max(1)) };
         match claim {
             Some(run) => {
                 pending.next = run.end;
@@ -263,39 +266,39 @@ mod tests {
             true
         }));
         assert_eq!(lanes, vec![0, 1, 2]);
-        assert_eq!(io.next_chunk(0, 4, false), Some(0..4));
-        assert_eq!(io.next_chunk(1, 4, false), Some(4..8));
-        assert_eq!(io.next_chunk(2, 4, false), Some(8..12));
+        assert_eq!(io.next_chunk(0, false), Some(0..4));
+        assert_eq!(io.next_chunk(1, false), Some(4..8));
+        assert_eq!(io.next_chunk(2, false), Some(8..12));
         // 12..14 is a partial chunk and other lanes are busy: lane 2 waits for the window.
-        assert_eq!(io.next_chunk(2, 4, false), None);
-        assert_eq!(io.next_chunk(1, 4, false), None);
+        assert_eq!(io.next_chunk(2, false), None);
+        assert_eq!(io.next_chunk(1, false), None);
         // The lone remaining lane may take the partial chunk, then continues it as it grows.
-        assert_eq!(io.next_chunk(0, 4, false), Some(12..14));
+        assert_eq!(io.next_chunk(0, false), Some(12..14));
         assert!(io.add_pending(14..15, 100, 4, |_| unreachable!("lane 0 still runs")));
-        assert_eq!(io.next_chunk(0, 4, false), Some(14..15));
-        assert_eq!(io.next_chunk(0, 4, false), None);
+        assert_eq!(io.next_chunk(0, false), Some(14..15));
+        assert_eq!(io.next_chunk(0, false), None);
         // The end of the source closes a chunk early, so it counts as whole.
         assert!(io.add_pending(97..100, 100, 8, |lane| lane == 0));
-        assert_eq!(io.next_chunk(0, 8, false), Some(97..100));
-        assert_eq!(io.next_chunk(0, 8, false), None);
+        assert_eq!(io.next_chunk(0, false), Some(97..100));
+        assert_eq!(io.next_chunk(0, false), None);
         assert!(
             !io.add_pending(100..101, 101, 4, |_| false),
             "a full queue drops the blocks"
         );
-        assert_eq!(io.next_chunk(0, 4, false), None);
+        assert_eq!(io.next_chunk(0, false), None);
     }
 
     #[test]
     fn refusal_drops_pending_blocks_and_is_reported_once() {
         let io = StreamIo::default();
         io.add_pending(0..4, 10, 1, |_| true);
-        assert_eq!(io.next_chunk(0, 1, false), Some(0..1));
+        assert_eq!(io.next_chunk(0, false), Some(0..1));
         io.refuse(1);
         io.refuse(3);
-        assert_eq!(io.next_chunk(0, 1, false), None);
+        assert_eq!(io.next_chunk(0, false), None);
         assert_eq!(io.take_refusal(), Some(1));
         assert_eq!(io.take_refusal(), None);
         io.add_pending(0..4, 10, 1, |_| true);
-        assert_eq!(io.next_chunk(0, 1, true), None, "stop ends the job");
+        assert_eq!(io.next_chunk(0, true), None, "stop ends the job");
     }
 }

@@ -10,8 +10,8 @@
 //! A read that matches no stream starts a new stream, *unconfirmed* and without any prefetch, so a
 //! random reader costs no backing I/O beyond the blocks it touches; the exception is a read from the
 //! first byte of a file (a tensor), how sequential readers start, which prefetches up to
-//! [`FILE_START_WINDOW_BYTES`] at once. The next read that continues a stream
-//! confirms it: the window opens at [`INITIAL_WINDOW_BYTES`] and then doubles each time the cursor
+//! [`FILE_START_WINDOW_BYTES`] (and at least one block per prefetch lane) at once. The next read
+//! that continues a stream confirms it: the window opens at [`INITIAL_WINDOW_BYTES`] and then doubles each time the cursor
 //! enters a new block, up to [`ReadaheadConfig::max_window_blocks`] (TCP slow start, as in
 //! mountpoint-s3 and hf-mount). After every read the stream asks for the blocks from just past the
 //! read up to `window` blocks past the cursor's block, skipping those it asked for before.
@@ -54,6 +54,8 @@ pub const INITIAL_WINDOW_BYTES: u64 = 256 << 10;
 /// readers that start there (cat, numpy, torch, a loader) almost always go on, and on a store with
 /// per-request latency the file's next chunk is then already on its way when they do. One
 /// prefetch chunk, so a reader that only peeks at the start of each file wastes a bounded amount.
+/// With large blocks (4 MiB, the default for URLs) the window is one block per prefetch lane
+/// instead, so the start of a file is fetched on every lane at once.
 pub const FILE_START_WINDOW_BYTES: u64 = 8 << 20;
 
 /// Largest window in bytes: 64 MiB in flight per stream keeps a local NVMe or a network store
@@ -98,7 +100,9 @@ impl ReadaheadConfig {
             forward_slack: FORWARD_SLACK,
             confirm_slack: CONFIRM_SLACK,
             initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
-            file_start_window_blocks: FILE_START_WINDOW_BYTES.div_ceil(block_size),
+            file_start_window_blocks: FILE_START_WINDOW_BYTES
+                .div_ceil(block_size)
+                .max(crate::prefetch::LANES as u64),
         }
     }
 }
@@ -112,6 +116,9 @@ pub struct Decision<T> {
     pub sequential: bool,
     /// Block indices to prefetch now, in order; often empty.
     pub prefetch: Range<u64>,
+    /// The stream's readahead window in blocks (for a first read from a file's start, the blocks
+    /// that read prefetches): how far ahead the stream wants data, which sizes its prefetch reads.
+    pub window_blocks: u64,
     /// The payload of a stream this read's new stream replaced.
     pub evicted: Option<T>,
     /// Blocks this stream read from their first byte and has now left more than the backward
@@ -189,10 +196,12 @@ impl<T: Default> StreamTable<T> {
                 payload: T::default(),
             };
             let (index, evicted) = self.insert(stream);
+            let prefetch = if prefetch.is_empty() { 0..0 } else { prefetch };
             return Decision {
                 stream: index,
                 sequential: false,
-                prefetch: if prefetch.is_empty() { 0..0 } else { prefetch },
+                window_blocks: prefetch.end - prefetch.start,
+                prefetch,
                 evicted,
                 consumed: 0..0,
             };
@@ -246,6 +255,7 @@ impl<T: Default> StreamTable<T> {
         Decision {
             stream: index,
             sequential: true,
+            window_blocks: stream.window_blocks,
             prefetch,
             evicted: None,
             consumed,
@@ -334,6 +344,16 @@ mod tests {
             initial_window_blocks: 1,
             file_start_window_blocks: 4,
         })
+    }
+
+    #[test]
+    fn file_start_window_is_eight_mib_and_at_least_a_block_per_lane() {
+        let lanes = crate::prefetch::LANES as u64;
+        let small = ReadaheadConfig::new(64 << 10, 512 << 20);
+        assert_eq!(small.file_start_window_blocks * (64 << 10), FILE_START_WINDOW_BYTES);
+        let large = ReadaheadConfig::new(4 << 20, 512 << 20);
+        assert_eq!(large.file_start_window_blocks, lanes.max(FILE_START_WINDOW_BYTES / (4 << 20)));
+        assert!(large.file_start_window_blocks <= large.max_window_blocks);
     }
 
     /// What one read decided: (stream, sequential, prefetch).

@@ -100,7 +100,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub cache_size: Option<u64>,
     /// Cache and alignment unit: every backing read covers whole blocks of this size, aligned to the
-    /// backing file (sequential readers get reads of many blocks at once) [default: 64K].
+    /// backing file (sequential readers get reads of many blocks at once) [default: 64K; 4M for a
+    /// URL].
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub block_size: Option<u64>,
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
-use super::{Engine, Job, ReadError, Shared, SourceEntry, LOAD_WAIT_TIMEOUT, PREFETCH_CHUNK_BYTES, SPARE_DESCRIPTORS};
+use super::{Engine, Job, ReadError, Shared, SourceEntry, LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
 use crate::cache::{lock, BlockData, LoadTicket, Lookup, Prefetch};
 use crate::prefetch::StreamIo;
 use crate::source::SourceStream;
@@ -226,14 +226,10 @@ impl Shared {
     /// each run of missing blocks in one read on the lane's own descriptor.
     pub(super) fn run_prefetch(&self, job: &Job) {
         let bs = self.config.block_size;
-        let chunk_blocks = (PREFETCH_CHUNK_BYTES / bs).max(1);
         let Some(lane) = job.stream.lanes.get(job.lane) else {
             return;
         };
-        while let Some(chunk) =
-            job.stream
-                .next_chunk(job.lane, chunk_blocks, self.stopping.load(Relaxed))
-        {
+        while let Some(chunk) = job.stream.next_chunk(job.lane, self.stopping.load(Relaxed)) {
             let mut run: Vec<LoadTicket<'_>> = Vec::new();
             let mut run_start = chunk.start;
             let mut refused = None;
