@@ -87,16 +87,6 @@ pub struct EngineConfig {
     pub io_threads: usize,
 }
 
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            block_size: 64 << 10,
-            cache_size: 512 << 20,
-            io_threads: 8,
-        }
-    }
-}
-
 /// A failed read: which source, where, and why.
 #[derive(Debug)]
 pub struct ReadError {

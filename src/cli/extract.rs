@@ -89,7 +89,7 @@ fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Stri
     let opened = checkpoint::open(source, &remote.open_options(stats.clone())?).map_err(|e| e.to_string())?;
     let options = ServeOptions {
         mountpoint: PathBuf::new(),
-        engine: EngineConfig { cache_size: COPY_CACHE_SIZE, ..EngineConfig::default() },
+        engine: EngineConfig { cache_size: COPY_CACHE_SIZE, ..super::options::default_engine(source) },
         threads: 1,
         allow_other: false,
         kernel_readahead_kb: 0,

@@ -107,9 +107,7 @@ impl MountConfig {
                 _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
             }
         }
-        let default_block_size =
-            if crate::checkpoint::is_url(&a.source) { DEFAULT_REMOTE_BLOCK_SIZE } else { DEFAULT_BLOCK_SIZE };
-        let block_size = a.block_size.unwrap_or(default_block_size);
+        let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
             return Err(format!(
@@ -158,6 +156,26 @@ impl MountConfig {
     }
 }
 
+/// The block size for `source` when none is given: [`DEFAULT_REMOTE_BLOCK_SIZE`] for a URL,
+/// [`DEFAULT_BLOCK_SIZE`] otherwise.
+pub fn default_block_size(source: &str) -> u64 {
+    if crate::checkpoint::is_url(source) {
+        DEFAULT_REMOTE_BLOCK_SIZE
+    } else {
+        DEFAULT_BLOCK_SIZE
+    }
+}
+
+/// The engine settings for `source` with every option at its default (what `stfs extract` and
+/// `stfs cat` read through).
+pub fn default_engine(source: &str) -> EngineConfig {
+    EngineConfig {
+        block_size: default_block_size(source),
+        cache_size: DEFAULT_CACHE_SIZE,
+        io_threads: DEFAULT_IO_THREADS as usize,
+    }
+}
+
 fn parse_count(key: &str, value: &str, min: u32, max: u32) -> Result<u32, String> {
     match value.parse::<u32>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
@@ -181,7 +199,12 @@ mod tests {
         for url in ["http://host/m.safetensors", "https://host/repo/model.safetensors.index.json"] {
             let c = MountConfig::from_args(MountArgs { source: url.into(), ..args(&[]) }).unwrap();
             assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
+            // extract and cat read through the same engine settings as a mount with no options.
+            let e = default_engine(url);
+            assert_eq!((e.block_size, e.cache_size, e.io_threads), (c.engine.block_size, c.engine.cache_size, c.engine.io_threads));
         }
+        let e = default_engine("m.safetensors");
+        assert_eq!((e.block_size, e.cache_size, e.io_threads), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize));
         let explicit = MountArgs { source: "https://host/m.safetensors".into(), ..args(&["block_size=64K"]) };
         assert_eq!(MountConfig::from_args(explicit).unwrap().engine.block_size, 64 << 10);
     }
