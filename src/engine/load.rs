@@ -34,21 +34,7 @@ impl Engine {
                     Err(e) => return Err(entry.error(block_start, e)),
                 },
                 Lookup::Load(mut ticket) => {
-                    let loaded = match stream.and_then(|s| s.descriptor.try_lock().ok()) {
-                        Some(mut own) => {
-                            if own.is_none() {
-                                *own = entry.take_spare();
-                            }
-                            shared.fetch(entry, block, &mut [&mut ticket], &mut own)
-                        }
-                        None => {
-                            let mut spare = entry.take_spare();
-                            let loaded = shared.fetch(entry, block, &mut [&mut ticket], &mut spare);
-                            entry.keep_spare(spare);
-                            loaded
-                        }
-                    };
-                    return match loaded {
+                    return match shared.fetch_on_demand(entry, block, &mut [&mut ticket], stream) {
                         Ok(mut buffers) => Ok(ticket.complete(buffers.pop().unwrap_or_default())),
                         Err(e) => {
                             ticket.fail(&e);
@@ -116,23 +102,8 @@ impl Engine {
         let shared = &*self.shared;
         let (indices, mut tickets): (Vec<usize>, Vec<LoadTicket<'_>>) = run.drain(..).unzip();
         let block = first + start as u64;
-        let loaded = {
-            let mut refs: Vec<&mut LoadTicket<'_>> = tickets.iter_mut().collect();
-            match stream.and_then(|s| s.descriptor.try_lock().ok()) {
-                Some(mut own) => {
-                    if own.is_none() {
-                        *own = entry.take_spare();
-                    }
-                    shared.fetch(entry, block, &mut refs, &mut own)
-                }
-                None => {
-                    let mut spare = entry.take_spare();
-                    let loaded = shared.fetch(entry, block, &mut refs, &mut spare);
-                    entry.keep_spare(spare);
-                    loaded
-                }
-            }
-        };
+        let mut refs: Vec<&mut LoadTicket<'_>> = tickets.iter_mut().collect();
+        let loaded = shared.fetch_on_demand(entry, block, &mut refs, stream);
         match loaded {
             Ok(buffers) => {
                 for ((i, ticket), buffer) in indices.into_iter().zip(tickets).zip(buffers) {
@@ -151,6 +122,28 @@ impl Engine {
 }
 
 impl Shared {
+    /// [`Shared::fetch`] for a reader's own loads: through the descriptor of its sequential
+    /// stream if it has one and no other thread of that stream is using it, else through a spare
+    /// descriptor of the source, returned to the pool afterwards.
+    fn fetch_on_demand(
+        &self,
+        entry: &SourceEntry,
+        first: u64,
+        tickets: &mut [&mut LoadTicket<'_>],
+        stream: Option<&StreamIo>,
+    ) -> io::Result<Vec<Vec<u8>>> {
+        if let Some(mut own) = stream.and_then(|s| s.descriptor.try_lock().ok()) {
+            if own.is_none() {
+                *own = entry.take_spare();
+            }
+            return self.fetch(entry, first, tickets, &mut own);
+        }
+        let mut spare = entry.take_spare();
+        let loaded = self.fetch(entry, first, tickets, &mut spare);
+        entry.keep_spare(spare);
+        loaded
+    }
+
     /// One backing read of the whole blocks `first..first + tickets.len()` through `descriptor`
     /// (opened first if it is `None`), into the tickets' buffers; returns them in block order.
     pub(super) fn fetch(
@@ -238,7 +231,7 @@ impl Shared {
                     self.prefetch_run(job, lane, run_start, std::mem::take(&mut run));
                     continue;
                 }
-                match self.cache.prefetch((job.source.id, block), bs.min(job.source.block_len(block, bs))) {
+                match self.cache.prefetch((job.source.id, block), job.source.block_len(block, bs)) {
                     Prefetch::Load(ticket) => {
                         if run.is_empty() {
                             run_start = block;
