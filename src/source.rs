@@ -43,9 +43,6 @@ pub trait SourceStream: Send {
     /// (the engine coalesces neighbouring blocks this way). The default reads into one joined
     /// buffer and copies out; sources with a scatter read (preadv) override it.
     fn read_vectored_exact_at(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
-        if let [only] = bufs {
-            return self.read_exact_at(only, offset);
-        }
         read_joined(self, bufs, offset)
     }
 
@@ -221,8 +218,12 @@ impl LocalStream {
     }
 }
 
-/// Fills `bufs` from one read of their joined length, copied out: for streams without a scatter read.
+/// Fills `bufs` from one read of their joined length, copied out (a single buffer is read into
+/// directly): for streams without a scatter read.
 pub fn read_joined<S: SourceStream + ?Sized>(stream: &mut S, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+    if let [only] = bufs {
+        return stream.read_exact_at(only, offset);
+    }
     let mut joined = vec![0; bufs.iter().map(|b| b.len()).sum()];
     stream.read_exact_at(&mut joined, offset)?;
     let mut rest = joined.as_slice();

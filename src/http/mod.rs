@@ -258,10 +258,7 @@ impl SourceStream for HttpStream {
         let from_prefix = offset < self.prefix.len() as u64;
         if bufs.len() < 2 || total == 0 || from_prefix || end.is_none_or(|end| end > self.pin.size) {
             // Single buffers, ranges the opening request already holds and errors: the plain path.
-            return match bufs {
-                [only] => self.read_exact_at(only, offset),
-                _ => crate::source::read_joined(self, bufs, offset),
-            };
+            return crate::source::read_joined(self, bufs, offset);
         }
         self.fetch(bufs, offset)
     }
