@@ -357,7 +357,7 @@ impl BlockCache {
     /// Returns whether it was turned into a spare.
     pub fn recycle(&self, key: BlockKey) -> bool {
         let mut inner = self.lock_inner();
-        if inner.used < self.capacity / 4 * 3 {
+        if inner.used < self.reuse_threshold() {
             inner.ready.demote(&key);
             return false;
         }
@@ -400,6 +400,12 @@ impl BlockCache {
     /// The byte budget.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// Three-quarters of the budget: below it the cache is filling (drop-behind only demotes, and
+    /// warm spares are topped up); from it on, loads reuse the buffers of blocks that go.
+    fn reuse_threshold(&self) -> u64 {
+        self.capacity / 4 * 3
     }
 
     fn start_load<'c>(

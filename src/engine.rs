@@ -400,8 +400,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
-    use std::time::Instant;
     use crate::readahead::FILE_START_WINDOW_BYTES;
+    use crate::test_support::eventually;
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.
     struct FakeSource {
@@ -502,15 +502,6 @@ mod tests {
                 n % block_size == 0 || offset + n == len,
                 "partial block read of {n} at {offset}"
             );
-        }
-    }
-
-    /// Polls `done` until it holds or 5 s pass: waits for background work without timing claims.
-    fn eventually(what: &str, done: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -28,6 +28,8 @@ pub mod source;
 pub mod stats;
 pub mod writer;
 mod prefetch;
+#[cfg(test)]
+mod test_support;
 
 /// Sets up env_logger: `RUST_LOG`, by default `info` into a log file (mount, unmount, final
 /// counters, read failures) and `warn` on a terminal; to `log_file` if given, else to stderr.

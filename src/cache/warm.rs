@@ -54,14 +54,16 @@ impl BlockCache {
     /// Called after a load took (or failed to find) a spare buffer: wakes the warming thread if
     /// it sleeps and may top up (so a load costs no wake-up call otherwise).
     pub(super) fn spare_taken(&self, inner: &Inner) {
-        if inner.warmer_asleep && inner.used <= self.warm_limit() {
+        if inner.warmer_asleep && inner.used <= self.reuse_threshold() {
             self.spares_low.notify_one();
         }
     }
 
+    /// Warm spares are added only up to the reuse threshold: beyond it, loads reuse the buffers of
+    /// evicted blocks, and spares would only crowd out data.
     fn wants_warm(&self, inner: &Inner, len: u64) -> bool {
         let warm = inner.spares.iter().filter(|b| b.len() as u64 == len).count() as u64;
-        warm < self.warm_count(len) && inner.used + len <= self.warm_limit()
+        warm < self.warm_count(len) && inner.used + len <= self.reuse_threshold()
     }
 
     /// Spares of `len` bytes to keep: none for blocks larger than [`WARM_SPARE_BYTES`], whose
@@ -69,12 +71,6 @@ impl BlockCache {
     /// never more than the pool holds ([`MAX_SPARES`]), so drop-behind can still add to it.
     fn warm_count(&self, len: u64) -> u64 {
         (WARM_SPARE_BYTES / len.max(1)).min(MAX_SPARES as u64)
-    }
-
-    /// Warm spares are added only while the cache is at most three-quarters full: beyond that,
-    /// loads reuse the buffers of evicted blocks, and spares would only crowd out data.
-    fn warm_limit(&self) -> u64 {
-        self.capacity / 4 * 3
     }
 }
 
@@ -92,25 +88,16 @@ fn faulted_in(len: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
 
     use super::*;
     use crate::cache::Lookup;
     use crate::stats::Stats;
+    use crate::test_support::eventually;
 
     const LEN: u64 = 64 << 10;
 
     fn spares(cache: &BlockCache) -> usize {
         cache.lock_inner().spares.len()
-    }
-
-    /// Polls `done` until it holds or 5 s pass: waits for the thread without timing claims.
-    fn eventually(what: &str, done: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 
     #[test]
