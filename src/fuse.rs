@@ -19,12 +19,13 @@ use crate::fs::{Attr, Fs, FsError, Kind};
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
 
+/// Requests the kernel may keep in flight; fuser's default of 16 starves parallel readahead.
+const MAX_BACKGROUND: u16 = 64;
+
 /// How long the kernel may keep the name `a` resolves to: not at all for files renewed at lookup.
 fn entry_ttl(a: &Attr) -> Duration {
     if a.renew_on_lookup { Duration::ZERO } else { TTL }
 }
-/// Requests the kernel may keep in flight; fuser's default of 16 starves parallel readahead.
-const MAX_BACKGROUND: u16 = 64;
 
 /// Wraps [`Fs`] for fuser; cheap to clone the inner state.
 pub struct FuseAdapter {

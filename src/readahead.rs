@@ -11,9 +11,9 @@
 //! random reader costs no backing I/O beyond the blocks it touches; the exception is a read from the
 //! first byte of a file (a tensor), how sequential readers start, which prefetches up to
 //! [`FILE_START_WINDOW_BYTES`] (and at least one block per prefetch lane) at once. The next read
-//! that continues a stream confirms it: the window opens at [`INITIAL_WINDOW_BYTES`] and then doubles each time the cursor
-//! enters a new block, up to [`ReadaheadConfig::max_window_blocks`] (TCP slow start, as in
-//! mountpoint-s3 and hf-mount). After every read the stream asks for the blocks from just past the
+//! that continues a stream confirms it: the window opens at [`INITIAL_WINDOW_BYTES`] and then
+//! doubles each time the cursor enters a new block, up to [`ReadaheadConfig::max_window_blocks`]
+//! (TCP slow start, as in mountpoint-s3 and hf-mount). After every read the stream asks for the blocks from just past the
 //! read up to `window` blocks past the cursor's block, skipping those it asked for before.
 //!
 //! When the engine cannot carry out a prefetch (its queue is full, or the cache has no room that is
@@ -178,12 +178,13 @@ impl<T: Default> StreamTable<T> {
         let extent_end = extent.end;
         let Some(index) = self.matching_stream(offset) else {
             let is_file = extent.start > 0 || extent.end < source_len;
-            let prefetch = if is_file && offset == extent.start && self.config.max_window_blocks > 0 {
+            let prefetch_end = if is_file && offset == extent.start {
                 let window = self.config.file_start_window_blocks.min(self.config.max_window_blocks);
-                last_block + 1..(last_block + 1 + window).min(extent_end.min(source_len).div_ceil(bs))
+                (last_block + 1 + window).min(extent_end.min(source_len).div_ceil(bs))
             } else {
-                0..0
+                0
             };
+            let prefetch = if prefetch_end > last_block + 1 { last_block + 1..prefetch_end } else { 0..0 };
             let stream = Stream {
                 cursor: end,
                 extent_end,
@@ -196,7 +197,6 @@ impl<T: Default> StreamTable<T> {
                 payload: T::default(),
             };
             let (index, evicted) = self.insert(stream);
-            let prefetch = if prefetch.is_empty() { 0..0 } else { prefetch };
             return Decision {
                 stream: index,
                 sequential: false,
