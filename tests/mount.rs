@@ -206,16 +206,13 @@ fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
     for t in &tensors {
         assert_eq!(std::fs::read(served_path(&m, &t.name)).unwrap(), t.data);
     }
-    let mut rest = Vec::new();
-    for chunk in std::iter::repeat_with(|| {
-        let mut c = [0u8; 7];
-        let n = held.read(&mut c).unwrap();
-        c[..n].to_vec()
-    }) {
-        if chunk.is_empty() {
+    let (mut rest, mut chunk) = (Vec::new(), [0u8; 7]);
+    loop {
+        let n = held.read(&mut chunk).unwrap();
+        if n == 0 {
             break;
         }
-        rest.extend_from_slice(&chunk);
+        rest.extend_from_slice(&chunk[..n]);
     }
     let whole = [&first[..], &rest].concat();
     assert_eq!(reads(&whole), before + 1, "the held document is the one taken at its open: {}", String::from_utf8_lossy(&whole));
