@@ -15,12 +15,12 @@
 //!   is about to be read. If that leaves no room, the prefetch is refused rather than blocking or
 //!   overshooting the budget.
 //!
-//! Buffers are reused: a block a sequential stream has moved past ([`BlockCache::recycle`]) and a
-//! block evicted to make room hand their allocation to the next load, so a steady stream touches
-//! no fresh memory (no page faults, no kernel zeroing). Idle spare buffers count against the
-//! budget like ready blocks, and are the first thing dropped when room is needed. Until the cache
-//! is full enough to recycle, a background thread keeps a few spares faulted in ahead of need
-//! ([`warm`]), so loads do not fault in fresh memory on a reader's time either.
+//! Buffers are reused: a block a sequential stream has moved past ([`behind`]) and a block evicted
+//! to make room hand their allocation to the next load, so a steady stream touches no fresh
+//! memory (no page faults, no kernel zeroing). Idle spare buffers count against the budget like
+//! ready blocks, and are the first thing dropped when room is needed. Until the cache is full
+//! enough to recycle, a background thread keeps a few spares faulted in ahead of need ([`warm`]),
+//! so loads do not fault in fresh memory on a reader's time either.
 
 use std::collections::HashMap;
 use std::io;
@@ -32,6 +32,7 @@ use lru::LruCache;
 use crate::engine::SourceId;
 use crate::stats::Stats;
 
+mod behind;
 mod warm;
 
 /// A block's identity: its source and its index (`offset / block_size`).
@@ -58,6 +59,9 @@ struct Inner {
     used: u64,
     /// The warming thread is waiting for spares to run low ([`BlockCache::keep_warm`]).
     warmer_asleep: bool,
+    /// Passed blocks a reader still held when drop-behind reached them, oldest first
+    /// ([`BlockCache::recycle`] tries them again).
+    held_behind: std::collections::VecDeque<BlockKey>,
 }
 
 /// Spare buffers kept at most: enough for the loads of several streams in flight at once.
@@ -297,6 +301,7 @@ impl BlockCache {
             spares: Vec::new(),
             used: 0,
             warmer_asleep: false,
+            held_behind: std::collections::VecDeque::new(),
         };
         BlockCache {
             capacity,
@@ -349,43 +354,6 @@ impl BlockCache {
         Prefetch::Load(self.start_load(inner, key, len, true, buffer))
     }
 
-    /// Drop-behind: a sequential reader has moved past block `key`. While the cache has room, the
-    /// block only becomes the first to be evicted (another reader, or the neighbouring tensor that
-    /// shares it, may still want it, and storage should see each byte once). Once the cache is
-    /// three-quarters full, unless someone else still holds its bytes, its allocation becomes a
-    /// spare for the next load (its bytes stay counted), which saves faulting in fresh memory.
-    /// Returns whether it was turned into a spare.
-    pub fn recycle(&self, key: BlockKey) -> bool {
-        let mut inner = self.lock_inner();
-        if inner.used < self.reuse_threshold() {
-            inner.ready.demote(&key);
-            return false;
-        }
-        let spare_room = inner.spares.len() < MAX_SPARES;
-        let unshared = inner
-            .ready
-            .peek(&key)
-            .is_some_and(|r| r.read && Arc::strong_count(&r.data) == 1);
-        if !(spare_room && unshared) {
-            return false;
-        }
-        let Some(resident) = inner.ready.pop(&key) else {
-            return false;
-        };
-        match Arc::try_unwrap(resident.data) {
-            Ok(buffer) => {
-                inner.spares.push(buffer);
-                Stats::add(&self.stats.evictions, 1);
-                true
-            }
-            Err(data) => {
-                let bytes = data.len() as u64;
-                inner.release(bytes, &self.stats);
-                false
-            }
-        }
-    }
-
     /// Whether block `key` is ready or loading.
     pub fn contains(&self, key: BlockKey) -> bool {
         let inner = self.lock_inner();
@@ -402,8 +370,9 @@ impl BlockCache {
         self.capacity
     }
 
-    /// Three-quarters of the budget: below it the cache is filling (drop-behind only demotes, and
-    /// warm spares are topped up); from it on, loads reuse the buffers of blocks that go.
+    /// Three-quarters of the budget: below it the cache is filling and warm spares are topped up;
+    /// from it on, loads reuse the buffers of blocks that go (drop-behind may start earlier, see
+    /// [`behind::STREAM_REUSE_BYTES`]).
     fn reuse_threshold(&self) -> u64 {
         self.capacity / 4 * 3
     }
