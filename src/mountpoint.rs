@@ -1,11 +1,16 @@
-//! Mount points: checks before mounting, unmounting with umount2(2), and the kernel's readahead knob.
+//! Mount points: checks before mounting, mounting FUSE as `fuse.stfs` with mount(2), unmounting with
+//! umount2(2), and the kernel's readahead knob.
 
 use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+
+/// The filesystem type stfs mounts as: what mount(8), findmnt, df -T and fstab's type field show.
+pub const FS_TYPE: &str = "fuse.stfs";
 
 /// Why a directory cannot be mounted on, or unmounted.
 #[derive(Debug, PartialEq, Eq)]
@@ -101,6 +106,39 @@ fn unescape_mountinfo(field: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Mounts an empty FUSE filesystem of type [`FS_TYPE`] named `fsname` on `path` with mount(2),
+/// read-only, nosuid and nodev, and returns the /dev/fuse descriptor to serve it on (the kernel
+/// is waiting there with its INIT request). `Ok(None)` when /dev/fuse or mount(2) is not permitted
+/// (not root): the caller then lets fuser mount through fusermount. fuser 0.18's own mount(2) call always uses
+/// the type `fuse` and drops the subtype, so stfs mounts would not be told apart from others.
+pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Option<OwnedFd>> {
+    let device = match fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        Ok(device) => device,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let root_type = fs::metadata(path)?.mode() & libc::S_IFMT;
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut data = format!("fd={},rootmode={root_type:o},user_id={uid},group_id={gid}", device.as_raw_fd());
+    if allow_other {
+        data.push_str(",allow_other,default_permissions");
+    }
+    let c = |text: &[u8]| CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "contains NUL"));
+    let (source, target, fs_type, data) = (c(fsname.as_bytes())?, c(path.as_os_str().as_bytes())?, c(FS_TYPE.as_bytes())?, c(data.as_bytes())?);
+    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data.as_ptr().cast()) };
+    if rc == 0 {
+        return Ok(Some(device.into()));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EPERM) => Ok(None),
+        _ => Err(e),
+    }
 }
 
 /// Unmounts `path` with umount2(2); `lazy` detaches it even while files are open (MNT_DETACH).

@@ -92,7 +92,7 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
 pub fn serve(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, on_ready: impl FnOnce(Result<(), String>)) -> Result<(), String> {
     let mp = options.mountpoint.clone();
     let config = fuse_config(fsname, options);
-    let mut session = match fuser::Session::new(FuseAdapter::new(fs.clone()), &mp, &config) {
+    let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config) {
         Ok(s) => s,
         Err(e) => {
             let message = format!("{}: mounting failed: {}", mp.display(), crate::checkpoint::describe_io(&e));
@@ -100,7 +100,7 @@ pub fn serve(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, on_ready: impl F
             return Err(message);
         }
     };
-    let mut unmounter = session.unmount_callable();
+    let own_mount = matches!(unmounter, Unmounter::Own(_));
     let runner = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run());
     let runner = match runner {
         Ok(r) => r,
@@ -138,9 +138,53 @@ pub fn serve(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, on_ready: impl F
             }
         })
         .map_err(|e| e.to_string())?;
-    let result = runner.join().map_err(|_| "the FUSE session panicked".to_string())?;
+    let result = runner.join().map_err(|_| "the FUSE session panicked".to_string());
+    if own_mount && mountpoint::is_stale(&mp) {
+        // The session ended without an unmount (its descriptor is closed): detach the dead mount.
+        let _ = mountpoint::unmount(&mp, true);
+    }
+    let result = result?;
     info!("unmounted {}; final counters: {}", mp.display(), fs.stats().to_json());
     result.map_err(|e| format!("FUSE session ended with an error: {e}"))
+}
+
+/// How a mount made by [`open_session`] is taken down.
+enum Unmounter {
+    /// fuser mounted it (through fusermount, for a user who may not call mount(2)).
+    Fuser(fuser::SessionUnmounter),
+    /// stfs mounted it with mount(2), as [`mountpoint::FS_TYPE`].
+    Own(PathBuf),
+}
+
+impl Unmounter {
+    fn unmount(&mut self) -> Result<(), String> {
+        match self {
+            Unmounter::Fuser(unmounter) => unmounter.unmount().map_err(|e| e.to_string()),
+            Unmounter::Own(mp) => match mountpoint::unmount(mp, false) {
+                Ok(()) | Err(mountpoint::MountPointError::NotMounted) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+        }
+    }
+}
+
+/// Mounts and returns the session to run: as type `fuse.stfs` with mount(2) where that is
+/// permitted (root), else through fuser (fusermount), which mounts as plain `fuse`.
+fn open_session(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, config: &Config) -> std::io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
+    let mp = &options.mountpoint;
+    let Some(device) = mountpoint::mount_fuse(mp, &fsname.replace(',', "_"), options.allow_other)? else {
+        let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;
+        let unmounter = Unmounter::Fuser(session.unmount_callable());
+        return Ok((session, unmounter));
+    };
+    match fuser::Session::from_fd(FuseAdapter::new(fs), device, config.acl, config.clone()) {
+        Ok(session) => Ok((session, Unmounter::Own(mp.clone()))),
+        Err(e) => {
+            // The handshake failed: the mount must not outlive this error.
+            let _ = mountpoint::unmount(mp, true);
+            Err(e)
+        }
+    }
 }
 
 /// Polls the mount point until its root answers as inode 1 (the FUSE root), with a timeout.

@@ -33,6 +33,20 @@ fn every_tensor_reads_back_exactly() {
 }
 
 #[test]
+fn the_mount_is_listed_as_fuse_stfs_with_the_checkpoint_as_source() {
+    let (dir, _tensors, m) = mixed_mount();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mp = m.path.to_str().unwrap();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(mp)).expect("the mount is listed");
+    let after = line.split(" - ").nth(1).unwrap_or_default();
+    let fields: Vec<&str> = after.split(' ').collect();
+    let source = dir.path().join("model.safetensors");
+    assert_eq!(fields.first(), Some(&"fuse.stfs"), "{line}");
+    assert_eq!(fields.get(1), Some(&source.to_str().unwrap()), "{line}");
+    assert!(line.split(' ').nth(5).unwrap_or_default().split(',').any(|o| o == "ro"), "{line}");
+}
+
+#[test]
 fn ls_and_stat_show_one_file_per_tensor() {
     let (dir, tensors, m) = mixed_mount();
     let mut names: Vec<String> = std::fs::read_dir(&m.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
