@@ -59,7 +59,7 @@ const MAX_BLOCK_SIZE: u64 = 1 << 30;
 pub const PREFETCH_CHUNK_BYTES: u64 = 8 << 20;
 
 /// Fewest bytes one prefetch read covers while the window is small: a window is split over the
-/// prefetch lanes in chunks of a quarter of it, so the first megabytes of a file arrive in parallel
+/// prefetch lanes in equal shares, one per lane, so the first megabytes of a file arrive in parallel
 /// (one round trip, not one per chunk in turn), but never in pieces smaller than this.
 pub const MIN_PREFETCH_CHUNK_BYTES: u64 = 1 << 20;
 
@@ -612,7 +612,7 @@ mod tests {
         let chunk_blocks = PREFETCH_CHUNK_BYTES / bs;
         let source = fake((4 * PREFETCH_CHUNK_BYTES) as usize, Duration::from_millis(1));
         let mut readahead = ReadaheadConfig::new(bs, 1 << 30);
-        readahead.max_window_blocks = 3 * chunk_blocks;
+        readahead.max_window_blocks = crate::prefetch::LANES as u64 * chunk_blocks;
         let stats = Arc::new(Stats::default());
         let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4 };
         let engine = Engine::with_readahead(config, readahead, Arc::clone(&stats));
@@ -634,9 +634,10 @@ mod tests {
     }
 
     #[test]
-    fn prefetch_reads_are_a_quarter_of_the_window_within_bounds() {
+    fn prefetch_reads_share_the_window_among_the_lanes_within_bounds() {
         let (kib, mib) = (1u64 << 10, 1u64 << 20);
-        assert_eq!(prefetch_chunk_blocks(8 * mib / (64 * kib), 64 * kib), 2 * mib / (64 * kib));
+        let lanes = crate::prefetch::LANES as u64;
+        assert_eq!(prefetch_chunk_blocks(16 * mib / (64 * kib), 64 * kib), 16 * mib / lanes / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(2, 4 * mib), 1, "never less than one block");
@@ -659,7 +660,7 @@ mod tests {
         let prefetch: Vec<_> = reads.iter().filter(|&&(at, _)| at > file.start).collect();
         let share = window / crate::prefetch::LANES as u64;
         assert!(prefetch.len() >= crate::prefetch::LANES, "one read per lane: {reads:?}");
-        assert!(prefetch.iter().all(|&&(_, n)| n as u64 <= share), "reads of a quarter window: {reads:?}");
+        assert!(prefetch.iter().all(|&&(_, n)| n as u64 <= share), "reads of a lane's share: {reads:?}");
         assert_whole_blocks(&source, bs);
     }
 

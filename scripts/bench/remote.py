@@ -93,10 +93,12 @@ class Nginx:
 
 
 class LatencyProxy:
-    """HTTP/1.1 keep-alive proxy adding `latency` seconds before forwarding each request."""
+    """HTTP/1.1 keep-alive proxy adding `latency` seconds before forwarding each request and, with
+    `conn_rate` (bytes per second, 0: none), pacing each connection's responses to that rate, as
+    object stores and CDNs limit what one connection delivers."""
 
-    def __init__(self, upstream_port, latency):
-        self.upstream_port, self.latency = upstream_port, latency
+    def __init__(self, upstream_port, latency, conn_rate=0):
+        self.upstream_port, self.latency, self.conn_rate = upstream_port, latency, conn_rate
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -135,12 +137,18 @@ class LatencyProxy:
                     return
                 length = next((int(l.split(b":", 1)[1]) for l in response if l.lower().startswith(b"content-length:")), 0)
                 client.sendall(b"".join(response) + b"\r\n")
+                started, sent = time.monotonic(), 0
                 while length > 0:
                     data = responses.read1(min(length, CHUNK))
                     if not data:
                         return
                     client.sendall(data)
                     length -= len(data)
+                    sent += len(data)
+                    if self.conn_rate:
+                        ahead = started + sent / self.conn_rate - time.monotonic()
+                        if ahead > 0:
+                            time.sleep(ahead)
         except OSError:
             pass
         finally:
@@ -230,6 +238,8 @@ def main():
     p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size in MiB [1024]")
     p.add_argument("--tensor-mb", type=int, default=16, help="approximate size of each tensor in MiB [16]")
     p.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds per request [20]")
+    p.add_argument("--conn-mib-s", type=float, default=0,
+                   help="cap each connection's response rate, in MiB/s, as object stores do [0: no cap]")
     p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
     p.add_argument("--quick", action="store_true", help="64 MiB, 3 repetitions: a smoke run")
     p.add_argument("--mount-arg", action="append", default=[], help="extra `stfs mount` argument (repeatable)")
@@ -248,11 +258,13 @@ def main():
         size = os.path.getsize(path)
         nginx = Nginx(root, workdir)
         try:
-            proxy = LatencyProxy(nginx.port, args.latency_ms / 1000)
+            proxy = LatencyProxy(nginx.port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
             url = f"http://127.0.0.1:{proxy.port}/model.safetensors"
             middle = tensors[len(tensors) // 2]
             print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB; "
-                  f"proxy adds {args.latency_ms:g} ms per request; {args.reps} repetitions, interleaved; "
+                  f"proxy adds {args.latency_ms:g} ms per request"
+                  f"{f', {args.conn_mib_s:g} MiB/s per connection' if args.conn_mib_s else ''}; "
+                  f"{args.reps} repetitions, interleaved; "
                   f"mount args {args.mount_arg or 'default'}")
             download, first, one, whole, last_stats = [], [], [], [], None
             for _ in range(args.reps):

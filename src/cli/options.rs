@@ -24,8 +24,8 @@ pub const DEFAULT_REMOTE_BLOCK_SIZE: u64 = 4 << 20;
 pub const DEFAULT_CACHE_SIZE: u64 = 512 << 20;
 /// Default FUSE threads: enough for the kernel's parallel readahead and several readers.
 pub const DEFAULT_THREADS: u32 = 16;
-/// Default readahead threads: two streams with all four prefetch lanes busy (they mostly wait on
-/// storage, so more threads than cores is the point).
+/// Default readahead threads: one stream with all eight prefetch lanes busy, or several sharing
+/// them (they mostly wait on storage, so more threads than cores is the point).
 pub const DEFAULT_IO_THREADS: u32 = 8;
 /// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).
 pub const DEFAULT_KERNEL_READAHEAD_KB: u32 = 1024;
