@@ -110,9 +110,9 @@ fn unescape_mountinfo(field: &str) -> Vec<u8> {
 
 /// Mounts an empty FUSE filesystem of type [`FS_TYPE`] named `fsname` on `path` with mount(2),
 /// read-only, nosuid and nodev, and returns the /dev/fuse descriptor to serve it on (the kernel
-/// is waiting there with its INIT request). `Ok(None)` when /dev/fuse or mount(2) is not permitted
-/// (not root): the caller then lets fuser mount through fusermount. fuser 0.18's own mount(2) call always uses
-/// the type `fuse` and drops the subtype, so stfs mounts would not be told apart from others.
+/// is waiting there with its INIT request). `Ok(None)` when /dev/fuse or mount(2) is not
+/// permitted (not root): the caller then lets fuser mount through fusermount. fuser 0.18's own
+/// mount(2) call always says `fuse` and drops the subtype, so stfs mounts could not be told apart.
 pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Option<OwnedFd>> {
     let device = match fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
         Ok(device) => device,

@@ -21,8 +21,8 @@ use super::{BlockCache, BlockKey, Inner, MAX_SPARES};
 use crate::stats::Stats;
 
 /// Cache fill (in bytes) from which a stream's passed blocks give their buffers to the next loads,
-/// or three-quarters of the budget if that is less: two full readahead windows
-/// ([`crate::readahead::MAX_WINDOW_BYTES`]) of recently read blocks stay cached.
+/// or three-quarters of the budget if that is less: room for a full readahead window
+/// ([`crate::readahead::MAX_WINDOW_BYTES`]) ahead of a stream and as much of what it just read.
 pub const STREAM_REUSE_BYTES: u64 = 128 << 20;
 
 /// Passed blocks remembered while a reply still holds them; beyond this the oldest is left to the
