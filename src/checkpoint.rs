@@ -4,7 +4,8 @@
 
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use crate::format::{self, Header};
 use crate::http::{HttpOptions, HttpSource};
@@ -154,8 +155,45 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
         Some(i) => &url[..=i],
         None => url,
     };
-    let opened = index.shards.iter().map(|f| open_url(&format!("{base}{f}"), options)).collect::<Result<Vec<_>, _>>()?;
+    let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
+    let opened = open_urls(&urls, options)?;
     checked(&shown, opened, Some(&index))
+}
+
+/// Shard URLs opened at once by an index URL, at most: opening a shard is a round trip (two behind
+/// a hub's redirect), so a checkpoint of dozens of shards mounts in a few round trips, not dozens.
+const PARALLEL_SHARD_OPENS: usize = 8;
+
+/// Opens `urls` on up to [`PARALLEL_SHARD_OPENS`] threads, keeping their order. On failure, the
+/// error of the first failing shard (in that order) among those tried; no new shard is started
+/// after a failure.
+fn open_urls(urls: &[String], options: &OpenOptions) -> Result<Vec<OpenedShard>, OpenError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Vec<Mutex<Option<Result<OpenedShard, OpenError>>>> = urls.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL_SHARD_OPENS.min(urls.len()) {
+            scope.spawn(|| {
+                while !failed.load(Relaxed) {
+                    let i = next.fetch_add(1, Relaxed);
+                    let Some(url) = urls.get(i) else { break };
+                    let result = open_url(url, options);
+                    failed.fetch_or(result.is_err(), Relaxed);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                }
+            });
+        }
+    });
+    let mut results: Vec<_> = results.into_iter().map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+    if let Some(first) = results.iter().position(|r| matches!(r, Some(Err(_)))) {
+        if let Some(Err(e)) = results.swap_remove(first) {
+            return Err(e);
+        }
+    }
+    urls.iter()
+        .zip(results)
+        .map(|(url, r)| r.unwrap_or_else(|| Err(OpenError::new(crate::http::display_name(url), "was not opened"))))
+        .collect()
 }
 
 /// Largest index file read: real ones are well under 10 MB even for thousands of tensors.

@@ -153,6 +153,31 @@ fn a_sharded_index_url_mounts_its_shards() {
     }
 }
 
+#[test]
+fn the_shards_of_an_index_url_are_opened_at_once() {
+    let nginx = nginx_or_skip!();
+    std::fs::create_dir(nginx.root.join("repo")).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    let mut all = Vec::new();
+    for i in 0..6 {
+        let file = format!("model-{:05}-of-00006.safetensors", i + 1);
+        let tensors = vec![T::new(&format!("layer.{i}.weight"), Dtype::F32, &[50 + i, 40])];
+        write_checkpoint(&nginx.root.join("repo").join(&file), &tensors, None);
+        weight_map.insert(tensors[0].name.clone(), file.into());
+        all.extend(tensors);
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(nginx.root.join("repo/model.safetensors.index.json"), index.to_string()).unwrap();
+    let proxy = FaultProxy::start(nginx.port);
+    // Each request waits long enough that opens made one after another could never overlap.
+    proxy.knobs.latency_ms.store(150, SeqCst);
+    let m = mount_url(&proxy.url("repo/model.safetensors.index.json"), &[]);
+    let peak = proxy.knobs.peak_in_flight.load(SeqCst);
+    assert!(peak >= 2, "the six shard headers were requested one at a time (peak {peak} in flight)");
+    proxy.knobs.latency_ms.store(0, SeqCst);
+    assert_all_exact(&m, &all);
+}
+
 /// `stfs mount URL` must fail with exit 1, one `stfs: ` line containing `needle`, and no mount.
 fn assert_refused(url: &str, needle: &str) -> Duration {
     let mp = workdir();
@@ -165,6 +190,23 @@ fn assert_refused(url: &str, needle: &str) -> Duration {
     assert!(err.starts_with("stfs: ") && err.contains(needle), "{err}");
     assert!(!is_mounted(mp.path()));
     took
+}
+
+#[test]
+fn an_index_url_naming_a_missing_shard_is_refused_naming_it() {
+    let nginx = nginx_or_skip!();
+    std::fs::create_dir(nginx.root.join("repo")).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    for i in 0..4 {
+        let file = format!("model-{:05}-of-00004.safetensors", i + 1);
+        if i != 2 {
+            write_checkpoint(&nginx.root.join("repo").join(&file), &[T::new(&format!("w{i}"), Dtype::F32, &[8])], None);
+        }
+        weight_map.insert(format!("w{i}"), file.into());
+    }
+    let index = serde_json::json!({"weight_map": weight_map});
+    std::fs::write(nginx.root.join("repo/model.safetensors.index.json"), index.to_string()).unwrap();
+    assert_refused(&nginx.url("repo/model.safetensors.index.json"), "model-00003-of-00004.safetensors: HTTP 404");
 }
 
 #[test]

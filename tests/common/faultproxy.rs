@@ -31,6 +31,27 @@ pub struct Knobs {
     pub requests: AtomicU64,
     /// Bytes written to clients (heads and bodies).
     pub bytes_to_client: AtomicU64,
+    /// Requests being answered right now (latency included).
+    pub in_flight: AtomicU64,
+    /// The most requests ever answered at once.
+    pub peak_in_flight: AtomicU64,
+}
+
+/// Counts one request in flight for as long as it lives.
+struct InFlight<'a>(&'a Knobs);
+
+impl<'a> InFlight<'a> {
+    fn enter(knobs: &'a Knobs) -> InFlight<'a> {
+        let now = knobs.in_flight.fetch_add(1, SeqCst) + 1;
+        knobs.peak_in_flight.fetch_max(now, SeqCst);
+        InFlight(knobs)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, SeqCst);
+    }
 }
 
 /// A running proxy; it lives as long as the test process (its threads end with their sockets).
@@ -105,6 +126,7 @@ fn serve_connection(client: TcpStream, upstream_port: u16, knobs: &Knobs) -> io:
     let mut upstream: Option<(TcpStream, BufReader<TcpStream>)> = None;
     while let Some(mut head) = read_head(&mut requests)? {
         knobs.requests.fetch_add(1, SeqCst);
+        let _in_flight = InFlight::enter(knobs);
         let latency = knobs.latency_ms.load(SeqCst);
         if latency > 0 {
             std::thread::sleep(Duration::from_millis(latency));
