@@ -119,7 +119,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     if files.is_empty() {
         return Err(OpenError::new(&name, "directory holds no *.safetensors files"));
     }
-    let shards = files.iter().map(|f| open_file(f)).collect::<Result<Vec<_>, _>>()?;
+    let shards = open_all(&files, |f| open_file(f))?;
     checked(&name, shards, None)
 }
 
@@ -129,7 +129,8 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
     let index = shards::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let opened = index.shards.iter().map(|f| open_file(&dir.join(f))).collect::<Result<Vec<_>, _>>()?;
+    let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
+    let opened = open_all(&files, |f| open_file(f))?;
     checked(&name, opened, Some(&index))
 }
 
@@ -156,28 +157,32 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
         None => url,
     };
     let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
-    let opened = open_urls(&urls, options)?;
+    let opened = open_all(&urls, |url| open_url(url, options))?;
     checked(&shown, opened, Some(&index))
 }
 
-/// Shard URLs opened at once by an index URL, at most: opening a shard is a round trip (two behind
-/// a hub's redirect), so a checkpoint of dozens of shards mounts in a few round trips, not dozens.
+/// Shards opened at once, at most: opening one is a round trip on a network store (two behind a
+/// hub's redirect, one or more on an NFS or gcsfuse mount), so a checkpoint of dozens of shards
+/// mounts in a few round trips, not dozens.
 const PARALLEL_SHARD_OPENS: usize = 8;
 
-/// Opens `urls` on up to [`PARALLEL_SHARD_OPENS`] threads, keeping their order. On failure, the
-/// error of the first failing shard (in that order) among those tried; no new shard is started
-/// after a failure.
-fn open_urls(urls: &[String], options: &OpenOptions) -> Result<Vec<OpenedShard>, OpenError> {
+/// Opens every shard with `open` on up to [`PARALLEL_SHARD_OPENS`] threads, keeping their order.
+/// On failure, the error of the first failing shard (in that order) among those tried; no new
+/// shard is started after a failure.
+fn open_all<T: Sync>(
+    shards: &[T],
+    open: impl Fn(&T) -> Result<OpenedShard, OpenError> + Sync,
+) -> Result<Vec<OpenedShard>, OpenError> {
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let results: Vec<Mutex<Option<Result<OpenedShard, OpenError>>>> = urls.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<Result<OpenedShard, OpenError>>>> = shards.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
-        for _ in 0..PARALLEL_SHARD_OPENS.min(urls.len()) {
+        for _ in 0..PARALLEL_SHARD_OPENS.min(shards.len()) {
             scope.spawn(|| {
                 while !failed.load(Relaxed) {
                     let i = next.fetch_add(1, Relaxed);
-                    let Some(url) = urls.get(i) else { break };
-                    let result = open_url(url, options);
+                    let Some(shard) = shards.get(i) else { break };
+                    let result = open(shard);
                     failed.fetch_or(result.is_err(), Relaxed);
                     *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
                 }
@@ -190,9 +195,10 @@ fn open_urls(urls: &[String], options: &OpenOptions) -> Result<Vec<OpenedShard>,
             return Err(e);
         }
     }
-    urls.iter()
+    // Unreachable (every shard is tried unless one failed), but never a silent gap.
+    (1..)
         .zip(results)
-        .map(|(url, r)| r.unwrap_or_else(|| Err(OpenError::new(crate::http::display_name(url), "was not opened"))))
+        .map(|(n, r)| r.unwrap_or_else(|| Err(OpenError::new(format!("shard {n}"), "was not opened"))))
         .collect()
 }
 
