@@ -168,8 +168,8 @@ impl Unmounter {
     }
 }
 
-/// Mounts and returns the session to run: as type `fuse.stfs` with mount(2) where that is
-/// permitted (root), else through fuser (fusermount), which mounts as plain `fuse`.
+/// Mounts and returns the session to run: as type `fuse.stfs` with stfs's own mount(2) call where
+/// that is permitted (root), else through fuser, which runs fusermount.
 fn open_session(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, config: &Config) -> std::io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
     let Some(device) = mountpoint::mount_fuse(mp, &fsname.replace(',', "_"), options.allow_other)? else {
