@@ -48,12 +48,44 @@ pub struct Stats {
     pub http_retries: AtomicU64,
     /// Sum of the latencies of those exchanges (send to last body byte), in microseconds.
     pub http_request_micros: AtomicU64,
+    /// The longest of those latencies, in microseconds.
+    pub http_request_max_micros: AtomicU64,
+    /// How many attempts took how long: one bucket per bound of [`HTTP_LATENCY_BOUNDS_MS`], plus
+    /// one for the rest.
+    pub http_latency_buckets: [AtomicU64; HTTP_LATENCY_BOUNDS_MS.len() + 1],
 }
+
+/// Exclusive upper bounds, in milliseconds, of the HTTP latency histogram's buckets: from a
+/// loopback or same-zone answer to a stalled one (the last bucket holds everything slower).
+pub const HTTP_LATENCY_BOUNDS_MS: [u64; 9] = [1, 5, 20, 50, 100, 250, 500, 1000, 5000];
 
 impl Stats {
     /// Adds `n` to a counter.
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// Records one HTTP attempt (a request and its redirect hops, to the last body byte) that took
+    /// `micros`: in the total, the maximum and the histogram.
+    pub fn record_http_latency(&self, micros: u64) {
+        Stats::add(&self.http_request_micros, micros);
+        self.http_request_max_micros.fetch_max(micros, Relaxed);
+        let ms = micros / 1000;
+        let bucket = HTTP_LATENCY_BOUNDS_MS.iter().position(|&bound| ms < bound).unwrap_or(HTTP_LATENCY_BOUNDS_MS.len());
+        Stats::add(&self.http_latency_buckets[bucket], 1);
+    }
+
+    /// The latency histogram as a JSON object: `"<1"`, `"<5"`, ... milliseconds, then `">=5000"`.
+    fn latency_json(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        for (i, count) in self.http_latency_buckets.iter().enumerate() {
+            let key = match HTTP_LATENCY_BOUNDS_MS.get(i) {
+                Some(bound) => format!("<{bound}"),
+                None => format!(">={}", HTTP_LATENCY_BOUNDS_MS[HTTP_LATENCY_BOUNDS_MS.len() - 1]),
+            };
+            map.insert(key, count.load(Relaxed).into());
+        }
+        map.into()
     }
 
     /// Changes the resident-bytes gauge by `delta` and keeps the peak.
@@ -91,6 +123,30 @@ impl Stats {
             "http_bytes": g(&self.http_bytes),
             "http_retries": g(&self.http_retries),
             "http_request_micros": g(&self.http_request_micros),
+            "http_request_max_micros": g(&self.http_request_max_micros),
+            "http_request_latency_ms": self.latency_json(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_latencies_land_in_their_buckets_and_the_maximum() {
+        let stats = Stats::default();
+        for micros in [500, 3_000, 19_999, 20_000, 7_000_000] {
+            stats.record_http_latency(micros);
+        }
+        let json = stats.to_json();
+        let histogram = &json["http_request_latency_ms"];
+        let counts: Vec<(&str, u64)> = [("<1", 1), ("<5", 1), ("<20", 1), ("<50", 1), ("<100", 0), (">=5000", 1)].to_vec();
+        for (key, want) in counts {
+            assert_eq!(histogram[key], want, "{key}: {histogram}");
+        }
+        assert_eq!(histogram.as_object().map(|m| m.len()), Some(HTTP_LATENCY_BOUNDS_MS.len() + 1));
+        assert_eq!(json["http_request_max_micros"], 7_000_000);
+        assert_eq!(json["http_request_micros"], 500 + 3_000 + 19_999 + 20_000 + 7_000_000);
     }
 }

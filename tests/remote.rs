@@ -251,6 +251,11 @@ fn added_latency_still_serves_correct_bytes() {
     assert_eq!(s["http_retries"], 0, "latency alone is no failure: {s}");
     let (requests, micros) = (s["http_requests"].as_u64().unwrap(), s["http_request_micros"].as_u64().unwrap());
     assert!(micros >= requests * 15_000, "every request took at least the added 15 ms: {s}");
+    assert!(s["http_request_max_micros"].as_u64().unwrap() >= 15_000, "{s}");
+    let histogram = s["http_request_latency_ms"].as_object().unwrap();
+    let attempts: u64 = histogram.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(attempts, requests, "no redirects here, so one attempt per request: {s}");
+    assert_eq!((histogram["<1"].as_u64(), histogram["<5"].as_u64()), (Some(0), Some(0)), "none under 15 ms: {s}");
 }
 
 #[test]

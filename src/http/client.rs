@@ -150,7 +150,7 @@ impl Remote {
             let started = Instant::now();
             let outcome = attempt();
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            Stats::add(&self.stats.http_request_micros, micros);
+            self.stats.record_http_latency(micros);
             let failure = match outcome {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
