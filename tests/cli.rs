@@ -128,7 +128,7 @@ fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
     let out = stfs(&["mount", file.to_str().unwrap(), m.path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr_of(&out).contains("stale"), "{}", stderr_of(&out));
-    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(!is_mounted(&m.path));
     // And a new mount on the same directory works.

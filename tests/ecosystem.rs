@@ -130,7 +130,7 @@ fn mount8_and_fstab_run_the_helper() {
     assert!(out.status.success(), "mount -t fuse.stfs: {}", stderr_of(&out));
     assert!(is_mounted(&mp.path), "mount(8) returned before the mount answered");
     assert_serves(&mp.path, &tensors);
-    let out = run("umount", &[s(&mp.path)]);
+    let out = unmount_retrying(|| run("umount", &[s(&mp.path)]));
     assert!(out.status.success(), "umount: {}", stderr_of(&out));
     assert!(!is_mounted(&mp.path));
 

@@ -77,7 +77,7 @@ fn check_change_is_refused(change: impl FnOnce(&Path), what: &str) {
     assert!(text.contains(file.to_str().unwrap()), "{what}: log does not name the file: {text}");
     assert!(!text.contains("panicked"), "{text}");
 
-    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
     assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
     assert!(wait_until(TIMEOUT, || !Path::new(&format!("/proc/{pid}")).exists()), "{what}: daemon did not exit");
 }
@@ -163,7 +163,7 @@ fn non_empty_mount_point_is_accepted_and_restored() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!mp.join("hidden.txt").exists(), "the mount must hide what is underneath");
     assert_eq!(std::fs::read(mp.join("last")).unwrap(), tensors[2].data);
-    let out = stfs(&["umount", mp.to_str().unwrap()]);
+    let out = unmount_retrying(|| stfs(&["umount", mp.to_str().unwrap()]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read(mp.join("hidden.txt")).unwrap(), b"underneath");
 }

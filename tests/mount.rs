@@ -255,10 +255,10 @@ fn opening_files_needs_no_round_trip_to_the_daemon() {
 #[test]
 fn umount_command_unmounts_and_daemon_exits() {
     let (_dir, _tensors, m) = mixed_mount();
-    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!is_mounted(&m.path));
-    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a mount point"));
 }

@@ -316,7 +316,7 @@ fn a_replaced_object_fails_uncached_reads_and_never_mixes_bytes() {
     assert!(failures >= 5, "reads of blocks not cached before the swap fail ({failures} did)");
     assert!(std::fs::read(m.file("metadata.json")).is_ok(), "the mount stays up");
     assert!(stats(&m)["read_errors"].as_u64().unwrap() >= 5);
-    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!is_mounted(&m.path));
 }

@@ -165,6 +165,21 @@ pub fn force_unmount(path: &Path) {
     }
 }
 
+/// Runs an unmount (`stfs umount`, umount(8)) again while it fails with "busy", for a few seconds:
+/// a child another test thread is starting holds, between its fork and exec, a copy of every
+/// descriptor this process had open, including files on the mount this test just closed.
+pub fn unmount_retrying(mut unmount: impl FnMut() -> Output) -> Output {
+    let mut out = unmount();
+    wait_until(Duration::from_secs(5), || {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("busy") {
+            return true;
+        }
+        out = unmount();
+        false
+    });
+    out
+}
+
 /// Polls `cond` until it holds or the deadline passes; returns whether it held.
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
