@@ -189,16 +189,14 @@ fn open_all<T: Sync>(
             });
         }
     });
-    let mut results: Vec<_> = results.into_iter().map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
-    if let Some(first) = results.iter().position(|r| matches!(r, Some(Err(_)))) {
-        if let Some(Err(e)) = results.swap_remove(first) {
-            return Err(e);
-        }
-    }
-    // Unreachable (every shard is tried unless one failed), but never a silent gap.
+    // Shards are claimed in order and every claimed one finishes, so one left untried comes after
+    // a failed one, and collecting in order stops at the first failure before reaching it.
     (1..)
         .zip(results)
-        .map(|(n, r)| r.unwrap_or_else(|| Err(OpenError::new(format!("shard {n}"), "was not opened"))))
+        .map(|(n, r)| {
+            let result = r.into_inner().unwrap_or_else(|e| e.into_inner());
+            result.unwrap_or_else(|| Err(OpenError::new(format!("shard {n}"), "was not opened")))
+        })
         .collect()
 }
 

@@ -264,16 +264,21 @@ mod tests {
         assert_eq!(idle.try_submit(1), Err(1));
     }
 
-    #[test]
-    fn lanes_claim_whole_chunks_in_order() {
-        let io = StreamIo::default();
+    /// Adds `blocks` (of 100) in chunks of `chunk_blocks`, accepting every job; the lanes started.
+    fn started_lanes(io: &StreamIo, blocks: Range<u64>, chunk_blocks: u64) -> Vec<usize> {
         let mut lanes = Vec::new();
-        // 3 whole chunks of 4 blocks and a partial one: three lanes start.
-        assert!(io.add_pending(0..14, 100, 4, |lane| {
+        assert!(io.add_pending(blocks, 100, chunk_blocks, |lane| {
             lanes.push(lane);
             true
         }));
-        assert_eq!(lanes, vec![0, 1, 2]);
+        lanes
+    }
+
+    #[test]
+    fn lanes_claim_whole_chunks_in_order() {
+        let io = StreamIo::default();
+        // 3 whole chunks of 4 blocks and a partial one: three lanes start.
+        assert_eq!(started_lanes(&io, 0..14, 4), vec![0, 1, 2]);
         assert_eq!(io.next_chunk(0, false), Some(0..4));
         assert_eq!(io.next_chunk(1, false), Some(4..8));
         assert_eq!(io.next_chunk(2, false), Some(8..12));
@@ -299,23 +304,13 @@ mod tests {
     #[test]
     fn chunks_that_wait_start_idle_lanes_while_others_are_loading() {
         let io = StreamIo::default();
-        let mut lanes = Vec::new();
-        assert!(io.add_pending(0..16, 100, 4, |lane| {
-            lanes.push(lane);
-            true
-        }));
-        assert_eq!(lanes, vec![0, 1, 2, 3], "one lane per whole chunk");
+        assert_eq!(started_lanes(&io, 0..16, 4), vec![0, 1, 2, 3], "one lane per whole chunk");
         for lane in 0..4 {
             assert!(io.next_chunk(lane, false).is_some());
         }
         // The window grows by two chunks while all four lanes are loading: two more lanes go,
         // rather than the chunks waiting for a lane to finish (a round trip each on a network store).
-        lanes.clear();
-        assert!(io.add_pending(16..24, 100, 4, |lane| {
-            lanes.push(lane);
-            true
-        }));
-        assert_eq!(lanes, vec![4, 5]);
+        assert_eq!(started_lanes(&io, 16..24, 4), vec![4, 5]);
         assert_eq!(io.next_chunk(4, false), Some(16..20));
         assert_eq!(io.next_chunk(5, false), Some(20..24));
     }

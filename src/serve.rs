@@ -65,6 +65,12 @@ pub fn build_fs(checkpoint: Checkpoint, options: &ServeOptions, stats: Arc<Stats
     Ok(Arc::new(Fs::new(ns, engine, base)))
 }
 
+/// The mount's source as mount(8) lists it: `fsname`, without the commas that would split the
+/// mount options it is passed in.
+fn mount_source(fsname: &str) -> String {
+    fsname.replace(',', "_")
+}
+
 /// The fuser configuration for a mount.
 fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
     let mut config = Config::default();
@@ -72,7 +78,7 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
         MountOption::RO,
         MountOption::NoSuid,
         MountOption::NoDev,
-        MountOption::FSName(fsname.replace(',', "_")),
+        MountOption::FSName(mount_source(fsname)),
         MountOption::Subtype("stfs".into()),
     ];
     if options.allow_other {
@@ -172,7 +178,7 @@ impl Unmounter {
 /// that is permitted (root), else through fuser, which runs fusermount.
 fn open_session(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, config: &Config) -> std::io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
-    let Some(device) = mountpoint::mount_fuse(mp, &fsname.replace(',', "_"), options.allow_other)? else {
+    let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other)? else {
         let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;
         let unmounter = Unmounter::Fuser(session.unmount_callable());
         return Ok((session, unmounter));

@@ -141,8 +141,7 @@ mod tests {
         }
         let json = stats.to_json();
         let histogram = &json["http_request_latency_ms"];
-        let counts: Vec<(&str, u64)> = [("<1", 1), ("<5", 1), ("<20", 1), ("<50", 1), ("<100", 0), (">=5000", 1)].to_vec();
-        for (key, want) in counts {
+        for (key, want) in [("<1", 1), ("<5", 1), ("<20", 1), ("<50", 1), ("<100", 0), (">=5000", 1)] {
             assert_eq!(histogram[key], want, "{key}: {histogram}");
         }
         assert_eq!(histogram.as_object().map(|m| m.len()), Some(HTTP_LATENCY_BOUNDS_MS.len() + 1));
