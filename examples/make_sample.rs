@@ -58,7 +58,7 @@ fn main() {
         ("format".to_string(), "pt".to_string()),
         ("made_by".to_string(), "examples/make_sample.rs".to_string()),
     ]);
-    let bytes = stfs::writer::serialize(&tensors, Some(&metadata)).expect("valid sample");
+    let bytes = stfs::format::writer::serialize(&tensors, Some(&metadata)).expect("valid sample");
     std::fs::write(&out, bytes).expect("write sample");
     println!("wrote {out} ({} tensors)", tensors.len());
 }

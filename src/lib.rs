@@ -1,35 +1,32 @@
 //! stfs: a read-only FUSE filesystem that shows each tensor of a safetensors file as a file.
 //!
-//! The core is pure and testable without a mount: [`format`] validates headers, [`namespace`]
-//! builds the tree, [`engine`] serves aligned cached blocks, [`fs`] implements the operations.
-//! [`fuse`] adapts them to fuser; [`serve`], [`daemon`] and [`cli`] run a mount.
+//! The crate is laid out in layers, each a folder, and a module imports only from layers below it
+//! (`tests/layers.rs` holds it to that). From the bottom:
+//!
+//! - [`util`], [`stats`]: locking, error wording, sizes; the shared counters.
+//! - [`format`]: the safetensors header, index files and the writer; pure bytes, no I/O.
+//! - [`views`]: the `.npy` and F32 views of a tensor's bytes.
+//! - [`source`]: where bytes come from: a local file, an HTTP(S) object.
+//! - [`engine`]: aligned blocks through a bounded cache, readahead and prefetch lanes.
+//! - [`checkpoint`]: what the user named, opened and validated into shards.
+//! - [`tree`]: the virtual tree of files, their names and `metadata.json`.
+//! - [`fs`]: filesystem operations on plain values, with `FsError`.
+//! - [`fuse`]: the fuser adapter. [`mount`]: a mount's lifetime. [`cli`]: the commands.
 #![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod cache;
-pub mod checkpoint;
-pub mod cli;
-pub mod convert;
-pub mod daemon;
-pub mod engine;
+pub mod util;
+pub mod stats;
 pub mod format;
+pub mod views;
+pub mod source;
+pub mod engine;
+pub mod checkpoint;
+pub mod tree;
 pub mod fs;
 pub mod fuse;
-pub mod http;
-pub mod metadata;
-pub mod mountpoint;
-pub mod names;
-pub mod namespace;
-pub mod npy;
-pub mod readahead;
-pub mod serve;
-pub mod shards;
-pub mod size;
-pub mod source;
-pub mod stats;
-pub mod writer;
-mod prefetch;
-#[cfg(test)]
-mod test_support;
+pub mod mount;
+pub mod cli;
 
 /// Sets up env_logger: `RUST_LOG`, by default `info` into a log file (mount, unmount, final
 /// counters, read failures) and `warn` on a terminal; to `log_file` if given, else to stderr.

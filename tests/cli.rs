@@ -123,7 +123,7 @@ fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
     // SAFETY: sending a signal to a process we started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     assert!(wait_until(TIMEOUT, || std::fs::read_dir(&m.path).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN)));
-    assert!(stfs::mountpoint::is_stale(&m.path));
+    assert!(stfs::mount::mountpoint::is_stale(&m.path));
     // Mounting on it again names the problem.
     let out = stfs(&["mount", file.to_str().unwrap(), m.path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));

@@ -6,22 +6,16 @@ use std::io;
 use std::path::Path;
 
 use stfs::format::{read_header, FormatError, Header};
-use stfs::source::SourceStream;
 
-/// A stream over a file already read into memory.
-struct MemStream<'a>(&'a [u8]);
-
-impl SourceStream for MemStream<'_> {
-    fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+/// Parses a file already read into memory, reading it as a file would be read.
+fn parse(bytes: &[u8]) -> Result<Header, FormatError> {
+    let read_at = |buf: &mut [u8], offset: u64| -> io::Result<()> {
         let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
         let end = start.checked_add(buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
-        buf.copy_from_slice(self.0.get(start..end).ok_or(io::ErrorKind::UnexpectedEof)?);
+        buf.copy_from_slice(bytes.get(start..end).ok_or(io::ErrorKind::UnexpectedEof)?);
         Ok(())
-    }
-}
-
-fn parse(bytes: &[u8]) -> Result<Header, FormatError> {
-    read_header(&mut MemStream(bytes), bytes.len() as u64)
+    };
+    read_header(read_at, bytes.len() as u64)
 }
 
 fn corpus_dir() -> &'static Path {

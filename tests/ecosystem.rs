@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use common::*;
 use stfs::format::Dtype;
-use stfs::namespace::RESERVED;
+use stfs::tree::namespace::RESERVED;
 
 fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -21,7 +21,7 @@ fn s(p: &Path) -> &str {
 
 /// The file name a flat mount (and extract) gives tensor `name`.
 fn file_name(name: &str) -> String {
-    stfs::names::escape(name, RESERVED)
+    stfs::tree::names::escape(name, RESERVED)
 }
 
 /// A mount point on a fresh temp directory, unmounted on drop whatever mounted it.
@@ -240,7 +240,7 @@ fn extract_npy_writes_header_then_bytes() {
     let out = stfs(&args);
     assert!(out.status.success(), "{}", stderr_of(&out));
     for t in picked {
-        let header = stfs::npy::npy_header(t.dtype, &t.shape).unwrap();
+        let header = stfs::views::npy::npy_header(t.dtype, &t.shape).unwrap();
         let got = std::fs::read(out_dir.join(format!("{}.npy", file_name(&t.name)))).unwrap();
         assert_eq!(&got[..header.len()], &header[..], "header of {:?}", t.name);
         assert_eq!(&got[header.len()..], &t.data[..], "data of {:?}", t.name);
@@ -273,7 +273,7 @@ fn cat_writes_raw_and_npy_bytes() {
     }
     let t = &tensors[1];
     let out = stfs_large_output(&["cat", "--npy", s(&file), &t.name]);
-    let header = stfs::npy::npy_header(t.dtype, &t.shape).unwrap();
+    let header = stfs::views::npy::npy_header(t.dtype, &t.shape).unwrap();
     assert_eq!(out.stdout, [header, t.data.clone()].concat());
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nginx::{find_program, Nginx};
-use stfs::http::{HttpOptions, HttpSource, ProxySetting, RetryPolicy};
+use stfs::source::http::{HttpOptions, HttpSource, ProxySetting, RetryPolicy};
 use stfs::source::Source;
 
 /// Deterministic test bytes.

@@ -20,7 +20,7 @@ fn mixed_mount() -> (tempfile::TempDir, Vec<T>, Mount) {
 }
 
 fn served_path(m: &Mount, name: &str) -> std::path::PathBuf {
-    m.file(&stfs::names::escape(name, stfs::namespace::RESERVED))
+    m.file(&stfs::tree::names::escape(name, stfs::tree::namespace::RESERVED))
 }
 
 #[test]
@@ -51,7 +51,7 @@ fn ls_and_stat_show_one_file_per_tensor() {
     let (dir, tensors, m) = mixed_mount();
     let mut names: Vec<String> = std::fs::read_dir(&m.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
-    let mut expected: Vec<String> = tensors.iter().map(|t| stfs::names::escape(&t.name, stfs::namespace::RESERVED)).collect();
+    let mut expected: Vec<String> = tensors.iter().map(|t| stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED)).collect();
     expected.extend(["metadata.json".to_string(), ".stfs".to_string()]);
     expected.sort();
     assert_eq!(names, expected);

@@ -44,7 +44,7 @@ fn fixture() -> Vec<T> {
 }
 
 fn served(m: &Mount, name: &str) -> std::path::PathBuf {
-    m.file(&stfs::names::escape(name, stfs::namespace::RESERVED))
+    m.file(&stfs::tree::names::escape(name, stfs::tree::namespace::RESERVED))
 }
 
 fn mount_url(url: &str, extra: &[&str]) -> Mount {

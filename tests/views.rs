@@ -68,9 +68,9 @@ fn npy_view_files_are_header_plus_bytes() {
     write_checkpoint(&file, &tensors, None);
     let m = Mount::new(&file, &["-o", "npy", "--block-size", "4K", "--cache-size", "16K"]);
     for t in &tensors {
-        let raw_name = stfs::names::escape(&t.name, stfs::namespace::RESERVED);
+        let raw_name = stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED);
         let npy = std::fs::read(m.file(&format!("{raw_name}.npy"))).unwrap();
-        let header = stfs::npy::npy_header(t.dtype, &t.shape).unwrap();
+        let header = stfs::views::npy::npy_header(t.dtype, &t.shape).unwrap();
         assert_eq!(npy.len(), header.len() + t.data.len(), "{}", t.name);
         assert_eq!(&npy[..header.len()], &header[..]);
         assert_eq!(&npy[header.len()..], &t.data[..]);

@@ -11,11 +11,12 @@ use std::sync::Arc;
 
 use super::progress::Progress;
 use super::{CatArgs, ExtractArgs, RemoteArgs};
-use crate::checkpoint::{self, describe_io};
+use crate::checkpoint;
+use crate::util::describe_io;
 use crate::engine::EngineConfig;
 use crate::fs::Fs;
-use crate::namespace::{Ino, Layout, Views, ROOT_INO};
-use crate::serve::{self, ServeOptions};
+use crate::tree::namespace::{Ino, Layout, Views, ROOT_INO};
+use crate::mount::session::{self, ServeOptions};
 use crate::stats::Stats;
 
 /// Extra help for `stfs extract`.
@@ -96,7 +97,7 @@ fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Stri
         layout: Layout::Flat,
         views: Views { npy, as_f32: false },
     };
-    serve::build_fs(opened, &options, stats)
+    session::build_fs(opened, &options, stats)
 }
 
 /// The file that serves tensor `name` (its `.npy` view if `npy`), or an error naming the tensor.

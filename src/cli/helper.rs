@@ -136,7 +136,7 @@ pub fn run(call: HelperCall) -> Result<ExitCode, String> {
         let config = MountConfig::from_args(args)?;
         let stats = Arc::new(crate::stats::Stats::default());
         crate::checkpoint::open(&config.source, &config.remote.open_options(stats)?).map_err(|e| e.to_string())?;
-        crate::mountpoint::check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
+        crate::mount::mountpoint::check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
         return Ok(ExitCode::SUCCESS);
     }
     super::mount::run(args)
@@ -150,7 +150,7 @@ pub fn install(args: InstallHelperArgs) -> Result<ExitCode, String> {
     if args.remove {
         return match current {
             Some(_) => {
-                std::fs::remove_file(&link).map_err(|e| format!("{shown}: {}", crate::checkpoint::describe_io(&e)))?;
+                std::fs::remove_file(&link).map_err(|e| format!("{shown}: {}", crate::util::describe_io(&e)))?;
                 println!("removed {shown}");
                 Ok(ExitCode::SUCCESS)
             }
@@ -170,10 +170,10 @@ pub fn install(args: InstallHelperArgs) -> Result<ExitCode, String> {
     // Link under a temporary name, then rename over: the helper is never missing or half-made.
     let temp = args.prefix.join(format!(".{HELPER_NAME}.{}", std::process::id()));
     let _ = std::fs::remove_file(&temp);
-    symlink(&exe, &temp).map_err(|e| format!("{}: {}", temp.display(), crate::checkpoint::describe_io(&e)))?;
+    symlink(&exe, &temp).map_err(|e| format!("{}: {}", temp.display(), crate::util::describe_io(&e)))?;
     if let Err(e) = std::fs::rename(&temp, &link) {
         let _ = std::fs::remove_file(&temp);
-        return Err(format!("{shown}: {}", crate::checkpoint::describe_io(&e)));
+        return Err(format!("{shown}: {}", crate::util::describe_io(&e)));
     }
     println!("{shown} -> {}", exe.display());
     Ok(ExitCode::SUCCESS)

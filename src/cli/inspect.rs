@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use super::{print_out, InspectArgs};
 use crate::checkpoint;
-use crate::namespace::{Layout, Namespace, Shard, Views};
+use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
 pub fn run(args: InspectArgs) -> Result<ExitCode, String> {
@@ -19,7 +19,7 @@ pub fn run(args: InspectArgs) -> Result<ExitCode, String> {
         .collect();
     let ns = Namespace::build(shards, Layout::Flat, Views::default()).map_err(|e| format!("{}: {e}", args.source))?;
     if args.json {
-        let json = crate::metadata::render(&ns);
+        let json = crate::tree::metadata::render(&ns);
         return print_out(&String::from_utf8_lossy(&json));
     }
     print_out(&table(&ns))

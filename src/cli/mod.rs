@@ -97,12 +97,12 @@ pub struct MountArgs {
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub options: Vec<String>,
     /// Most bytes the block cache may hold (readahead included) [default: 512M].
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
     pub cache_size: Option<u64>,
     /// Cache and alignment unit: every backing read covers whole blocks of this size, aligned to the
     /// backing file (sequential readers get reads of many blocks at once) [default: 64K; 4M for a
     /// URL].
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
     pub block_size: Option<u64>,
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
     #[arg(long)]
@@ -169,7 +169,7 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> 
 impl RemoteArgs {
     /// The checkpoint-opening options these arguments describe, counting into `stats`.
     pub fn open_options(&self, stats: std::sync::Arc<crate::stats::Stats>) -> Result<crate::checkpoint::OpenOptions, String> {
-        let mut http = crate::http::HttpOptions { stats, ..Default::default() };
+        let mut http = crate::source::http::HttpOptions { stats, ..Default::default() };
         for h in &self.headers {
             http.add_header_arg(h).map_err(|e| format!("--header: {e}"))?;
         }

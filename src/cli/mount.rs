@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use super::{MountArgs, MountConfig};
 use crate::checkpoint;
-use crate::daemon;
-use crate::mountpoint::check_mount_point;
-use crate::serve::{self, ServeOptions};
+use crate::mount::daemon;
+use crate::mount::mountpoint::check_mount_point;
+use crate::mount::session::{self, ServeOptions};
 use crate::stats::Stats;
 
 /// Extra help for `stfs mount`.
@@ -42,22 +42,22 @@ pub fn run(args: MountArgs) -> Result<ExitCode, String> {
         views: config.views,
     };
     let fsname = if checkpoint::is_url(&config.source) {
-        crate::http::display_name(&config.source)
+        crate::source::http::display_name(&config.source)
     } else {
         std::path::absolute(&config.source).map_or(config.source.clone(), |p| p.display().to_string())
     };
     if config.foreground {
         crate::init_logging(None);
-        serve::block_signals();
-        let fs = serve::build_fs(opened, &options, stats)?;
-        serve::serve(fs, &fsname, &options, |_| {})?;
+        session::block_signals();
+        let fs = session::build_fs(opened, &options, stats)?;
+        session::serve(fs, &fsname, &options, |_| {})?;
         return Ok(ExitCode::SUCCESS);
     }
     let readiness = daemon::daemonize(config.log_file.as_deref())?;
     // From here on we are the daemon: errors go to the parent through the readiness pipe.
     crate::init_logging(config.log_file.as_deref());
-    serve::block_signals();
-    let fs = match serve::build_fs(opened, &options, stats) {
+    session::block_signals();
+    let fs = match session::build_fs(opened, &options, stats) {
         Ok(fs) => fs,
         Err(e) => {
             readiness.failed(&e);
@@ -65,7 +65,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, String> {
         }
     };
     let mut readiness = Some(readiness);
-    let result = serve::serve(fs, &fsname, &options, |r| {
+    let result = session::serve(fs, &fsname, &options, |r| {
         if let Some(p) = readiness.take() {
             match r {
                 Ok(()) => p.ready(),

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use super::MountArgs;
 use crate::engine::EngineConfig;
-use crate::namespace::{Layout, Views};
-use crate::size::{format_size, parse_size};
+use crate::tree::namespace::{Layout, Views};
+use crate::util::size::{format_size, parse_size};
 
 /// Default block size: the unit of the cache and of alignment, 64 KiB. A random 4 KiB reader pays
 /// for one such block, most of it in fresh memory for the cache (measured in docs/benchmarks.md:

@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use super::{print_out, StatsArgs, UmountArgs};
-use crate::mountpoint;
-use crate::namespace::{CONTROL_DIR, STATS_NAME};
+use crate::mount::mountpoint;
+use crate::tree::namespace::{CONTROL_DIR, STATS_NAME};
 
 /// Runs `stfs umount`.
 pub fn run_umount(args: UmountArgs) -> Result<ExitCode, String> {
@@ -16,7 +16,7 @@ pub fn run_umount(args: UmountArgs) -> Result<ExitCode, String> {
 pub fn run_stats(args: StatsArgs) -> Result<ExitCode, String> {
     let path = args.mountpoint.join(CONTROL_DIR).join(STATS_NAME);
     let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!("{}: not an stfs mount, or not readable ({})", args.mountpoint.display(), crate::checkpoint::describe_io(&e))
+        format!("{}: not an stfs mount, or not readable ({})", args.mountpoint.display(), crate::util::describe_io(&e))
     })?;
     print_out(&text)
 }

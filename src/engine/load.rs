@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
 use super::{Engine, Job, ReadError, Shared, SourceEntry, LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
-use crate::cache::{lock, BlockData, LoadTicket, Lookup, Prefetch};
-use crate::prefetch::StreamIo;
+use crate::util::lock;
+use crate::engine::cache::{BlockData, LoadTicket, Lookup, Prefetch};
+use crate::engine::stream::StreamIo;
 use crate::source::SourceStream;
 use crate::stats::Stats;
 

@@ -45,7 +45,7 @@ impl T {
     /// A tensor with patterned data of the right length for `dtype` and `shape`.
     pub fn new(name: &str, dtype: Dtype, shape: &[u64]) -> T {
         let bits: u64 = shape.iter().product::<u64>() * dtype.bitsize();
-        let data = pattern(stfs::names::fnv1a64(name.as_bytes()), (bits / 8) as usize);
+        let data = pattern(stfs::tree::names::fnv1a64(name.as_bytes()), (bits / 8) as usize);
         T { name: name.to_string(), dtype, shape: shape.to_vec(), data }
     }
 }
@@ -54,7 +54,7 @@ impl T {
 pub fn write_checkpoint(path: &Path, tensors: &[T], metadata: Option<&BTreeMap<String, String>>) -> Vec<u8> {
     let list: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
         tensors.iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), t.data.clone())).collect();
-    let bytes = stfs::writer::serialize(&list, metadata).expect("serialize fixture");
+    let bytes = stfs::format::writer::serialize(&list, metadata).expect("serialize fixture");
     std::fs::write(path, &bytes).expect("write fixture");
     bytes
 }
@@ -111,7 +111,7 @@ pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
 
 /// Whether `path` is a mount point now (from /proc/self/mountinfo).
 pub fn is_mounted(path: &Path) -> bool {
-    stfs::mountpoint::is_mount_point(path)
+    stfs::mount::mountpoint::is_mount_point(path)
 }
 
 /// A mounted stfs: unmounted on drop, whatever happened.

@@ -22,7 +22,7 @@ use crate::stats::Stats;
 
 /// Cache fill (in bytes) from which a stream's passed blocks give their buffers to the next loads,
 /// or three-quarters of the budget if that is less: room for a full readahead window
-/// ([`crate::readahead::MAX_WINDOW_BYTES`]) ahead of a stream and as much of what it just read.
+/// ([`crate::engine::readahead::MAX_WINDOW_BYTES`]) ahead of a stream and as much of what it just read.
 pub const STREAM_REUSE_BYTES: u64 = 128 << 20;
 
 /// Passed blocks remembered while a reply still holds them; beyond this the oldest is left to the
@@ -108,7 +108,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{BlockData, Lookup};
+    use crate::engine::cache::{BlockData, Lookup};
 
     fn cache(capacity: u64) -> BlockCache {
         BlockCache::new(capacity, Arc::new(Stats::default()))
@@ -160,7 +160,7 @@ mod tests {
         let cache = cache(300);
         load(&cache, 0);
         load(&cache, 1);
-        let crate::cache::Prefetch::Load(ticket) = cache.prefetch((0, 2), 100) else {
+        let crate::engine::cache::Prefetch::Load(ticket) = cache.prefetch((0, 2), 100) else {
             panic!("room for a prefetch")
         };
         ticket.complete(vec![2; 100]);

@@ -13,8 +13,8 @@ use crate::checkpoint::Checkpoint;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
-use crate::mountpoint;
-use crate::namespace::{AttrBase, Layout, Namespace, Shard, Views};
+use crate::mount::mountpoint;
+use crate::tree::namespace::{AttrBase, Layout, Namespace, Shard, Views};
 use crate::stats::Stats;
 
 /// How long to wait for the new mount to answer its first request.
@@ -101,7 +101,7 @@ pub fn serve(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, on_ready: impl F
     let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config) {
         Ok(s) => s,
         Err(e) => {
-            let message = format!("{}: mounting failed: {}", mp.display(), crate::checkpoint::describe_io(&e));
+            let message = format!("{}: mounting failed: {}", mp.display(), crate::util::describe_io(&e));
             on_ready(Err(message.clone()));
             return Err(message);
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::engine::{Engine, ReadError};
-use crate::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
+use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
 use crate::stats::Stats;
 
 /// Extended attributes every tensor file carries, in `listxattr` order.
@@ -264,21 +264,21 @@ impl Fs {
     fn read_converted(&self, i: usize, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let t = self.ns.tensors().get(i).ok_or(FsError::NotFound)?;
         let elements = t.shape.iter().product::<u64>();
-        let out_len = crate::convert::converted_len(t.dtype, elements).unwrap_or(0);
+        let out_len = crate::views::f32::converted_len(t.dtype, elements).unwrap_or(0);
         if offset >= out_len {
             return Ok(Vec::new());
         }
         let size = (out_len - offset).min(u64::from(size));
-        let (first, count) = crate::convert::source_range_for(t.dtype, offset, size);
+        let (first, count) = crate::views::f32::source_range_for(t.dtype, offset, size);
         let count = count.min(elements.saturating_sub(first));
-        let (byte_start, byte_len) = crate::convert::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
+        let (byte_start, byte_len) = crate::views::f32::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
         let src = self
             .engine
             .read_in(t.source, t.start..t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
             .map_err(FsError::Read)?;
         let mut out = Vec::with_capacity(count as usize * 4);
         // The dtype was checked convertible when the namespace was built.
-        if crate::convert::convert_to_f32(t.dtype, &src, &mut out).is_err() {
+        if crate::views::f32::convert_to_f32(t.dtype, &src, &mut out).is_err() {
             return Err(FsError::NotFound);
         }
         let skip = (offset - 4 * first) as usize;
@@ -363,7 +363,7 @@ impl Fs {
     pub fn statfs(&self) -> StatFs {
         let bytes: u64 = self.ns.tensors().iter().map(|t| t.len).sum();
         let bsize = self.base.blksize.max(1);
-        StatFs { blocks: bytes.div_ceil(u64::from(bsize)), files: self.ns.len() as u64, bsize, namelen: crate::names::NAME_MAX as u32 }
+        StatFs { blocks: bytes.div_ceil(u64::from(bsize)), files: self.ns.len() as u64, bsize, namelen: crate::tree::names::NAME_MAX as u32 }
     }
 
     fn lock_stats_snapshot(&self) -> std::sync::MutexGuard<'_, (Arc<[u8]>, SystemTime)> {
@@ -392,7 +392,7 @@ mod tests {
     use super::*;
     use crate::engine::EngineConfig;
     use crate::format::Dtype;
-    use crate::namespace::{Layout, Shard, Views, METADATA_NAME};
+    use crate::tree::namespace::{Layout, Shard, Views, METADATA_NAME};
     use crate::source::{Source, SourceStream};
 
     /// An in-memory source whose reads can be made to fail.
@@ -433,12 +433,12 @@ mod tests {
             ("a/b".into(), Dtype::U8, vec![300], (0..300u32).map(|i| i as u8).collect()),
             ("w".into(), Dtype::BF16, vec![2, 3], vec![0x80, 0x3f, 0, 0x40, 0, 0xc0, 0, 0, 0x80, 0x7f, 1, 0x3f]),
         ];
-        let bytes = Arc::new(crate::writer::serialize(&tensors, None).unwrap());
+        let bytes = Arc::new(crate::format::writer::serialize(&tensors, None).unwrap());
         let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let engine = Engine::new(EngineConfig { block_size: 64, cache_size: 256, io_threads: 1 }, Arc::new(Stats::default()));
         let source = engine.add_source(Arc::new(MemSource { bytes: bytes.clone(), fail: fail.clone() }));
         let mut stream = MemStream(bytes.clone(), fail.clone());
-        let header = crate::format::read_header(&mut stream, bytes.len() as u64).unwrap();
+        let header = crate::format::read_header(|buf, offset| stream.read_exact_at(buf, offset), bytes.len() as u64).unwrap();
         let ns = Namespace::build(vec![Shard { source, name: "mem.safetensors".into(), header }], Layout::Flat, views).unwrap();
         let base = AttrBase { uid: 7, gid: 8, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
         (Fs::new(ns, engine, base), tensors, fail)
@@ -558,8 +558,8 @@ mod tests {
     #[test]
     fn stats_snapshot_is_renewed_by_lookup_only() {
         let (fs, tensors, _) = fixture(Views::default());
-        let control = ino(&fs, crate::namespace::CONTROL_DIR);
-        let name = OsStr::new(crate::namespace::STATS_NAME);
+        let control = ino(&fs, crate::tree::namespace::CONTROL_DIR);
+        let name = OsStr::new(crate::tree::namespace::STATS_NAME);
         let first = fs.lookup(control, name).unwrap();
         assert!(first.renew_on_lookup);
         assert!(!fs.getattr(ino(&fs, "a%2Fb")).unwrap().renew_on_lookup);

@@ -41,7 +41,7 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Readiness, String> {
                 .create(true)
                 .append(true)
                 .open(p)
-                .map_err(|e| format!("{}: {}", p.display(), crate::checkpoint::describe_io(&e)))?,
+                .map_err(|e| format!("{}: {}", p.display(), crate::util::describe_io(&e)))?,
         ),
         None => None,
     };

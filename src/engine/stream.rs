@@ -1,6 +1,6 @@
 //! Background prefetch plumbing: the bounded I/O thread pool and each stream's queue of blocks.
 //!
-//! The engine decides *what* to prefetch ([`crate::readahead`]) and *how* to load a block; this
+//! The engine decides *what* to prefetch ([`crate::engine::readahead`]) and *how* to load a block; this
 //! module only owns the threads, the bounded job queue, and the per-stream state that splits a
 //! stream's pending blocks into chunks handed to up to [`LANES`] jobs, each on its own descriptor.
 
@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::cache::lock;
+use crate::util::lock;
 use crate::source::SourceStream;
 
 /// A fixed set of threads running jobs from a bounded queue; submitting never blocks.

@@ -346,7 +346,7 @@ impl Remote {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::Secret;
+    use crate::source::http::Secret;
 
     #[test]
     fn hf_token_goes_only_to_hub_urls_without_other_credentials() {

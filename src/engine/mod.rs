@@ -10,7 +10,7 @@
 //! [`PREFETCH_CHUNK_BYTES`]) in one scatter read for the prefetch.
 //!
 //! Descriptors: a confirmed sequential stream owns one [`SourceStream`] for its on-demand loads and
-//! one per prefetch lane ([`crate::prefetch::LANES`]): the lanes load the stream's window chunk by
+//! one per prefetch lane ([`crate::engine::stream::LANES`]): the lanes load the stream's window chunk by
 //! chunk in parallel, each lane's chunks in increasing order, so every descriptor reads forward in
 //! big steps. Reads outside any confirmed stream borrow a descriptor from a small per-source pool of
 //! spares, so random readers do not open a file per read.
@@ -27,16 +27,17 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crate::cache::{lock, BlockCache, BlockData};
-use crate::prefetch::{IoPool, StreamIo};
-use crate::readahead::{ReadaheadConfig, StreamTable};
-use crate::source::{Source, SourceStream};
+use crate::source::{Source, SourceId, SourceStream};
 use crate::stats::Stats;
+use crate::util::lock;
+use cache::{BlockCache, BlockData};
+use readahead::{ReadaheadConfig, StreamTable};
+use stream::{IoPool, StreamIo};
 
+pub mod cache;
 mod load;
-
-/// Identifies a source registered with [`Engine::add_source`].
-pub type SourceId = usize;
+pub mod readahead;
+mod stream;
 
 /// How long a reader waits for another thread's load of the same block before failing with EIO:
 /// long enough for a slow network store to deliver a block, short enough that a hung one surfaces.
@@ -66,7 +67,7 @@ pub const MIN_PREFETCH_CHUNK_BYTES: u64 = 1 << 20;
 /// Blocks per prefetch read for a stream whose window is `window_blocks`: the window shared by
 /// the lanes, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
 fn prefetch_chunk_blocks(window_blocks: u64, block_size: u64) -> u64 {
-    let share = window_blocks.saturating_mul(block_size) / crate::prefetch::LANES as u64;
+    let share = window_blocks.saturating_mul(block_size) / crate::engine::stream::LANES as u64;
     (share.clamp(MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES) / block_size).max(1)
 }
 
@@ -400,8 +401,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
-    use crate::readahead::FILE_START_WINDOW_BYTES;
-    use crate::test_support::eventually;
+    use crate::engine::readahead::FILE_START_WINDOW_BYTES;
+    use crate::util::test_support::eventually;
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.
     struct FakeSource {
@@ -612,7 +613,7 @@ mod tests {
         let chunk_blocks = PREFETCH_CHUNK_BYTES / bs;
         let source = fake((4 * PREFETCH_CHUNK_BYTES) as usize, Duration::from_millis(1));
         let mut readahead = ReadaheadConfig::new(bs, 1 << 30);
-        readahead.max_window_blocks = crate::prefetch::LANES as u64 * chunk_blocks;
+        readahead.max_window_blocks = crate::engine::stream::LANES as u64 * chunk_blocks;
         let stats = Arc::new(Stats::default());
         let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4 };
         let engine = Engine::with_readahead(config, readahead, Arc::clone(&stats));
@@ -636,7 +637,7 @@ mod tests {
     #[test]
     fn prefetch_reads_share_the_window_among_the_lanes_within_bounds() {
         let (kib, mib) = (1u64 << 10, 1u64 << 20);
-        let lanes = crate::prefetch::LANES as u64;
+        let lanes = crate::engine::stream::LANES as u64;
         assert_eq!(prefetch_chunk_blocks(16 * mib / (64 * kib), 64 * kib), 16 * mib / lanes / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
@@ -658,8 +659,8 @@ mod tests {
         drop(engine);
         let reads = lock(&source.reads).clone();
         let prefetch: Vec<_> = reads.iter().filter(|&&(at, _)| at > file.start).collect();
-        let share = window / crate::prefetch::LANES as u64;
-        assert!(prefetch.len() >= crate::prefetch::LANES, "one read per lane: {reads:?}");
+        let share = window / crate::engine::stream::LANES as u64;
+        assert!(prefetch.len() >= crate::engine::stream::LANES, "one read per lane: {reads:?}");
         assert!(prefetch.iter().all(|&&(_, n)| n as u64 <= share), "reads of a lane's share: {reads:?}");
         assert_whole_blocks(&source, bs);
     }

@@ -102,7 +102,7 @@ impl ReadaheadConfig {
             initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
             file_start_window_blocks: FILE_START_WINDOW_BYTES
                 .div_ceil(block_size)
-                .max(crate::prefetch::LANES as u64),
+                .max(crate::engine::stream::LANES as u64),
         }
     }
 }
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn file_start_window_is_eight_mib_and_at_least_a_block_per_lane() {
-        let lanes = crate::prefetch::LANES as u64;
+        let lanes = crate::engine::stream::LANES as u64;
         let small = ReadaheadConfig::new(64 << 10, 512 << 20);
         assert_eq!(small.file_start_window_blocks * (64 << 10), FILE_START_WINDOW_BYTES);
         let large = ReadaheadConfig::new(4 << 20, 512 << 20);

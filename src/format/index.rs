@@ -73,7 +73,7 @@ mod tests {
 
     fn header(names: &[&str]) -> Header {
         let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = names.iter().map(|n| (n.to_string(), Dtype::U8, vec![1], vec![1])).collect();
-        let bytes = crate::writer::serialize(&tensors, None).unwrap();
+        let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         crate::format::parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap()
     }

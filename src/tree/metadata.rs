@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::format::Dtype;
-use crate::namespace::Namespace;
+use crate::tree::namespace::Namespace;
 
 /// Version of the schema above; bumped on incompatible changes.
 pub const METADATA_VERSION: u64 = 1;

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use crate::format::{self, Header};
-use crate::http::{HttpOptions, HttpSource};
-use crate::shards;
+use crate::source::http::{HttpOptions, HttpSource};
+use crate::format::index;
 use crate::source::{LocalFile, Source};
+use crate::util::describe_io;
 
 /// One opened shard: its source and its header.
 pub struct OpenedShard {
@@ -71,7 +72,7 @@ pub fn open_source(source: Arc<dyn Source>) -> Result<OpenedShard, OpenError> {
 /// [`open_source`], naming the source `name` in messages.
 fn open_source_named(source: Arc<dyn Source>, name: &str) -> Result<OpenedShard, OpenError> {
     let mut stream = source.open_stream().map_err(|e| OpenError::new(name, describe_io(&e)))?;
-    let header = format::read_header(stream.as_mut(), source.len()).map_err(|e| OpenError::new(name, e))?;
+    let header = format::read_header(|buf, offset| stream.read_exact_at(buf, offset), source.len()).map_err(|e| OpenError::new(name, e))?;
     Ok(OpenedShard { source, header })
 }
 
@@ -127,7 +128,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
 fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, describe_io(&e)))?;
-    let index = shards::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
+    let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
     let opened = open_all(&files, |f| open_file(f))?;
@@ -136,13 +137,13 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
 
 /// A single remote safetensors object.
 fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
-    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(crate::http::display_name(url), e))?;
+    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(crate::source::http::display_name(url), e))?;
     open_source(Arc::new(source))
 }
 
 /// A remote index whose shards are resolved relative to its URL.
 fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
-    let shown = crate::http::display_name(url);
+    let shown = crate::source::http::display_name(url);
     let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(&shown, e))?;
     let len = usize::try_from(source.len()).unwrap_or(usize::MAX);
     if len > MAX_INDEX_SIZE {
@@ -151,7 +152,7 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     let mut bytes = vec![0; len];
     let mut stream = source.open_stream().map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
     stream.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
-    let index = shards::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
+    let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
     let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {
         Some(i) => &url[..=i],
         None => url,
@@ -207,24 +208,9 @@ fn url_path(url: &str) -> &str {
     url.split(['?', '#']).next().unwrap_or(url)
 }
 
-fn checked(name: &str, opened: Vec<OpenedShard>, index: Option<&shards::Index>) -> Result<Checkpoint, OpenError> {
+fn checked(name: &str, opened: Vec<OpenedShard>, index: Option<&index::Index>) -> Result<Checkpoint, OpenError> {
     let names: Vec<String> = opened.iter().map(|s| s.source.name().to_string()).collect();
     let headers: Vec<&Header> = opened.iter().map(|s| &s.header).collect();
-    shards::check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
+    index::check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
     Ok(Checkpoint { shards: opened })
-}
-
-/// An I/O error as a short lower-case phrase ("no such file or directory").
-pub fn describe_io(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    // std appends " (os error N)"; the phrase alone reads better in a one-line message.
-    let text = match text.find(" (os error") {
-        Some(i) => text[..i].to_string(),
-        None => text,
-    };
-    let mut chars = text.chars();
-    match chars.next() {
-        Some(c) => c.to_lowercase().chain(chars).collect(),
-        None => text,
-    }
 }

@@ -57,7 +57,7 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
         Ok(m) => m,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountPointError::Stale),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MountPointError::Missing),
-        Err(e) => return Err(MountPointError::Other(crate::checkpoint::describe_io(&e))),
+        Err(e) => return Err(MountPointError::Other(crate::util::describe_io(&e))),
     };
     if !meta.is_dir() {
         return Err(MountPointError::NotADirectory);
@@ -157,7 +157,7 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
         Some(libc::EINVAL) => MountPointError::NotMounted,
         Some(libc::ENOENT) => MountPointError::Missing,
         Some(libc::EBUSY) => MountPointError::Busy,
-        _ => MountPointError::Other(crate::checkpoint::describe_io(&e)),
+        _ => MountPointError::Other(crate::util::describe_io(&e)),
     })
 }
 

@@ -8,9 +8,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::engine::SourceId;
+use crate::source::SourceId;
 use crate::format::{Dtype, Header};
-use crate::names;
+use crate::tree::names;
 
 /// An inode number.
 pub type Ino = u64;
@@ -192,15 +192,15 @@ impl Namespace {
                 let start = shard.header.data_start() + info.data_offsets.0;
                 let len = info.byte_len();
                 let elements = info.shape.iter().product::<u64>();
-                let (content, served_len) = match crate::convert::converted_len(info.dtype, elements) {
-                    Some(n) if views.as_f32 && info.dtype != Dtype::F32 && crate::convert::f32_convertible(info.dtype) => {
+                let (content, served_len) = match crate::views::f32::converted_len(info.dtype, elements) {
+                    Some(n) if views.as_f32 && info.dtype != Dtype::F32 && crate::views::f32::f32_convertible(info.dtype) => {
                         (Content::F32(i), n)
                     }
                     _ => (Content::Tensor(i), len),
                 };
                 let content_kind = content.clone();
                 let path = ns.place(layout, views, &info.name, content, served_len, "")?;
-                let npy_header = if views.npy { crate::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
+                let npy_header = if views.npy { crate::views::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
                 ns.tensors.push(Tensor {
                     name: info.name,
                     dtype: info.dtype,
@@ -231,7 +231,7 @@ impl Namespace {
             }
         }
         ns.shards = shards;
-        let json = crate::metadata::render(&ns);
+        let json = crate::tree::metadata::render(&ns);
         let size = json.len() as u64;
         ns.nodes[(meta_ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
         Ok(ns)
@@ -400,7 +400,7 @@ mod tests {
     fn shard(names: &[&str]) -> Shard {
         let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
             names.iter().map(|n| (n.to_string(), Dtype::BF16, vec![2, 3], vec![0; 12])).collect();
-        let bytes = crate::writer::serialize(&tensors, None).unwrap();
+        let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
         Shard { source: 0, name: "m.safetensors".into(), header }

@@ -29,8 +29,9 @@ use std::time::Duration;
 
 use lru::LruCache;
 
-use crate::engine::SourceId;
+use crate::source::SourceId;
 use crate::stats::Stats;
+use crate::util::lock;
 
 mod behind;
 mod warm;
@@ -414,12 +415,6 @@ impl BlockCache {
     }
 }
 
-/// Locks a mutex, ignoring poisoning: every critical section here leaves the data consistent.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 #[cfg(test)]
 mod tests {

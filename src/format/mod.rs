@@ -11,9 +11,11 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
-use crate::source::SourceStream;
+use std::io;
 
 mod error;
+pub mod index;
+pub mod writer;
 pub use error::FormatError;
 use error::{write_escaped, Printable};
 
@@ -347,18 +349,20 @@ fn validate_tensors(tensors: &[TensorInfo]) -> Result<u64, FormatError> {
     Ok(expected_start)
 }
 
-/// Reads the prefix and JSON through `stream` and validates them against `file_len`.
+/// Reads the prefix and JSON with `read_exact_at(buf, offset)` (fill `buf` from the file's byte
+/// `offset`) and validates them against `file_len`.
 ///
 /// Reads at most `8 + N` bytes, and allocates the N-byte buffer only after N passed the limit
 /// and was found to fit in the file.
-pub fn read_header(stream: &mut dyn SourceStream, file_len: u64) -> Result<Header, FormatError> {
+pub fn read_header(
+    mut read_exact_at: impl FnMut(&mut [u8], u64) -> io::Result<()>,
+    file_len: u64,
+) -> Result<Header, FormatError> {
     if file_len < N_LEN {
         return Err(FormatError::HeaderTooSmall { file_len });
     }
     let mut prefix = [0u8; N_LEN as usize];
-    stream
-        .read_exact_at(&mut prefix, 0)
-        .map_err(|error| FormatError::Io { offset: 0, len: N_LEN, error })?;
+    read_exact_at(&mut prefix, 0).map_err(|error| FormatError::Io { offset: 0, len: N_LEN, error })?;
     let declared = u64::from_le_bytes(prefix);
     // Both checks come before the allocation, so a hostile prefix cannot make us reserve memory.
     if declared > MAX_HEADER_SIZE {
@@ -369,43 +373,26 @@ pub fn read_header(stream: &mut dyn SourceStream, file_len: u64) -> Result<Heade
     }
     // declared <= MAX_HEADER_SIZE, which fits in usize on every target.
     let mut json = vec![0u8; declared as usize];
-    stream
-        .read_exact_at(&mut json, N_LEN)
-        .map_err(|error| FormatError::Io { offset: N_LEN, len: declared, error })?;
+    read_exact_at(&mut json, N_LEN).map_err(|error| FormatError::Io { offset: N_LEN, len: declared, error })?;
     parse_header(&json, file_len)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::writer::serialize;
+    use crate::format::writer::serialize;
     use proptest::prelude::*;
     use std::io;
 
-    /// A stream over bytes in memory, so tests exercise `read_header` exactly as a file would.
-    struct MemStream<'a>(&'a [u8]);
-
-    impl SourceStream for MemStream<'_> {
-        fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    /// Reads from bytes in memory, so tests exercise `read_header` exactly as a file would.
+    fn parse_file(bytes: &[u8]) -> Result<Header, FormatError> {
+        let read_at = |buf: &mut [u8], offset: u64| {
             let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
             let end = start.checked_add(buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
-            let bytes = self.0.get(start..end).ok_or(io::ErrorKind::UnexpectedEof)?;
-            buf.copy_from_slice(bytes);
+            buf.copy_from_slice(bytes.get(start..end).ok_or(io::ErrorKind::UnexpectedEof)?);
             Ok(())
-        }
-    }
-
-    /// A stream whose every read fails, for the I/O error path.
-    struct BrokenStream;
-
-    impl SourceStream for BrokenStream {
-        fn read_exact_at(&mut self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
-            Err(io::Error::other("disk on fire"))
-        }
-    }
-
-    fn parse_file(bytes: &[u8]) -> Result<Header, FormatError> {
-        read_header(&mut MemStream(bytes), bytes.len() as u64)
+        };
+        read_header(read_at, bytes.len() as u64)
     }
 
     /// Bytes of a file: the length prefix, `json` verbatim, then `data_len` data bytes.
@@ -657,7 +644,7 @@ mod tests {
 
     #[test]
     fn io_errors_carry_the_failed_read() {
-        match read_header(&mut BrokenStream, 100) {
+        match read_header(|_, _| Err(io::Error::other("disk on fire")), 100) {
             Err(FormatError::Io { offset: 0, len: 8, error }) => {
                 assert_eq!(error.to_string(), "disk on fire")
             }

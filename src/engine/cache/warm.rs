@@ -90,9 +90,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::cache::Lookup;
+    use crate::engine::cache::Lookup;
     use crate::stats::Stats;
-    use crate::test_support::eventually;
+    use crate::util::test_support::eventually;
 
     const LEN: u64 = 64 << 10;
 

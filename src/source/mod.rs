@@ -1,0 +1,97 @@
+//! Backing sources: where tensor bytes come from (a local file; later a URL), read at absolute offsets.
+//!
+//! A [`Source`] is one immutable byte string pinned at open time. Each reader asks it for a
+//! [`SourceStream`], its own descriptor (or connection), so that every stream the block engine runs
+//! looks sequential to the storage below. A stream refuses to read once the source has changed.
+
+use std::io;
+
+pub mod http;
+mod local;
+
+pub use local::{LocalFile, LOCAL_PIECE_BYTES};
+
+/// Identifies a source among those one engine reads (an index into its table).
+pub type SourceId = usize;
+
+/// One immutable backing object (a local file, or a remote object), pinned when it was opened.
+pub trait Source: Send + Sync + 'static {
+    /// Length in bytes, as pinned at open time.
+    fn len(&self) -> u64;
+    /// Whether the source holds no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The path or URL, for messages and logs (never contains credentials).
+    fn name(&self) -> &str;
+    /// Opens a new independent reader with its own descriptor or connection.
+    fn open_stream(&self) -> io::Result<Box<dyn SourceStream>>;
+    /// When the object was last modified, if known (for the mount's timestamps).
+    fn modified(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+}
+
+/// One reader of a [`Source`]: its own file descriptor (or connection), so its reads stay in order.
+pub trait SourceStream: Send {
+    /// Fills `buf` from `offset`. Fails with an error if the range is past the pinned length, if the
+    /// backing object has changed since it was pinned, or on any I/O error.
+    fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Fills `bufs` one after the other from `offset`, as *one* backing read of their total length
+    /// (the engine coalesces neighbouring blocks this way). The default reads into one joined
+    /// buffer and copies out; sources with a scatter read (preadv) override it.
+    fn read_vectored_exact_at(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+        read_joined(self, bufs, offset)
+    }
+
+    /// Like [`SourceStream::read_vectored_exact_at`] over `bufs` (one backing read, or consecutive
+    /// pieces of it on this descriptor), but hands each buffer to `landed`, in order, as soon as it
+    /// is full, so the front of a long read can be used before its end arrives. On an error, the
+    /// buffers not yet handed out are dropped. The default hands them all out at the end.
+    fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+        read_in_pieces(self, bufs, offset, usize::MAX, landed)
+    }
+}
+
+/// Fills `bufs` from one read of their joined length, copied out (a single buffer is read into
+/// directly): for streams without a scatter read.
+pub fn read_joined<S: SourceStream + ?Sized>(stream: &mut S, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+    if let [only] = bufs {
+        return stream.read_exact_at(only, offset);
+    }
+    let mut joined = vec![0; bufs.iter().map(|b| b.len()).sum()];
+    stream.read_exact_at(&mut joined, offset)?;
+    let mut rest = joined.as_slice();
+    for buf in bufs.iter_mut() {
+        let (head, tail) = rest.split_at(buf.len());
+        buf.copy_from_slice(head);
+        rest = tail;
+    }
+    Ok(())
+}
+
+/// [`SourceStream::read_blocks_at`] in consecutive vectored reads of whole buffers, each of at most
+/// `piece_bytes` (or one buffer, if that is longer), handing each piece's buffers out as it lands.
+pub fn read_in_pieces<S: SourceStream + ?Sized>(
+    stream: &mut S,
+    bufs: Vec<Vec<u8>>,
+    offset: u64,
+    piece_bytes: usize,
+    landed: &mut dyn FnMut(Vec<u8>),
+) -> io::Result<()> {
+    let (mut at, mut bufs) = (offset, bufs.into_iter().peekable());
+    while let Some(first) = bufs.next() {
+        let mut piece = vec![first];
+        let mut bytes = piece[0].len();
+        while let Some(next) = bufs.next_if(|b| bytes + b.len() <= piece_bytes) {
+            bytes += next.len();
+            piece.push(next);
+        }
+        let mut slices: Vec<&mut [u8]> = piece.iter_mut().map(Vec::as_mut_slice).collect();
+        stream.read_vectored_exact_at(&mut slices, at)?;
+        at += bytes as u64;
+        piece.into_iter().for_each(&mut *landed);
+    }
+    Ok(())
+}
