@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use log::{debug, warn};
 
@@ -24,7 +25,11 @@ const MAX_BACKGROUND: u16 = 64;
 
 /// How long the kernel may keep the name `a` resolves to: not at all for files renewed at lookup.
 fn entry_ttl(a: &Attr) -> Duration {
-    if a.renew_on_lookup { Duration::ZERO } else { TTL }
+    if a.renew_on_lookup {
+        Duration::ZERO
+    } else {
+        TTL
+    }
 }
 
 /// Wraps [`Fs`] for fuser; cheap to clone the inner state.
@@ -160,7 +165,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let result = self.fs.readdir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), &e.name));
+        let result =
+            self.fs.readdir(ino.0, offset, |e| reply.add(INodeNo(e.ino), e.next_offset, file_type(e.kind), &e.name));
         match result {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("readdir", ino.0, &e)),

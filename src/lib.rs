@@ -15,18 +15,18 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod util;
-pub mod stats;
-pub mod format;
-pub mod views;
-pub mod source;
-pub mod engine;
 pub mod checkpoint;
-pub mod tree;
+pub mod cli;
+pub mod engine;
+pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod mount;
-pub mod cli;
+pub mod source;
+pub mod stats;
+pub mod tree;
+pub mod util;
+pub mod views;
 
 /// Sets up env_logger: `RUST_LOG`, by default `info` into a log file (mount, unmount, final
 /// counters, read failures) and `warn` on a terminal; to `log_file` if given, else to stderr.

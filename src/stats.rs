@@ -71,7 +71,8 @@ impl Stats {
         Stats::add(&self.http_request_micros, micros);
         self.http_request_max_micros.fetch_max(micros, Relaxed);
         let ms = micros / 1000;
-        let bucket = HTTP_LATENCY_BOUNDS_MS.iter().position(|&bound| ms < bound).unwrap_or(HTTP_LATENCY_BOUNDS_MS.len());
+        let bucket =
+            HTTP_LATENCY_BOUNDS_MS.iter().position(|&bound| ms < bound).unwrap_or(HTTP_LATENCY_BOUNDS_MS.len());
         Stats::add(&self.http_latency_buckets[bucket], 1);
     }
 

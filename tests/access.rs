@@ -95,9 +95,31 @@ fn hostile_names() -> Vec<String> {
     let mut long_b = "a".repeat(4095);
     long_b.push('b');
     let mut names: Vec<String> = [
-        "../../etc/passwd", "/", "//", "/etc/passwd", "a\0b", "\0", "\u{e9}", "e\u{301}", "a/b", "a%2Fb", "a%252Fb", "%",
-        "%25", "%2E", ".", "..", "...", "", "metadata.json", ".stfs", ".stfs/stats.json", "%6Detadata.json", "a\nb",
-        " ", "ok",
+        "../../etc/passwd",
+        "/",
+        "//",
+        "/etc/passwd",
+        "a\0b",
+        "\0",
+        "\u{e9}",
+        "e\u{301}",
+        "a/b",
+        "a%2Fb",
+        "a%252Fb",
+        "%",
+        "%25",
+        "%2E",
+        ".",
+        "..",
+        "...",
+        "",
+        "metadata.json",
+        ".stfs",
+        ".stfs/stats.json",
+        "%6Detadata.json",
+        "a\nb",
+        " ",
+        "ok",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -115,12 +137,21 @@ fn check_hostile_mount(m: &Mount, tensors: &[T], files_per_tensor: usize) {
     for t in tensors {
         let path = doc["tensors"][&t.name]["path"].as_str().unwrap_or_else(|| panic!("no path for {:?}", t.name));
         assert!(!path.starts_with('/') && !path.contains('\0'), "{:?} -> {path:?}", t.name);
-        assert!(path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255), "{:?} -> {path:?}", t.name);
+        assert!(
+            path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255),
+            "{:?} -> {path:?}",
+            t.name
+        );
         assert_eq!(doc["files"][path], t.name.as_str(), "metadata.json maps {path:?} back");
         assert!(seen_paths.insert(path.to_string()), "two tensors share {path:?}");
         let served = m.path.join(path);
         let real = std::fs::canonicalize(&served).unwrap_or_else(|e| panic!("{:?} -> {path:?}: {e}", t.name));
-        assert!(real.starts_with(&root) && real != root, "{:?} resolves to {} outside the mount", t.name, real.display());
+        assert!(
+            real.starts_with(&root) && real != root,
+            "{:?} resolves to {} outside the mount",
+            t.name,
+            real.display()
+        );
         assert_eq!(std::fs::read(&served).unwrap(), t.data, "{:?} reads another tensor's bytes", t.name);
     }
     // Walk the tree as readdir shows it: no entry name with a slash, every file accounted for.
@@ -141,7 +172,12 @@ fn check_hostile_mount(m: &Mount, tensors: &[T], files_per_tensor: usize) {
             }
         }
     }
-    assert_eq!(files, files_per_tensor * tensors.len(), "readdir shows a different number of tensor files in {}", m.path.display());
+    assert_eq!(
+        files,
+        files_per_tensor * tensors.len(),
+        "readdir shows a different number of tensor files in {}",
+        m.path.display()
+    );
     // /etc/passwd is untouched and is not what `../../etc/passwd` serves.
     let passwd = std::fs::read("/etc/passwd").unwrap();
     assert_ne!(tensors.iter().find(|t| t.name == "../../etc/passwd").unwrap().data, passwd);
@@ -157,7 +193,9 @@ fn hostile_names_never_escape_or_collide() {
     assert_eq!(distinct.len(), tensors.len());
     write_checkpoint(&file, &tensors, None);
     // With --npy each tensor also has its .npy file next to the raw one.
-    for (options, files_per_tensor) in [(&["--layout", "flat"][..], 1), (&["--layout", "tree"][..], 1), (&["--npy"][..], 2)] {
+    for (options, files_per_tensor) in
+        [(&["--layout", "flat"][..], 1), (&["--layout", "tree"][..], 1), (&["--npy"][..], 2)]
+    {
         let m = Mount::new(&file, options);
         check_hostile_mount(&m, &tensors, files_per_tensor);
     }
@@ -177,7 +215,10 @@ fn write_big_header(path: &Path, count: usize, target: usize) -> usize {
     json.push('{');
     let pad = "p".repeat(190);
     for i in 0..count {
-        json.push_str(&format!("\"{pad}{i:010}\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[{i},{}]}},", i + 1));
+        json.push_str(&format!(
+            "\"{pad}{i:010}\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[{i},{}]}},",
+            i + 1
+        ));
     }
     let filler = target.saturating_sub(json.len() + 40);
     json.push_str(&format!("\"__metadata__\":{{\"note\":\"{}\"}}}}", "m".repeat(filler)));
@@ -253,7 +294,9 @@ fn header_over_the_limit_is_refused_before_reading_it() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"{}", 8).unwrap();
     f.set_len(8 + declared).unwrap();
     let mp = workdir();
-    for args in [vec!["inspect", file.to_str().unwrap()], vec!["mount", file.to_str().unwrap(), mp.path().to_str().unwrap()]] {
+    for args in
+        [vec!["inspect", file.to_str().unwrap()], vec!["mount", file.to_str().unwrap(), mp.path().to_str().unwrap()]]
+    {
         let out = stfs(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");

@@ -14,7 +14,10 @@ fn stderr_of(out: &std::process::Output) -> String {
 /// A bad input must give exit 1, exactly one `stfs: PATH: ...` line containing `needle`, and no mount.
 fn assert_refused(source: &Path, needle: &str) {
     let mp = workdir();
-    for args in [vec!["inspect", source.to_str().unwrap()], vec!["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()]] {
+    for args in [
+        vec!["inspect", source.to_str().unwrap()],
+        vec!["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()],
+    ] {
         let out = stfs(&args);
         let err = stderr_of(&out);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
@@ -86,7 +89,12 @@ fn bad_mount_points_are_clear_errors() {
 
 #[test]
 fn usage_errors_exit_2() {
-    for args in [&["mount", "--bogus", "a", "b"][..], &["frobnicate"][..], &["mount", "a"][..], &["mount", "--cache-size", "lots", "a", "b"][..]] {
+    for args in [
+        &["mount", "--bogus", "a", "b"][..],
+        &["frobnicate"][..],
+        &["mount", "a"][..],
+        &["mount", "--cache-size", "lots", "a", "b"][..],
+    ] {
         let out = stfs(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr_of(&out));
     }
@@ -105,7 +113,10 @@ fn inspect_prints_the_table_and_json() {
     let out = stfs(&["inspect", file.to_str().unwrap()]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("model.layers.0.mlp.weight") && text.contains("BF16") && text.contains("[257, 333]"), "{text}");
+    assert!(
+        text.contains("model.layers.0.mlp.weight") && text.contains("BF16") && text.contains("[257, 333]"),
+        "{text}"
+    );
     assert!(text.contains(&format!("{} tensors", mixed_tensors().len())));
     let out = stfs(&["inspect", "--json", file.to_str().unwrap()]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -122,7 +133,9 @@ fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
     let pid = daemon_pid(&m.path).expect("daemon pid");
     // SAFETY: sending a signal to a process we started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    assert!(wait_until(TIMEOUT, || std::fs::read_dir(&m.path).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN)));
+    assert!(
+        wait_until(TIMEOUT, || std::fs::read_dir(&m.path).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN))
+    );
     assert!(stfs::mount::mountpoint::is_stale(&m.path));
     // Mounting on it again names the problem.
     let out = stfs(&["mount", file.to_str().unwrap(), m.path.to_str().unwrap()]);

@@ -47,13 +47,20 @@ impl Drop for MountPoint {
 
 /// Runs a system command (mount, umount) with the suite's deadline.
 fn run(program: &str, args: &[&str]) -> Output {
-    let child = Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+    let child =
+        Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     wait_output(child.unwrap_or_else(|e| panic!("{program}: {e}")), TIMEOUT)
 }
 
 /// `stfs ARGS...` whose stdout may be larger than a pipe holds (common's `stfs` would block on it).
 fn stfs_large_output(args: &[&str]) -> Output {
-    let mut child = Command::new(STFS).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(STFS)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut bytes = Vec::new();
@@ -156,7 +163,8 @@ fn mount8_and_fstab_run_the_helper() {
 
     // An fstab line, through util-linux's alternative fstab (-T).
     let fstab = dir.path().join("fstab");
-    let line = format!("{} {} fuse.stfs ro,cache_size=64M,nofail,_netdev,x-systemd.automount 0 0\n", s(&file), s(&mp.path));
+    let line =
+        format!("{} {} fuse.stfs ro,cache_size=64M,nofail,_netdev,x-systemd.automount 0 0\n", s(&file), s(&mp.path));
     std::fs::write(&fstab, format!("# stfs test\n{line}")).unwrap();
     let out = run("mount", &["-T", s(&fstab), s(&mp.path)]);
     assert!(out.status.success(), "mount -T fstab: {}", stderr_of(&out));
@@ -211,7 +219,8 @@ fn install_helper_links_replaces_only_when_forced_and_removes() {
 }
 
 fn listing(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     names
 }
@@ -234,7 +243,8 @@ fn extract_writes_every_tensor_as_the_mount_names_it() {
 fn extract_npy_writes_header_then_bytes() {
     let (dir, file, tensors) = mixed_checkpoint();
     let out_dir = dir.path().join("npy");
-    let picked: Vec<&T> = tensors.iter().filter(|t| ["model.embed.weight", "scale", "empty", "a/b"].contains(&t.name.as_str())).collect();
+    let picked: Vec<&T> =
+        tensors.iter().filter(|t| ["model.embed.weight", "scale", "empty", "a/b"].contains(&t.name.as_str())).collect();
     let mut args = vec!["extract", "--npy", s(&file), "-o", s(&out_dir)];
     args.extend(picked.iter().map(|t| t.name.as_str()));
     let out = stfs(&args);

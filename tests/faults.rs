@@ -18,7 +18,11 @@ const MOUNT_OPTS: [&str; 4] = ["--block-size", "64K", "--cache-size", "512K"];
 /// readahead (ours: window bounded by the 512 KiB cache; the kernel's: 1 MiB) can have reached.
 fn fixture(dir: &Path) -> (PathBuf, Vec<T>) {
     let file = dir.join("model.safetensors");
-    let tensors = vec![T::new("first", Dtype::F32, &[64 << 10]), T::new("big", Dtype::U8, &[4 << 20]), T::new("last", Dtype::U8, &[100_000])];
+    let tensors = vec![
+        T::new("first", Dtype::F32, &[64 << 10]),
+        T::new("big", Dtype::U8, &[4 << 20]),
+        T::new("last", Dtype::U8, &[100_000]),
+    ];
     write_checkpoint(&file, &tensors, None);
     (file, tensors)
 }
@@ -84,7 +88,10 @@ fn check_change_is_refused(change: impl FnOnce(&Path), what: &str) {
 
 #[test]
 fn truncated_backing_file_gives_eio() {
-    check_change_is_refused(|f| std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(1000).unwrap(), "truncate");
+    check_change_is_refused(
+        |f| std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(1000).unwrap(),
+        "truncate",
+    );
 }
 
 #[test]

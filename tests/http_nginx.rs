@@ -99,11 +99,7 @@ fn make_certificates(dir: &Path) -> bool {
 fn options() -> HttpOptions {
     HttpOptions {
         proxy: ProxySetting::Direct,
-        retry: RetryPolicy {
-            attempts: 3,
-            base_delay: Duration::from_millis(5),
-            max_delay: Duration::from_millis(50),
-        },
+        retry: RetryPolicy { attempts: 3, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) },
         read_timeout: Duration::from_secs(5),
         ..HttpOptions::default()
     }
@@ -123,10 +119,7 @@ fn check_byte_exact(source: &Arc<HttpSource>, data: &Arc<Vec<u8>>) {
                     let len = BLOCK.min(source.len() - offset) as usize;
                     let mut buf = vec![0; len];
                     stream.read_exact_at(&mut buf, offset).unwrap();
-                    assert!(
-                        buf == data[offset as usize..offset as usize + len],
-                        "block {block} differs"
-                    );
+                    assert!(buf == data[offset as usize..offset as usize + len], "block {block} differs");
                 }
             })
         })
@@ -153,10 +146,7 @@ fn nginx_serves_byte_exact_ranges_over_http_and_https() {
     let source = Arc::new(HttpSource::open(&url, options()).unwrap());
     assert_eq!(source.len(), data.len() as u64);
     assert_eq!(source.header_prefix(), &data[..64 * 1024]);
-    assert!(
-        source.etag().is_some_and(|tag| !tag.starts_with("W/")),
-        "nginx sends a strong ETag"
-    );
+    assert!(source.etag().is_some_and(|tag| !tag.starts_with("W/")), "nginx sends a strong ETag");
     check_byte_exact(&source, &data);
 
     if let Some(https_port) = nginx.https_port {

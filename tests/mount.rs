@@ -49,9 +49,11 @@ fn the_mount_is_listed_as_fuse_stfs_with_the_checkpoint_as_source() {
 #[test]
 fn ls_and_stat_show_one_file_per_tensor() {
     let (dir, tensors, m) = mixed_mount();
-    let mut names: Vec<String> = std::fs::read_dir(&m.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&m.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
-    let mut expected: Vec<String> = tensors.iter().map(|t| stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED)).collect();
+    let mut expected: Vec<String> =
+        tensors.iter().map(|t| stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED)).collect();
     expected.extend(["metadata.json".to_string(), ".stfs".to_string()]);
     expected.sort();
     assert_eq!(names, expected);
@@ -118,7 +120,14 @@ fn mmap_of_a_tensor_file_sees_its_bytes() {
     let len = t.data.len();
     // SAFETY: a read-only private mapping of a file we keep open for the mapping's lifetime.
     let ptr = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, std::os::fd::AsRawFd::as_raw_fd(&f), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
     };
     assert_ne!(ptr, libc::MAP_FAILED, "mmap failed: {}", std::io::Error::last_os_error());
     // SAFETY: the mapping is `len` bytes long and readable.
@@ -171,7 +180,8 @@ fn check_xattrs_libc(path: &std::path::Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     let mut buf = [0u8; 256];
     // SAFETY: valid C strings and a buffer of the stated size.
-    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.safetensors.dtype".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n =
+        unsafe { libc::getxattr(c.as_ptr(), c"user.safetensors.dtype".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!(&buf[..n as usize], b"BF16");
     // SAFETY: as above.
     let n = unsafe { libc::getxattr(c.as_ptr(), c"user.nope".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -195,7 +205,8 @@ fn writes_are_refused_with_erofs() {
 fn stats_file_and_command_report_counters() {
     let (_dir, tensors, m) = mixed_mount();
     std::fs::read(served_path(&m, &tensors[0].name)).unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
     assert!(doc["fuse_reads"].as_u64().unwrap() > 0);
     assert!(doc["backing_read_bytes"].as_u64().unwrap() >= tensors[0].data.len() as u64);
     assert!(doc["peak_resident_bytes"].as_u64().unwrap() <= 256 << 10);
@@ -229,7 +240,12 @@ fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
         rest.extend_from_slice(&chunk[..n]);
     }
     let whole = [&first[..], &rest].concat();
-    assert_eq!(reads(&whole), before + 1, "the held document is the one taken at its open: {}", String::from_utf8_lossy(&whole));
+    assert_eq!(
+        reads(&whole),
+        before + 1,
+        "the held document is the one taken at its open: {}",
+        String::from_utf8_lossy(&whole)
+    );
     // A new open sees every read since, and stat agrees with what it reads.
     let fresh = std::fs::read(&stats_path).unwrap();
     assert!(reads(&fresh) >= before + 1 + tensors.len() as u64);
@@ -247,7 +263,8 @@ fn opening_files_needs_no_round_trip_to_the_daemon() {
         }
     }
     std::fs::read(m.path.join("metadata.json")).unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
     // The first OPEN is declined with ENOSYS; from then on the kernel opens and closes files itself.
     assert!(doc["opens"].as_u64().unwrap() <= 1, "{doc}");
 }

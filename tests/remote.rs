@@ -121,7 +121,10 @@ fn one_tensor_transfers_at_most_itself_plus_two_blocks() {
         if sent > bound {
             let offset = m_offset(&m, name);
             let requests = log.len() - start;
-            over.push(format!("{name}: {sent} bytes in {requests} requests for {} at {offset} (bound {bound})", t.data.len()));
+            over.push(format!(
+                "{name}: {sent} bytes in {requests} requests for {} at {offset} (bound {bound})",
+                t.data.len()
+            ));
         }
         assert!(sent >= t.data.len() as u64, "{name}: the tensor cannot arrive in fewer bytes than it has");
         assert!(log[start..].iter().all(|l| l.status == 206 && l.range.starts_with("bytes=")), "{:?}", &log[start..]);
@@ -212,7 +215,8 @@ fn an_index_url_naming_a_missing_shard_is_refused_naming_it() {
 #[test]
 fn missing_and_non_safetensors_urls_are_refused_with_one_line() {
     let nginx = nginx_or_skip!();
-    std::fs::write(nginx.root.join("readme.txt"), "This is not a safetensors file, just some text.\n".repeat(5000)).unwrap();
+    std::fs::write(nginx.root.join("readme.txt"), "This is not a safetensors file, just some text.\n".repeat(5000))
+        .unwrap();
     assert_refused(&nginx.url("nope.safetensors"), "HTTP 404: not found");
     assert_refused(&nginx.url("readme.txt"), "readme.txt");
     assert_refused(&nginx.url("nope.index.json"), "HTTP 404");

@@ -73,7 +73,8 @@ fn check_cache_bound(m: &Path) -> (u64, u64) {
 fn stress_worker() {
     let Ok(job) = std::env::var("STFS_STRESS_WORKER") else { return };
     let mut parts = job.split(',');
-    let (mode, mp, seed, secs) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let (mode, mp, seed, secs) =
+        (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
     let mut rng = Rng(seed.parse::<u64>().unwrap() | 1);
     let tensors = tensors();
     let deadline = Instant::now() + Duration::from_secs(secs.parse().unwrap());
@@ -104,7 +105,8 @@ fn stress_worker() {
                 let offset = rng.below(len + 10);
                 let size = 1 + rng.below(3 * BLOCK) as usize;
                 let mut buf = vec![0; size];
-                let n = f.read_at(&mut buf, offset).unwrap_or_else(|e| panic!("read {} at {offset}+{size}: {e}", t.name));
+                let n =
+                    f.read_at(&mut buf, offset).unwrap_or_else(|e| panic!("read {} at {offset}+{size}: {e}", t.name));
                 let lo = (offset as usize).min(t.data.len());
                 let hi = (offset as usize + size).min(t.data.len());
                 assert_eq!(&buf[..n], &t.data[lo..hi], "{} at {offset}+{size}", t.name);
@@ -146,7 +148,14 @@ fn stress_many_processes() {
     let exe = std::env::current_exe().unwrap();
     // Eight processes reading ranges (half with O_DIRECT) and two faulting mmapped pages.
     let jobs: Vec<String> = (0..10)
-        .map(|i| format!("{},{},{},{secs}", if i >= 8 { "mmap" } else { ["pread", "direct"][i % 2] }, m.path.display(), 1000 + i))
+        .map(|i| {
+            format!(
+                "{},{},{},{secs}",
+                if i >= 8 { "mmap" } else { ["pread", "direct"][i % 2] },
+                m.path.display(),
+                1000 + i
+            )
+        })
         .collect();
     let mut children: Vec<_> = jobs
         .iter()
@@ -180,7 +189,8 @@ fn stress_many_processes() {
         eprintln!("{}", summary.unwrap_or_else(|| panic!("worker {job} did not run its job:\n{stdout}")));
     }
     let (_, peak) = check_cache_bound(&m.path);
-    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
     assert!(polls > 0 && peak > 0);
     assert!(stats["evictions"].as_u64().unwrap() > 0, "eviction never ran: {stats}");
     eprintln!("daemon counters after the run: {stats}");
@@ -237,7 +247,8 @@ fn page_fault_burst_with_few_fuse_threads_does_not_deadlock() {
     });
     assert!(!failed.load(Relaxed), "a faulting thread saw wrong bytes (see its panic above)");
     check_cache_bound(&m.path);
-    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
     eprintln!("daemon counters after the burst: {stats}");
     assert!(stats["fuse_reads"].as_u64().unwrap() >= 32, "the faults never reached the daemon: {stats}");
 }

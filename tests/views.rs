@@ -29,7 +29,10 @@ fn index_json_mounts_shards_as_one_namespace() {
         let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.file("metadata.json")).unwrap()).unwrap();
         let shard = doc["tensors"]["lm_head"]["shard"].as_u64().unwrap() as usize;
         assert!(doc["shards"][shard]["source"].as_str().unwrap().ends_with("model-00002-of-00002.safetensors"));
-        let out = std::process::Command::new("getfattr").args(["--only-values", "-n", "user.safetensors.shard"]).arg(m.file("model.a")).output();
+        let out = std::process::Command::new("getfattr")
+            .args(["--only-values", "-n", "user.safetensors.shard"])
+            .arg(m.file("model.a"))
+            .output();
         if let Ok(out) = out {
             assert!(String::from_utf8_lossy(&out.stdout).ends_with("model-00001-of-00002.safetensors"));
         }
@@ -107,7 +110,10 @@ fn f32_view_converts_and_keeps_f32_untouched() {
     let i8_as_f32: Vec<u8> = tensors[1].data.iter().flat_map(|b| (*b as i8 as f32).to_le_bytes()).collect();
     assert_eq!(std::fs::read(m.file("i8")).unwrap(), i8_as_f32);
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.file("metadata.json")).unwrap()).unwrap();
-    assert_eq!((doc["tensors"]["bf16"]["dtype"].as_str(), doc["tensors"]["bf16"]["served_dtype"].as_str()), (Some("BF16"), Some("F32")));
+    assert_eq!(
+        (doc["tensors"]["bf16"]["dtype"].as_str(), doc["tensors"]["bf16"]["served_dtype"].as_str()),
+        (Some("BF16"), Some("F32"))
+    );
 }
 
 #[test]
@@ -129,9 +135,13 @@ fn tree_layout_makes_directories() {
     assert!(std::fs::metadata(m.file("model/layers")).unwrap().is_dir());
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.file("metadata.json")).unwrap()).unwrap();
     assert_eq!(doc["files"]["model/layers/0/mlp/%self"], "model.layers.0.mlp");
-    let mut found: Vec<String> = walk(&m.path).into_iter().filter(|p| !p.starts_with(".stfs") && p != "metadata.json").collect();
+    let mut found: Vec<String> =
+        walk(&m.path).into_iter().filter(|p| !p.starts_with(".stfs") && p != "metadata.json").collect();
     found.sort();
-    assert_eq!(found, ["lm_head", "model/layers/0/mlp/%self", "model/layers/0/mlp/weight", "model/layers/1/mlp/weight"]);
+    assert_eq!(
+        found,
+        ["lm_head", "model/layers/0/mlp/%self", "model/layers/0/mlp/weight", "model/layers/1/mlp/weight"]
+    );
 }
 
 fn walk(root: &std::path::Path) -> Vec<String> {

@@ -12,8 +12,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, LockOwner, OpenFlags,
-    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, LockOwner, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
 };
 
 /// Inode of the hidden stats file; source files start right after it.
@@ -96,22 +96,14 @@ fn attr_from(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
     let mtime = UNIX_EPOCH + Duration::from_secs(u64::try_from(meta.mtime()).unwrap_or(0));
     FileAttr {
         ino: INodeNo(ino),
-        size: if kind == FileType::Directory {
-            0
-        } else {
-            meta.len()
-        },
+        size: if kind == FileType::Directory { 0 } else { meta.len() },
         blocks: meta.len().div_ceil(512),
         atime: mtime,
         mtime,
         ctime: mtime,
         crtime: mtime,
         kind,
-        perm: if kind == FileType::Directory {
-            0o555
-        } else {
-            0o444
-        },
+        perm: if kind == FileType::Directory { 0o555 } else { 0o444 },
         nlink: if kind == FileType::Directory { 2 } else { 1 },
         uid: meta.uid(),
         gid: meta.gid(),
@@ -122,22 +114,11 @@ fn attr_from(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
 }
 
 fn stats_attr(root: &FileAttr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(STATS_INO),
-        size: 0,
-        kind: FileType::RegularFile,
-        perm: 0o444,
-        nlink: 1,
-        ..*root
-    }
+    FileAttr { ino: INodeNo(STATS_INO), size: 0, kind: FileType::RegularFile, perm: 0o444, nlink: 1, ..*root }
 }
 
 impl SlowFs {
-    pub(crate) fn new(
-        src_dir: &Path,
-        model: CostModel,
-        counters: Arc<Counters>,
-    ) -> io::Result<Self> {
+    pub(crate) fn new(src_dir: &Path, model: CostModel, counters: Arc<Counters>) -> io::Result<Self> {
         let root_attr = attr_from(1, &std::fs::metadata(src_dir)?, FileType::Directory);
         let mut entries: Vec<(Vec<u8>, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(src_dir)? {
@@ -150,11 +131,7 @@ impl SlowFs {
         entries.sort();
         let mut files = Vec::with_capacity(entries.len());
         for (index, (name, path)) in entries.into_iter().enumerate() {
-            let attr = attr_from(
-                FIRST_FILE_INO + index as u64,
-                &std::fs::metadata(&path)?,
-                FileType::RegularFile,
-            );
+            let attr = attr_from(FIRST_FILE_INO + index as u64, &std::fs::metadata(&path)?, FileType::RegularFile);
             files.push(SourceFile { name, path, attr });
         }
         Ok(SlowFs {
@@ -177,13 +154,7 @@ impl SlowFs {
     }
 
     /// Serves one READ on `handle` in queue order, sleeping for the modelled cost.
-    fn read_stream(
-        &self,
-        handle: &Handle,
-        request_id: u64,
-        offset: u64,
-        size: u32,
-    ) -> io::Result<Vec<u8>> {
+    fn read_stream(&self, handle: &Handle, request_id: u64, offset: u64, size: u32) -> io::Result<Vec<u8>> {
         let poisoned = |_| io::Error::other("stream lock poisoned");
         let mut state = handle.stream.lock().map_err(poisoned)?;
         state.queued.insert(request_id);
@@ -245,9 +216,7 @@ fn sleep_until(deadline: Instant) {
 }
 
 fn errno_of(err: &io::Error) -> Errno {
-    err.raw_os_error()
-        .map(Errno::from_i32)
-        .unwrap_or(Errno::EIO)
+    err.raw_os_error().map(Errno::from_i32).unwrap_or(Errno::EIO)
 }
 
 impl Filesystem for SlowFs {
@@ -256,16 +225,9 @@ impl Filesystem for SlowFs {
             return reply.error(Errno::ENOENT);
         }
         if name.as_bytes() == STATS_NAME.as_bytes() {
-            return reply.entry(
-                &Duration::ZERO,
-                &stats_attr(&self.root_attr),
-                fuser::Generation(0),
-            );
+            return reply.entry(&Duration::ZERO, &stats_attr(&self.root_attr), fuser::Generation(0));
         }
-        match self
-            .files
-            .binary_search_by(|f| f.name.as_slice().cmp(name.as_bytes()))
-        {
+        match self.files.binary_search_by(|f| f.name.as_slice().cmp(name.as_bytes())) {
             Ok(index) => reply.entry(&ATTR_TTL, &self.files[index].attr, fuser::Generation(0)),
             Err(_) => reply.error(Errno::ENOENT),
         }
@@ -298,11 +260,7 @@ impl Filesystem for SlowFs {
             Err(err) => return reply.error(errno_of(&err)),
         };
         let id = self.next_handle.fetch_add(1, Relaxed);
-        let handle = Arc::new(Handle {
-            file,
-            stream: Mutex::new(StreamState::default()),
-            turn: Condvar::new(),
-        });
+        let handle = Arc::new(Handle { file, stream: Mutex::new(StreamState::default()), turn: Condvar::new() });
         match self.handles.lock() {
             Ok(mut handles) => handles.insert(id, handle),
             Err(_) => return reply.error(Errno::EIO),
@@ -326,9 +284,7 @@ impl Filesystem for SlowFs {
     ) {
         if u64::from(ino) == STATS_INO {
             let json = self.counters.to_json().into_bytes();
-            let start = usize::try_from(offset)
-                .unwrap_or(usize::MAX)
-                .min(json.len());
+            let start = usize::try_from(offset).unwrap_or(usize::MAX).min(json.len());
             let end = start.saturating_add(size as usize).min(json.len());
             return reply.data(&json[start..end]);
         }
@@ -357,14 +313,7 @@ impl Filesystem for SlowFs {
         reply.ok();
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
         }
@@ -372,21 +321,10 @@ impl Filesystem for SlowFs {
         let entries = dots
             .iter()
             .map(|&(ino, name)| (ino, FileType::Directory, name))
-            .chain(self.files.iter().map(|f| {
-                (
-                    u64::from(f.attr.ino),
-                    FileType::RegularFile,
-                    f.name.as_slice(),
-                )
-            }));
+            .chain(self.files.iter().map(|f| (u64::from(f.attr.ino), FileType::RegularFile, f.name.as_slice())));
         let skip = usize::try_from(offset).unwrap_or(usize::MAX);
         for (index, (ino, kind, name)) in entries.enumerate().skip(skip) {
-            if reply.add(
-                INodeNo(ino),
-                index as u64 + 1,
-                kind,
-                OsStr::from_bytes(name),
-            ) {
+            if reply.add(INodeNo(ino), index as u64 + 1, kind, OsStr::from_bytes(name)) {
                 break;
             }
         }
@@ -399,10 +337,7 @@ mod tests {
     use super::*;
 
     fn model() -> CostModel {
-        CostModel {
-            bytes_per_sec: 100e6,
-            latency: Duration::from_millis(10),
-        }
+        CostModel { bytes_per_sec: 100e6, latency: Duration::from_millis(10) }
     }
 
     #[test]
@@ -431,10 +366,7 @@ mod tests {
         let content: Vec<u8> = (0..64u8).collect();
         std::fs::write(dir.path().join("f"), &content).unwrap();
         let counters = Arc::new(Counters::default());
-        let fast = CostModel {
-            bytes_per_sec: 1e12,
-            latency: Duration::ZERO,
-        };
+        let fast = CostModel { bytes_per_sec: 1e12, latency: Duration::ZERO };
         let fs = SlowFs::new(dir.path(), fast, Arc::clone(&counters)).unwrap();
         let handle = Handle {
             file: File::open(dir.path().join("f")).unwrap(),

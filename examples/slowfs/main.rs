@@ -62,11 +62,7 @@ fn is_mounted(mountpoint: &Path) -> bool {
         return false;
     };
     let wanted = mountpoint.as_os_str().as_bytes();
-    text.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .is_some_and(|field| unescape_octal(field) == wanted)
-    })
+    text.lines().any(|line| line.split(' ').nth(4).is_some_and(|field| unescape_octal(field) == wanted))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -114,10 +110,8 @@ fn block_exit_signals() -> libc::sigset_t {
 
 /// Waits up to `timeout` for one of the signals in `set`; true if one arrived.
 fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> bool {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `set` is a valid signal set and the info pointer may be null.
     unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) > 0 }
 }
@@ -127,21 +121,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.bandwidth_mbps.is_nan() || args.bandwidth_mbps <= 0.0 || args.latency_ms.is_nan() || args.latency_ms < 0.0 {
         return Err("--bandwidth-mbps must be > 0 and --latency-ms >= 0".into());
     }
-    let model = CostModel {
-        bytes_per_sec: args.bandwidth_mbps * 1e6,
-        latency: Duration::from_secs_f64(args.latency_ms / 1e3),
-    };
+    let model =
+        CostModel { bytes_per_sec: args.bandwidth_mbps * 1e6, latency: Duration::from_secs_f64(args.latency_ms / 1e3) };
     let counters = Arc::new(Counters::default());
     let fs = SlowFs::new(&args.src_dir, model, Arc::clone(&counters))?;
     let mountpoint = std::fs::canonicalize(&args.mountpoint)?;
 
     let signals = block_exit_signals();
     let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::RO,
-        MountOption::FSName("slowfs".into()),
-        MountOption::Subtype("slowfs".into()),
-    ];
+    config.mount_options =
+        vec![MountOption::RO, MountOption::FSName("slowfs".into()), MountOption::Subtype("slowfs".into())];
     config.n_threads = Some(args.threads.max(1));
     let session = fuser::spawn_mount(fs, &mountpoint, &config)?;
 
@@ -186,10 +175,7 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes_are_decoded() {
-        assert_eq!(
-            unescape_octal("/tmp/a\\040b\\134c"),
-            b"/tmp/a b\\c".to_vec()
-        );
+        assert_eq!(unescape_octal("/tmp/a\\040b\\134c"), b"/tmp/a b\\c".to_vec());
         assert_eq!(unescape_octal("/x\\04"), b"/x\\04".to_vec());
     }
 }

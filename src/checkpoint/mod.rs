@@ -7,9 +7,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use crate::format::index;
 use crate::format::{self, Header};
 use crate::source::http::{HttpOptions, HttpSource};
-use crate::format::index;
 use crate::source::{LocalFile, Source};
 use crate::util::describe_io;
 
@@ -72,7 +72,8 @@ pub fn open_source(source: Arc<dyn Source>) -> Result<OpenedShard, OpenError> {
 /// [`open_source`], naming the source `name` in messages.
 fn open_source_named(source: Arc<dyn Source>, name: &str) -> Result<OpenedShard, OpenError> {
     let mut stream = source.open_stream().map_err(|e| OpenError::new(name, describe_io(&e)))?;
-    let header = format::read_header(|buf, offset| stream.read_exact_at(buf, offset), source.len()).map_err(|e| OpenError::new(name, e))?;
+    let header = format::read_header(|buf, offset| stream.read_exact_at(buf, offset), source.len())
+        .map_err(|e| OpenError::new(name, e))?;
     Ok(OpenedShard { source, header })
 }
 
@@ -92,7 +93,11 @@ pub fn is_url(spec: &str) -> bool {
 /// `*.safetensors` shards, or an `http(s)://` URL of a file or of an index.
 pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
     if is_url(spec) {
-        return if url_path(spec).ends_with(".json") { open_url_index(spec, options) } else { open_url(spec, options).map(single) };
+        return if url_path(spec).ends_with(".json") {
+            open_url_index(spec, options)
+        } else {
+            open_url(spec, options).map(single)
+        };
     }
     let path = Path::new(spec);
     if path.is_dir() {
@@ -137,7 +142,8 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
 
 /// A single remote safetensors object.
 fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
-    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(crate::source::http::display_name(url), e))?;
+    let source = HttpSource::open(url, options.http.clone())
+        .map_err(|e| OpenError::new(crate::source::http::display_name(url), e))?;
     open_source(Arc::new(source))
 }
 

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use super::progress::Progress;
 use super::{CatArgs, ExtractArgs, RemoteArgs};
 use crate::checkpoint;
-use crate::util::describe_io;
 use crate::engine::EngineConfig;
 use crate::fs::Fs;
-use crate::tree::namespace::{Ino, Layout, Views, ROOT_INO};
 use crate::mount::session::{self, ServeOptions};
 use crate::stats::Stats;
+use crate::tree::namespace::{Ino, Layout, Views, ROOT_INO};
+use crate::util::describe_io;
 
 /// Extra help for `stfs extract`.
 pub const EXTRACT_HELP: &str = "\
@@ -58,7 +58,8 @@ pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, String> {
     };
     // Every name is checked before anything is written: a typo leaves no partial output behind.
     let items = names.iter().map(|n| find(&fs, &args.source, n, args.npy)).collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&args.output_dir).map_err(|e| format!("{}: {}", args.output_dir.display(), describe_io(&e)))?;
+    std::fs::create_dir_all(&args.output_dir)
+        .map_err(|e| format!("{}: {}", args.output_dir.display(), describe_io(&e)))?;
     let mut progress = Progress::new(items.iter().map(|i| i.size).sum());
     for item in &items {
         write_file(&fs, item, &args.output_dir, &mut progress).map_err(|e| format!("{}: {e}", args.source))?;
@@ -107,7 +108,8 @@ fn find(fs: &Fs, source: &str, name: &str, npy: bool) -> Result<Item, String> {
         return Err(format!("{source}: no tensor named {name:?} (`stfs inspect {source}` lists them)"));
     };
     let path = if npy { tensor.npy_path.clone() } else { Some(tensor.path.clone()) };
-    let path = path.ok_or_else(|| format!("{source}: tensor {name:?} has no .npy view (its dtype has no NumPy equivalent)"))?;
+    let path =
+        path.ok_or_else(|| format!("{source}: tensor {name:?} has no .npy view (its dtype has no NumPy equivalent)"))?;
     let mut ino = ROOT_INO;
     for part in path.split('/') {
         ino = fs.lookup(ino, OsStr::new(part)).map_err(|e| format!("{source}: {path}: {e}"))?.ino;
@@ -142,7 +144,9 @@ fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> 
             return Ok(());
         }
         let data = match fs.read(item.ino, offset, CHUNK) {
-            Ok(d) if d.is_empty() => return Err(CopyError::Read(format!("{}: ended at byte {offset} of {}", item.path, item.size))),
+            Ok(d) if d.is_empty() => {
+                return Err(CopyError::Read(format!("{}: ended at byte {offset} of {}", item.path, item.size)))
+            }
             Ok(d) => d,
             Err(e) => return Err(CopyError::Read(format!("reading tensor {:?}: {e}", item.name))),
         };

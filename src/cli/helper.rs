@@ -136,7 +136,8 @@ pub fn run(call: HelperCall) -> Result<ExitCode, String> {
         let config = MountConfig::from_args(args)?;
         let stats = Arc::new(crate::stats::Stats::default());
         crate::checkpoint::open(&config.source, &config.remote.open_options(stats)?).map_err(|e| e.to_string())?;
-        crate::mount::mountpoint::check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
+        crate::mount::mountpoint::check_mount_point(&config.mountpoint)
+            .map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
         return Ok(ExitCode::SUCCESS);
     }
     super::mount::run(args)
@@ -158,7 +159,8 @@ pub fn install(args: InstallHelperArgs) -> Result<ExitCode, String> {
             None => Err(format!("{shown}: not installed")),
         };
     }
-    let exe = std::env::current_exe().and_then(std::fs::canonicalize).map_err(|e| format!("finding this binary: {e}"))?;
+    let exe =
+        std::env::current_exe().and_then(std::fs::canonicalize).map_err(|e| format!("finding this binary: {e}"))?;
     if current.as_deref() == Some(exe.as_path()) {
         println!("{shown} -> {} (already installed)", exe.display());
         return Ok(ExitCode::SUCCESS);
@@ -189,7 +191,8 @@ mod tests {
 
     #[test]
     fn mount8_argv_is_understood() {
-        let call = parse(&os(&["/m/x.safetensors", "/mnt/x", "-s", "-n", "-v", "-o", "rw,nosuid,cache_size=64M"])).unwrap();
+        let call =
+            parse(&os(&["/m/x.safetensors", "/mnt/x", "-s", "-n", "-v", "-o", "rw,nosuid,cache_size=64M"])).unwrap();
         assert_eq!((call.source.as_str(), call.mountpoint.as_path()), ("/m/x.safetensors", Path::new("/mnt/x")));
         assert_eq!(call.options, ["nosuid", "cache_size=64M"]);
         assert!(call.verbose && !call.fake && !call.help);

@@ -168,7 +168,10 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> 
 
 impl RemoteArgs {
     /// The checkpoint-opening options these arguments describe, counting into `stats`.
-    pub fn open_options(&self, stats: std::sync::Arc<crate::stats::Stats>) -> Result<crate::checkpoint::OpenOptions, String> {
+    pub fn open_options(
+        &self,
+        stats: std::sync::Arc<crate::stats::Stats>,
+    ) -> Result<crate::checkpoint::OpenOptions, String> {
         let mut http = crate::source::http::HttpOptions { stats, ..Default::default() };
         for h in &self.headers {
             http.add_header_arg(h).map_err(|e| format!("--header: {e}"))?;
@@ -292,7 +295,8 @@ pub fn run(cli: Cli) -> ExitCode {
 pub fn run_args(args: Vec<OsString>) -> ExitCode {
     use clap::CommandFactory;
     let command = Cli::command();
-    let names: Vec<&str> = command.get_subcommands().flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases())).collect();
+    let names: Vec<&str> =
+        command.get_subcommands().flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases())).collect();
     if helper::is_helper_call(&args, &names) {
         return finish(helper::parse(args.get(1..).unwrap_or_default()).and_then(helper::run));
     }
@@ -337,7 +341,13 @@ mod tests {
             ..Default::default()
         };
         let http = args.open_options(Default::default()).unwrap().http;
-        assert_eq!((http.retry.attempts, http.retry.base_delay, http.retry.max_delay), (2, std::time::Duration::from_millis(10), std::time::Duration::from_millis(320)));
-        assert_eq!((http.connect_timeout, http.read_timeout), (std::time::Duration::from_secs(1), std::time::Duration::from_secs(1)));
+        assert_eq!(
+            (http.retry.attempts, http.retry.base_delay, http.retry.max_delay),
+            (2, std::time::Duration::from_millis(10), std::time::Duration::from_millis(320))
+        );
+        assert_eq!(
+            (http.connect_timeout, http.read_timeout),
+            (std::time::Duration::from_secs(1), std::time::Duration::from_secs(1))
+        );
     }
 }

@@ -27,10 +27,12 @@ Examples:
 pub fn run(args: MountArgs) -> Result<ExitCode, String> {
     let mut config = MountConfig::from_args(args)?;
     // The daemon leaves the working directory, so every path it keeps must be absolute.
-    config.mountpoint = std::path::absolute(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
+    config.mountpoint =
+        std::path::absolute(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
-    let opened = checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?).map_err(|e| e.to_string())?;
+    let opened =
+        checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?).map_err(|e| e.to_string())?;
     check_mount_point(&config.mountpoint).map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
     let options = ServeOptions {
         mountpoint: config.mountpoint.clone(),

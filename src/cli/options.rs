@@ -35,10 +35,39 @@ const BLOCK_SIZE_RANGE: (u64, u64) = (4 << 10, 1 << 30);
 /// Mount options of mount(8) and FUSE that stfs accepts and has nothing to do for
 /// (the mount is always read-only, nosuid and nodev).
 const IGNORED_OPTIONS: &[&str] = &[
-    "ro", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail",
-    "nosuid", "suid", "nodev", "dev", "noexec", "exec", "atime", "noatime", "relatime", "norelatime",
-    "strictatime", "nodiratime", "diratime", "async", "sync", "dirsync", "lazytime", "nolazytime", "silent",
-    "loud", "rw=no", "default_permissions",
+    "ro",
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "_netdev",
+    "nofail",
+    "nosuid",
+    "suid",
+    "nodev",
+    "dev",
+    "noexec",
+    "exec",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "async",
+    "sync",
+    "dirsync",
+    "lazytime",
+    "nolazytime",
+    "silent",
+    "loud",
+    "rw=no",
+    "default_permissions",
 ];
 
 /// Everything `stfs mount` needs, validated.
@@ -99,9 +128,15 @@ impl MountConfig {
                 "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
                 "header" => a.remote.headers.push(need()?.to_string()),
                 "token_env" => a.remote.token_env = a.remote.token_env.or(Some(need()?.to_string())),
-                "http_retries" => a.remote.http_retries = a.remote.http_retries.or(Some(parse_count(key, need()?, 1, 100)?)),
-                "http_retry_delay" => a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(super::parse_duration(need()?)?)),
-                "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(super::parse_duration(need()?)?)),
+                "http_retries" => {
+                    a.remote.http_retries = a.remote.http_retries.or(Some(parse_count(key, need()?, 1, 100)?))
+                }
+                "http_retry_delay" => {
+                    a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(super::parse_duration(need()?)?))
+                }
+                "http_timeout" => {
+                    a.remote.http_timeout = a.remote.http_timeout.or(Some(super::parse_duration(need()?)?))
+                }
                 "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
@@ -125,11 +160,8 @@ impl MountConfig {
                 format_size(2 * block_size)
             ));
         }
-        let engine = EngineConfig {
-            block_size,
-            cache_size,
-            io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize,
-        };
+        let engine =
+            EngineConfig { block_size, cache_size, io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize };
         let as_f32 = match a.as_dtype.as_deref() {
             None => false,
             Some(d) if d.eq_ignore_ascii_case("f32") => true,
@@ -188,7 +220,11 @@ mod tests {
     use super::*;
 
     fn args(options: &[&str]) -> MountArgs {
-        MountArgs { source: "m.safetensors".into(), options: options.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+        MountArgs {
+            source: "m.safetensors".into(),
+            options: options.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -201,17 +237,25 @@ mod tests {
             assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
             // extract and cat read through the same engine settings as a mount with no options.
             let e = default_engine(url);
-            assert_eq!((e.block_size, e.cache_size, e.io_threads), (c.engine.block_size, c.engine.cache_size, c.engine.io_threads));
+            assert_eq!(
+                (e.block_size, e.cache_size, e.io_threads),
+                (c.engine.block_size, c.engine.cache_size, c.engine.io_threads)
+            );
         }
         let e = default_engine("m.safetensors");
-        assert_eq!((e.block_size, e.cache_size, e.io_threads), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize));
+        assert_eq!(
+            (e.block_size, e.cache_size, e.io_threads),
+            (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize)
+        );
         let explicit = MountArgs { source: "https://host/m.safetensors".into(), ..args(&["block_size=64K"]) };
         assert_eq!(MountConfig::from_args(explicit).unwrap().engine.block_size, 64 << 10);
     }
 
     #[test]
     fn dash_o_options_map_to_flags_and_flags_win() {
-        let c = MountConfig::from_args(args(&["ro,cache_size=1G,block-size=4M", "allow_other,nosuid,x-systemd.automount"])).unwrap();
+        let c =
+            MountConfig::from_args(args(&["ro,cache_size=1G,block-size=4M", "allow_other,nosuid,x-systemd.automount"]))
+                .unwrap();
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
         let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
         assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));

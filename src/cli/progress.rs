@@ -67,7 +67,13 @@ fn render(done: u64, total: u64, elapsed: Duration, label: &str) -> String {
     let rate = if seconds > 0.0 { done as f64 / seconds } else { 0.0 };
     // Names from untrusted headers could hold terminal escapes: show only printable characters.
     let label: String = label.chars().map(|c| if c.is_control() { '?' } else { c }).take(40).collect();
-    format!("[{bar}] {:>3}%  {} / {}  {}/s  {label}", (fraction * 100.0) as u32, human(done as f64), human(total as f64), human(rate))
+    format!(
+        "[{bar}] {:>3}%  {} / {}  {}/s  {label}",
+        (fraction * 100.0) as u32,
+        human(done as f64),
+        human(total as f64),
+        human(rate)
+    )
 }
 
 /// Bytes with one decimal and a binary unit.
@@ -90,7 +96,10 @@ mod tests {
     fn bar_shows_fraction_sizes_and_rate() {
         let line = render(3 << 29, 3 << 30, Duration::from_secs(2), "model.w");
         assert!(line.starts_with(&format!("[{}{}]  50%", "#".repeat(15), ".".repeat(15))), "{line}");
-        assert!(line.contains("1.5 GiB / 3.0 GiB") && line.contains("768.0 MiB/s") && line.ends_with("model.w"), "{line}");
+        assert!(
+            line.contains("1.5 GiB / 3.0 GiB") && line.contains("768.0 MiB/s") && line.ends_with("model.w"),
+            "{line}"
+        );
         let full = render(10, 10, Duration::ZERO, "x");
         assert!(full.starts_with(&format!("[{}] 100%", "#".repeat(30))), "{full}");
     }

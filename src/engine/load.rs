@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
 use super::{Engine, Job, ReadError, Shared, SourceEntry, LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
-use crate::util::lock;
 use crate::engine::cache::{BlockData, LoadTicket, Lookup, Prefetch};
 use crate::engine::stream::StreamIo;
 use crate::source::SourceStream;
 use crate::stats::Stats;
+use crate::util::lock;
 
 impl Engine {
     /// Returns block `block` of `entry`: from the cache, by waiting for its load, or by loading it.
@@ -305,10 +305,6 @@ impl SourceEntry {
     }
 
     pub(super) fn error(&self, offset: u64, error: io::Error) -> ReadError {
-        ReadError {
-            source_name: self.source.name().to_string(),
-            offset,
-            error,
-        }
+        ReadError { source_name: self.source.name().to_string(), offset, error }
     }
 }

@@ -101,11 +101,7 @@ pub struct ReadError {
 
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: read at offset {} failed: {}",
-            self.source_name, self.offset, self.error
-        )
+        write!(f, "{}: read at offset {} failed: {}", self.source_name, self.offset, self.error)
     }
 }
 
@@ -155,11 +151,7 @@ impl Engine {
 
     /// Like [`Engine::new`] with explicit readahead tuning (its block size is replaced by the
     /// engine's).
-    pub fn with_readahead(
-        mut config: EngineConfig,
-        mut readahead: ReadaheadConfig,
-        stats: Arc<Stats>,
-    ) -> Arc<Engine> {
+    pub fn with_readahead(mut config: EngineConfig, mut readahead: ReadaheadConfig, stats: Arc<Stats>) -> Arc<Engine> {
         config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
         readahead.block_size = config.block_size;
         if config.io_threads == 0 {
@@ -176,9 +168,7 @@ impl Engine {
             stopping: AtomicBool::new(false),
         });
         let worker_shared = Arc::clone(&shared);
-        let prefetcher = IoPool::start(io_threads, JOB_QUEUE_LEN, move |job: Job| {
-            worker_shared.run_prefetch(&job)
-        });
+        let prefetcher = IoPool::start(io_threads, JOB_QUEUE_LEN, move |job: Job| worker_shared.run_prefetch(&job));
         let warm_shared = Arc::clone(&shared);
         let warmer = std::thread::Builder::new()
             .name("stfs-warm".into())
@@ -190,11 +180,7 @@ impl Engine {
 
     /// Registers a source; blocks are keyed by (source, block index).
     pub fn add_source(&self, source: Arc<dyn Source>) -> SourceId {
-        let mut sources = self
-            .shared
-            .sources
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut sources = self.shared.sources.write().unwrap_or_else(|p| p.into_inner());
         let id = sources.len();
         sources.push(Arc::new(SourceEntry {
             id,
@@ -307,11 +293,7 @@ impl Engine {
     }
 
     fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
-        let sources = self
-            .shared
-            .sources
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let sources = self.shared.sources.read().unwrap_or_else(|p| p.into_inner());
         sources.get(source).cloned()
     }
 
@@ -352,12 +334,8 @@ impl Engine {
         }
         let after = (table.len() as u64, table.window_bytes());
         drop(table);
-        stats
-            .streams
-            .fetch_add(after.0.wrapping_sub(before.0), Relaxed);
-        stats
-            .window_bytes
-            .fetch_add(after.1.wrapping_sub(before.1), Relaxed);
+        stats.streams.fetch_add(after.0.wrapping_sub(before.0), Relaxed);
+        stats.window_bytes.fetch_add(after.1.wrapping_sub(before.1), Relaxed);
         decision.sequential.then_some(stream)
     }
 
@@ -373,15 +351,10 @@ impl Engine {
         let bs = self.shared.config.block_size;
         let chunk_blocks = prefetch_chunk_blocks(window_blocks, bs);
         stream.add_pending(blocks, entry.len.div_ceil(bs), chunk_blocks, |lane| {
-            let job = Job {
-                source: Arc::clone(entry),
-                stream: Arc::clone(stream),
-                lane,
-            };
+            let job = Job { source: Arc::clone(entry), stream: Arc::clone(stream), lane };
             self.prefetcher.try_submit(job).is_ok()
         })
     }
-
 }
 
 impl Drop for Engine {
@@ -399,10 +372,10 @@ impl Drop for Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
     use crate::engine::readahead::FILE_START_WINDOW_BYTES;
     use crate::util::test_support::eventually;
+    use proptest::prelude::*;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.
     struct FakeSource {
@@ -429,7 +402,12 @@ mod tests {
     }
 
     impl SourceStream for FakeStream {
-        fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+        fn read_blocks_at(
+            &mut self,
+            bufs: Vec<Vec<u8>>,
+            offset: u64,
+            landed: &mut dyn FnMut(Vec<u8>),
+        ) -> io::Result<()> {
             // As a local file does: whole buffers, at most `piece` bytes per read (0: all in one).
             let piece = match self.0.piece.load(Relaxed) as usize {
                 0 => usize::MAX,
@@ -442,17 +420,12 @@ mod tests {
             let fake = &self.0;
             lock(&fake.reads).push((offset, buf.len()));
             std::thread::sleep(fake.latency);
-            let injected = fake
-                .failures_left
-                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+            let injected = fake.failures_left.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
             if injected.is_ok() {
                 return Err(io::Error::other("injected failure"));
             }
             let start = offset as usize;
-            let bytes = fake
-                .data
-                .get(start..start + buf.len())
-                .ok_or_else(|| io::Error::other("past end"))?;
+            let bytes = fake.data.get(start..start + buf.len()).ok_or_else(|| io::Error::other("past end"))?;
             buf.copy_from_slice(bytes);
             Ok(())
         }
@@ -461,29 +434,16 @@ mod tests {
     fn fake(len: usize, latency: Duration) -> Arc<FakeSource> {
         let data = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
         let reads = Mutex::new(Vec::new());
-        Arc::new(FakeSource {
-            data,
-            reads,
-            latency,
-            failures_left: AtomicUsize::new(0),
-            piece: AtomicU64::new(0),
-        })
+        Arc::new(FakeSource { data, reads, latency, failures_left: AtomicUsize::new(0), piece: AtomicU64::new(0) })
     }
 
     fn engine(block_size: u64, cache_size: u64, io_threads: usize) -> (Arc<Engine>, Arc<Stats>) {
         let stats = Arc::new(Stats::default());
-        let config = EngineConfig {
-            block_size,
-            cache_size,
-            io_threads,
-        };
+        let config = EngineConfig { block_size, cache_size, io_threads };
         let mut readahead = ReadaheadConfig::new(block_size, cache_size);
         // Slack scaled to the small test blocks, so that random tests look random.
         (readahead.back_slack, readahead.forward_slack) = (block_size / 2, 2 * block_size);
-        (
-            Engine::with_readahead(config, readahead, Arc::clone(&stats)),
-            stats,
-        )
+        (Engine::with_readahead(config, readahead, Arc::clone(&stats)), stats)
     }
 
     fn counter(c: &AtomicU64) -> u64 {
@@ -499,10 +459,7 @@ mod tests {
             let n = n as u64;
             assert_eq!(offset % block_size, 0, "unaligned backing read at {offset}");
             assert!(n > 0 && n <= chunk, "read of {n} at {offset}");
-            assert!(
-                n % block_size == 0 || offset + n == len,
-                "partial block read of {n} at {offset}"
-            );
+            assert!(n % block_size == 0 || offset + n == len, "partial block read of {n} at {offset}");
         }
     }
 
@@ -581,9 +538,7 @@ mod tests {
         let id = engine.add_source(Arc::new(Arc::clone(&source)));
         engine.read(id, 0, 1000).unwrap();
         engine.read(id, 1000, 1000).unwrap();
-        eventually("block 1 to be prefetched", || {
-            counter(&stats.prefetched_bytes) >= bs
-        });
+        eventually("block 1 to be prefetched", || counter(&stats.prefetched_bytes) >= bs);
         let mut offset = 2000;
         while offset < source.data.len() as u64 {
             let got = engine.read(id, offset, 1000).unwrap();
@@ -655,7 +610,9 @@ mod tests {
         let got = engine.read_in(id, file.clone(), file.start, 1, <[u8]>::to_vec).unwrap();
         assert_eq!(got, &source.data[file.start as usize..][..1]);
         let window = FILE_START_WINDOW_BYTES;
-        eventually("the file-start prefetch", || lock(&source.reads).iter().map(|&(_, n)| n as u64).sum::<u64>() > window);
+        eventually("the file-start prefetch", || {
+            lock(&source.reads).iter().map(|&(_, n)| n as u64).sum::<u64>() > window
+        });
         drop(engine);
         let reads = lock(&source.reads).clone();
         let prefetch: Vec<_> = reads.iter().filter(|&&(at, _)| at > file.start).collect();
@@ -691,7 +648,12 @@ mod tests {
             buf.copy_from_slice(&self.0.data[offset as usize..][..buf.len()]);
             Ok(())
         }
-        fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
+        fn read_blocks_at(
+            &mut self,
+            bufs: Vec<Vec<u8>>,
+            offset: u64,
+            landed: &mut dyn FnMut(Vec<u8>),
+        ) -> io::Result<()> {
             let (many, mut at) = (bufs.len() > 1, offset);
             for (i, mut buf) in bufs.into_iter().enumerate() {
                 self.read_exact_at(&mut buf, at)?;
@@ -699,7 +661,8 @@ mod tests {
                 landed(buf);
                 if i == 0 && many {
                     let open = lock(&self.0.open);
-                    let (_open, waited) = self.0.opened.wait_timeout_while(open, Duration::from_secs(5), |o| !*o).unwrap();
+                    let (_open, waited) =
+                        self.0.opened.wait_timeout_while(open, Duration::from_secs(5), |o| !*o).unwrap();
                     assert!(!waited.timed_out(), "the gate was never opened");
                 }
             }
@@ -761,10 +724,7 @@ mod tests {
         // Block i*389 mod 1000: within any 16 reads, no two are fewer than 57 blocks apart.
         for i in 0..100u64 {
             let offset = (i * 389 % 1000) * bs + i;
-            assert_eq!(
-                engine.read(id, offset, 100).unwrap(),
-                &source.data[offset as usize..][..100]
-            );
+            assert_eq!(engine.read(id, offset, 100).unwrap(), &source.data[offset as usize..][..100]);
         }
         drop(engine);
         assert_eq!(counter(&stats.prefetched_bytes), 0);
@@ -833,12 +793,7 @@ mod tests {
             let id = engine.add_source(Arc::new(file));
             assert_eq!(engine.read(id, 0, 100).unwrap(), &bytes[..100]);
             match change {
-                "truncate" => std::fs::File::options()
-                    .write(true)
-                    .open(&path)
-                    .unwrap()
-                    .set_len(1)
-                    .unwrap(),
+                "truncate" => std::fs::File::options().write(true).open(&path).unwrap().set_len(1).unwrap(),
                 "replace" => {
                     std::fs::write(dir.path().join("new"), &bytes).unwrap();
                     std::fs::rename(dir.path().join("new"), &path).unwrap();
@@ -846,10 +801,7 @@ mod tests {
                 _ => std::fs::remove_file(&path).unwrap(),
             }
             let err = engine.read(id, 30_000, 100).unwrap_err();
-            assert!(
-                err.to_string().contains("changed since mount"),
-                "{change}: {err}"
-            );
+            assert!(err.to_string().contains("changed since mount"), "{change}: {err}");
         }
     }
 }

@@ -158,11 +158,7 @@ impl<T: Default> StreamTable<T> {
     pub fn new(mut config: ReadaheadConfig) -> StreamTable<T> {
         config.block_size = config.block_size.max(1);
         config.max_streams = config.max_streams.max(1);
-        StreamTable {
-            config,
-            streams: Vec::new(),
-            clock: 0,
-        }
+        StreamTable { config, streams: Vec::new(), clock: 0 }
     }
 
     /// Classifies a read of `[offset, offset + len)` of a source of `source_len` bytes and says
@@ -218,7 +214,8 @@ impl<T: Default> StreamTable<T> {
             // continues the first one exactly, as a sequential reader's do: a random reader that
             // happens to land a little after another's read gets the small window.
             let exact = offset == stream.cursor;
-            let rest_of_file = if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
+            let rest_of_file =
+                if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
             stream.window_blocks = rest_of_file.max(self.config.initial_window_blocks).min(max_window);
         } else if entered_new_block && max_window > 0 {
             stream.window_blocks = stream.window_blocks.saturating_mul(2).clamp(1, max_window);
@@ -235,22 +232,12 @@ impl<T: Default> StreamTable<T> {
         let limit = if stream.crossed { source_len } else { extent_end.min(source_len) };
         let block_count = limit.div_ceil(bs);
         let cursor_block = (stream.cursor - 1) / bs;
-        let target_end = cursor_block
-            .saturating_add(1 + stream.window_blocks)
-            .min(block_count);
+        let target_end = cursor_block.saturating_add(1 + stream.window_blocks).min(block_count);
         let start = stream.next_prefetch.max(last_block + 1);
-        let prefetch = if start < target_end {
-            start..target_end
-        } else {
-            0..0
-        };
+        let prefetch = if start < target_end { start..target_end } else { 0..0 };
         stream.next_prefetch = stream.next_prefetch.max(prefetch.end);
         let left_behind = stream.cursor.saturating_sub(self.config.back_slack) / bs;
-        let consumed = if stream.consumed_until < left_behind {
-            stream.consumed_until..left_behind
-        } else {
-            0..0
-        };
+        let consumed = if stream.consumed_until < left_behind { stream.consumed_until..left_behind } else { 0..0 };
         stream.consumed_until = stream.consumed_until.max(left_behind);
         Decision {
             stream: index,
@@ -302,13 +289,9 @@ impl<T: Default> StreamTable<T> {
             .iter()
             .enumerate()
             .filter(|(_, s)| {
-                let (back, forward) = if s.confirmed {
-                    (back, forward)
-                } else {
-                    (back.min(confirm), forward.min(confirm))
-                };
-                offset.saturating_add(back) >= s.cursor
-                    && offset <= s.cursor.saturating_add(forward)
+                let (back, forward) =
+                    if s.confirmed { (back, forward) } else { (back.min(confirm), forward.min(confirm)) };
+                offset.saturating_add(back) >= s.cursor && offset <= s.cursor.saturating_add(forward)
             })
             .min_by_key(|(_, s)| offset.abs_diff(s.cursor))
             .map(|(index, _)| index)
@@ -319,9 +302,7 @@ impl<T: Default> StreamTable<T> {
             self.streams.push(stream);
             return (self.streams.len() - 1, None);
         }
-        let oldest = (0..self.streams.len())
-            .min_by_key(|&i| self.streams[i].last_used)
-            .unwrap_or(0);
+        let oldest = (0..self.streams.len()).min_by_key(|&i| self.streams[i].last_used).unwrap_or(0);
         let old = std::mem::replace(&mut self.streams[oldest], stream);
         (oldest, Some(old.payload))
     }
@@ -376,11 +357,7 @@ mod tests {
     #[test]
     fn decisions_for_read_patterns() {
         let cases: &[Case] = &[
-            (
-                "a lone read prefetches nothing",
-                &[(5000, 10)],
-                &[(0, false, 0..0)],
-            ),
+            ("a lone read prefetches nothing", &[(5000, 10)], &[(0, false, 0..0)]),
             (
                 "a continuing read confirms the stream with a one-block window",
                 &[(0, 100), (100, 100)],
@@ -388,14 +365,7 @@ mod tests {
             ),
             (
                 "the window doubles each time the cursor enters a new block",
-                &[
-                    (0, 500),
-                    (500, 500),
-                    (1000, 500),
-                    (1500, 500),
-                    (2000, 500),
-                    (3000, 500),
-                ],
+                &[(0, 500), (500, 500), (1000, 500), (1500, 500), (2000, 500), (3000, 500)],
                 &[
                     (0, false, 0..0),
                     (0, true, 1..2),
@@ -423,12 +393,7 @@ mod tests {
             (
                 "two interleaved sequential readers keep separate streams",
                 &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
-                &[
-                    (0, false, 0..0),
-                    (1, false, 0..0),
-                    (0, true, 1..2),
-                    (1, true, 41..42),
-                ],
+                &[(0, false, 0..0), (1, false, 0..0), (0, true, 1..2), (1, true, 41..42)],
             ),
             (
                 "prefetch stops at the end of the source",

@@ -10,8 +10,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::util::lock;
 use crate::source::SourceStream;
+use crate::util::lock;
 
 /// A fixed set of threads running jobs from a bounded queue; submitting never blocks.
 pub(crate) struct IoPool<J: Send + 'static> {
@@ -34,9 +34,7 @@ impl<J: Send + 'static> IoPool<J> {
                 let spawned = std::thread::Builder::new()
                     .name(format!("stfs-io-{n}"))
                     .spawn(move || run_jobs(&receiver, &*handler));
-                spawned
-                    .map_err(|e| log::warn!("cannot start I/O thread: {e}"))
-                    .ok()
+                spawned.map_err(|e| log::warn!("cannot start I/O thread: {e}")).ok()
             })
             .collect::<Vec<_>>();
         let jobs = (!workers.is_empty()).then_some(sender);
@@ -129,9 +127,7 @@ impl Pending {
         if self.next >= self.end {
             return None;
         }
-        let chunk_end = (self.next / chunk_blocks + 1)
-            .saturating_mul(chunk_blocks)
-            .min(self.last.max(self.next + 1));
+        let chunk_end = (self.next / chunk_blocks + 1).saturating_mul(chunk_blocks).min(self.last.max(self.next + 1));
         if self.end >= chunk_end {
             Some(self.next..chunk_end)
         } else if self.busy & !(1 << lane) == 0 {
@@ -148,8 +144,7 @@ impl Pending {
         let waiting = self.end.saturating_sub(self.next) / chunk_blocks;
         let about_to_claim = (self.busy & !self.loading).count_ones();
         let some_partial = self.busy == 0 && self.next < self.end;
-        (waiting > u64::from(about_to_claim) || some_partial)
-            && self.busy.count_ones() < LANES as u32
+        (waiting > u64::from(about_to_claim) || some_partial) && self.busy.count_ones() < LANES as u32
     }
 }
 
@@ -218,9 +213,7 @@ impl StreamIo {
         let mut pending = lock(&self.pending);
         pending.next = pending.end;
         let mark = block.saturating_add(1);
-        let _ = self.refused_at.fetch_update(Relaxed, Relaxed, |old| {
-            (old == 0 || mark < old).then_some(mark)
-        });
+        let _ = self.refused_at.fetch_update(Relaxed, Relaxed, |old| (old == 0 || mark < old).then_some(mark));
     }
 
     /// Records that the stream has left every block below `block` behind.
@@ -255,11 +248,7 @@ mod tests {
             assert!(pool.try_submit(n).is_ok());
         }
         drop(pool);
-        assert_eq!(
-            done.load(Relaxed),
-            10,
-            "every queued job ran before the threads were joined"
-        );
+        assert_eq!(done.load(Relaxed), 10, "every queued job ran before the threads were joined");
         let idle = IoPool::start(0, 8, |_: usize| {});
         assert_eq!(idle.try_submit(1), Err(1));
     }
@@ -294,10 +283,7 @@ mod tests {
         assert!(io.add_pending(97..100, 100, 8, |lane| lane == 0));
         assert_eq!(io.next_chunk(0, false), Some(97..100));
         assert_eq!(io.next_chunk(0, false), None);
-        assert!(
-            !io.add_pending(100..101, 101, 4, |_| false),
-            "a full queue drops the blocks"
-        );
+        assert!(!io.add_pending(100..101, 101, 4, |_| false), "a full queue drops the blocks");
         assert_eq!(io.next_chunk(0, false), None);
     }
 

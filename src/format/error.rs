@@ -120,17 +120,14 @@ impl fmt::Display for FormatError {
             HeaderTooLarge { declared, limit } => {
                 write!(f, "header length {declared} is over the limit of {limit} bytes")
             }
-            HeaderLengthPastEnd { declared, file_len } => write!(
-                f,
-                "header length {declared} runs past the end of the file ({file_len} bytes)"
-            ),
+            HeaderLengthPastEnd { declared, file_len } => {
+                write!(f, "header length {declared} runs past the end of the file ({file_len} bytes)")
+            }
             InvalidUtf8 { error } => write!(f, "invalid UTF-8 in header: {error}"),
             InvalidJson { message } => write!(f, "invalid JSON in header: {message}"),
-            OffsetReversed { tensor, begin, end } => write!(
-                f,
-                "tensor `{}` ends at {end}, before it begins at {begin}",
-                Printable(tensor)
-            ),
+            OffsetReversed { tensor, begin, end } => {
+                write!(f, "tensor `{}` ends at {end}, before it begins at {begin}", Printable(tensor))
+            }
             OffsetGap { tensor, expected, found } => write!(
                 f,
                 "tensor `{}` starts at {found}, expected {expected} (a hole of {} bytes)",
@@ -142,16 +139,12 @@ impl fmt::Display for FormatError {
                 "tensor `{}` starts at {found}, expected {expected} (overlaps the previous tensor)",
                 Printable(tensor)
             ),
-            ShapeOverflow { tensor } => write!(
-                f,
-                "tensor `{}` has a shape whose element or bit count overflows 64 bits",
-                Printable(tensor)
-            ),
-            MisalignedBits { tensor, bits } => write!(
-                f,
-                "tensor `{}` holds {bits} bits, not a whole number of bytes",
-                Printable(tensor)
-            ),
+            ShapeOverflow { tensor } => {
+                write!(f, "tensor `{}` has a shape whose element or bit count overflows 64 bits", Printable(tensor))
+            }
+            MisalignedBits { tensor, bits } => {
+                write!(f, "tensor `{}` holds {bits} bits, not a whole number of bytes", Printable(tensor))
+            }
             LengthMismatch { tensor, expected, found } => write!(
                 f,
                 "tensor `{}` covers {found} bytes, expected {expected} from its dtype and shape",
@@ -168,11 +161,7 @@ impl fmt::Display for FormatError {
                          (truncated)"
                     )
                 } else {
-                    write!(
-                        f,
-                        "{} trailing bytes after the tensor data, which ends at {data_end}",
-                        file_len - data_end
-                    )
+                    write!(f, "{} trailing bytes after the tensor data, which ends at {data_end}", file_len - data_end)
                 }
             }
             Io { offset, len, error } => {
@@ -203,11 +192,7 @@ impl fmt::Display for Printable<'_> {
 }
 
 /// Writes `text` escaped as [`Printable`] does, cut after `max_bytes` bytes.
-pub(crate) fn write_escaped(
-    out: &mut impl fmt::Write,
-    text: &str,
-    max_bytes: usize,
-) -> fmt::Result {
+pub(crate) fn write_escaped(out: &mut impl fmt::Write, text: &str, max_bytes: usize) -> fmt::Result {
     let mut cut = text.len().min(max_bytes);
     while !text.is_char_boundary(cut) {
         cut -= 1;
@@ -225,4 +210,3 @@ pub(crate) fn write_escaped(
     }
     Ok(())
 }
-

@@ -30,7 +30,11 @@ pub fn parse_index(bytes: &[u8]) -> Result<Index, String> {
     }
     let mut shards: Vec<String> = Vec::new();
     for file in raw.weight_map.values() {
-        if file.is_empty() || file.starts_with('/') || file.split('/').any(|c| c == ".." || c.is_empty()) || file.contains('\0') {
+        if file.is_empty()
+            || file.starts_with('/')
+            || file.split('/').any(|c| c == ".." || c.is_empty())
+            || file.contains('\0')
+        {
             return Err(format!("shard name {file:?} is not a relative path inside the index's directory"));
         }
         if !shards.contains(file) {
@@ -58,7 +62,9 @@ pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>
             let Some(shard) = index.shards.iter().position(|s| s == file) else { continue };
             match owner.get(tensor.as_str()) {
                 Some(&i) if i == shard => {}
-                Some(&i) => return Err(format!("the index puts tensor {tensor:?} in {file}, but it is in {}", names[i])),
+                Some(&i) => {
+                    return Err(format!("the index puts tensor {tensor:?} in {file}, but it is in {}", names[i]))
+                }
                 None => return Err(format!("the index names tensor {tensor:?} in {file}, which does not hold it")),
             }
         }
@@ -72,7 +78,8 @@ mod tests {
     use crate::format::Dtype;
 
     fn header(names: &[&str]) -> Header {
-        let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = names.iter().map(|n| (n.to_string(), Dtype::U8, vec![1], vec![1])).collect();
+        let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
+            names.iter().map(|n| (n.to_string(), Dtype::U8, vec![1], vec![1])).collect();
         let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         crate::format::parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap()

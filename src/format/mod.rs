@@ -31,17 +31,55 @@ const MAX_SHOWN_MESSAGE: usize = 400;
 #[allow(non_camel_case_types, missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize, serde::Serialize)]
 pub enum Dtype {
-    BOOL, F4, F6_E2M3, F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ,
-    I16, U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64,
+    BOOL,
+    F4,
+    F6_E2M3,
+    F6_E3M2,
+    U8,
+    I8,
+    F8_E5M2,
+    F8_E4M3,
+    F8_E8M0,
+    F8_E4M3FNUZ,
+    F8_E5M2FNUZ,
+    I16,
+    U16,
+    F16,
+    BF16,
+    I32,
+    U32,
+    F32,
+    C64,
+    F64,
+    I64,
+    U64,
 }
 
 impl Dtype {
     /// Every dtype, in enum order.
     pub const ALL: [Dtype; 22] = [
-        Dtype::BOOL, Dtype::F4, Dtype::F6_E2M3, Dtype::F6_E3M2, Dtype::U8, Dtype::I8, Dtype::F8_E5M2,
-        Dtype::F8_E4M3, Dtype::F8_E8M0, Dtype::F8_E4M3FNUZ, Dtype::F8_E5M2FNUZ, Dtype::I16,
-        Dtype::U16, Dtype::F16, Dtype::BF16, Dtype::I32, Dtype::U32, Dtype::F32, Dtype::C64,
-        Dtype::F64, Dtype::I64, Dtype::U64,
+        Dtype::BOOL,
+        Dtype::F4,
+        Dtype::F6_E2M3,
+        Dtype::F6_E3M2,
+        Dtype::U8,
+        Dtype::I8,
+        Dtype::F8_E5M2,
+        Dtype::F8_E4M3,
+        Dtype::F8_E8M0,
+        Dtype::F8_E4M3FNUZ,
+        Dtype::F8_E5M2FNUZ,
+        Dtype::I16,
+        Dtype::U16,
+        Dtype::F16,
+        Dtype::BF16,
+        Dtype::I32,
+        Dtype::U32,
+        Dtype::F32,
+        Dtype::C64,
+        Dtype::F64,
+        Dtype::I64,
+        Dtype::U64,
     ];
 
     /// Bits per element (4 for F4, 6 for the F6 types).
@@ -61,9 +99,28 @@ impl Dtype {
     pub fn name(self) -> &'static str {
         // Same order as the enum; a unit test checks each entry against serde's spelling.
         const NAMES: [&str; 22] = [
-            "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-            "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
-            "F64", "I64", "U64",
+            "BOOL",
+            "F4",
+            "F6_E2M3",
+            "F6_E3M2",
+            "U8",
+            "I8",
+            "F8_E5M2",
+            "F8_E4M3",
+            "F8_E8M0",
+            "F8_E4M3FNUZ",
+            "F8_E5M2FNUZ",
+            "I16",
+            "U16",
+            "F16",
+            "BF16",
+            "I32",
+            "U32",
+            "F32",
+            "C64",
+            "F64",
+            "I64",
+            "U64",
         ];
         NAMES[self as usize]
     }
@@ -95,10 +152,7 @@ impl FromStr for Dtype {
 
     /// Accepts only the exact JSON spelling (`"F32"`, not `"f32"`), like the header parser.
     fn from_str(s: &str) -> Result<Dtype, UnknownDtype> {
-        Dtype::ALL
-            .into_iter()
-            .find(|dtype| dtype.name() == s)
-            .ok_or_else(|| UnknownDtype { name: s.to_owned() })
+        Dtype::ALL.into_iter().find(|dtype| dtype.name() == s).ok_or_else(|| UnknownDtype { name: s.to_owned() })
     }
 }
 
@@ -289,12 +343,7 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let mut tensors: Vec<TensorInfo> = raw
         .tensors
         .into_iter()
-        .map(|(name, raw)| TensorInfo {
-            name,
-            dtype: raw.dtype,
-            shape: raw.shape,
-            data_offsets: raw.data_offsets,
-        })
+        .map(|(name, raw)| TensorInfo { name, dtype: raw.dtype, shape: raw.shape, data_offsets: raw.data_offsets })
         .collect();
     tensors.sort_by(|a, b| (a.data_offsets, &a.name).cmp(&(b.data_offsets, &b.name)));
     let data_len = validate_tensors(&tensors)?;
@@ -316,11 +365,7 @@ fn validate_tensors(tensors: &[TensorInfo]) -> Result<u64, FormatError> {
             return Err(FormatError::OffsetReversed { tensor: tensor.name.clone(), begin, end });
         }
         if begin > expected_start {
-            return Err(FormatError::OffsetGap {
-                tensor: tensor.name.clone(),
-                expected: expected_start,
-                found: begin,
-            });
+            return Err(FormatError::OffsetGap { tensor: tensor.name.clone(), expected: expected_start, found: begin });
         }
         if begin < expected_start {
             return Err(FormatError::OffsetOverlap {
@@ -333,8 +378,7 @@ fn validate_tensors(tensors: &[TensorInfo]) -> Result<u64, FormatError> {
         let overflow = || FormatError::ShapeOverflow { tensor: tensor.name.clone() };
         // Folded left to right like the reference, so [2^40, 2^40, 0] overflows before the 0.
         let elements = tensor.shape.iter().try_fold(1u64, |acc, &dim| acc.checked_mul(dim));
-        let bits =
-            elements.and_then(|n| n.checked_mul(tensor.dtype.bitsize())).ok_or_else(overflow)?;
+        let bits = elements.and_then(|n| n.checked_mul(tensor.dtype.bitsize())).ok_or_else(overflow)?;
         if bits % 8 != 0 {
             return Err(FormatError::MisalignedBits { tensor: tensor.name.clone(), bits });
         }
@@ -421,12 +465,28 @@ mod tests {
     #[test]
     fn dtype_bitsizes_match_the_reference_table() {
         let expected: [(Dtype, u64); 22] = [
-            (Dtype::BOOL, 8), (Dtype::F4, 4), (Dtype::F6_E2M3, 6), (Dtype::F6_E3M2, 6),
-            (Dtype::U8, 8), (Dtype::I8, 8), (Dtype::F8_E5M2, 8), (Dtype::F8_E4M3, 8),
-            (Dtype::F8_E8M0, 8), (Dtype::F8_E4M3FNUZ, 8), (Dtype::F8_E5M2FNUZ, 8),
-            (Dtype::I16, 16), (Dtype::U16, 16), (Dtype::F16, 16), (Dtype::BF16, 16),
-            (Dtype::I32, 32), (Dtype::U32, 32), (Dtype::F32, 32), (Dtype::C64, 64),
-            (Dtype::F64, 64), (Dtype::I64, 64), (Dtype::U64, 64),
+            (Dtype::BOOL, 8),
+            (Dtype::F4, 4),
+            (Dtype::F6_E2M3, 6),
+            (Dtype::F6_E3M2, 6),
+            (Dtype::U8, 8),
+            (Dtype::I8, 8),
+            (Dtype::F8_E5M2, 8),
+            (Dtype::F8_E4M3, 8),
+            (Dtype::F8_E8M0, 8),
+            (Dtype::F8_E4M3FNUZ, 8),
+            (Dtype::F8_E5M2FNUZ, 8),
+            (Dtype::I16, 16),
+            (Dtype::U16, 16),
+            (Dtype::F16, 16),
+            (Dtype::BF16, 16),
+            (Dtype::I32, 32),
+            (Dtype::U32, 32),
+            (Dtype::F32, 32),
+            (Dtype::C64, 64),
+            (Dtype::F64, 64),
+            (Dtype::I64, 64),
+            (Dtype::U64, 64),
         ];
         for (dtype, bits) in expected {
             assert_eq!(dtype.bitsize(), bits, "{dtype}");
@@ -575,8 +635,7 @@ mod tests {
 
     #[test]
     fn shape_overflow_in_elements_and_in_bits() {
-        let elements =
-            r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}"#;
+        let elements = r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}"#;
         let bits = r#"{"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]}}"#;
         for json in [elements, bits] {
             match parse(json, 0) {
@@ -701,8 +760,7 @@ mod tests {
     fn null_and_present_metadata() {
         assert_eq!(parse(r#"{"__metadata__":null}"#, 0).unwrap().metadata, None);
         let header = parse(r#"{"__metadata__":{"format":"pt","b":""}}"#, 0).unwrap();
-        let expected =
-            BTreeMap::from([("b".into(), String::new()), ("format".into(), "pt".into())]);
+        let expected = BTreeMap::from([("b".into(), String::new()), ("format".into(), "pt".into())]);
         assert_eq!(header.metadata, Some(expected));
     }
 
@@ -737,15 +795,14 @@ mod tests {
     /// Valid tensors: small shapes, a dimension of 8 added where sub-byte dtypes need it.
     fn arb_tensors() -> impl Strategy<Value = Tensors> {
         let dtype = proptest::sample::select(Dtype::ALL.to_vec());
-        let tensor = (dtype, prop::collection::vec(0u64..5, 0..4), any::<u8>())
-            .prop_map(|(dtype, mut shape, seed)| {
-                if shape.iter().product::<u64>() * dtype.bitsize() % 8 != 0 {
-                    shape.push(8);
-                }
-                let len = shape.iter().product::<u64>() * dtype.bitsize() / 8;
-                let data = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
-                (dtype, shape, data)
-            });
+        let tensor = (dtype, prop::collection::vec(0u64..5, 0..4), any::<u8>()).prop_map(|(dtype, mut shape, seed)| {
+            if shape.iter().product::<u64>() * dtype.bitsize() % 8 != 0 {
+                shape.push(8);
+            }
+            let len = shape.iter().product::<u64>() * dtype.bitsize() / 8;
+            let data = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+            (dtype, shape, data)
+        });
         let name = "[^\n]{0,12}".prop_filter("reserved key", |n| n != "__metadata__");
         prop::collection::btree_map(name, tensor, 0..6)
     }
@@ -769,10 +826,36 @@ mod tests {
 
     /// Pieces of plausible and hostile headers, so random headers reach the validator often.
     const JSON_TOKENS: &[&str] = &[
-        "{", "}", "[", "]", ",", ":", " ", "null", "\"a\"", "\"b\"", "\"__metadata__\"",
-        "\"dtype\"", "\"F32\"", "\"F4\"", "\"U8\"", "\"shape\"", "\"data_offsets\"", "0", "1",
-        "2", "4", "8", "3", "-1", "1.5", "1e400", "18446744073709551615", "18446744073709551616",
-        "\"\\u0000\"", "\"x\"",
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        " ",
+        "null",
+        "\"a\"",
+        "\"b\"",
+        "\"__metadata__\"",
+        "\"dtype\"",
+        "\"F32\"",
+        "\"F4\"",
+        "\"U8\"",
+        "\"shape\"",
+        "\"data_offsets\"",
+        "0",
+        "1",
+        "2",
+        "4",
+        "8",
+        "3",
+        "-1",
+        "1.5",
+        "1e400",
+        "18446744073709551615",
+        "18446744073709551616",
+        "\"\\u0000\"",
+        "\"x\"",
     ];
 
     proptest! {

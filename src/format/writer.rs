@@ -168,9 +168,9 @@ mod tests {
     fn rejects_data_that_does_not_match_dtype_and_shape() {
         let short = [tensor("w", Dtype::F32, &[2], &[0; 7])];
         match serialize(&short, None) {
-            Err(WriteError::Invalid {
-                error: FormatError::LengthMismatch { tensor, expected: 8, found: 7 },
-            }) => assert_eq!(tensor, "w"),
+            Err(WriteError::Invalid { error: FormatError::LengthMismatch { tensor, expected: 8, found: 7 } }) => {
+                assert_eq!(tensor, "w")
+            }
             other => panic!("{other:?}"),
         }
         let odd_nibbles = [tensor("q", Dtype::F4, &[3], &[0; 2])];

@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::engine::{Engine, ReadError};
-use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
 use crate::stats::Stats;
+use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
 
 /// Extended attributes every tensor file carries, in `listxattr` order.
-pub const XATTRS: &[&str] = &["user.safetensors.dtype", "user.safetensors.shape", "user.safetensors.offset", "user.safetensors.shard"];
+pub const XATTRS: &[&str] =
+    &["user.safetensors.dtype", "user.safetensors.shape", "user.safetensors.offset", "user.safetensors.shard"];
 
 /// Kind of a node, as stat shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +154,11 @@ impl Fs {
 
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr, FsError> {
-        let dir = self.ns.dir(parent).ok_or(if self.ns.node(parent).is_some() { FsError::NotDir } else { FsError::NotFound })?;
+        let dir = self.ns.dir(parent).ok_or(if self.ns.node(parent).is_some() {
+            FsError::NotDir
+        } else {
+            FsError::NotFound
+        })?;
         let name = std::str::from_utf8(name.as_bytes()).map_err(|_| FsError::NotFound)?;
         let ino = match name {
             "." => parent,
@@ -177,7 +182,18 @@ impl Fs {
             NodeKind::Dir(d) => (Kind::Dir, 0, b.dir_perm, 2 + d.subdirs()),
             NodeKind::File { size, .. } => (Kind::File, *size, b.file_perm, 1),
         };
-        let attr = Attr { ino, size, kind, perm, nlink, uid: b.uid, gid: b.gid, mtime: b.mtime, blksize: b.blksize, renew_on_lookup: false };
+        let attr = Attr {
+            ino,
+            size,
+            kind,
+            perm,
+            nlink,
+            uid: b.uid,
+            gid: b.gid,
+            mtime: b.mtime,
+            blksize: b.blksize,
+            renew_on_lookup: false,
+        };
         if !is_stats(&node.kind) {
             return Ok(attr);
         }
@@ -237,7 +253,9 @@ impl Fs {
         };
         let result = match content {
             Content::Tensor(i) => self.read_tensor(*i, offset, size, counted),
-            Content::Npy { tensor, header } => self.read_with_prefix(header, *tensor, offset, size).map(|v| counted(&v)),
+            Content::Npy { tensor, header } => {
+                self.read_with_prefix(header, *tensor, offset, size).map(|v| counted(&v))
+            }
             Content::F32(i) => self.read_converted(*i, offset, size).map(|v| counted(&v)),
             Content::Bytes(bytes) => Ok(counted(slice_at(bytes, offset, size))),
             Content::Stats => Ok(counted(slice_at(&self.current_stats_snapshot().0, offset, size))),
@@ -271,7 +289,8 @@ impl Fs {
         let size = (out_len - offset).min(u64::from(size));
         let (first, count) = crate::views::f32::source_range_for(t.dtype, offset, size);
         let count = count.min(elements.saturating_sub(first));
-        let (byte_start, byte_len) = crate::views::f32::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
+        let (byte_start, byte_len) =
+            crate::views::f32::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
         let src = self
             .engine
             .read_in(t.source, t.start..t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
@@ -363,7 +382,12 @@ impl Fs {
     pub fn statfs(&self) -> StatFs {
         let bytes: u64 = self.ns.tensors().iter().map(|t| t.len).sum();
         let bsize = self.base.blksize.max(1);
-        StatFs { blocks: bytes.div_ceil(u64::from(bsize)), files: self.ns.len() as u64, bsize, namelen: crate::tree::names::NAME_MAX as u32 }
+        StatFs {
+            blocks: bytes.div_ceil(u64::from(bsize)),
+            files: self.ns.len() as u64,
+            bsize,
+            namelen: crate::tree::names::NAME_MAX as u32,
+        }
     }
 
     fn lock_stats_snapshot(&self) -> std::sync::MutexGuard<'_, (Arc<[u8]>, SystemTime)> {
@@ -392,8 +416,8 @@ mod tests {
     use super::*;
     use crate::engine::EngineConfig;
     use crate::format::Dtype;
-    use crate::tree::namespace::{Layout, Shard, Views, METADATA_NAME};
     use crate::source::{Source, SourceStream};
+    use crate::tree::namespace::{Layout, Shard, Views, METADATA_NAME};
 
     /// An in-memory source whose reads can be made to fail.
     struct MemSource {
@@ -435,12 +459,16 @@ mod tests {
         ];
         let bytes = Arc::new(crate::format::writer::serialize(&tensors, None).unwrap());
         let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let engine = Engine::new(EngineConfig { block_size: 64, cache_size: 256, io_threads: 1 }, Arc::new(Stats::default()));
+        let engine =
+            Engine::new(EngineConfig { block_size: 64, cache_size: 256, io_threads: 1 }, Arc::new(Stats::default()));
         let source = engine.add_source(Arc::new(MemSource { bytes: bytes.clone(), fail: fail.clone() }));
         let mut stream = MemStream(bytes.clone(), fail.clone());
-        let header = crate::format::read_header(|buf, offset| stream.read_exact_at(buf, offset), bytes.len() as u64).unwrap();
-        let ns = Namespace::build(vec![Shard { source, name: "mem.safetensors".into(), header }], Layout::Flat, views).unwrap();
-        let base = AttrBase { uid: 7, gid: 8, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
+        let header =
+            crate::format::read_header(|buf, offset| stream.read_exact_at(buf, offset), bytes.len() as u64).unwrap();
+        let ns = Namespace::build(vec![Shard { source, name: "mem.safetensors".into(), header }], Layout::Flat, views)
+            .unwrap();
+        let base =
+            AttrBase { uid: 7, gid: 8, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
         (Fs::new(ns, engine, base), tensors, fail)
     }
 
@@ -483,7 +511,9 @@ mod tests {
         let (fs, tensors, _) = fixture(Views::default());
         let a = ino(&fs, "a%2Fb");
         let data = &tensors[0].3;
-        for (off, size) in [(0u64, 300u32), (1, 63), (63, 2), (64, 64), (299, 10), (300, 1), (10_000, 5), (u64::MAX, u32::MAX)] {
+        for (off, size) in
+            [(0u64, 300u32), (1, 63), (63, 2), (64, 64), (299, 10), (300, 1), (10_000, 5), (u64::MAX, u32::MAX)]
+        {
             let got = fs.read(a, off, size).unwrap();
             let lo = (off.min(300)) as usize;
             let hi = (off.saturating_add(u64::from(size))).min(300) as usize;
@@ -546,7 +576,11 @@ mod tests {
         assert!(fs.listxattr(ROOT_INO).unwrap().is_empty());
         // The F32 view: BF16 bits shifted into the high half.
         let f32_bytes = fs.read(w, 0, 100).unwrap();
-        let want: Vec<u8> = tensors[1].3.chunks(2).flat_map(|c| (u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes()).collect();
+        let want: Vec<u8> = tensors[1]
+            .3
+            .chunks(2)
+            .flat_map(|c| (u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes())
+            .collect();
         assert_eq!(f32_bytes, want);
         assert_eq!(fs.read(w, 5, 6).unwrap(), &want[5..11]);
         // The .npy view: header then raw bytes.

@@ -4,8 +4,8 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -84,7 +84,8 @@ pub fn is_stale(path: &Path) -> bool {
 pub fn is_mount_point(path: &Path) -> bool {
     let Ok(canonical) = fs::canonicalize(path).or_else(|_| std::path::absolute(path)) else { return false };
     let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return false };
-    info.lines().any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(canonical.as_os_str().as_bytes()))
+    info.lines()
+        .any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(canonical.as_os_str().as_bytes()))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
@@ -93,7 +94,8 @@ fn unescape_mountinfo(field: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let octal = b.get(i + 1..i + 4).and_then(|o| std::str::from_utf8(o).ok()).and_then(|o| u8::from_str_radix(o, 8).ok());
+        let octal =
+            b.get(i + 1..i + 4).and_then(|o| std::str::from_utf8(o).ok()).and_then(|o| u8::from_str_radix(o, 8).ok());
         match (b[i], octal) {
             (b'\\', Some(v)) => {
                 out.push(v);
@@ -127,7 +129,8 @@ pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Op
         data.push_str(",allow_other,default_permissions");
     }
     let c = |text: &[u8]| CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "contains NUL"));
-    let (source, target, fs_type, data) = (c(fsname.as_bytes())?, c(path.as_os_str().as_bytes())?, c(FS_TYPE.as_bytes())?, c(data.as_bytes())?);
+    let (source, target, fs_type, data) =
+        (c(fsname.as_bytes())?, c(path.as_os_str().as_bytes())?, c(FS_TYPE.as_bytes())?, c(data.as_bytes())?);
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
     let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data.as_ptr().cast()) };
@@ -145,7 +148,8 @@ pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Op
 /// A stale mount (its daemon killed) is always detached, since nobody can be served there anyway.
 pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
     let stale = is_stale(path);
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::Other("path contains NUL".into()))?;
+    let c_path =
+        CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::Other("path contains NUL".into()))?;
     let flags = if lazy || stale { libc::MNT_DETACH } else { 0 };
     // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
     let rc = unsafe { libc::umount2(c_path.as_ptr(), flags) };

@@ -14,8 +14,8 @@ use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
 use crate::mount::mountpoint;
-use crate::tree::namespace::{AttrBase, Layout, Namespace, Shard, Views};
 use crate::stats::Stats;
+use crate::tree::namespace::{AttrBase, Layout, Namespace, Shard, Views};
 
 /// How long to wait for the new mount to answer its first request.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -95,7 +95,12 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
 
 /// Mounts `fs`, calls `on_ready` once the mount answers (with `Err` if it never does), and serves
 /// until unmounted or signalled. Signals must already be blocked (see [`block_signals`]).
-pub fn serve(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, on_ready: impl FnOnce(Result<(), String>)) -> Result<(), String> {
+pub fn serve(
+    fs: Arc<Fs>,
+    fsname: &str,
+    options: &ServeOptions,
+    on_ready: impl FnOnce(Result<(), String>),
+) -> Result<(), String> {
     let mp = options.mountpoint.clone();
     let config = fuse_config(fsname, options);
     let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config) {
@@ -176,7 +181,12 @@ impl Unmounter {
 
 /// Mounts and returns the session to run: as type `fuse.stfs` with stfs's own mount(2) call where
 /// that is permitted (root), else through fuser, which runs fusermount.
-fn open_session(fs: Arc<Fs>, fsname: &str, options: &ServeOptions, config: &Config) -> std::io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
+fn open_session(
+    fs: Arc<Fs>,
+    fsname: &str,
+    options: &ServeOptions,
+    config: &Config,
+) -> std::io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
     let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other)? else {
         let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;

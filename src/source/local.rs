@@ -60,11 +60,7 @@ impl LocalFile {
         let file = File::open(path)?;
         let meta = file.metadata()?;
         check_regular(&meta)?;
-        Ok(LocalFile {
-            path: path.to_path_buf(),
-            name,
-            pinned: Identity::of(&meta),
-        })
+        Ok(LocalFile { path: path.to_path_buf(), name, pinned: Identity::of(&meta) })
     }
 
     /// The backing file's modification time (for the mount's attributes).
@@ -99,19 +95,8 @@ impl Source for LocalFile {
         // top would read past what it asked for (on a network mount: bytes fetched twice or for
         // nothing). Advice only: failure changes nothing but speed.
         // SAFETY: plain syscall on a descriptor we own.
-        unsafe {
-            libc::posix_fadvise(
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-                0,
-                libc::POSIX_FADV_RANDOM,
-            )
-        };
-        let stream = LocalStream {
-            file,
-            path: self.path.clone(),
-            pinned: self.pinned,
-        };
+        unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_RANDOM) };
+        let stream = LocalStream { file, path: self.path.clone(), pinned: self.pinned };
         stream.check_unchanged()?;
         Ok(Box::new(stream))
     }
@@ -131,9 +116,7 @@ impl LocalStream {
         let ours = Identity::of(&self.file.metadata()?);
         let pinned = self.pinned;
         if ours.dev != pinned.dev || ours.ino != pinned.ino {
-            return Err(changed(
-                "the path was replaced before this descriptor was opened".into(),
-            ));
+            return Err(changed("the path was replaced before this descriptor was opened".into()));
         }
         if ours.size != pinned.size {
             return Err(changed(format!("size {} -> {}", pinned.size, ours.size)));
@@ -144,9 +127,7 @@ impl LocalStream {
         match std::fs::metadata(&self.path) {
             Ok(now) if now.dev() == pinned.dev && now.ino() == pinned.ino => {}
             Ok(_) => return Err(changed("the path now names a different file".into())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(changed("the file was deleted".into()))
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(changed("the file was deleted".into())),
             Err(e) => return Err(e),
         }
         // Checked last: deleting or renaming over the file moves it too, and those have their
@@ -161,16 +142,11 @@ impl LocalStream {
 impl LocalStream {
     /// Refuses a read of `len` bytes at `offset` past the pinned length, then checks the file.
     fn check_range(&self, len: usize, offset: u64) -> io::Result<()> {
-        let end = u64::try_from(len)
-            .ok()
-            .and_then(|len| offset.checked_add(len));
+        let end = u64::try_from(len).ok().and_then(|len| offset.checked_add(len));
         if end.is_none_or(|end| end > self.pinned.size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "read of {len} bytes at {offset} is past the pinned length {}",
-                    self.pinned.size
-                ),
+                format!("read of {len} bytes at {offset} is past the pinned length {}", self.pinned.size),
             ));
         }
         self.check_unchanged()
@@ -199,10 +175,7 @@ impl SourceStream for LocalStream {
                 .map(|(i, b)| {
                     let skip = if i == 0 { filled } else { 0 };
                     let rest = &mut b[skip..];
-                    libc::iovec {
-                        iov_base: rest.as_mut_ptr().cast(),
-                        iov_len: rest.len(),
-                    }
+                    libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() }
                 })
                 .collect();
             let at = offset
@@ -265,15 +238,8 @@ fn check_regular(meta: &Metadata) -> io::Result<()> {
     if kind.is_file() {
         return Ok(());
     }
-    let what = if kind.is_dir() {
-        "is a directory"
-    } else {
-        "is not a regular file"
-    };
-    Err(io::Error::new(
-        io::ErrorKind::InvalidInput,
-        what,
-    ))
+    let what = if kind.is_dir() { "is a directory" } else { "is not a regular file" };
+    Err(io::Error::new(io::ErrorKind::InvalidInput, what))
 }
 
 #[cfg(test)]
@@ -300,10 +266,7 @@ mod tests {
         let file = LocalFile::open(&path).unwrap();
         assert_eq!(file.len(), 10);
         assert_eq!(file.name(), path.to_string_lossy());
-        assert_eq!(
-            file.mtime(),
-            std::fs::metadata(&path).unwrap().modified().unwrap()
-        );
+        assert_eq!(file.mtime(), std::fs::metadata(&path).unwrap().modified().unwrap());
         assert_eq!(read(&file, 3, 4).unwrap(), b"3456");
         assert_eq!(read(&file, 0, 10).unwrap(), b"0123456789");
     }
@@ -315,13 +278,9 @@ mod tests {
         let file = LocalFile::open(&path).unwrap();
         let mut stream = file.open_stream().unwrap();
         let (mut a, mut b, mut c) = (vec![0; 1000], vec![0; 0], vec![0; 2500]);
-        stream
-            .read_vectored_exact_at(&mut [&mut a, &mut b, &mut c], 1500)
-            .unwrap();
+        stream.read_vectored_exact_at(&mut [&mut a, &mut b, &mut c], 1500).unwrap();
         assert_eq!((&a[..], &c[..]), (&bytes[1500..2500], &bytes[2500..5000]));
-        let err = stream
-            .read_vectored_exact_at(&mut [&mut a, &mut c], 2000)
-            .unwrap_err();
+        let err = stream.read_vectored_exact_at(&mut [&mut a, &mut c], 2000).unwrap_err();
         assert!(err.to_string().contains("past the pinned length"), "{err}");
     }
 
@@ -367,12 +326,7 @@ mod tests {
         let (_dir, path) = file_with(&[7; 100]);
         let file = LocalFile::open(&path).unwrap();
         let mut stream = file.open_stream().unwrap();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(50)
-            .unwrap();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(50).unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
         assert!(err.to_string().contains("size 100 -> 50"), "{err}");
         assert!(file.open_stream().is_err());
@@ -386,14 +340,9 @@ mod tests {
         let mut handle = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         handle.write_all(&[8; 10]).unwrap();
         // Same size; force an mtime that differs even on filesystems with coarse timestamps.
-        handle
-            .set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000))
-            .unwrap();
+        handle.set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
-        assert!(
-            err.to_string().contains("modification time changed"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("modification time changed"), "{err}");
     }
 
     #[test]

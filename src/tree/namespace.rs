@@ -8,8 +8,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::source::SourceId;
 use crate::format::{Dtype, Header};
+use crate::source::SourceId;
 use crate::tree::names;
 
 /// An inode number.
@@ -193,14 +193,19 @@ impl Namespace {
                 let len = info.byte_len();
                 let elements = info.shape.iter().product::<u64>();
                 let (content, served_len) = match crate::views::f32::converted_len(info.dtype, elements) {
-                    Some(n) if views.as_f32 && info.dtype != Dtype::F32 && crate::views::f32::f32_convertible(info.dtype) => {
+                    Some(n)
+                        if views.as_f32
+                            && info.dtype != Dtype::F32
+                            && crate::views::f32::f32_convertible(info.dtype) =>
+                    {
                         (Content::F32(i), n)
                     }
                     _ => (Content::Tensor(i), len),
                 };
                 let content_kind = content.clone();
                 let path = ns.place(layout, views, &info.name, content, served_len, "")?;
-                let npy_header = if views.npy { crate::views::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
+                let npy_header =
+                    if views.npy { crate::views::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
                 ns.tensors.push(Tensor {
                     name: info.name,
                     dtype: info.dtype,
@@ -238,7 +243,15 @@ impl Namespace {
     }
 
     /// Adds the file for one tensor under its escaped path; returns the path.
-    fn place(&mut self, layout: Layout, views: Views, name: &str, content: Content, size: u64, suffix: &str) -> Result<String, NameClash> {
+    fn place(
+        &mut self,
+        layout: Layout,
+        views: Views,
+        name: &str,
+        content: Content,
+        size: u64,
+        suffix: &str,
+    ) -> Result<String, NameClash> {
         let clash = |path: String| NameClash { path, tensor: name.to_string() };
         let (dirs, leaf): (Vec<&str>, &str) = match layout {
             Layout::Flat => (Vec::new(), name),
@@ -427,7 +440,8 @@ mod tests {
 
     #[test]
     fn tree_layout_splits_on_dots_and_keeps_prefix_tensors() {
-        let ns = Namespace::build(vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])], Layout::Tree, Views::default()).unwrap();
+        let ns = Namespace::build(vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])], Layout::Tree, Views::default())
+            .unwrap();
         let mut p = paths(&ns);
         p.sort();
         assert_eq!(
@@ -457,7 +471,9 @@ mod tests {
         assert_eq!(names, [".stfs", "metadata.json", "x", "x%2Enpy", "x.npy", "x.npy.npy"]);
         let t = &ns.tensors()[0];
         let npy = resolve(&ns, t.npy_path.as_deref().unwrap()).unwrap();
-        let NodeKind::File { content: Content::Npy { header, .. }, size } = &ns.node(npy).unwrap().kind else { panic!() };
+        let NodeKind::File { content: Content::Npy { header, .. }, size } = &ns.node(npy).unwrap().kind else {
+            panic!()
+        };
         assert_eq!(*size, header.len() as u64 + 12);
     }
 

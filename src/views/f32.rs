@@ -113,11 +113,7 @@ pub fn source_range_for(dtype: Dtype, out_offset: u64, out_len: u64) -> (u64, u6
 /// `[first_element, first_element + element_count)`; `None` if `dtype` is not convertible or the
 /// numbers overflow. For F4, pass an even first element (as [`source_range_for`] returns); an odd
 /// count is rounded up to the whole byte.
-pub fn source_byte_range(
-    dtype: Dtype,
-    first_element: u64,
-    element_count: u64,
-) -> Option<(u64, u64)> {
+pub fn source_byte_range(dtype: Dtype, first_element: u64, element_count: u64) -> Option<(u64, u64)> {
     let bits = source_bits(dtype)?;
     let start_bits = first_element.checked_mul(bits)?;
     let len_bits = element_count.checked_mul(bits)?;
@@ -140,49 +136,26 @@ pub fn convert_to_f32(dtype: Dtype, src: &[u8], out: &mut Vec<u8>) -> Result<(),
                 push(minifloat_to_f32(u32::from(byte >> 4), &E2M1));
             }
         }
-        Dtype::BOOL => src
-            .iter()
-            .for_each(|&b| push(if b != 0 { 1f32.to_bits() } else { 0 })),
+        Dtype::BOOL => src.iter().for_each(|&b| push(if b != 0 { 1f32.to_bits() } else { 0 })),
         Dtype::U8 => src.iter().for_each(|&b| push(f32::from(b).to_bits())),
         Dtype::I8 => src.iter().for_each(|&b| push(f32::from(b as i8).to_bits())),
-        Dtype::F8_E5M2 => src
-            .iter()
-            .for_each(|&b| push(minifloat_to_f32(b.into(), &E5M2))),
-        Dtype::F8_E4M3 => src
-            .iter()
-            .for_each(|&b| push(minifloat_to_f32(b.into(), &E4M3FN))),
-        Dtype::F8_E4M3FNUZ => src
-            .iter()
-            .for_each(|&b| push(minifloat_to_f32(b.into(), &E4M3FNUZ))),
-        Dtype::F8_E5M2FNUZ => src
-            .iter()
-            .for_each(|&b| push(minifloat_to_f32(b.into(), &E5M2FNUZ))),
+        Dtype::F8_E5M2 => src.iter().for_each(|&b| push(minifloat_to_f32(b.into(), &E5M2))),
+        Dtype::F8_E4M3 => src.iter().for_each(|&b| push(minifloat_to_f32(b.into(), &E4M3FN))),
+        Dtype::F8_E4M3FNUZ => src.iter().for_each(|&b| push(minifloat_to_f32(b.into(), &E4M3FNUZ))),
+        Dtype::F8_E5M2FNUZ => src.iter().for_each(|&b| push(minifloat_to_f32(b.into(), &E5M2FNUZ))),
         Dtype::F8_E8M0 => src.iter().for_each(|&b| push(e8m0_to_f32(b))),
-        Dtype::I16 => {
-            le_elements::<2>(src).for_each(|e| push(f32::from(i16::from_le_bytes(e)).to_bits()))
+        Dtype::I16 => le_elements::<2>(src).for_each(|e| push(f32::from(i16::from_le_bytes(e)).to_bits())),
+        Dtype::U16 => le_elements::<2>(src).for_each(|e| push(f32::from(u16::from_le_bytes(e)).to_bits())),
+        Dtype::F16 => {
+            le_elements::<2>(src).for_each(|e| push(minifloat_to_f32(u16::from_le_bytes(e).into(), &BINARY16)))
         }
-        Dtype::U16 => {
-            le_elements::<2>(src).for_each(|e| push(f32::from(u16::from_le_bytes(e)).to_bits()))
-        }
-        Dtype::F16 => le_elements::<2>(src)
-            .for_each(|e| push(minifloat_to_f32(u16::from_le_bytes(e).into(), &BINARY16))),
-        Dtype::BF16 => {
-            le_elements::<2>(src).for_each(|e| push(u32::from(u16::from_le_bytes(e)) << 16))
-        }
-        Dtype::I32 => {
-            le_elements::<4>(src).for_each(|e| push((i32::from_le_bytes(e) as f32).to_bits()))
-        }
-        Dtype::U32 => {
-            le_elements::<4>(src).for_each(|e| push((u32::from_le_bytes(e) as f32).to_bits()))
-        }
+        Dtype::BF16 => le_elements::<2>(src).for_each(|e| push(u32::from(u16::from_le_bytes(e)) << 16)),
+        Dtype::I32 => le_elements::<4>(src).for_each(|e| push((i32::from_le_bytes(e) as f32).to_bits())),
+        Dtype::U32 => le_elements::<4>(src).for_each(|e| push((u32::from_le_bytes(e) as f32).to_bits())),
         Dtype::F32 => le_elements::<4>(src).for_each(|e| push(u32::from_le_bytes(e))),
         Dtype::F64 => le_elements::<8>(src).for_each(|e| push(f64_to_f32(u64::from_le_bytes(e)))),
-        Dtype::I64 => {
-            le_elements::<8>(src).for_each(|e| push((i64::from_le_bytes(e) as f32).to_bits()))
-        }
-        Dtype::U64 => {
-            le_elements::<8>(src).for_each(|e| push((u64::from_le_bytes(e) as f32).to_bits()))
-        }
+        Dtype::I64 => le_elements::<8>(src).for_each(|e| push((i64::from_le_bytes(e) as f32).to_bits())),
+        Dtype::U64 => le_elements::<8>(src).for_each(|e| push((u64::from_le_bytes(e) as f32).to_bits())),
         Dtype::F6_E2M3 | Dtype::F6_E3M2 | Dtype::C64 => return Err(Unconvertible { dtype }),
     }
     Ok(())
@@ -190,8 +163,7 @@ pub fn convert_to_f32(dtype: Dtype, src: &[u8], out: &mut Vec<u8>) -> Result<(),
 
 /// The whole `N`-byte elements of `src`, as arrays ready for `from_le_bytes`.
 fn le_elements<const N: usize>(src: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
-    src.chunks_exact(N)
-        .filter_map(|chunk| chunk.try_into().ok())
+    src.chunks_exact(N).filter_map(|chunk| chunk.try_into().ok())
 }
 
 /// How a small float format spends its top exponent and its bit patterns on inf and NaN.
@@ -216,42 +188,15 @@ struct Minifloat {
     specials: Specials,
 }
 
-const BINARY16: Minifloat = Minifloat {
-    exponent_bits: 5,
-    mantissa_bits: 10,
-    bias: 15,
-    specials: Specials::IeeeKeepPayload,
-};
-const E5M2: Minifloat = Minifloat {
-    exponent_bits: 5,
-    mantissa_bits: 2,
-    bias: 15,
-    specials: Specials::IeeeQuietNan,
-};
-const E4M3FN: Minifloat = Minifloat {
-    exponent_bits: 4,
-    mantissa_bits: 3,
-    bias: 7,
-    specials: Specials::AllOnesNan,
-};
-const E4M3FNUZ: Minifloat = Minifloat {
-    exponent_bits: 4,
-    mantissa_bits: 3,
-    bias: 8,
-    specials: Specials::NegativeZeroNan,
-};
-const E5M2FNUZ: Minifloat = Minifloat {
-    exponent_bits: 5,
-    mantissa_bits: 2,
-    bias: 16,
-    specials: Specials::NegativeZeroNan,
-};
-const E2M1: Minifloat = Minifloat {
-    exponent_bits: 2,
-    mantissa_bits: 1,
-    bias: 1,
-    specials: Specials::None,
-};
+const BINARY16: Minifloat =
+    Minifloat { exponent_bits: 5, mantissa_bits: 10, bias: 15, specials: Specials::IeeeKeepPayload };
+const E5M2: Minifloat = Minifloat { exponent_bits: 5, mantissa_bits: 2, bias: 15, specials: Specials::IeeeQuietNan };
+const E4M3FN: Minifloat = Minifloat { exponent_bits: 4, mantissa_bits: 3, bias: 7, specials: Specials::AllOnesNan };
+const E4M3FNUZ: Minifloat =
+    Minifloat { exponent_bits: 4, mantissa_bits: 3, bias: 8, specials: Specials::NegativeZeroNan };
+const E5M2FNUZ: Minifloat =
+    Minifloat { exponent_bits: 5, mantissa_bits: 2, bias: 16, specials: Specials::NegativeZeroNan };
+const E2M1: Minifloat = Minifloat { exponent_bits: 2, mantissa_bits: 1, bias: 1, specials: Specials::None };
 
 /// f32 bits of the value of `bits` (in the low `1 + exponent_bits + mantissa_bits` bits) in `format`.
 /// All these formats have fewer exponent and mantissa bits than f32, so every value is exact.
@@ -268,11 +213,7 @@ fn minifloat_to_f32(bits: u32, format: &Minifloat) -> u32 {
             return sign | 0x7f80_0000 | (mantissa << (23 - m));
         }
         Specials::IeeeQuietNan if exponent == exponent_max => {
-            return if mantissa == 0 {
-                sign | 0x7f80_0000
-            } else {
-                nan
-            };
+            return if mantissa == 0 { sign | 0x7f80_0000 } else { nan };
         }
         Specials::AllOnesNan if exponent == exponent_max && mantissa == (1 << m) - 1 => return nan,
         Specials::NegativeZeroNan if sign != 0 && exponent == 0 && mantissa == 0 => return nan,
@@ -332,11 +273,7 @@ mod tests {
         convert_to_f32(dtype, src, &mut got).unwrap();
         assert_eq!(got.len(), expected.len(), "{dtype:?}");
         let mut mismatches = 0;
-        for (i, (g, e)) in got
-            .chunks_exact(4)
-            .zip(expected.chunks_exact(4))
-            .enumerate()
-        {
+        for (i, (g, e)) in got.chunks_exact(4).zip(expected.chunks_exact(4)).enumerate() {
             if g != e {
                 mismatches += 1;
                 if mismatches <= 5 {
@@ -348,10 +285,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(
-            mismatches, 0,
-            "{dtype:?}: {mismatches} values differ from numpy"
-        );
+        assert_eq!(mismatches, 0, "{dtype:?}: {mismatches} values differ from numpy");
     }
 
     /// Test-local spelling of the names the data files use, so the tests do not depend on
@@ -414,29 +348,14 @@ mod tests {
 
     #[test]
     fn sampled_wide_types_match_numpy() {
-        for dtype in [
-            Dtype::I16,
-            Dtype::U16,
-            Dtype::I32,
-            Dtype::U32,
-            Dtype::I64,
-            Dtype::U64,
-            Dtype::F64,
-        ] {
+        for dtype in [Dtype::I16, Dtype::U16, Dtype::I32, Dtype::U32, Dtype::I64, Dtype::U64, Dtype::F64] {
             assert_matches_expected(dtype, &read_expected(dtype.name_for_tests(), "src"));
         }
     }
 
     #[test]
     fn f32_is_identity_including_nan_payloads() {
-        let patterns = [
-            0u32,
-            0x8000_0000,
-            0x7f80_0001,
-            0xffc0_1234,
-            0x0000_0001,
-            0x3f80_0000,
-        ];
+        let patterns = [0u32, 0x8000_0000, 0x7f80_0001, 0xffc0_1234, 0x0000_0001, 0x3f80_0000];
         let src: Vec<u8> = patterns.iter().flat_map(|p| p.to_le_bytes()).collect();
         let mut out = Vec::new();
         convert_to_f32(Dtype::F32, &src, &mut out).unwrap();
@@ -449,21 +368,10 @@ mod tests {
             let expect_convertible = !matches!(dtype, Dtype::C64 | Dtype::F6_E2M3 | Dtype::F6_E3M2);
             assert_eq!(f32_convertible(dtype), expect_convertible, "{dtype:?}");
             let mut out = Vec::new();
-            assert_eq!(
-                convert_to_f32(dtype, &[0; 8], &mut out).is_ok(),
-                expect_convertible,
-                "{dtype:?}"
-            );
-            assert_eq!(
-                converted_len(dtype, 3).is_some(),
-                expect_convertible,
-                "{dtype:?}"
-            );
+            assert_eq!(convert_to_f32(dtype, &[0; 8], &mut out).is_ok(), expect_convertible, "{dtype:?}");
+            assert_eq!(converted_len(dtype, 3).is_some(), expect_convertible, "{dtype:?}");
         }
-        assert_eq!(
-            convert_to_f32(Dtype::C64, &[0; 8], &mut Vec::new()),
-            Err(Unconvertible { dtype: Dtype::C64 })
-        );
+        assert_eq!(convert_to_f32(Dtype::C64, &[0; 8], &mut Vec::new()), Err(Unconvertible { dtype: Dtype::C64 }));
     }
 
     #[test]
@@ -494,10 +402,7 @@ mod tests {
         assert_eq!(source_range_for(Dtype::BF16, 9, 0), (2, 0));
         assert_eq!(source_range_for(Dtype::F4, 4, 4), (0, 2));
         assert_eq!(source_range_for(Dtype::F4, 13, 1), (2, 2));
-        assert_eq!(
-            source_range_for(Dtype::U8, u64::MAX - 1, 10),
-            (u64::MAX / 4, 1)
-        );
+        assert_eq!(source_range_for(Dtype::U8, u64::MAX - 1, 10), (u64::MAX / 4, 1));
     }
 
     #[test]
@@ -513,18 +418,10 @@ mod tests {
     /// same bytes of the whole converted file.
     #[test]
     fn reads_at_any_offset_equal_slices_of_the_whole_conversion() {
-        for dtype in [
-            Dtype::F4,
-            Dtype::BF16,
-            Dtype::F8_E4M3,
-            Dtype::F64,
-            Dtype::I32,
-        ] {
+        for dtype in [Dtype::F4, Dtype::BF16, Dtype::F8_E4M3, Dtype::F64, Dtype::I32] {
             let elements: u64 = 10;
             let bits = source_bits(dtype).unwrap();
-            let src: Vec<u8> = (0..elements * bits / 8)
-                .map(|i| (i * 37 + 11) as u8)
-                .collect();
+            let src: Vec<u8> = (0..elements * bits / 8).map(|i| (i * 37 + 11) as u8).collect();
             let mut whole = Vec::new();
             convert_to_f32(dtype, &src, &mut whole).unwrap();
             let total = converted_len(dtype, elements).unwrap();

@@ -86,11 +86,7 @@ pub fn descr(dtype: Dtype) -> &'static str {
         Dtype::F64 => "<f8",
         Dtype::I64 => "<i8",
         Dtype::U64 => "<u8",
-        Dtype::F8_E5M2
-        | Dtype::F8_E4M3
-        | Dtype::F8_E8M0
-        | Dtype::F8_E4M3FNUZ
-        | Dtype::F8_E5M2FNUZ => "|u1",
+        Dtype::F8_E5M2 | Dtype::F8_E4M3 | Dtype::F8_E8M0 | Dtype::F8_E4M3FNUZ | Dtype::F8_E5M2FNUZ => "|u1",
         Dtype::F4 | Dtype::F6_E2M3 | Dtype::F6_E3M2 => "|u1",
     }
 }
@@ -112,13 +108,8 @@ pub fn npy_shape(dtype: Dtype, shape: &[u64]) -> Result<Vec<u64>, NpyError> {
     let Some(bits_per_element) = sub_byte_bits(dtype) else {
         return Ok(shape.to_vec());
     };
-    let elements = shape
-        .iter()
-        .try_fold(1u64, |acc, &dim| acc.checked_mul(dim))
-        .ok_or(NpyError::ShapeOverflow)?;
-    let bits = elements
-        .checked_mul(bits_per_element)
-        .ok_or(NpyError::ShapeOverflow)?;
+    let elements = shape.iter().try_fold(1u64, |acc, &dim| acc.checked_mul(dim)).ok_or(NpyError::ShapeOverflow)?;
+    let bits = elements.checked_mul(bits_per_element).ok_or(NpyError::ShapeOverflow)?;
     if bits % 8 != 0 {
         return Err(NpyError::PartialByte { bits });
     }
@@ -144,11 +135,8 @@ fn python_tuple_repr(dims: &[u64]) -> String {
 /// `npy_shape(dtype, shape)`; its length is a multiple of 64.
 pub fn npy_header(dtype: Dtype, shape: &[u64]) -> Result<Vec<u8>, NpyError> {
     let dims = npy_shape(dtype, shape)?;
-    let mut dict = format!(
-        "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-        descr(dtype),
-        python_tuple_repr(&dims)
-    );
+    let mut dict =
+        format!("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr(dtype), python_tuple_repr(&dims));
     if let Some(first) = dims.first() {
         let digits = first.to_string().len();
         dict.push_str(&" ".repeat(GROWTH_AXIS_MAX_DIGITS.saturating_sub(digits)));
@@ -223,11 +211,7 @@ mod tests {
     fn headers_match_numpy_byte_for_byte() {
         for (shape, dtype, expected) in NUMPY_HEADERS {
             let got = npy_header(*dtype, shape).unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&got),
-                String::from_utf8_lossy(expected),
-                "{dtype:?} {shape:?}"
-            );
+            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(expected), "{dtype:?} {shape:?}");
             assert_eq!(&got, expected, "{dtype:?} {shape:?}");
             assert_eq!(got.len() % 64, 0);
         }
@@ -244,8 +228,7 @@ mod tests {
         let first_v2 = npy_header(Dtype::U8, &[1; 21818]).unwrap();
         assert_eq!(first_v2.len(), 65600);
         assert_eq!(&first_v2[..12], b"\x93NUMPY\x02\x004\x00\x01\x00");
-        assert!(first_v2[12..]
-            .starts_with(b"{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, "));
+        assert!(first_v2[12..].starts_with(b"{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, "));
         // numpy 2.4.6 ends this header with "1), }", 80 spaces (growth + padding) and the newline.
         let tail = format!("1), }}{}\n", " ".repeat(80));
         assert!(first_v2.ends_with(tail.as_bytes()));
@@ -267,24 +250,12 @@ mod tests {
     #[test]
     fn sub_byte_types_become_flat_packed_bytes() {
         assert_eq!(npy_shape(Dtype::F4, &[4, 6]), Ok(vec![12]));
-        assert_eq!(
-            npy_shape(Dtype::F4, &[]),
-            Err(NpyError::PartialByte { bits: 4 })
-        );
+        assert_eq!(npy_shape(Dtype::F4, &[]), Err(NpyError::PartialByte { bits: 4 }));
         assert_eq!(npy_shape(Dtype::F6_E2M3, &[4]), Ok(vec![3]));
         assert_eq!(npy_shape(Dtype::F6_E3M2, &[2, 0, 8]), Ok(vec![0]));
-        assert_eq!(
-            npy_shape(Dtype::F6_E3M2, &[3]),
-            Err(NpyError::PartialByte { bits: 18 })
-        );
-        assert_eq!(
-            npy_shape(Dtype::F4, &[u64::MAX, 2]),
-            Err(NpyError::ShapeOverflow)
-        );
-        assert_eq!(
-            npy_shape(Dtype::F4, &[u64::MAX / 2]),
-            Err(NpyError::ShapeOverflow)
-        );
+        assert_eq!(npy_shape(Dtype::F6_E3M2, &[3]), Err(NpyError::PartialByte { bits: 18 }));
+        assert_eq!(npy_shape(Dtype::F4, &[u64::MAX, 2]), Err(NpyError::ShapeOverflow));
+        assert_eq!(npy_shape(Dtype::F4, &[u64::MAX / 2]), Err(NpyError::ShapeOverflow));
         assert_eq!(npy_shape(Dtype::BF16, &[3, 5]), Ok(vec![3, 5]));
         assert_eq!(npy_shape(Dtype::U8, &[]), Ok(vec![]));
     }

@@ -183,20 +183,11 @@ impl LoadTicket<'_> {
             // Re-reserve the real length; for an uncached load this is a second chance at a slot.
             let evict_read_only = prefetched;
             let mut unused = None;
-            if len > 0
-                && inner.make_room(len, cache.capacity, evict_read_only, &cache.stats, &mut unused)
-            {
+            if len > 0 && inner.make_room(len, cache.capacity, evict_read_only, &cache.stats, &mut unused) {
                 inner.used += len;
                 cache.stats.add_resident(len as i64);
                 let read = !prefetched || demanded;
-                inner.ready.push(
-                    self.key,
-                    Resident {
-                        data: Arc::clone(&data),
-                        prefetched,
-                        read,
-                    },
-                );
+                inner.ready.push(self.key, Resident { data: Arc::clone(&data), prefetched, read });
             }
         }
         self.slot.finish(SlotState::Ready(Arc::clone(&data)));
@@ -304,12 +295,7 @@ impl BlockCache {
             warmer_asleep: false,
             held_behind: std::collections::VecDeque::new(),
         };
-        BlockCache {
-            capacity,
-            stats,
-            inner: Mutex::new(inner),
-            spares_low: Condvar::new(),
-        }
+        BlockCache { capacity, stats, inner: Mutex::new(inner), spares_low: Condvar::new() }
     }
 
     /// Finds block `key` (of `len` bytes) for a reader: ready, loading, or the reader's to load.
@@ -389,32 +375,16 @@ impl BlockCache {
         inner.used += reserved;
         self.stats.add_resident(reserved as i64);
         let state = Mutex::new(SlotState::Loading);
-        let slot = Arc::new(LoadSlot {
-            state,
-            done: Condvar::new(),
-            prefetched,
-        });
-        let loading = Loading {
-            slot: Arc::clone(&slot),
-            prefetched,
-            demanded: false,
-        };
+        let slot = Arc::new(LoadSlot { state, done: Condvar::new(), prefetched });
+        let loading = Loading { slot: Arc::clone(&slot), prefetched, demanded: false };
         inner.loading.insert(key, loading);
-        LoadTicket {
-            cache: self,
-            key,
-            slot,
-            reserved,
-            finished: false,
-            buffer,
-        }
+        LoadTicket { cache: self, key, slot, reserved, finished: false, buffer }
     }
 
     fn lock_inner(&self) -> MutexGuard<'_, Inner> {
         lock(&self.inner)
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -452,21 +422,12 @@ mod tests {
         }
         assert!(matches!(cache.lookup((0, 0), 100), Lookup::Hit(_)));
         load(&cache, 3, 100);
-        assert!(
-            !cache.contains((0, 1)),
-            "block 1 was the least recently used"
-        );
+        assert!(!cache.contains((0, 1)), "block 1 was the least recently used");
         assert!(cache.contains((0, 0)) && cache.contains((0, 2)) && cache.contains((0, 3)));
         assert_eq!(cache.used_bytes(), 300);
         assert_eq!(stats.evictions.load(Relaxed), 1);
         assert_eq!(stats.peak_resident_bytes.load(Relaxed), 300);
-        assert_eq!(
-            (
-                stats.cache_hits.load(Relaxed),
-                stats.cache_misses.load(Relaxed)
-            ),
-            (1, 4)
-        );
+        assert_eq!((stats.cache_hits.load(Relaxed), stats.cache_misses.load(Relaxed)), (1, 4));
     }
 
     #[test]
@@ -487,17 +448,11 @@ mod tests {
     #[test]
     fn in_flight_loads_count_against_the_budget() {
         let (cache, stats) = cache(200);
-        let Lookup::Load(first) = cache.lookup((0, 0), 100) else {
-            panic!("expected a miss")
-        };
-        let Lookup::Load(second) = cache.lookup((0, 1), 100) else {
-            panic!("expected a miss")
-        };
+        let Lookup::Load(first) = cache.lookup((0, 0), 100) else { panic!("expected a miss") };
+        let Lookup::Load(second) = cache.lookup((0, 1), 100) else { panic!("expected a miss") };
         assert!(matches!(cache.prefetch((0, 2), 100), Prefetch::Refused));
         // No room for a third on-demand block: it is still loaded, but not cached.
-        let Lookup::Load(third) = cache.lookup((0, 2), 100) else {
-            panic!("expected a miss")
-        };
+        let Lookup::Load(third) = cache.lookup((0, 2), 100) else { panic!("expected a miss") };
         third.complete(vec![2; 100]);
         assert!(!cache.contains((0, 2)));
         first.complete(vec![0; 100]);
@@ -516,15 +471,11 @@ mod tests {
     #[test]
     fn waiters_share_one_load() {
         let (cache, stats) = cache(1000);
-        let Lookup::Load(ticket) = cache.lookup((0, 7), 10) else {
-            panic!("expected a miss")
-        };
+        let Lookup::Load(ticket) = cache.lookup((0, 7), 10) else { panic!("expected a miss") };
         std::thread::scope(|scope| {
             let waiters: Vec<_> = (0..4)
                 .map(|_| {
-                    let Lookup::Wait(slot) = cache.lookup((0, 7), 10) else {
-                        panic!("expected a wait")
-                    };
+                    let Lookup::Wait(slot) = cache.lookup((0, 7), 10) else { panic!("expected a wait") };
                     scope.spawn(move || slot.wait(Duration::from_secs(5)).unwrap())
                 })
                 .collect();
@@ -540,24 +491,16 @@ mod tests {
     #[test]
     fn failed_or_abandoned_loads_wake_waiters_and_are_not_cached() {
         let (cache, stats) = cache(1000);
-        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else {
-            panic!("expected a miss")
-        };
-        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
-            panic!("expected a wait")
-        };
+        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else { panic!("expected a miss") };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else { panic!("expected a wait") };
         ticket.fail(&io::Error::other("disk on fire"));
         let err = slot.wait(Duration::from_secs(5)).unwrap_err();
         assert!(err.to_string().contains("disk on fire"), "{err}");
         assert!(!cache.contains((0, 1)));
         assert_eq!(stats.resident_bytes.load(Relaxed), 0);
 
-        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else {
-            panic!("a retry loads again")
-        };
-        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
-            panic!("expected a wait")
-        };
+        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else { panic!("a retry loads again") };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else { panic!("expected a wait") };
         drop(ticket);
         assert!(slot.wait(Duration::from_secs(5)).is_err());
         assert!(matches!(cache.lookup((0, 1), 10), Lookup::Load(_)));
@@ -566,12 +509,8 @@ mod tests {
     #[test]
     fn waiting_times_out() {
         let (cache, _) = cache(1000);
-        let Lookup::Load(_ticket) = cache.lookup((0, 1), 10) else {
-            panic!("expected a miss")
-        };
-        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else {
-            panic!("expected a wait")
-        };
+        let Lookup::Load(_ticket) = cache.lookup((0, 1), 10) else { panic!("expected a miss") };
+        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else { panic!("expected a wait") };
         let err = slot.wait(Duration::from_millis(10)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     }

@@ -18,11 +18,7 @@ const MAX_REDIRECTS: usize = 10;
 
 /// The bearer token to send: the explicit one, else `HF_TOKEN` (read through `hf_token`) for hub URLs
 /// when the user gave no Authorization header of their own.
-fn bearer_token(
-    options: &HttpOptions,
-    uri: &Uri,
-    hf_token: impl FnOnce() -> Option<String>,
-) -> Option<String> {
+fn bearer_token(options: &HttpOptions, uri: &Uri, hf_token: impl FnOnce() -> Option<String>) -> Option<String> {
     if let Some(token) = &options.bearer_token {
         return Some(token.expose().to_string());
     }
@@ -45,20 +41,12 @@ pub(crate) struct Failure {
 impl Failure {
     /// A failure that retrying cannot fix.
     pub fn permanent(error: HttpError) -> Failure {
-        Failure {
-            error,
-            transient: false,
-            retry_after: None,
-        }
+        Failure { error, transient: false, retry_after: None }
     }
 
     /// A failure that may go away on its own.
     pub fn transient(error: HttpError) -> Failure {
-        Failure {
-            error,
-            transient: true,
-            retry_after: None,
-        }
+        Failure { error, transient: true, retry_after: None }
     }
 }
 
@@ -93,10 +81,8 @@ impl Remote {
         }
         let token = bearer_token(options, &uri, || std::env::var("HF_TOKEN").ok());
         if let Some(token) = token {
-            let mut value =
-                HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
-                    HttpError::BadOption("the bearer token holds invalid characters".to_string())
-                })?;
+            let mut value = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+                .map_err(|_| HttpError::BadOption("the bearer token holds invalid characters".to_string()))?;
             value.set_sensitive(true);
             origin_headers.retain(|(name, _)| *name != AUTHORIZATION);
             origin_headers.push((AUTHORIZATION, value));
@@ -104,9 +90,10 @@ impl Remote {
         let proxy = match &options.proxy {
             ProxySetting::FromEnvironment => ureq::Proxy::try_from_env(),
             ProxySetting::Direct => None,
-            ProxySetting::Url(url) => Some(ureq::Proxy::new(url.expose()).map_err(|_| {
-                HttpError::BadOption(format!("invalid proxy URL {}", display_name(url.expose())))
-            })?),
+            ProxySetting::Url(url) => Some(
+                ureq::Proxy::new(url.expose())
+                    .map_err(|_| HttpError::BadOption(format!("invalid proxy URL {}", display_name(url.expose()))))?,
+            ),
         };
         let config = Agent::config_builder()
             .http_status_as_error(false)
@@ -116,11 +103,7 @@ impl Remote {
             .timeout_connect(Some(options.connect_timeout))
             .timeout_per_read(Some(options.read_timeout))
             .timeout_per_call(Some(options.request_timeout))
-            .tls_config(
-                ureq::tls::TlsConfig::builder()
-                    .root_certs(ureq::tls::RootCerts::PlatformVerifier)
-                    .build(),
-            )
+            .tls_config(ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build())
             .build();
         Ok(Remote {
             name: display_name(url),
@@ -140,10 +123,7 @@ impl Remote {
     }
 
     /// Runs `attempt` until it succeeds, fails permanently, or the policy's tries are used up.
-    pub fn with_retries<T>(
-        &self,
-        mut attempt: impl FnMut() -> Result<T, Failure>,
-    ) -> Result<T, HttpError> {
+    pub fn with_retries<T>(&self, mut attempt: impl FnMut() -> Result<T, Failure>) -> Result<T, HttpError> {
         let attempts = self.retry.attempts.max(1);
         let mut retry = 0;
         loop {
@@ -159,10 +139,7 @@ impl Remote {
                 if failure.transient {
                     // The error names the URL already.
                     log::warn!("giving up after {attempts} tries: {}", failure.error);
-                    return Err(HttpError::GaveUp {
-                        attempts,
-                        last: Box::new(failure.error),
-                    });
+                    return Err(HttpError::GaveUp { attempts, last: Box::new(failure.error) });
                 }
                 return Err(failure.error);
             }
@@ -184,35 +161,21 @@ impl Remote {
         last: u64,
         pin: Option<&Pin>,
     ) -> Result<Response<Body>, Failure> {
-        let cached = self
-            .redirect_target
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let cached = self.redirect_target.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(target) = cached {
             let (response, _) = self.follow(agent, target.clone(), first, last, pin)?;
             if !matches!(response.status().as_u16(), 401 | 403 | 404 | 410) {
                 return Ok(response);
             }
-            log::info!(
-                "{}: cached redirect target refused ({}); resolving again",
-                self.name,
-                response.status()
-            );
-            let mut slot = self
-                .redirect_target
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            log::info!("{}: cached redirect target refused ({}); resolving again", self.name, response.status());
+            let mut slot = self.redirect_target.lock().unwrap_or_else(|e| e.into_inner());
             if slot.as_ref() == Some(&target) {
                 *slot = None;
             }
         }
         let (response, final_uri) = self.follow(agent, self.uri.clone(), first, last, pin)?;
         if self.cache_redirects && final_uri != self.uri && response.status().as_u16() == 206 {
-            *self
-                .redirect_target
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(final_uri);
+            *self.redirect_target.lock().unwrap_or_else(|e| e.into_inner()) = Some(final_uri);
         }
         Ok(response)
     }
@@ -228,8 +191,7 @@ impl Remote {
         pin: Option<&Pin>,
     ) -> Result<(Response<Body>, Uri), Failure> {
         for _hop in 0..=MAX_REDIRECTS {
-            let mut request =
-                Request::get(uri.clone()).header(RANGE, format!("bytes={first}-{last}"));
+            let mut request = Request::get(uri.clone()).header(RANGE, format!("bytes={first}-{last}"));
             if let Some((name, value)) = pin.and_then(Pin::precondition) {
                 request = request.header(name, value);
             }
@@ -238,11 +200,9 @@ impl Remote {
                     request = request.header(name, value);
                 }
             }
-            let request = request.body(()).map_err(|_| {
-                Failure::permanent(HttpError::BadOption(
-                    "a header could not be encoded".to_string(),
-                ))
-            })?;
+            let request = request
+                .body(())
+                .map_err(|_| Failure::permanent(HttpError::BadOption("a header could not be encoded".to_string())))?;
             Stats::add(&self.stats.http_requests, 1);
             let response = agent.run(request).map_err(|e| self.transport_failure(e))?;
             if !matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308) {
@@ -250,59 +210,34 @@ impl Remote {
             }
             let location = header_text(response.headers(), &LOCATION).unwrap_or_default();
             uri = resolve_location(&uri, &location).ok_or_else(|| {
-                Failure::permanent(self.protocol(format!(
-                    "redirect ({}) without a usable Location",
-                    response.status()
-                )))
+                Failure::permanent(self.protocol(format!("redirect ({}) without a usable Location", response.status())))
             })?;
-            log::debug!(
-                "{}: redirected to {}",
-                self.name,
-                display_name(&uri.to_string())
-            );
+            log::debug!("{}: redirected to {}", self.name, display_name(&uri.to_string()));
         }
-        Err(Failure::permanent(
-            self.protocol(format!("more than {MAX_REDIRECTS} redirects")),
-        ))
+        Err(Failure::permanent(self.protocol(format!("more than {MAX_REDIRECTS} redirects"))))
     }
 
     /// Classifies a non-success status. 412 and 416 mean the pinned object is gone or different.
     pub fn status_failure(&self, response: &Response<Body>) -> Failure {
         let status = response.status().as_u16();
-        let retry_after = header_text(response.headers(), &RETRY_AFTER)
-            .as_deref()
-            .and_then(parse_retry_after);
+        let retry_after = header_text(response.headers(), &RETRY_AFTER).as_deref().and_then(parse_retry_after);
         match status {
             412 | 416 => Failure::permanent(self.changed(format!("the server answered {status}"))),
-            408 | 429 | 500 | 502 | 503 | 504 => Failure {
-                error: HttpError::Status {
-                    name: self.name.clone(),
-                    status,
-                },
-                transient: true,
-                retry_after,
-            },
-            _ => Failure::permanent(HttpError::Status {
-                name: self.name.clone(),
-                status,
-            }),
+            408 | 429 | 500 | 502 | 503 | 504 => {
+                Failure { error: HttpError::Status { name: self.name.clone(), status }, transient: true, retry_after }
+            }
+            _ => Failure::permanent(HttpError::Status { name: self.name.clone(), status }),
         }
     }
 
     /// The "changed since mount" error.
     pub fn changed(&self, detail: String) -> HttpError {
-        HttpError::Changed {
-            name: self.name.clone(),
-            detail,
-        }
+        HttpError::Changed { name: self.name.clone(), detail }
     }
 
     /// A response that breaks HTTP range semantics.
     pub fn protocol(&self, detail: String) -> HttpError {
-        HttpError::Protocol {
-            name: self.name.clone(),
-            detail,
-        }
+        HttpError::Protocol { name: self.name.clone(), detail }
     }
 
     /// Maps a ureq error to a failure without echoing URLs (which may carry signatures).
@@ -323,23 +258,13 @@ impl Remote {
             E::RequireHttpsOnly(_) => "https is required".to_string(),
             other => other.to_string(),
         };
-        Failure {
-            error: HttpError::Transport {
-                name: self.name.clone(),
-                detail,
-            },
-            transient,
-            retry_after: None,
-        }
+        Failure { error: HttpError::Transport { name: self.name.clone(), detail }, transient, retry_after: None }
     }
 
     /// Maps an error while reading a body; every one of them (reset, timeout, short body) is transient.
     pub fn body_failure(&self, error: std::io::Error) -> Failure {
         let detail = format!("reading the response body: {error}");
-        Failure::transient(HttpError::Transport {
-            name: self.name.clone(),
-            detail,
-        })
+        Failure::transient(HttpError::Transport { name: self.name.clone(), detail })
     }
 }
 
@@ -350,23 +275,15 @@ mod tests {
 
     #[test]
     fn hf_token_goes_only_to_hub_urls_without_other_credentials() {
-        let hub: Uri = "https://huggingface.co/o/r/resolve/main/m.safetensors"
-            .parse()
-            .unwrap();
+        let hub: Uri = "https://huggingface.co/o/r/resolve/main/m.safetensors".parse().unwrap();
         let elsewhere: Uri = "https://example.org/m.safetensors".parse().unwrap();
         let from_env = || Some("hf_env".to_string());
         let mut options = HttpOptions::default();
-        assert_eq!(
-            bearer_token(&options, &hub, from_env).as_deref(),
-            Some("hf_env")
-        );
+        assert_eq!(bearer_token(&options, &hub, from_env).as_deref(), Some("hf_env"));
         assert_eq!(bearer_token(&options, &elsewhere, from_env), None);
         assert_eq!(bearer_token(&options, &hub, || Some(" ".to_string())), None);
         options.bearer_token = Some(Secret::new("explicit"));
-        assert_eq!(
-            bearer_token(&options, &elsewhere, from_env).as_deref(),
-            Some("explicit")
-        );
+        assert_eq!(bearer_token(&options, &elsewhere, from_env).as_deref(), Some("explicit"));
         options.bearer_token = None;
         options.add_header_arg("Authorization: Basic abc").unwrap();
         assert_eq!(bearer_token(&options, &hub, from_env), None);

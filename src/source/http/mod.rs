@@ -111,12 +111,8 @@ impl From<HttpError> for io::Error {
     fn from(error: HttpError) -> io::Error {
         let kind = match &error {
             HttpError::GaveUp { .. } => io::ErrorKind::TimedOut,
-            HttpError::Status {
-                status: 401 | 403, ..
-            } => io::ErrorKind::PermissionDenied,
-            HttpError::Status {
-                status: 404 | 410, ..
-            } => io::ErrorKind::NotFound,
+            HttpError::Status { status: 401 | 403, .. } => io::ErrorKind::PermissionDenied,
+            HttpError::Status { status: 404 | 410, .. } => io::ErrorKind::NotFound,
             HttpError::BadUrl(_) | HttpError::BadOption(_) => io::ErrorKind::InvalidInput,
             _ => io::ErrorKind::Other,
         };
@@ -146,17 +142,8 @@ impl HttpSource {
                 remote.name
             );
         }
-        log::info!(
-            "{}: {} bytes, pinned by {:?}",
-            remote.name,
-            pin.size,
-            pin.precondition().map(|p| p.0)
-        );
-        Ok(HttpSource {
-            remote,
-            pin: Arc::new(pin),
-            prefix: prefix.into(),
-        })
+        log::info!("{}: {} bytes, pinned by {:?}", remote.name, pin.size, pin.precondition().map(|p| p.0));
+        Ok(HttpSource { remote, pin: Arc::new(pin), prefix: prefix.into() })
     }
 
     /// The bytes fetched by the opening request (the object's start, up to `prefix_len` bytes):
@@ -219,9 +206,7 @@ struct HttpStream {
 
 impl SourceStream for HttpStream {
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let end = u64::try_from(buf.len())
-            .ok()
-            .and_then(|len| offset.checked_add(len));
+        let end = u64::try_from(buf.len()).ok().and_then(|len| offset.checked_add(len));
         if end.is_none_or(|end| end > self.pin.size) {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -272,25 +257,19 @@ impl HttpStream {
     /// Fetches `offset..offset + total length of bufs` (inside the object) into `bufs`, with retries.
     fn fetch(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         let (remote, agent, pin) = (&self.remote, &self.agent, &self.pin);
-        remote
-            .with_retries(|| fetch_range(remote, agent, pin, bufs, offset))
-            .map_err(io::Error::from)
+        remote.with_retries(|| fetch_range(remote, agent, pin, bufs, offset)).map_err(io::Error::from)
     }
 }
 
 /// One try at the opening request: the first `prefix_len` bytes, the total size and the pin.
-fn fetch_prefix(
-    remote: &Remote,
-    agent: &Agent,
-    prefix_len: u64,
-) -> Result<(Vec<u8>, Pin), Failure> {
+fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64) -> Result<(Vec<u8>, Pin), Failure> {
     let response = remote.get_range(agent, 0, prefix_len - 1, None)?;
     match response.status().as_u16() {
         206 => {
             let content_range = content_range(remote, &response)?;
-            let total = content_range.total.ok_or_else(|| {
-                Failure::permanent(remote.protocol("Content-Range gives no total size".to_string()))
-            })?;
+            let total = content_range
+                .total
+                .ok_or_else(|| Failure::permanent(remote.protocol("Content-Range gives no total size".to_string())))?;
             let (first, last) = content_range.range.unwrap_or((1, 0));
             if first != 0 || last >= prefix_len {
                 let detail = format!("asked for bytes 0-{}, got {first}-{last}", prefix_len - 1);
@@ -304,48 +283,31 @@ fn fetch_prefix(
         200 => {
             // The whole object is coming. Accept it only if it fits in the prefix; otherwise drop the
             // connection now rather than download a multi-gigabyte body.
-            let declared = response
-                .headers()
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let declared = response.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
             if declared.is_some_and(|length| length > prefix_len) {
-                return Err(Failure::permanent(HttpError::RangeUnsupported {
-                    name: remote.name.clone(),
-                }));
+                return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() }));
             }
             let headers = response.headers().clone();
             let mut whole = Vec::new();
             let mut reader = response.into_body().into_reader().take(prefix_len + 1);
-            reader
-                .read_to_end(&mut whole)
-                .map_err(|e| remote.body_failure(e))?;
+            reader.read_to_end(&mut whole).map_err(|e| remote.body_failure(e))?;
             Stats::add(&remote.stats.http_bytes, whole.len() as u64);
             if whole.len() as u64 > prefix_len {
-                return Err(Failure::permanent(HttpError::RangeUnsupported {
-                    name: remote.name.clone(),
-                }));
+                return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() }));
             }
             let pin = Pin::from_headers(whole.len() as u64, &headers);
             Ok((whole, pin))
         }
         416 => match content_range(remote, &response)?.total {
             Some(0) => Ok((Vec::new(), Pin::from_headers(0, response.headers()))),
-            _ => Err(Failure::permanent(remote.protocol(
-                "416 for the first bytes of a non-empty object".to_string(),
-            ))),
+            _ => Err(Failure::permanent(remote.protocol("416 for the first bytes of a non-empty object".to_string()))),
         },
         _ => Err(remote.status_failure(&response)),
     }
 }
 
 /// One try at reading `buf.len()` bytes at `offset`, checked against the pin.
-fn fetch_range(
-    remote: &Remote,
-    agent: &Agent,
-    pin: &Pin,
-    bufs: &mut [&mut [u8]],
-    offset: u64,
-) -> Result<(), Failure> {
+fn fetch_range(remote: &Remote, agent: &Agent, pin: &Pin, bufs: &mut [&mut [u8]], offset: u64) -> Result<(), Failure> {
     let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
     let last = offset + len - 1; // callers checked 0 < len and offset + len <= size
     let response = open_range(remote, agent, pin, offset, last)?;
@@ -358,11 +320,7 @@ fn open_range(remote: &Remote, agent: &Agent, pin: &Pin, offset: u64, last: u64)
     let response = remote.get_range(agent, offset, last, Some(pin))?;
     match response.status().as_u16() {
         206 => {}
-        200 => {
-            return Err(Failure::permanent(HttpError::RangeUnsupported {
-                name: remote.name.clone(),
-            }))
-        }
+        200 => return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() })),
         _ => return Err(remote.status_failure(&response)),
     }
     if let Err(detail) = pin.check(response.headers()) {
@@ -371,22 +329,13 @@ fn open_range(remote: &Remote, agent: &Agent, pin: &Pin, offset: u64, last: u64)
     let content_range = content_range(remote, &response)?;
     match content_range.total {
         Some(total) if total != pin.size => {
-            return Err(Failure::permanent(
-                remote.changed(format!("its size is now {total}, was {}", pin.size)),
-            ));
+            return Err(Failure::permanent(remote.changed(format!("its size is now {total}, was {}", pin.size))));
         }
-        None => {
-            return Err(Failure::permanent(
-                remote.protocol("Content-Range gives no total size".to_string()),
-            ))
-        }
+        None => return Err(Failure::permanent(remote.protocol("Content-Range gives no total size".to_string()))),
         Some(_) => {}
     }
     if content_range.range != Some((offset, last)) {
-        let detail = format!(
-            "asked for bytes {offset}-{last}, got {:?}",
-            content_range.range
-        );
+        let detail = format!("asked for bytes {offset}-{last}, got {:?}", content_range.range);
         return Err(Failure::permanent(remote.protocol(detail)));
     }
     Ok(response)
@@ -397,17 +346,11 @@ fn content_range(remote: &Remote, response: &Response<Body>) -> Result<pin::Cont
     let text = pin::header_text(response.headers(), &CONTENT_RANGE);
     text.as_deref()
         .and_then(parse_content_range)
-        .ok_or_else(|| {
-            Failure::permanent(remote.protocol(format!("bad or missing Content-Range {text:?}")))
-        })
+        .ok_or_else(|| Failure::permanent(remote.protocol(format!("bad or missing Content-Range {text:?}"))))
 }
 
 /// Fills `buf` from the body and checks that nothing follows (a longer body means a confused server).
-fn read_body_exact(
-    remote: &Remote,
-    response: Response<Body>,
-    bufs: &mut [&mut [u8]],
-) -> Result<(), Failure> {
+fn read_body_exact(remote: &Remote, response: Response<Body>, bufs: &mut [&mut [u8]]) -> Result<(), Failure> {
     let mut reader = response.into_body().into_reader();
     for buf in bufs.iter_mut() {
         reader.read_exact(buf).map_err(|e| remote.body_failure(e))?;
@@ -423,9 +366,7 @@ fn expect_body_end(remote: &Remote, reader: &mut impl Read) -> Result<(), Failur
     // comes after every promised byte arrived, so the data stands.
     let mut probe = [0u8; 1];
     if let Ok(1) = reader.read(&mut probe) {
-        return Err(Failure::permanent(
-            remote.protocol("the body is longer than its Content-Range".to_string()),
-        ));
+        return Err(Failure::permanent(remote.protocol("the body is longer than its Content-Range".to_string())));
     }
     Ok(())
 }

@@ -106,26 +106,20 @@ impl HttpOptions {
     /// Adds a header from a `--header 'Name: value'` argument. Refuses malformed ones and the
     /// headers stfs manages itself (Range, conditionals, Host, framing).
     pub fn add_header_arg(&mut self, argument: &str) -> Result<(), HttpError> {
-        let (name, value) = argument.split_once(':').ok_or_else(|| {
-            HttpError::BadOption("a header must look like 'Name: value'".to_string())
-        })?;
+        let (name, value) = argument
+            .split_once(':')
+            .ok_or_else(|| HttpError::BadOption("a header must look like 'Name: value'".to_string()))?;
         let name = name.trim();
         let value = value.trim();
         if HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(HttpError::BadOption(format!(
-                "invalid header name {name:?}"
-            )));
+            return Err(HttpError::BadOption(format!("invalid header name {name:?}")));
         }
         if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-            return Err(HttpError::BadOption(format!(
-                "header {name} is set by stfs itself"
-            )));
+            return Err(HttpError::BadOption(format!("header {name} is set by stfs itself")));
         }
         if HeaderValue::from_str(value).is_err() {
             // The value is not echoed: it may be a credential.
-            return Err(HttpError::BadOption(format!(
-                "invalid value for header {name}"
-            )));
+            return Err(HttpError::BadOption(format!("invalid value for header {name}")));
         }
         self.headers.push((name.to_string(), Secret::new(value)));
         Ok(())
@@ -138,17 +132,13 @@ impl HttpOptions {
                 self.bearer_token = Some(Secret::new(token.trim()));
                 Ok(())
             }
-            _ => Err(HttpError::BadOption(format!(
-                "token variable {variable} is unset or empty"
-            ))),
+            _ => Err(HttpError::BadOption(format!("token variable {variable} is unset or empty"))),
         }
     }
 
     /// Whether the user already supplied an Authorization header of their own.
     pub(crate) fn has_authorization_header(&self) -> bool {
-        self.headers
-            .iter()
-            .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+        self.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
     }
 }
 
@@ -165,18 +155,14 @@ mod tests {
         assert!(options.add_header_arg("no colon").is_err());
         assert!(options.add_header_arg("Bad Name: x").is_err());
         assert!(options.add_header_arg("range: bytes=0-1").is_err());
-        let error = options
-            .add_header_arg("Authorization: Bearer x\u{7f}secret")
-            .unwrap_err();
+        let error = options.add_header_arg("Authorization: Bearer x\u{7f}secret").unwrap_err();
         assert!(!error.to_string().contains("secret"), "{error}");
     }
 
     #[test]
     fn debug_output_hides_secrets() {
         let mut options = HttpOptions::default();
-        options
-            .add_header_arg("Authorization: Basic c2VrcmV0")
-            .unwrap();
+        options.add_header_arg("Authorization: Basic c2VrcmV0").unwrap();
         options.bearer_token = Some(Secret::new("tok-sekret"));
         options.proxy = ProxySetting::Url(Secret::new("http://user:pw-sekret@proxy:3128"));
         let debug = format!("{options:?}");
@@ -189,12 +175,8 @@ mod tests {
     #[test]
     fn token_from_missing_variable_fails() {
         let mut options = HttpOptions::default();
-        let error = options
-            .token_from_env("STFS_TEST_SURELY_UNSET_VARIABLE")
-            .unwrap_err();
-        assert!(error
-            .to_string()
-            .contains("STFS_TEST_SURELY_UNSET_VARIABLE"));
+        let error = options.token_from_env("STFS_TEST_SURELY_UNSET_VARIABLE").unwrap_err();
+        assert!(error.to_string().contains("STFS_TEST_SURELY_UNSET_VARIABLE"));
         assert!(options.bearer_token.is_none());
     }
 }

@@ -1,9 +1,7 @@
 //! The version pin of a remote object (size plus ETag or Last-Modified) and the header parsing it needs.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use ureq::http::header::{
-    HeaderMap, HeaderName, ETAG, IF_MATCH, IF_UNMODIFIED_SINCE, LAST_MODIFIED,
-};
+use ureq::http::header::{HeaderMap, HeaderName, ETAG, IF_MATCH, IF_UNMODIFIED_SINCE, LAST_MODIFIED};
 
 /// What identifies the object version that was mounted: every later response must match it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,11 +17,7 @@ pub(crate) struct Pin {
 impl Pin {
     /// Pins the object described by the first response's headers and its total size.
     pub fn from_headers(size: u64, headers: &HeaderMap) -> Pin {
-        Pin {
-            size,
-            etag: header_text(headers, &ETAG),
-            last_modified: header_text(headers, &LAST_MODIFIED),
-        }
+        Pin { size, etag: header_text(headers, &ETAG), last_modified: header_text(headers, &LAST_MODIFIED) }
     }
 
     /// The precondition header that makes the server refuse (412) a changed object. A weak ETag
@@ -44,9 +38,7 @@ impl Pin {
                 return Err("its ETag differs".to_string());
             }
         }
-        if let (Some(pinned), Some(now)) =
-            (&self.last_modified, header_text(headers, &LAST_MODIFIED))
-        {
+        if let (Some(pinned), Some(now)) = (&self.last_modified, header_text(headers, &LAST_MODIFIED)) {
             if *pinned != now {
                 return Err("its Last-Modified differs".to_string());
             }
@@ -67,10 +59,7 @@ fn opaque_tag(etag: &str) -> &str {
 
 /// A header's value as text, if present and printable.
 pub(crate) fn header_text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|value| value.to_str().ok())
-        .map(|text| text.trim().to_string())
+    headers.get(name).and_then(|value| value.to_str().ok()).map(|text| text.trim().to_string())
 }
 
 /// A parsed `Content-Range: bytes first-last/total` (the range is absent in `bytes */total`, the total in
@@ -117,9 +106,7 @@ fn parse_decimal(text: &str) -> Option<u64> {
 
 /// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the only date form servers may send now.
 pub(crate) fn parse_http_date(text: &str) -> Option<SystemTime> {
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     let (_weekday, rest) = text.trim().split_once(", ")?;
     let mut fields = rest.split(' ');
     let day: u64 = parse_decimal(fields.next()?)?;
@@ -131,12 +118,7 @@ pub(crate) fn parse_http_date(text: &str) -> Option<SystemTime> {
     if fields.next()? != "GMT" || fields.next().is_some() || clock.next().is_some() {
         return None;
     }
-    if !(1970..=9999).contains(&year)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
+    if !(1970..=9999).contains(&year) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
         return None;
     }
     let days = days_since_epoch(year, month, day);
@@ -147,11 +129,7 @@ pub(crate) fn parse_http_date(text: &str) -> Option<SystemTime> {
 /// Days from 1970-01-01 to the given proleptic Gregorian date (valid for years from 1970 on).
 fn days_since_epoch(year: u64, month: u64, day: u64) -> u64 {
     // Count years from March so that the leap day is the last day of the counted year.
-    let (year, month) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
+    let (year, month) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
     let era_days = year * 365 + year / 4 - year / 100 + year / 400;
     let day_of_year = (153 * month + 2) / 5 + day - 1;
     // 719_468 is the same count for 1970-01-01.
@@ -174,26 +152,10 @@ mod tests {
     #[test]
     fn content_range_forms() {
         let full = parse_content_range("bytes 0-99/1000").unwrap();
-        assert_eq!(
-            full,
-            ContentRange {
-                range: Some((0, 99)),
-                total: Some(1000)
-            }
-        );
-        assert_eq!(
-            parse_content_range("bytes */1000").unwrap().total,
-            Some(1000)
-        );
+        assert_eq!(full, ContentRange { range: Some((0, 99)), total: Some(1000) });
+        assert_eq!(parse_content_range("bytes */1000").unwrap().total, Some(1000));
         assert_eq!(parse_content_range("bytes 5-9/*").unwrap().total, None);
-        for bad in [
-            "bytes 9-5/100",
-            "bytes 0-100/100",
-            "bytes -1-5/10",
-            "items 0-1/2",
-            "bytes */*",
-            "bytes 0-1",
-        ] {
+        for bad in ["bytes 9-5/100", "bytes 0-100/100", "bytes -1-5/10", "items 0-1/2", "bytes */*", "bytes 0-1"] {
             assert!(parse_content_range(bad).is_none(), "{bad}");
         }
         assert!(parse_content_range("bytes 0-1/99999999999999999999999").is_none());
@@ -224,16 +186,10 @@ mod tests {
         let t = parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
         assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 784_111_777);
         let leap = parse_http_date("Thu, 29 Feb 2024 00:00:00 GMT").unwrap();
-        assert_eq!(
-            leap.duration_since(UNIX_EPOCH).unwrap().as_secs(),
-            1_709_164_800
-        );
-        for bad in [
-            "Sunday, 06-Nov-94 08:49:37 GMT",
-            "Sun, 06 Nov 1994 08:49:37 UTC",
-            "Sun, 06 Foo 1994 08:49:37 GMT",
-            "",
-        ] {
+        assert_eq!(leap.duration_since(UNIX_EPOCH).unwrap().as_secs(), 1_709_164_800);
+        for bad in
+            ["Sunday, 06-Nov-94 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 UTC", "Sun, 06 Foo 1994 08:49:37 GMT", ""]
+        {
             assert!(parse_http_date(bad).is_none(), "{bad}");
         }
     }

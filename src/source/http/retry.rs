@@ -17,11 +17,7 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy {
-            attempts: 5,
-            base_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(5),
-        }
+        RetryPolicy { attempts: 5, base_delay: Duration::from_millis(100), max_delay: Duration::from_secs(5) }
     }
 }
 
@@ -34,15 +30,10 @@ impl RetryPolicy {
     }
 
     fn delay_with(&self, retry: u32, retry_after: Option<Duration>, random: u64) -> Duration {
-        let ceiling = self
-            .base_delay
-            .saturating_mul(1u32.checked_shl(retry).unwrap_or(u32::MAX))
-            .min(self.max_delay);
+        let ceiling = self.base_delay.saturating_mul(1u32.checked_shl(retry).unwrap_or(u32::MAX)).min(self.max_delay);
         let ceiling_micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
         let jittered = Duration::from_micros(random % ceiling_micros.saturating_add(1));
-        jittered
-            .max(retry_after.unwrap_or_default())
-            .min(self.max_delay)
+        jittered.max(retry_after.unwrap_or_default()).min(self.max_delay)
     }
 }
 
@@ -50,12 +41,7 @@ impl RetryPolicy {
 /// for jitter, which only has to differ between threads and calls).
 fn random_u64() -> u64 {
     let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
+    hasher.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos());
     hasher.finish()
 }
 
@@ -74,44 +60,27 @@ mod tests {
     use super::*;
 
     fn policy() -> RetryPolicy {
-        RetryPolicy {
-            attempts: 5,
-            base_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(5),
-        }
+        RetryPolicy { attempts: 5, base_delay: Duration::from_millis(100), max_delay: Duration::from_secs(5) }
     }
 
     #[test]
     fn jitter_stays_under_the_doubling_ceiling() {
         let policy = policy();
         for retry in 0..40 {
-            let ceiling =
-                Duration::from_millis(100 * (1u64 << retry.min(20))).min(Duration::from_secs(5));
+            let ceiling = Duration::from_millis(100 * (1u64 << retry.min(20))).min(Duration::from_secs(5));
             for random in [0, 1, 12_345, u64::MAX / 3, u64::MAX] {
-                assert!(
-                    policy.delay_with(retry, None, random) <= ceiling,
-                    "retry {retry}"
-                );
+                assert!(policy.delay_with(retry, None, random) <= ceiling, "retry {retry}");
             }
         }
-        assert_eq!(
-            policy.delay_with(0, None, 100_000),
-            Duration::from_micros(100_000)
-        );
+        assert_eq!(policy.delay_with(0, None, 100_000), Duration::from_micros(100_000));
         assert_eq!(policy.delay_with(0, None, 100_001), Duration::ZERO);
     }
 
     #[test]
     fn retry_after_raises_the_wait_up_to_the_cap() {
         let policy = policy();
-        assert_eq!(
-            policy.delay_with(0, Some(Duration::from_secs(2)), 0),
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            policy.delay_with(0, Some(Duration::from_secs(60)), 0),
-            Duration::from_secs(5)
-        );
+        assert_eq!(policy.delay_with(0, Some(Duration::from_secs(2)), 0), Duration::from_secs(2));
+        assert_eq!(policy.delay_with(0, Some(Duration::from_secs(60)), 0), Duration::from_secs(5));
     }
 
     #[test]
@@ -124,10 +93,7 @@ mod tests {
     #[test]
     fn retry_after_forms() {
         assert_eq!(parse_retry_after(" 3 "), Some(Duration::from_secs(3)));
-        assert_eq!(
-            parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"),
-            Some(Duration::ZERO)
-        );
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon"), None);
     }
 }

@@ -34,10 +34,7 @@ pub(crate) struct Seen {
 impl Seen {
     /// The value of header `name` (lower case), if it was sent.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 }
 
@@ -94,12 +91,7 @@ impl TestServer {
                 }
             })
         };
-        TestServer {
-            addr,
-            state,
-            stop,
-            acceptor: Some(acceptor),
-        }
+        TestServer { addr, state, stop, acceptor: Some(acceptor) }
     }
 
     /// The URL of `path` on this server.
@@ -145,10 +137,7 @@ fn serve_connection(connection: TcpStream, state: &Mutex<State>, stop: &AtomicBo
         if request.method == "CONNECT" {
             // Act as an HTTP CONNECT proxy to ourselves: the tunnel then carries ordinary requests.
             state.lock().unwrap().seen.push(request);
-            if writer
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .is_err()
-            {
+            if writer.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
                 return;
             }
             continue;
@@ -169,9 +158,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Seen> {
     let target = parts.next()?.to_string();
     // Through a proxy (or in absolute form) the target is a full URL; keep only the path.
     let path = match target.find("://") {
-        Some(at) => target[at + 3..].find('/').map_or("/".to_string(), |slash| {
-            target[at + 3 + slash..].to_string()
-        }),
+        Some(at) => target[at + 3..].find('/').map_or("/".to_string(), |slash| target[at + 3 + slash..].to_string()),
         None => target,
     };
     let mut headers = Vec::new();
@@ -187,11 +174,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Seen> {
         let (name, value) = header.split_once(':')?;
         headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
     }
-    Some(Seen {
-        method,
-        path,
-        headers,
-    })
+    Some(Seen { method, path, headers })
 }
 
 /// Writes the answer to one request; false when the connection must close.
@@ -206,9 +189,7 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         Some(Fault::Drop) => return false,
         Some(Fault::Delay(pause)) => std::thread::sleep(pause),
         Some(Fault::Status(status, retry_after)) => {
-            let extra = retry_after
-                .map(|s| format!("Retry-After: {s}\r\n"))
-                .unwrap_or_default();
+            let extra = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
             return write_head(writer, status, &format!("{extra}Content-Length: 0\r\n"));
         }
         Some(Fault::Truncate) => truncate = true,
@@ -218,19 +199,13 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         let state = state.lock().unwrap();
         match plan(request, &state) {
             Ok(plan) => plan,
-            Err((status, extra)) => {
-                return write_head(writer, status, &format!("{extra}Content-Length: 0\r\n"))
-            }
+            Err((status, extra)) => return write_head(writer, status, &format!("{extra}Content-Length: 0\r\n")),
         }
     };
     if !write_head(writer, head_status, &head) {
         return false;
     }
-    let body = if truncate {
-        &body[..body.len() / 2]
-    } else {
-        &body[..]
-    };
+    let body = if truncate { &body[..body.len() / 2] } else { &body[..] };
     for chunk in body.chunks(64 * 1024) {
         if writer.write_all(chunk).is_err() {
             return false;
@@ -249,9 +224,7 @@ fn plan(request: &Seen, state: &State) -> Result<(u16, String, Vec<u8>), (u16, S
     if let Some(location) = state.redirects.get(&request.path) {
         return Err((302, format!("Location: {location}\r\n")));
     }
-    if state.required_auth.is_some()
-        && request.header("authorization") != state.required_auth.as_deref()
-    {
+    if state.required_auth.is_some() && request.header("authorization") != state.required_auth.as_deref() {
         return Err((401, String::new()));
     }
     if let Some(wanted) = request.header("if-match") {
@@ -272,13 +245,10 @@ fn plan(request: &Seen, state: &State) -> Result<(u16, String, Vec<u8>), (u16, S
         validators += &format!("Last-Modified: {modified}\r\n");
     }
     let len = state.data.len() as u64;
-    let range = request
-        .header("range")
-        .filter(|_| !state.ignore_range)
-        .and_then(|value| {
-            let (first, last) = value.strip_prefix("bytes=")?.split_once('-')?;
-            Some((first.parse::<u64>().ok()?, last.parse::<u64>().ok()?))
-        });
+    let range = request.header("range").filter(|_| !state.ignore_range).and_then(|value| {
+        let (first, last) = value.strip_prefix("bytes=")?.split_once('-')?;
+        Some((first.parse::<u64>().ok()?, last.parse::<u64>().ok()?))
+    });
     let Some((first, last)) = range else {
         let head = format!("{validators}Content-Length: {len}\r\n");
         return Ok((200, head, state.data.clone()));
@@ -288,10 +258,7 @@ fn plan(request: &Seen, state: &State) -> Result<(u16, String, Vec<u8>), (u16, S
     }
     let last = last.min(len - 1);
     let body = state.data[first as usize..=last as usize].to_vec();
-    let head = format!(
-        "{validators}Content-Range: bytes {first}-{last}/{len}\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let head = format!("{validators}Content-Range: bytes {first}-{last}/{len}\r\nContent-Length: {}\r\n", body.len());
     Ok((206, head, body))
 }
 

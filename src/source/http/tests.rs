@@ -10,9 +10,7 @@ fn pattern(len: usize) -> Vec<u8> {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     (0..len)
         .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             (state >> 33) as u8
         })
         .collect()
@@ -21,11 +19,7 @@ fn pattern(len: usize) -> Vec<u8> {
 /// Fast retries, short timeouts, no proxy from the environment, a small prefix.
 fn options() -> HttpOptions {
     HttpOptions {
-        retry: RetryPolicy {
-            attempts: 5,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(20),
-        },
+        retry: RetryPolicy { attempts: 5, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(20) },
         connect_timeout: Duration::from_secs(2),
         read_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_secs(5),
@@ -61,37 +55,20 @@ fn reads_are_byte_exact_and_the_prefix_saves_requests() {
     let mut inside = vec![0; 100];
     stream.read_exact_at(&mut inside, 8).unwrap();
     assert_eq!(inside, &data[8..108]);
-    assert_eq!(
-        server.seen().len(),
-        1,
-        "a read inside the prefix needs no request"
-    );
+    assert_eq!(server.seen().len(), 1, "a read inside the prefix needs no request");
 
     let mut straddling = vec![0; 2000];
     stream.read_exact_at(&mut straddling, 3000).unwrap();
     assert_eq!(straddling, &data[3000..5000]);
     let seen = server.seen();
     assert_eq!(seen.len(), 2);
-    assert_eq!(
-        seen[1].header("range"),
-        Some("bytes=4096-4999"),
-        "only the missing part is fetched"
-    );
+    assert_eq!(seen[1].header("range"), Some("bytes=4096-4999"), "only the missing part is fetched");
     assert_eq!(seen[1].header("if-match"), Some("\"v1\""));
 
-    for (offset, len) in [
-        (50_000u64, 10_000usize),
-        (99_999, 1),
-        (4096, 95_904),
-        (0, 100_000),
-    ] {
+    for (offset, len) in [(50_000u64, 10_000usize), (99_999, 1), (4096, 95_904), (0, 100_000)] {
         let mut buf = vec![0; len];
         stream.read_exact_at(&mut buf, offset).unwrap();
-        assert_eq!(
-            buf,
-            &data[offset as usize..offset as usize + len],
-            "at {offset}"
-        );
+        assert_eq!(buf, &data[offset as usize..offset as usize + len], "at {offset}");
     }
     stream.read_exact_at(&mut [], 100_000).unwrap();
     let past = stream.read_exact_at(&mut [0; 2], 99_999).unwrap_err();
@@ -158,26 +135,16 @@ fn retries_recover_from_503_bursts_drops_truncation_and_stalls() {
     server.with(|s| s.faults.extend([Fault::Status(503, None), Fault::Drop]));
     let source = HttpSource::open(&server.url("/m"), options).unwrap();
     let faults = [
-        vec![
-            Fault::Status(503, Some(0)),
-            Fault::Status(503, None),
-            Fault::Status(429, None),
-        ],
+        vec![Fault::Status(503, Some(0)), Fault::Status(503, None), Fault::Status(429, None)],
         vec![Fault::Drop],
         vec![Fault::Truncate],
-        vec![
-            Fault::Status(500, None),
-            Fault::Delay(Duration::from_secs(1)),
-        ],
+        vec![Fault::Status(500, None), Fault::Delay(Duration::from_secs(1))],
     ];
     let mut expected_retries = 2;
     for burst in faults {
         expected_retries += burst.len() as u64;
         server.with(|s| s.faults.extend(burst));
-        assert_eq!(
-            read(&source, 10_000, 30_000).unwrap(),
-            &data[10_000..40_000]
-        );
+        assert_eq!(read(&source, 10_000, 30_000).unwrap(), &data[10_000..40_000]);
     }
     assert_eq!(load(&stats.http_retries), expected_retries);
 }
@@ -187,22 +154,13 @@ fn a_request_that_keeps_failing_becomes_an_io_error() {
     let server = TestServer::start(pattern(50_000));
     let source = HttpSource::open(&server.url("/m"), options()).unwrap();
     let before = server.seen().len();
-    server.with(|s| {
-        s.faults
-            .extend(std::iter::repeat_n(Fault::Status(503, Some(1)), 10))
-    });
+    server.with(|s| s.faults.extend(std::iter::repeat_n(Fault::Status(503, Some(1)), 10)));
     let started = Instant::now();
     let error = read(&source, 20_000, 100).unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "Retry-After is capped by max_delay"
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "Retry-After is capped by max_delay");
     assert_eq!(server.seen().len() - before, 5, "one request per try");
     let message = error.to_string();
-    assert!(
-        message.contains("503") && message.contains("5 tries"),
-        "{message}"
-    );
+    assert!(message.contains("503") && message.contains("5 tries"), "{message}");
 }
 
 #[test]
@@ -212,10 +170,7 @@ fn a_server_ignoring_range_is_refused_without_downloading_everything() {
     server.with(|s| s.ignore_range = true);
     let started = Instant::now();
     let error = HttpSource::open(&server.url("/big"), options()).unwrap_err();
-    assert!(
-        matches!(error, HttpError::RangeUnsupported { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, HttpError::RangeUnsupported { .. }), "{error}");
     assert!(error.to_string().contains("Range"), "{error}");
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(server.seen().len(), 1, "not retried");
@@ -256,15 +211,8 @@ fn without_an_etag_the_date_and_size_pin_the_object() {
     let source = HttpSource::open(&server.url("/m"), options()).unwrap();
     read(&source, 10_000, 100).unwrap();
     let last = server.seen().pop().unwrap();
-    assert_eq!(
-        last.header("if-match"),
-        None,
-        "a weak tag never satisfies If-Match"
-    );
-    assert_eq!(
-        last.header("if-unmodified-since"),
-        Some("Tue, 02 Jan 2024 03:04:05 GMT")
-    );
+    assert_eq!(last.header("if-match"), None, "a weak tag never satisfies If-Match");
+    assert_eq!(last.header("if-unmodified-since"), Some("Tue, 02 Jan 2024 03:04:05 GMT"));
 
     // A server that honours no precondition and sends no validator: only the size betrays a change.
     server.with(|s| {
@@ -283,44 +231,25 @@ fn redirects_keep_the_token_at_home_and_cache_the_target() {
     let hub = TestServer::start(Vec::new());
     let cdn = TestServer::start(data.clone());
     hub.with(|s| {
-        s.redirects
-            .insert("/resolve/m".to_string(), cdn.url("/signed/1?sig=abc"));
+        s.redirects.insert("/resolve/m".to_string(), cdn.url("/signed/1?sig=abc"));
         s.required_auth = Some("Bearer hub-token".to_string());
     });
     let mut options = options();
     options.bearer_token = Some(Secret::new("hub-token"));
     let source = HttpSource::open(&hub.url("/resolve/m"), options).unwrap();
     assert_eq!(source.len(), 50_000);
-    assert_eq!(
-        hub.seen()[0].header("authorization"),
-        Some("Bearer hub-token")
-    );
-    assert!(
-        cdn.seen()
-            .iter()
-            .all(|seen| seen.header("authorization").is_none()),
-        "token leaked to the CDN"
-    );
+    assert_eq!(hub.seen()[0].header("authorization"), Some("Bearer hub-token"));
+    assert!(cdn.seen().iter().all(|seen| seen.header("authorization").is_none()), "token leaked to the CDN");
 
     assert_eq!(read(&source, 20_000, 1000).unwrap(), &data[20_000..21_000]);
-    assert_eq!(
-        hub.seen().len(),
-        1,
-        "later blocks go straight to the cached target"
-    );
-    assert_eq!(
-        cdn.seen().last().unwrap().header("if-match"),
-        Some("\"v1\"")
-    );
+    assert_eq!(hub.seen().len(), 1, "later blocks go straight to the cached target");
+    assert_eq!(cdn.seen().last().unwrap().header("if-match"), Some("\"v1\""));
 
     // The signed URL expires: the next block goes back to the hub for a fresh one.
     cdn.with(|s| {
         s.refused.insert("/signed/1?sig=abc".to_string());
     });
-    hub.with(|s| {
-        s.redirects
-            .insert("/resolve/m".to_string(), cdn.url("/signed/2?sig=def"))
-    });
+    hub.with(|s| s.redirects.insert("/resolve/m".to_string(), cdn.url("/signed/2?sig=def")));
     assert_eq!(read(&source, 30_000, 1000).unwrap(), &data[30_000..31_000]);
     assert_eq!(hub.seen().len(), 2);
     assert_eq!(cdn.seen().last().unwrap().path, "/signed/2?sig=def");
@@ -344,33 +273,19 @@ fn credentials_never_show_in_names_debug_or_errors() {
     options.add_header_arg("X-Api-Key: key-sekret").unwrap();
     let url = server.url("/m?X-Signature=sig-sekret");
     let error = HttpSource::open(&url, options.clone()).unwrap_err();
-    let texts = [
-        error.to_string(),
-        format!("{error:?}"),
-        format!("{options:?}"),
-    ];
+    let texts = [error.to_string(), format!("{error:?}"), format!("{options:?}")];
     for text in &texts {
         for secret in ["wrong-sekret-token", "key-sekret", "sig-sekret"] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
     }
-    assert!(
-        texts[0].contains("401") && texts[0].contains("?<redacted>"),
-        "{}",
-        texts[0]
-    );
+    assert!(texts[0].contains("401") && texts[0].contains("?<redacted>"), "{}", texts[0]);
 
     server.with(|s| s.required_auth = None);
     let source = HttpSource::open(&url, options).unwrap();
-    assert_eq!(
-        source.name(),
-        format!("http://{}/m?<redacted>", server.addr)
-    );
+    assert_eq!(source.name(), format!("http://{}/m?<redacted>", server.addr));
     assert!(!format!("{source:?}").contains("sekret"));
-    assert_eq!(
-        server.seen().last().unwrap().header("x-api-key"),
-        Some("key-sekret")
-    );
+    assert_eq!(server.seen().last().unwrap().header("x-api-key"), Some("key-sekret"));
 }
 
 #[test]

@@ -8,21 +8,12 @@ const HUB_HOSTS: [&str; 2] = ["huggingface.co", "hf.co"];
 /// Parses an absolute http(s) URL. Refuses userinfo (`user:pass@host`) because credentials in a URL
 /// end up in shell history, process lists and logs; a header or a token variable is the safe way.
 pub(crate) fn parse_http_url(url: &str) -> Result<Uri, String> {
-    let uri: Uri = url
-        .parse()
-        .map_err(|_| format!("not a valid URL: {}", display_name(url)))?;
+    let uri: Uri = url.parse().map_err(|_| format!("not a valid URL: {}", display_name(url)))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => {
-            return Err(format!(
-                "only http:// and https:// URLs are supported: {}",
-                display_name(url)
-            ))
-        }
+        _ => return Err(format!("only http:// and https:// URLs are supported: {}", display_name(url))),
     }
-    let authority = uri
-        .authority()
-        .ok_or_else(|| format!("URL has no host: {}", display_name(url)))?;
+    let authority = uri.authority().ok_or_else(|| format!("URL has no host: {}", display_name(url)))?;
     if authority.as_str().contains('@') {
         return Err(format!(
             "credentials inside the URL are refused ({}); pass them with --header or a token variable",
@@ -41,17 +32,11 @@ pub fn display_name(url: &str) -> String {
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
     let tail = &rest[authority_end..];
     let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
     let path = &tail[..path_end];
-    let query_marker = if tail[path_end..].starts_with('?') {
-        "?<redacted>"
-    } else {
-        ""
-    };
+    let query_marker = if tail[path_end..].starts_with('?') { "?<redacted>" } else { "" };
     if scheme.is_empty() {
         format!("{host}{path}{query_marker}")
     } else {
@@ -78,9 +63,7 @@ fn effective_port(uri: &Uri) -> Option<u16> {
 pub(crate) fn is_hub_url(uri: &Uri) -> bool {
     let Some(host) = uri.host() else { return false };
     let host = host.to_ascii_lowercase();
-    HUB_HOSTS
-        .iter()
-        .any(|hub| host == *hub || host.strip_suffix(hub).is_some_and(|sub| sub.ends_with('.')))
+    HUB_HOSTS.iter().any(|hub| host == *hub || host.strip_suffix(hub).is_some_and(|sub| sub.ends_with('.')))
 }
 
 /// Resolves a `Location` header against the URL that answered with it (absolute, scheme-relative,
@@ -141,17 +124,11 @@ mod tests {
 
     #[test]
     fn hub_hosts_are_recognised() {
-        let yes = [
-            "https://huggingface.co/o/r/resolve/main/m.safetensors",
-            "https://hf.co/x",
-        ];
+        let yes = ["https://huggingface.co/o/r/resolve/main/m.safetensors", "https://hf.co/x"];
         for url in yes {
             assert!(is_hub_url(&url.parse().unwrap()), "{url}");
         }
-        let no = [
-            "https://nothuggingface.co/x",
-            "https://huggingface.co.evil.org/x",
-        ];
+        let no = ["https://nothuggingface.co/x", "https://huggingface.co.evil.org/x"];
         for url in no {
             assert!(!is_hub_url(&url.parse().unwrap()), "{url}");
         }
@@ -159,27 +136,16 @@ mod tests {
 
     #[test]
     fn locations_resolve_in_every_form() {
-        let base: Uri = "https://hub.example/org/repo/resolve/main/m.bin?x=1"
-            .parse()
-            .unwrap();
+        let base: Uri = "https://hub.example/org/repo/resolve/main/m.bin?x=1".parse().unwrap();
         let cases = [
-            (
-                "https://cdn.example/obj?sig=2",
-                "https://cdn.example/obj?sig=2",
-            ),
+            ("https://cdn.example/obj?sig=2", "https://cdn.example/obj?sig=2"),
             ("//cdn.example/obj", "https://cdn.example/obj"),
             ("/other/path", "https://hub.example/other/path"),
-            (
-                "sibling.bin",
-                "https://hub.example/org/repo/resolve/main/sibling.bin",
-            ),
+            ("sibling.bin", "https://hub.example/org/repo/resolve/main/sibling.bin"),
             ("/p#frag", "https://hub.example/p"),
         ];
         for (location, expected) in cases {
-            assert_eq!(
-                resolve_location(&base, location).unwrap().to_string(),
-                expected
-            );
+            assert_eq!(resolve_location(&base, location).unwrap().to_string(), expected);
         }
         assert!(resolve_location(&base, "ftp://x/y").is_none());
     }
