@@ -113,7 +113,7 @@ fn check_byte_exact(source: &Arc<HttpSource>, data: &Arc<Vec<u8>>) {
         .map(|reader| {
             let (source, data) = (Arc::clone(source), Arc::clone(data));
             std::thread::spawn(move || {
-                let mut stream = source.open_stream().unwrap();
+                let mut stream = source.open_reader().unwrap();
                 for block in (reader..blocks).step_by(3) {
                     let offset = block * BLOCK;
                     let len = BLOCK.min(source.len() - offset) as usize;
@@ -163,7 +163,7 @@ fn nginx_serves_byte_exact_ranges_over_http_and_https() {
 
     // Replace the file (new size, hence new ETag): the pinned source must refuse, not mix versions.
     std::fs::write(nginx.root.join("model.safetensors"), pattern(1 << 20)).unwrap();
-    let mut stream = source.open_stream().unwrap();
+    let mut stream = source.open_reader().unwrap();
     let mut buf = vec![0; 4096];
     let error = stream.read_exact_at(&mut buf, 2 << 20).unwrap_err();
     assert!(error.to_string().contains("changed since mount"), "{error}");

@@ -71,7 +71,7 @@ pub fn open_source(source: Arc<dyn Source>) -> Result<OpenedShard, OpenError> {
 
 /// [`open_source`], naming the source `name` in messages.
 fn open_source_named(source: Arc<dyn Source>, name: &str) -> Result<OpenedShard, OpenError> {
-    let mut stream = source.open_stream().map_err(|e| OpenError::new(name, describe_io(&e)))?;
+    let mut stream = source.open_reader().map_err(|e| OpenError::new(name, describe_io(&e)))?;
     let header = format::read_header(|buf, offset| stream.read_exact_at(buf, offset), source.len())
         .map_err(|e| OpenError::new(name, e))?;
     Ok(OpenedShard { source, header })
@@ -156,7 +156,7 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
         return Err(OpenError::new(&shown, format!("index of {len} bytes is over the limit of {MAX_INDEX_SIZE}")));
     }
     let mut bytes = vec![0; len];
-    let mut stream = source.open_stream().map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
+    let mut stream = source.open_reader().map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
     stream.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, describe_io(&e)))?;
     let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
     let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {

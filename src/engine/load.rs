@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::{Engine, Job, ReadError, Shared, SourceEntry, LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
 use crate::engine::cache::{BlockData, LoadTicket, Lookup, Prefetch};
 use crate::engine::stream::StreamIo;
-use crate::source::SourceStream;
+use crate::source::SourceReader;
 use crate::stats::Stats;
 use crate::util::lock;
 
@@ -152,7 +152,7 @@ impl Shared {
         entry: &SourceEntry,
         first: u64,
         tickets: &mut [&mut LoadTicket<'_>],
-        descriptor: &mut Option<Box<dyn SourceStream>>,
+        descriptor: &mut Option<Box<dyn SourceReader>>,
     ) -> io::Result<Vec<Vec<u8>>> {
         let buffers = self.take_buffers(entry, first, tickets.iter_mut().map(|t| &mut **t));
         let mut filled = Vec::with_capacity(tickets.len());
@@ -174,13 +174,13 @@ impl Shared {
 
     /// One backing read of blocks `first..first + buffers.len()` into `buffers` (see
     /// [`Shared::fetch`]), handing each to `landed`, in block order, as soon as the source has
-    /// filled it ([`SourceStream::read_blocks_at`]); on an error the rest are dropped.
+    /// filled it ([`SourceReader::read_blocks_at`]); on an error the rest are dropped.
     pub(super) fn fetch_landing(
         &self,
         entry: &SourceEntry,
         first: u64,
         buffers: Vec<Vec<u8>>,
-        descriptor: &mut Option<Box<dyn SourceStream>>,
+        descriptor: &mut Option<Box<dyn SourceReader>>,
         landed: &mut dyn FnMut(Vec<u8>),
     ) -> io::Result<()> {
         let bs = self.config.block_size;
@@ -188,7 +188,7 @@ impl Shared {
         let mut bytes = 0u64;
         let result = (|| {
             if descriptor.is_none() {
-                *descriptor = Some(entry.source.open_stream()?);
+                *descriptor = Some(entry.source.open_reader()?);
             }
             if let Some(fd) = descriptor.as_mut() {
                 fd.read_blocks_at(buffers, first * bs, &mut |buffer| {
@@ -258,7 +258,7 @@ impl Shared {
     pub(super) fn prefetch_run(
         &self,
         job: &Job,
-        lane: &Mutex<Option<Box<dyn SourceStream>>>,
+        lane: &Mutex<Option<Box<dyn SourceReader>>>,
         first: u64,
         mut run: Vec<LoadTicket<'_>>,
     ) {
@@ -291,11 +291,11 @@ impl SourceEntry {
         self.len.saturating_sub(start).min(block_size)
     }
 
-    pub(super) fn take_spare(&self) -> Option<Box<dyn SourceStream>> {
+    pub(super) fn take_spare(&self) -> Option<Box<dyn SourceReader>> {
         lock(&self.spares).pop()
     }
 
-    pub(super) fn keep_spare(&self, descriptor: Option<Box<dyn SourceStream>>) {
+    pub(super) fn keep_spare(&self, descriptor: Option<Box<dyn SourceReader>>) {
         let mut spares = lock(&self.spares);
         if let Some(descriptor) = descriptor {
             if spares.len() < SPARE_DESCRIPTORS {

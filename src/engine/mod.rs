@@ -9,7 +9,7 @@
 //! the end of the source: one block on demand, a run of neighbouring blocks (up to a chunk of
 //! [`PREFETCH_CHUNK_BYTES`]) in one scatter read for the prefetch.
 //!
-//! Descriptors: a confirmed sequential stream owns one [`SourceStream`] for its on-demand loads and
+//! Descriptors: a confirmed sequential stream owns one [`SourceReader`] for its on-demand loads and
 //! one per prefetch lane ([`crate::engine::stream::LANES`]): the lanes load the stream's window chunk by
 //! chunk in parallel, each lane's chunks in increasing order, so every descriptor reads forward in
 //! big steps. Reads outside any confirmed stream borrow a descriptor from a small per-source pool of
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crate::source::{Source, SourceId, SourceStream};
+use crate::source::{Source, SourceId, SourceReader};
 use crate::stats::Stats;
 use crate::util::lock;
 use cache::{BlockCache, BlockData};
@@ -130,7 +130,7 @@ struct SourceEntry {
     source: Arc<dyn Source>,
     len: u64,
     streams: Mutex<StreamTable<Arc<StreamIo>>>,
-    spares: Mutex<Vec<Box<dyn SourceStream>>>,
+    spares: Mutex<Vec<Box<dyn SourceReader>>>,
 }
 
 struct Job {
@@ -396,12 +396,12 @@ mod tests {
         fn name(&self) -> &str {
             "fake"
         }
-        fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+        fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
             Ok(Box::new(FakeStream(Arc::clone(self))))
         }
     }
 
-    impl SourceStream for FakeStream {
+    impl SourceReader for FakeStream {
         fn read_blocks_at(
             &mut self,
             bufs: Vec<Vec<u8>>,
@@ -638,12 +638,12 @@ mod tests {
         fn name(&self) -> &str {
             "gated"
         }
-        fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+        fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
             Ok(Box::new(GatedStream(Arc::clone(self))))
         }
     }
 
-    impl SourceStream for GatedStream {
+    impl SourceReader for GatedStream {
         fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
             buf.copy_from_slice(&self.0.data[offset as usize..][..buf.len()]);
             Ok(())

@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::source::SourceStream;
+use crate::source::SourceReader;
 use crate::util::lock;
 
 /// A fixed set of threads running jobs from a bounded queue; submitting never blocks.
@@ -83,9 +83,9 @@ pub(crate) const LANES: usize = 8;
 /// The I/O side of one stream: its descriptors and the blocks it still has to prefetch.
 pub(crate) struct StreamIo {
     /// The descriptor for this stream's on-demand loads (blocks the prefetch has not reached).
-    pub(crate) descriptor: Mutex<Option<Box<dyn SourceStream>>>,
+    pub(crate) descriptor: Mutex<Option<Box<dyn SourceReader>>>,
     /// One descriptor per prefetch lane, each opened on first use and used by one job at a time.
-    pub(crate) lanes: [Mutex<Option<Box<dyn SourceStream>>>; LANES],
+    pub(crate) lanes: [Mutex<Option<Box<dyn SourceReader>>>; LANES],
     pending: Mutex<Pending>,
     /// First block a prefetch was refused cache space for, plus one (0: none).
     refused_at: AtomicU64,

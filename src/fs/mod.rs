@@ -416,7 +416,7 @@ mod tests {
     use super::*;
     use crate::engine::EngineConfig;
     use crate::format::Dtype;
-    use crate::source::{Source, SourceStream};
+    use crate::source::{Source, SourceReader};
     use crate::tree::namespace::{Layout, Shard, Views, METADATA_NAME};
 
     /// An in-memory source whose reads can be made to fail.
@@ -434,12 +434,12 @@ mod tests {
         fn name(&self) -> &str {
             "mem.safetensors"
         }
-        fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+        fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
             Ok(Box::new(MemStream(self.bytes.clone(), self.fail.clone())))
         }
     }
 
-    impl SourceStream for MemStream {
+    impl SourceReader for MemStream {
         fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
             if self.1.load(Relaxed) {
                 return Err(io::Error::other("injected"));

@@ -7,10 +7,10 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{read_in_pieces, Source, SourceStream};
+use super::{read_in_pieces, Source, SourceReader};
 
 /// How much of a long read a local file stream reads per `preadv` in
-/// [`SourceStream::read_blocks_at`]: the next piece continues where the previous one ended (the
+/// [`SourceReader::read_blocks_at`]: the next piece continues where the previous one ended (the
 /// storage still sees one sequential stream), and each lands for readers as soon as it is read.
 pub const LOCAL_PIECE_BYTES: usize = 1 << 20;
 
@@ -89,7 +89,7 @@ impl Source for LocalFile {
         &self.name
     }
 
-    fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+    fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
         let file = File::open(&self.path)?;
         // The engine already reads whole blocks and prefetches on its own; kernel readahead on
         // top would read past what it asked for (on a network mount: bytes fetched twice or for
@@ -153,7 +153,7 @@ impl LocalStream {
     }
 }
 
-impl SourceStream for LocalStream {
+impl SourceReader for LocalStream {
     /// Pieces of about [`LOCAL_PIECE_BYTES`] (whole buffers), one `preadv` each, front to back.
     fn read_blocks_at(&mut self, bufs: Vec<Vec<u8>>, offset: u64, landed: &mut dyn FnMut(Vec<u8>)) -> io::Result<()> {
         read_in_pieces(self, bufs, offset, LOCAL_PIECE_BYTES, landed)
@@ -256,7 +256,7 @@ mod tests {
 
     fn read(source: &LocalFile, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let mut buf = vec![0; len];
-        source.open_stream()?.read_exact_at(&mut buf, offset)?;
+        source.open_reader()?.read_exact_at(&mut buf, offset)?;
         Ok(buf)
     }
 
@@ -276,7 +276,7 @@ mod tests {
         let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         let (_dir, path) = file_with(&bytes);
         let file = LocalFile::open(&path).unwrap();
-        let mut stream = file.open_stream().unwrap();
+        let mut stream = file.open_reader().unwrap();
         let (mut a, mut b, mut c) = (vec![0; 1000], vec![0; 0], vec![0; 2500]);
         stream.read_vectored_exact_at(&mut [&mut a, &mut b, &mut c], 1500).unwrap();
         assert_eq!((&a[..], &c[..]), (&bytes[1500..2500], &bytes[2500..5000]));
@@ -289,7 +289,7 @@ mod tests {
         let bytes: Vec<u8> = (0..3 * LOCAL_PIECE_BYTES + 5000).map(|i| (i % 253) as u8).collect();
         let (_dir, path) = file_with(&bytes);
         let file = LocalFile::open(&path).unwrap();
-        let mut stream = file.open_stream().unwrap();
+        let mut stream = file.open_reader().unwrap();
         let sizes = [LOCAL_PIECE_BYTES / 2, LOCAL_PIECE_BYTES, 0, 7, LOCAL_PIECE_BYTES + 3, 4990];
         let bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();
         let mut landed = Vec::new();
@@ -325,18 +325,18 @@ mod tests {
     fn truncation_after_open_fails_reads() {
         let (_dir, path) = file_with(&[7; 100]);
         let file = LocalFile::open(&path).unwrap();
-        let mut stream = file.open_stream().unwrap();
+        let mut stream = file.open_reader().unwrap();
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(50).unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
         assert!(err.to_string().contains("size 100 -> 50"), "{err}");
-        assert!(file.open_stream().is_err());
+        assert!(file.open_reader().is_err());
     }
 
     #[test]
     fn rewrite_in_place_fails_reads() {
         let (_dir, path) = file_with(&[7; 100]);
         let file = LocalFile::open(&path).unwrap();
-        let mut stream = file.open_stream().unwrap();
+        let mut stream = file.open_reader().unwrap();
         let mut handle = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         handle.write_all(&[8; 10]).unwrap();
         // Same size; force an mtime that differs even on filesystems with coarse timestamps.
@@ -349,13 +349,13 @@ mod tests {
     fn replacement_by_rename_fails_reads() {
         let (dir, path) = file_with(&[7; 100]);
         let file = LocalFile::open(&path).unwrap();
-        let mut stream = file.open_stream().unwrap();
+        let mut stream = file.open_reader().unwrap();
         let other = dir.path().join("new");
         std::fs::write(&other, [9; 100]).unwrap();
         std::fs::rename(&other, &path).unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
         assert!(err.to_string().contains("different file"), "{err}");
-        let err = file.open_stream().err().unwrap();
+        let err = file.open_reader().err().unwrap();
         assert!(err.to_string().contains("replaced"), "{err}");
     }
 
@@ -363,7 +363,7 @@ mod tests {
     fn deletion_fails_reads() {
         let (_dir, path) = file_with(&[7; 100]);
         let file = LocalFile::open(&path).unwrap();
-        let mut stream = file.open_stream().unwrap();
+        let mut stream = file.open_reader().unwrap();
         std::fs::remove_file(&path).unwrap();
         let err = stream.read_exact_at(&mut [0; 10], 0).unwrap_err();
         assert!(err.to_string().contains("deleted"), "{err}");

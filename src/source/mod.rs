@@ -1,7 +1,7 @@
 //! Backing sources: where tensor bytes come from (a local file; later a URL), read at absolute offsets.
 //!
 //! A [`Source`] is one immutable byte string pinned at open time. Each reader asks it for a
-//! [`SourceStream`], its own descriptor (or connection), so that every stream the block engine runs
+//! [`SourceReader`], its own descriptor (or connection), so that every stream the block engine runs
 //! looks sequential to the storage below. A stream refuses to read once the source has changed.
 
 use std::io;
@@ -25,7 +25,7 @@ pub trait Source: Send + Sync + 'static {
     /// The path or URL, for messages and logs (never contains credentials).
     fn name(&self) -> &str;
     /// Opens a new independent reader with its own descriptor or connection.
-    fn open_stream(&self) -> io::Result<Box<dyn SourceStream>>;
+    fn open_reader(&self) -> io::Result<Box<dyn SourceReader>>;
     /// When the object was last modified, if known (for the mount's timestamps).
     fn modified(&self) -> Option<std::time::SystemTime> {
         None
@@ -33,7 +33,7 @@ pub trait Source: Send + Sync + 'static {
 }
 
 /// One reader of a [`Source`]: its own file descriptor (or connection), so its reads stay in order.
-pub trait SourceStream: Send {
+pub trait SourceReader: Send {
     /// Fills `buf` from `offset`. Fails with an error if the range is past the pinned length, if the
     /// backing object has changed since it was pinned, or on any I/O error.
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()>;
@@ -45,7 +45,7 @@ pub trait SourceStream: Send {
         read_joined(self, bufs, offset)
     }
 
-    /// Like [`SourceStream::read_vectored_exact_at`] over `bufs` (one backing read, or consecutive
+    /// Like [`SourceReader::read_vectored_exact_at`] over `bufs` (one backing read, or consecutive
     /// pieces of it on this descriptor), but hands each buffer to `landed`, in order, as soon as it
     /// is full, so the front of a long read can be used before its end arrives. On an error, the
     /// buffers not yet handed out are dropped. The default hands them all out at the end.
@@ -56,7 +56,7 @@ pub trait SourceStream: Send {
 
 /// Fills `bufs` from one read of their joined length, copied out (a single buffer is read into
 /// directly): for streams without a scatter read.
-pub fn read_joined<S: SourceStream + ?Sized>(stream: &mut S, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+pub fn read_joined<S: SourceReader + ?Sized>(stream: &mut S, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
     if let [only] = bufs {
         return stream.read_exact_at(only, offset);
     }
@@ -71,9 +71,9 @@ pub fn read_joined<S: SourceStream + ?Sized>(stream: &mut S, bufs: &mut [&mut [u
     Ok(())
 }
 
-/// [`SourceStream::read_blocks_at`] in consecutive vectored reads of whole buffers, each of at most
+/// [`SourceReader::read_blocks_at`] in consecutive vectored reads of whole buffers, each of at most
 /// `piece_bytes` (or one buffer, if that is longer), handing each piece's buffers out as it lands.
-pub fn read_in_pieces<S: SourceStream + ?Sized>(
+pub fn read_in_pieces<S: SourceReader + ?Sized>(
     stream: &mut S,
     bufs: Vec<Vec<u8>>,
     offset: u64,

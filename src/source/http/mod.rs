@@ -22,7 +22,7 @@ pub use options::{HttpOptions, ProxySetting, Secret};
 pub use retry::RetryPolicy;
 pub use url::display_name;
 
-use crate::source::{Source, SourceStream};
+use crate::source::{Source, SourceReader};
 use crate::stats::Stats;
 use client::{Failure, Remote};
 use pin::{parse_content_range, Pin};
@@ -186,7 +186,7 @@ impl Source for HttpSource {
         &self.remote.name
     }
 
-    fn open_stream(&self) -> io::Result<Box<dyn SourceStream>> {
+    fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
         Ok(Box::new(HttpStream {
             remote: Arc::clone(&self.remote),
             pin: Arc::clone(&self.pin),
@@ -204,7 +204,7 @@ struct HttpStream {
     agent: Agent,
 }
 
-impl SourceStream for HttpStream {
+impl SourceReader for HttpStream {
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let end = u64::try_from(buf.len()).ok().and_then(|len| offset.checked_add(len));
         if end.is_none_or(|end| end > self.pin.size) {

@@ -32,7 +32,7 @@ fn options() -> HttpOptions {
 
 fn read(source: &HttpSource, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let mut buf = vec![0; len];
-    source.open_stream()?.read_exact_at(&mut buf, offset)?;
+    source.open_reader()?.read_exact_at(&mut buf, offset)?;
     Ok(buf)
 }
 
@@ -51,7 +51,7 @@ fn reads_are_byte_exact_and_the_prefix_saves_requests() {
     assert!(source.modified_time().is_some());
     assert_eq!(server.seen().len(), 1);
 
-    let mut stream = source.open_stream().unwrap();
+    let mut stream = source.open_reader().unwrap();
     let mut inside = vec![0; 100];
     stream.read_exact_at(&mut inside, 8).unwrap();
     assert_eq!(inside, &data[8..108]);
@@ -80,7 +80,7 @@ fn a_vectored_read_is_one_request_straight_into_the_buffers() {
     let data = pattern(100_000);
     let server = TestServer::start(data.clone());
     let source = HttpSource::open(&server.url("/m"), options()).unwrap();
-    let mut stream = source.open_stream().unwrap();
+    let mut stream = source.open_reader().unwrap();
     for (offset, lens) in [(10_000u64, vec![1000, 3000, 7]), (0, vec![100, 5000]), (99_000, vec![500, 500])] {
         let before = server.seen().len();
         let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0; n]).collect();
@@ -105,7 +105,7 @@ fn streams_read_in_parallel_over_their_own_connections() {
         .map(|reader| {
             let (source, data) = (Arc::clone(&source), data.clone());
             std::thread::spawn(move || {
-                let mut stream = source.open_stream().unwrap();
+                let mut stream = source.open_reader().unwrap();
                 for block in 0..16u64 {
                     let offset = (reader * 16 + block) * 16384;
                     let mut buf = vec![0; 16384];
