@@ -64,7 +64,7 @@ fn unreadable_file_is_refused_for_a_non_root_user() {
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", STFS, "inspect"])
         .arg(&file)
         .output();
-    let Ok(out) = out else { return eprintln!("setpriv unavailable; skipped") };
+    let Ok(out) = out else { return tool_missing("setpriv", "apt-get install util-linux") };
     assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
     assert!(stderr_of(&out).contains("permission denied"), "{}", stderr_of(&out));
 }

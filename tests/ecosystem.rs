@@ -327,8 +327,7 @@ fn extract_reads_sharded_checkpoints() {
 fn man_pages_match_the_command_line() {
     let generator = Path::new(STFS).parent().unwrap().join("examples").join("gen_man");
     if !generator.exists() {
-        eprintln!("skipping: {} is not built (cargo test builds examples)", generator.display());
-        return;
+        return tool_missing(&generator.display().to_string(), "cargo test builds the examples");
     }
     let dir = workdir();
     let out = Command::new(&generator).arg(dir.path()).output().unwrap();

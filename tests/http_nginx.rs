@@ -1,9 +1,12 @@
 //! Remote sources against a real web server: nginx on loopback ports (plain HTTP and HTTPS with a
 //! throwaway CA), checking byte-exact ranged reads, the version pin and TLS through the system store.
-//! Skips with a message when nginx (or openssl, for the HTTPS half) is not installed.
+//! Skips with a message when nginx (or openssl, for the HTTPS half) is not installed, and fails under
+//! `CI=true`.
 
 #[path = "common/nginx.rs"]
 mod nginx;
+#[path = "common/tools.rs"]
+mod tools;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,6 +16,7 @@ use std::time::Duration;
 use nginx::{find_program, Nginx};
 use stfs::source::http::{HttpOptions, HttpSource, ProxySetting, RetryPolicy};
 use stfs::source::Source;
+use tools::tool_missing;
 
 /// Deterministic test bytes.
 fn pattern(len: usize) -> Vec<u8> {
@@ -135,8 +139,7 @@ fn nginx_serves_byte_exact_ranges_over_http_and_https() {
     let tls = find_program("openssl").is_some() && make_certificates(certs.path());
     let (cert, key) = (certs.path().join("leaf.pem"), certs.path().join("leaf.key"));
     let Some(nginx) = Nginx::start_with_tls(tls.then_some((cert.as_path(), key.as_path()))) else {
-        println!("skipping: nginx is not installed (apt-get install nginx)");
-        return;
+        return tool_missing("nginx", "apt-get install nginx");
     };
     let data = Arc::new(pattern((7 << 20) + 12_345));
     std::fs::write(nginx.root.join("model.safetensors"), data.as_slice()).unwrap();
@@ -158,7 +161,7 @@ fn nginx_serves_byte_exact_ranges_over_http_and_https() {
         assert_eq!(secure.etag(), source.etag());
         check_byte_exact(&secure, &data);
     } else {
-        println!("skipping the HTTPS half: openssl could not make a test certificate");
+        tool_missing("openssl (for the HTTPS half)", "apt-get install openssl");
     }
 
     // Replace the file (new size, hence new ETag): the pinned source must refuse, not mix versions.

@@ -1,7 +1,7 @@
 //! Remote mounts end to end: real `stfs mount URL` against Debian's nginx on loopback, directly and
 //! through a fault-injecting proxy. Checks byte-exact tensors, the transfer bound of one tensor (from
 //! nginx's own access log), sharded index URLs, clear refusals, and each injected fault's behaviour:
-//! retried and correct, or EIO to that reader only, never wrong bytes. Skips when nginx is missing.
+//! retried and correct, or EIO to that reader only, never wrong bytes. Skips when nginx is missing (fails under `CI=true`).
 
 mod common;
 #[path = "common/faultproxy.rs"]
@@ -27,8 +27,7 @@ macro_rules! nginx_or_skip {
         match Nginx::start() {
             Some(n) => n,
             None => {
-                println!("skipping: nginx is not installed (apt-get install nginx)");
-                return;
+                return tool_missing("nginx", "apt-get install nginx");
             }
         }
     };
@@ -238,8 +237,7 @@ macro_rules! proxied_or_skip {
         match proxied() {
             Some(p) => p,
             None => {
-                println!("skipping: nginx is not installed (apt-get install nginx)");
-                return;
+                return tool_missing("nginx", "apt-get install nginx");
             }
         }
     };

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use stfs::format::Dtype;
 
 pub mod faultfs;
+pub mod tools;
+pub use tools::tool_missing;
 
 /// The binary under test.
 pub const STFS: &str = env!("CARGO_BIN_EXE_stfs");

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import ROOT, STFS, TIMEOUT, mounted
+from conftest import ROOT, STFS, TIMEOUT, mounted, tool_missing
 
 EXAMPLES = os.path.join(ROOT, "examples")
 SAMPLE = os.path.join(EXAMPLES, "sample.safetensors")
@@ -91,7 +91,7 @@ def test_torch_example(sample_mount, reference):
 def test_c_example(sample_mount, reference, tmp_path):
     cc = shutil.which("cc")
     if cc is None:
-        pytest.skip("no C compiler (cc); examples/read_tensor.c not run")
+        tool_missing("cc", "apt-get install gcc")
     binary = tmp_path / "read_tensor"
     run([cc, "-std=c11", "-D_XOPEN_SOURCE=700", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(binary), os.path.join(EXAMPLES, "read_tensor.c")])
     for name, array in reference.items():

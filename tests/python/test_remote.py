@@ -12,7 +12,7 @@ import pytest
 import safetensors
 from safetensors.numpy import save_file
 
-from conftest import mounted
+from conftest import mounted, tool_missing
 
 rng = np.random.default_rng(77)
 
@@ -32,7 +32,7 @@ def nginx(tmp_path_factory):
     """A throwaway nginx on a free loopback port; yields (root dir, base URL, access log path)."""
     program = find_nginx()
     if program is None:
-        pytest.skip("nginx is not installed (apt-get install nginx)")
+        tool_missing("nginx", "apt-get install nginx")
     d = tmp_path_factory.mktemp("nginx")
     root = d / "www"
     root.mkdir()
