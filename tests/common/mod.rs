@@ -2,7 +2,7 @@
 //!
 //! Every mount lives on a fresh temp directory, is waited for with a deadline (never a fixed sleep),
 //! and is unmounted by [`Mount`]'s `Drop`, falling back to a lazy detach, even when a test panics.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
