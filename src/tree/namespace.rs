@@ -176,13 +176,14 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// Builds the tree for `shards`. Tensor names are unique across shards (checked by the caller).
-    /// Each shard's tensor list is moved into [`Namespace::tensors`] (not copied: a header may hold
-    /// a million entries), so the kept shards' `header.tensors` are empty.
-    pub fn build(mut shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
+    /// Lays out the tree for `shards` with an empty `metadata.json` ([`Namespace::build`] renders
+    /// it). Tensor names are unique across shards (checked by the caller). Each shard's tensor list
+    /// is moved into [`Namespace::tensors`] (not copied: a header may hold a million entries), so
+    /// the kept shards' `header.tensors` are empty.
+    pub(super) fn lay_out(mut shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
         let mut ns = Namespace { nodes: Vec::new(), tensors: Vec::new(), shards: Vec::new() };
         ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
-        let meta_ino = ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
+        ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
         let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
         ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
 
@@ -236,10 +237,14 @@ impl Namespace {
             }
         }
         ns.shards = shards;
-        let json = crate::tree::metadata::render(&ns);
-        let size = json.len() as u64;
-        ns.nodes[(meta_ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
         Ok(ns)
+    }
+
+    /// Sets the contents of `metadata.json` in the root.
+    pub(super) fn set_metadata(&mut self, json: Vec<u8>) {
+        let Some(ino) = self.dir(ROOT_INO).and_then(|root| root.get(METADATA_NAME)) else { return };
+        let size = json.len() as u64;
+        self.nodes[(ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
     }
 
     /// Adds the file for one tensor under its escaped path; returns the path.
