@@ -138,7 +138,7 @@ fn serve_connection(connection: TcpStream, state: &Mutex<State>, stop: &AtomicBo
         };
         if request.method == "CONNECT" {
             // Act as an HTTP CONNECT proxy to ourselves: the tunnel then carries ordinary requests.
-            lock(&state).seen.push(request);
+            lock(state).seen.push(request);
             if writer.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
                 return;
             }
@@ -182,7 +182,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Seen> {
 /// Writes the answer to one request; false when the connection must close.
 fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool {
     let fault = {
-        let mut state = lock(&state);
+        let mut state = lock(state);
         state.seen.push(request.clone());
         state.faults.pop_front()
     };
@@ -198,7 +198,7 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         None => {}
     }
     let (head_status, head, body) = {
-        let state = lock(&state);
+        let state = lock(state);
         match plan(request, &state) {
             Ok(plan) => plan,
             Err((status, extra)) => return write_head(writer, status, &format!("{extra}Content-Length: 0\r\n")),
@@ -212,7 +212,7 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         if writer.write_all(chunk).is_err() {
             return false;
         }
-        lock(&state).body_bytes_sent += chunk.len() as u64;
+        lock(state).body_bytes_sent += chunk.len() as u64;
     }
     !truncate
 }
