@@ -12,3 +12,5 @@ mod build;
 pub mod metadata;
 pub mod names;
 pub mod namespace;
+#[cfg(test)]
+mod tests;
