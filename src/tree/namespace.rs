@@ -1,4 +1,5 @@
-//! The virtual tree: inodes, names, attributes and contents of every file a mount shows. Pure data.
+//! The virtual tree: inodes, names, attributes and contents of every file a mount shows, and how
+//! tensors are laid out into it (`lay_out`; `build.rs` adds metadata.json). Pure data.
 //!
 //! Inode numbers are assigned in a fixed order (root, reserved files, then tensors in shard and offset
 //! order), so the same checkpoint gets the same numbers on every mount.
