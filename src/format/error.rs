@@ -1,13 +1,11 @@
-//! [`FormatError`]: one variant per broken header rule, and the escaping that keeps hostile tensor
-//! names printable in its messages.
+//! [`FormatError`]: one variant per broken header rule, each message quoting the tensor it concerns
+//! (escaped by [`super::escape`], so hostile names stay printable).
 
 use std::fmt;
 use std::io;
 
-use super::N_LEN;
-
-/// Longest part of a name (in bytes) that error messages show before cutting it with an ellipsis.
-const MAX_SHOWN_NAME: usize = 200;
+use super::escape::Printable;
+use super::header::N_LEN;
 
 /// Every way a file can fail to be a valid safetensors file; one variant per rule.
 #[derive(Debug)]
@@ -17,7 +15,7 @@ pub enum FormatError {
         /// Length of the file in bytes.
         file_len: u64,
     },
-    /// The declared header length is over [`MAX_HEADER_SIZE`](super::MAX_HEADER_SIZE), checked
+    /// The declared header length is over [`MAX_HEADER_SIZE`](super::header::MAX_HEADER_SIZE), checked
     /// before anything is allocated.
     HeaderTooLarge {
         /// Header length the prefix declares.
@@ -179,34 +177,4 @@ impl std::error::Error for FormatError {
             _ => None,
         }
     }
-}
-
-/// Shows an untrusted string safely: non-printable characters escaped like `{:?}` does (quotes
-/// kept as they are), and anything past [`MAX_SHOWN_NAME`] bytes cut off with an ellipsis.
-pub(crate) struct Printable<'a>(pub(crate) &'a str);
-
-impl fmt::Display for Printable<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_escaped(f, self.0, MAX_SHOWN_NAME)
-    }
-}
-
-/// Writes `text` escaped as [`Printable`] does, cut after `max_bytes` bytes.
-pub(crate) fn write_escaped(out: &mut impl fmt::Write, text: &str, max_bytes: usize) -> fmt::Result {
-    let mut cut = text.len().min(max_bytes);
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let (shown, hidden) = text.split_at(cut);
-    for c in shown.chars() {
-        if c == '"' || c == '\'' {
-            out.write_char(c)?;
-        } else {
-            write!(out, "{}", c.escape_debug())?;
-        }
-    }
-    if !hidden.is_empty() {
-        write!(out, "…[{} more bytes]", hidden.len())?;
-    }
-    Ok(())
 }

@@ -2,10 +2,11 @@
 //! the rules that make several shards one namespace.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 
 use serde::Deserialize;
 
-use crate::format::Header;
+use super::header::Header;
 
 /// A parsed index file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,11 +23,97 @@ struct RawIndex {
     weight_map: BTreeMap<String, String>,
 }
 
+/// Why an index file cannot be read.
+#[derive(Debug)]
+pub enum IndexError {
+    /// The file is not JSON with a `weight_map` object of strings.
+    InvalidJson {
+        /// serde_json's description, with line and column.
+        error: serde_json::Error,
+    },
+    /// The `weight_map` names no tensor at all.
+    EmptyWeightMap,
+    /// A shard name is absolute, empty, climbs out with `..`, or holds a NUL byte.
+    ShardOutsideDirectory {
+        /// The shard name as written in the index.
+        shard: String,
+    },
+}
+
+impl fmt::Display for IndexError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IndexError::InvalidJson { error } => write!(f, "invalid index JSON: {error}"),
+            IndexError::EmptyWeightMap => f.write_str("the index's weight_map is empty"),
+            IndexError::ShardOutsideDirectory { shard } => {
+                write!(f, "shard name {shard:?} is not a relative path inside the index's directory")
+            }
+        }
+    }
+}
+
+impl std::error::Error for IndexError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            IndexError::InvalidJson { error } => Some(error),
+            IndexError::EmptyWeightMap | IndexError::ShardOutsideDirectory { .. } => None,
+        }
+    }
+}
+
+/// Why several shards do not make one checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardError {
+    /// Two shards hold a tensor of the same name.
+    DuplicateTensor {
+        /// The tensor name.
+        tensor: String,
+        /// The shard that holds it first.
+        first: String,
+        /// The shard that holds it again.
+        second: String,
+    },
+    /// The index puts a tensor in one shard, but another shard holds it.
+    WrongShard {
+        /// The tensor name.
+        tensor: String,
+        /// The shard the index names.
+        listed: String,
+        /// The shard that holds it.
+        found: String,
+    },
+    /// The index puts a tensor in a shard that does not hold it.
+    MissingTensor {
+        /// The tensor name.
+        tensor: String,
+        /// The shard the index names.
+        listed: String,
+    },
+}
+
+impl fmt::Display for ShardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardError::DuplicateTensor { tensor, first, second } => {
+                write!(f, "tensor {tensor:?} is in two shards: {first} and {second}")
+            }
+            ShardError::WrongShard { tensor, listed, found } => {
+                write!(f, "the index puts tensor {tensor:?} in {listed}, but it is in {found}")
+            }
+            ShardError::MissingTensor { tensor, listed } => {
+                write!(f, "the index names tensor {tensor:?} in {listed}, which does not hold it")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ShardError {}
+
 /// Parses an index file. Shard names must be relative paths that stay inside the index's directory.
-pub fn parse_index(bytes: &[u8]) -> Result<Index, String> {
-    let raw: RawIndex = serde_json::from_slice(bytes).map_err(|e| format!("invalid index JSON: {e}"))?;
+pub fn parse_index(bytes: &[u8]) -> Result<Index, IndexError> {
+    let raw: RawIndex = serde_json::from_slice(bytes).map_err(|error| IndexError::InvalidJson { error })?;
     if raw.weight_map.is_empty() {
-        return Err("the index's weight_map is empty".into());
+        return Err(IndexError::EmptyWeightMap);
     }
     let mut shards: Vec<String> = Vec::new();
     for file in raw.weight_map.values() {
@@ -35,7 +122,7 @@ pub fn parse_index(bytes: &[u8]) -> Result<Index, String> {
             || file.split('/').any(|c| c == ".." || c.is_empty())
             || file.contains('\0')
         {
-            return Err(format!("shard name {file:?} is not a relative path inside the index's directory"));
+            return Err(IndexError::ShardOutsideDirectory { shard: file.clone() });
         }
         if !shards.contains(file) {
             shards.push(file.clone());
@@ -47,12 +134,16 @@ pub fn parse_index(bytes: &[u8]) -> Result<Index, String> {
 
 /// Checks that tensor names are unique across shards and, for an index, that every tensor it names
 /// is in the shard it names. `names[i]` is how shard `i` is called in messages.
-pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>) -> Result<(), String> {
+pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>) -> Result<(), ShardError> {
     let mut owner: HashMap<&str, usize> = HashMap::new();
     for (i, h) in headers.iter().enumerate() {
         for t in &h.tensors {
             if let Some(&j) = owner.get(t.name.as_str()) {
-                return Err(format!("tensor {:?} is in two shards: {} and {}", t.name, names[j], names[i]));
+                return Err(ShardError::DuplicateTensor {
+                    tensor: t.name.clone(),
+                    first: names[j].clone(),
+                    second: names[i].clone(),
+                });
             }
             owner.insert(&t.name, i);
         }
@@ -63,9 +154,13 @@ pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>
             match owner.get(tensor.as_str()) {
                 Some(&i) if i == shard => {}
                 Some(&i) => {
-                    return Err(format!("the index puts tensor {tensor:?} in {file}, but it is in {}", names[i]))
+                    return Err(ShardError::WrongShard {
+                        tensor: tensor.clone(),
+                        listed: file.clone(),
+                        found: names[i].clone(),
+                    })
                 }
-                None => return Err(format!("the index names tensor {tensor:?} in {file}, which does not hold it")),
+                None => return Err(ShardError::MissingTensor { tensor: tensor.clone(), listed: file.clone() }),
             }
         }
     }
@@ -101,7 +196,7 @@ mod tests {
             (&br#"{"weight_map":{"a":1}}"#[..], "invalid index JSON"),
             (&br#"[1]"#[..], "invalid index JSON"),
         ] {
-            assert!(parse_index(text).unwrap_err().contains(needle), "{}", String::from_utf8_lossy(text));
+            assert!(parse_index(text).unwrap_err().to_string().contains(needle), "{}", String::from_utf8_lossy(text));
         }
     }
 
@@ -111,13 +206,17 @@ mod tests {
         let (h1, h2) = (header(&["a", "b"]), header(&["c"]));
         assert_eq!(check_shards(&names, &[&h1, &h2], None), Ok(()));
         let dup = header(&["b"]);
-        assert!(check_shards(&names, &[&h1, &dup], None).unwrap_err().contains("two shards"));
+        let err = check_shards(&names, &[&h1, &dup], None).unwrap_err();
+        assert_eq!(err.to_string(), r#"tensor "b" is in two shards: s1 and s2"#);
         let idx = |map: &str| parse_index(format!(r#"{{"weight_map":{map}}}"#).as_bytes()).unwrap();
         let good = idx(r#"{"a":"s1","b":"s1","c":"s2"}"#);
         assert_eq!(check_shards(&names, &[&h1, &h2], Some(&good)), Ok(()));
         let wrong = idx(r#"{"a":"s2","c":"s1"}"#);
-        assert!(check_shards(&names, &[&h1, &h2], Some(&wrong)).is_err());
+        let err = check_shards(&names, &[&h1, &h2], Some(&wrong)).unwrap_err();
+        assert_eq!(err.to_string(), r#"the index puts tensor "a" in s2, but it is in s1"#);
         let missing = idx(r#"{"zzz":"s1","c":"s2"}"#);
-        assert!(check_shards(&names, &[&h1, &h2], Some(&missing)).unwrap_err().contains("does not hold it"));
+        let err = check_shards(&names, &[&h1, &h2], Some(&missing)).unwrap_err();
+        assert_eq!(err, ShardError::MissingTensor { tensor: "zzz".into(), listed: "s1".into() });
+        assert_eq!(err.to_string(), r#"the index names tensor "zzz" in s1, which does not hold it"#);
     }
 }

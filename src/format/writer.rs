@@ -10,7 +10,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::format::{parse_header, Dtype, FormatError, N_LEN};
+use super::dtype::Dtype;
+use super::error::FormatError;
+use super::header::N_LEN;
+use super::parse::parse_header;
 
 /// Why a set of tensors cannot be written.
 #[derive(Debug)]

@@ -1,8 +1,12 @@
-//! Backing sources: where tensor bytes come from (a local file; later a URL), read at absolute offsets.
+//! Backing sources: where tensor bytes come from (a local file, an HTTP(S) object), read at absolute
+//! offsets.
 //!
 //! A [`Source`] is one immutable byte string pinned at open time. Each reader asks it for a
 //! [`SourceReader`], its own descriptor (or connection), so that every stream the block engine runs
-//! looks sequential to the storage below. A stream refuses to read once the source has changed.
+//! looks sequential to the storage below. A reader refuses to read once the source has changed.
+//!
+//! This file holds the two traits and the helpers their implementations share; `local` holds
+//! [`LocalFile`], and [`http`] the remote source.
 
 use std::io;
 

@@ -1,4 +1,5 @@
-//! The virtual tree: inodes, names, attributes and contents of every file a mount shows. Pure data.
+//! The virtual tree: inodes, names, attributes and contents of every file a mount shows, and how
+//! tensors are laid out into it (`lay_out`; `build.rs` adds metadata.json). Pure data.
 //!
 //! Inode numbers are assigned in a fixed order (root, reserved files, then tensors in shard and offset
 //! order), so the same checkpoint gets the same numbers on every mount.
@@ -176,13 +177,14 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// Builds the tree for `shards`. Tensor names are unique across shards (checked by the caller).
-    /// Each shard's tensor list is moved into [`Namespace::tensors`] (not copied: a header may hold
-    /// a million entries), so the kept shards' `header.tensors` are empty.
-    pub fn build(mut shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
+    /// Lays out the tree for `shards` with an empty `metadata.json` ([`Namespace::build`] renders
+    /// it). Tensor names are unique across shards (checked by the caller). Each shard's tensor list
+    /// is moved into [`Namespace::tensors`] (not copied: a header may hold a million entries), so
+    /// the kept shards' `header.tensors` are empty.
+    pub(super) fn lay_out(mut shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
         let mut ns = Namespace { nodes: Vec::new(), tensors: Vec::new(), shards: Vec::new() };
         ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
-        let meta_ino = ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
+        ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
         let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
         ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
 
@@ -236,10 +238,14 @@ impl Namespace {
             }
         }
         ns.shards = shards;
-        let json = crate::tree::metadata::render(&ns);
-        let size = json.len() as u64;
-        ns.nodes[(meta_ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
         Ok(ns)
+    }
+
+    /// Sets the contents of `metadata.json` in the root.
+    pub(super) fn set_metadata(&mut self, json: Vec<u8>) {
+        let Some(ino) = self.dir(ROOT_INO).and_then(|root| root.get(METADATA_NAME)) else { return };
+        let size = json.len() as u64;
+        self.nodes[(ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
     }
 
     /// Adds the file for one tensor under its escaped path; returns the path.
@@ -402,94 +408,5 @@ impl AttrBase {
         let read = (mode & 0o444) as u16;
         let dir = read | (read >> 2);
         (read, dir)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::parse_header;
-
-    fn shard(names: &[&str]) -> Shard {
-        let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
-            names.iter().map(|n| (n.to_string(), Dtype::BF16, vec![2, 3], vec![0; 12])).collect();
-        let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
-        Shard { source: 0, name: "m.safetensors".into(), header }
-    }
-
-    fn paths(ns: &Namespace) -> Vec<(String, String)> {
-        ns.tensors().iter().map(|t| (t.name.clone(), t.path.clone())).collect()
-    }
-
-    fn resolve(ns: &Namespace, path: &str) -> Option<Ino> {
-        path.split('/').try_fold(ROOT_INO, |dir, part| ns.dir(dir)?.get(part))
-    }
-
-    #[test]
-    fn flat_layout_escapes_and_reserves() {
-        let ns = Namespace::build(vec![shard(&["a/b", "metadata.json", "w"])], Layout::Flat, Views::default()).unwrap();
-        let root = ns.dir(ROOT_INO).unwrap();
-        let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["%6Detadata.json", ".stfs", "a%2Fb", "metadata.json", "w"]);
-        for t in ns.tensors() {
-            assert!(matches!(ns.node(resolve(&ns, &t.path).unwrap()).unwrap().kind, NodeKind::File { size: 12, .. }));
-        }
-    }
-
-    #[test]
-    fn tree_layout_splits_on_dots_and_keeps_prefix_tensors() {
-        let ns = Namespace::build(vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])], Layout::Tree, Views::default())
-            .unwrap();
-        let mut p = paths(&ns);
-        p.sort();
-        assert_eq!(
-            p,
-            [
-                ("m.l.0".to_string(), "m/l/0/%self".to_string()),
-                ("m.l.0.w".to_string(), "m/l/0/w".to_string()),
-                ("m.l.1.w".to_string(), "m/l/1/w".to_string()),
-                ("top".to_string(), "top".to_string()),
-            ]
-        );
-        for t in ns.tensors() {
-            assert!(resolve(&ns, &t.path).is_some(), "{}", t.path);
-        }
-        // The same rule whichever comes first in the file.
-        let ns = Namespace::build(vec![shard(&["x", "x.y"])], Layout::Tree, Views::default()).unwrap();
-        assert!(ns.tensors().iter().all(|t| resolve(&ns, &t.path).is_some()));
-    }
-
-    #[test]
-    fn npy_view_adds_files_and_never_clashes() {
-        let views = Views { npy: true, as_f32: false };
-        let ns = Namespace::build(vec![shard(&["x", "x.npy"])], Layout::Flat, views).unwrap();
-        let root = ns.dir(ROOT_INO).unwrap();
-        let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
-        // Raw `x.npy` is escaped to `x%2Enpy`; its view is `x.npy.npy`; `x.npy` is the view of `x`.
-        assert_eq!(names, [".stfs", "metadata.json", "x", "x%2Enpy", "x.npy", "x.npy.npy"]);
-        let t = &ns.tensors()[0];
-        let npy = resolve(&ns, t.npy_path.as_deref().unwrap()).unwrap();
-        let NodeKind::File { content: Content::Npy { header, .. }, size } = &ns.node(npy).unwrap().kind else {
-            panic!()
-        };
-        assert_eq!(*size, header.len() as u64 + 12);
-    }
-
-    #[test]
-    fn f32_view_changes_sizes_and_dtypes() {
-        let views = Views { npy: false, as_f32: true };
-        let ns = Namespace::build(vec![shard(&["w"])], Layout::Flat, views).unwrap();
-        let t = &ns.tensors()[0];
-        assert_eq!((t.served_dtype, t.served_len, t.len), (Dtype::F32, 24, 12));
-    }
-
-    #[test]
-    fn inode_numbers_are_stable() {
-        let a = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
-        let b = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
-        let inos = |ns: &Namespace| ns.tensors().iter().map(|t| resolve(ns, &t.path)).collect::<Vec<_>>();
-        assert_eq!(inos(&a), inos(&b));
     }
 }

@@ -1,12 +1,13 @@
 //! One ranged GET against a remote object: headers, manual redirects (with the target cached),
 //! classification of failures, and the retry loop around it.
 
+use super::error::HttpError;
 use super::options::{HttpOptions, ProxySetting};
 use super::pin::{header_text, Pin};
 use super::retry::{parse_retry_after, RetryPolicy};
 use super::url::{display_name, is_hub_url, parse_http_url, resolve_location, same_origin};
-use super::HttpError;
 use crate::stats::Stats;
+use crate::util::lock;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RANGE, RETRY_AFTER};
@@ -161,21 +162,21 @@ impl Remote {
         last: u64,
         pin: Option<&Pin>,
     ) -> Result<Response<Body>, Failure> {
-        let cached = self.redirect_target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cached = lock(&self.redirect_target).clone();
         if let Some(target) = cached {
             let (response, _) = self.follow(agent, target.clone(), first, last, pin)?;
             if !matches!(response.status().as_u16(), 401 | 403 | 404 | 410) {
                 return Ok(response);
             }
             log::info!("{}: cached redirect target refused ({}); resolving again", self.name, response.status());
-            let mut slot = self.redirect_target.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = lock(&self.redirect_target);
             if slot.as_ref() == Some(&target) {
                 *slot = None;
             }
         }
         let (response, final_uri) = self.follow(agent, self.uri.clone(), first, last, pin)?;
         if self.cache_redirects && final_uri != self.uri && response.status().as_u16() == 206 {
-            *self.redirect_target.lock().unwrap_or_else(|e| e.into_inner()) = Some(final_uri);
+            *lock(&self.redirect_target) = Some(final_uri);
         }
         Ok(response)
     }
@@ -253,18 +254,21 @@ impl Remote {
                 | E::BodyStalled
                 | E::ConnectProxyFailed(_)
         );
-        let detail = match error {
-            E::BadUri(_) => "the URL was refused by the HTTP client".to_string(),
-            E::RequireHttpsOnly(_) => "https is required".to_string(),
-            other => other.to_string(),
+        // The client's own wording of a refused URL may quote it (with its signature): neither
+        // the message nor the source chain carries it.
+        let (detail, source) = match error {
+            E::BadUri(_) => ("the URL was refused by the HTTP client".to_string(), None),
+            E::RequireHttpsOnly(_) => ("https is required".to_string(), None),
+            other => (other.to_string(), Some(Box::new(other) as Box<dyn std::error::Error + Send + Sync>)),
         };
-        Failure { error: HttpError::Transport { name: self.name.clone(), detail }, transient, retry_after: None }
+        let error = HttpError::Transport { name: self.name.clone(), detail, source };
+        Failure { error, transient, retry_after: None }
     }
 
     /// Maps an error while reading a body; every one of them (reset, timeout, short body) is transient.
     pub fn body_failure(&self, error: std::io::Error) -> Failure {
         let detail = format!("reading the response body: {error}");
-        Failure::transient(HttpError::Transport { name: self.name.clone(), detail })
+        Failure::transient(HttpError::Transport { name: self.name.clone(), detail, source: Some(Box::new(error)) })
     }
 }
 

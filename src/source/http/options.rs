@@ -1,7 +1,7 @@
 //! Settings of a remote source (headers, credentials, timeouts, retries, proxy) and their parsing.
 
+use super::error::HttpError;
 use super::retry::RetryPolicy;
-use super::HttpError;
 use crate::stats::Stats;
 use std::fmt;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! The version pin of a remote object (size plus ETag or Last-Modified) and the header parsing it needs.
 
+use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ureq::http::header::{HeaderMap, HeaderName, ETAG, IF_MATCH, IF_UNMODIFIED_SINCE, LAST_MODIFIED};
 
@@ -32,15 +33,15 @@ impl Pin {
 
     /// Checks a later response's validators against the pin; servers that ignore preconditions
     /// are caught here. Returns what differs.
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), String> {
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), PinMismatch> {
         if let (Some(pinned), Some(now)) = (&self.etag, header_text(headers, &ETAG)) {
             if opaque_tag(pinned) != opaque_tag(&now) {
-                return Err("its ETag differs".to_string());
+                return Err(PinMismatch::ETag);
             }
         }
         if let (Some(pinned), Some(now)) = (&self.last_modified, header_text(headers, &LAST_MODIFIED)) {
             if *pinned != now {
-                return Err("its Last-Modified differs".to_string());
+                return Err(PinMismatch::LastModified);
             }
         }
         Ok(())
@@ -49,6 +50,24 @@ impl Pin {
     /// When the pinned version was last modified, if the server said so in a parseable form.
     pub fn modified_time(&self) -> Option<SystemTime> {
         self.last_modified.as_deref().and_then(parse_http_date)
+    }
+}
+
+/// Which validator of a later response differs from the pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PinMismatch {
+    /// The entity tag (compared without its weakness marker).
+    ETag,
+    /// The Last-Modified value (compared as text).
+    LastModified,
+}
+
+impl fmt::Display for PinMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PinMismatch::ETag => "its ETag differs",
+            PinMismatch::LastModified => "its Last-Modified differs",
+        })
     }
 }
 
@@ -177,8 +196,8 @@ mod tests {
         assert!(pin.check(&headers(&[(ETAG, "\"v1\"")])).is_ok());
         assert!(pin.check(&headers(&[(ETAG, "W/\"v1\"")])).is_ok());
         assert!(pin.check(&HeaderMap::new()).is_ok());
-        assert!(pin.check(&headers(&[(ETAG, "\"v2\"")])).is_err());
-        assert!(pin.check(&headers(&[(LAST_MODIFIED, "b")])).is_err());
+        assert_eq!(pin.check(&headers(&[(ETAG, "\"v2\"")])), Err(PinMismatch::ETag));
+        assert_eq!(pin.check(&headers(&[(LAST_MODIFIED, "b")])), Err(PinMismatch::LastModified));
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::util::lock;
+
 /// One injected misbehaviour, used up by the next request that arrives.
 #[derive(Clone, Debug)]
 pub(crate) enum Fault {
@@ -101,7 +103,7 @@ impl TestServer {
 
     /// Runs `change` on the server state under its lock.
     pub fn with<R>(&self, change: impl FnOnce(&mut State) -> R) -> R {
-        change(&mut self.state.lock().unwrap())
+        change(&mut lock(&self.state))
     }
 
     /// Requests seen so far.
@@ -136,7 +138,7 @@ fn serve_connection(connection: TcpStream, state: &Mutex<State>, stop: &AtomicBo
         };
         if request.method == "CONNECT" {
             // Act as an HTTP CONNECT proxy to ourselves: the tunnel then carries ordinary requests.
-            state.lock().unwrap().seen.push(request);
+            lock(state).seen.push(request);
             if writer.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
                 return;
             }
@@ -180,7 +182,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Seen> {
 /// Writes the answer to one request; false when the connection must close.
 fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool {
     let fault = {
-        let mut state = state.lock().unwrap();
+        let mut state = lock(state);
         state.seen.push(request.clone());
         state.faults.pop_front()
     };
@@ -196,7 +198,7 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         None => {}
     }
     let (head_status, head, body) = {
-        let state = state.lock().unwrap();
+        let state = lock(state);
         match plan(request, &state) {
             Ok(plan) => plan,
             Err((status, extra)) => return write_head(writer, status, &format!("{extra}Content-Length: 0\r\n")),
@@ -210,7 +212,7 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         if writer.write_all(chunk).is_err() {
             return false;
         }
-        state.lock().unwrap().body_bytes_sent += chunk.len() as u64;
+        lock(state).body_bytes_sent += chunk.len() as u64;
     }
     !truncate
 }

@@ -3,6 +3,9 @@
 
 use super::test_server::{Fault, TestServer};
 use super::*;
+use crate::source::Source;
+use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Deterministic, non-repeating test bytes.

@@ -1,24 +1,66 @@
 //! URL handling for remote sources: validation, credential-free display names, origins and redirects.
 
+use std::fmt;
+
 use ureq::http::Uri;
 
 /// Hosts whose URLs get `HF_TOKEN` automatically (the Hugging Face hub and its short domain).
 const HUB_HOSTS: [&str; 2] = ["huggingface.co", "hf.co"];
 
+/// Why a URL is refused. Each variant holds the URL as shown in messages ([`display_name`]: no
+/// credentials, no query string).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UrlError {
+    /// The text does not parse as a URL.
+    Invalid {
+        /// The URL, redacted.
+        shown: String,
+    },
+    /// The scheme is not `http` or `https`.
+    Scheme {
+        /// The URL, redacted.
+        shown: String,
+    },
+    /// The URL names no host.
+    NoHost {
+        /// The URL, redacted.
+        shown: String,
+    },
+    /// The URL carries `user:pass@`.
+    Credentials {
+        /// The URL, redacted.
+        shown: String,
+    },
+}
+
+impl fmt::Display for UrlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UrlError::Invalid { shown } => write!(f, "not a valid URL: {shown}"),
+            UrlError::Scheme { shown } => write!(f, "only http:// and https:// URLs are supported: {shown}"),
+            UrlError::NoHost { shown } => write!(f, "URL has no host: {shown}"),
+            UrlError::Credentials { shown } => write!(
+                f,
+                "credentials inside the URL are refused ({shown}); pass them with --header or a token variable"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UrlError {}
+
 /// Parses an absolute http(s) URL. Refuses userinfo (`user:pass@host`) because credentials in a URL
 /// end up in shell history, process lists and logs; a header or a token variable is the safe way.
-pub(crate) fn parse_http_url(url: &str) -> Result<Uri, String> {
-    let uri: Uri = url.parse().map_err(|_| format!("not a valid URL: {}", display_name(url)))?;
+pub(crate) fn parse_http_url(url: &str) -> Result<Uri, UrlError> {
+    let shown = || display_name(url);
+    let uri: Uri = url.parse().map_err(|_| UrlError::Invalid { shown: shown() })?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => return Err(format!("only http:// and https:// URLs are supported: {}", display_name(url))),
+        _ => return Err(UrlError::Scheme { shown: shown() }),
     }
-    let authority = uri.authority().ok_or_else(|| format!("URL has no host: {}", display_name(url)))?;
+    let authority = uri.authority().ok_or_else(|| UrlError::NoHost { shown: shown() })?;
     if authority.as_str().contains('@') {
-        return Err(format!(
-            "credentials inside the URL are refused ({}); pass them with --header or a token variable",
-            display_name(url)
-        ));
+        return Err(UrlError::Credentials { shown: shown() });
     }
     Ok(uri)
 }
@@ -103,9 +145,11 @@ mod tests {
 
     #[test]
     fn parse_refuses_userinfo_without_echoing_it() {
-        let err = parse_http_url("https://bob:hunter2@example.org/m").unwrap_err();
-        assert!(err.contains("credentials"), "{err}");
-        assert!(!err.contains("hunter2"), "{err}");
+        let err = parse_http_url("https://bob:hunter2@example.org/m").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "credentials inside the URL are refused (https://example.org/m); pass them with --header or a token variable"
+        );
         assert!(parse_http_url("ftp://example.org/m").is_err());
         assert!(parse_http_url("/local/path").is_err());
         assert!(parse_http_url("https://example.org/m?sig=1").is_ok());

@@ -1,0 +1,124 @@
+//! [`OpenError`]: a problem with the input, naming the file or URL it is in, with the typed error
+//! behind it kept as its [`source`](std::error::Error::source).
+
+use std::fmt;
+use std::io;
+
+use crate::format::index::{IndexError, ShardError};
+use crate::format::FormatError;
+use crate::source::http::HttpError;
+use crate::util::describe_io;
+
+/// A problem with the input, naming the file (or URL) it concerns: `PATH: problem` on one line.
+#[derive(Debug)]
+pub struct OpenError {
+    /// The file or URL the problem is in, as the user named it (a URL without credentials).
+    pub path: String,
+    /// What is wrong.
+    pub problem: OpenProblem,
+}
+
+/// What is wrong with a file, URL or directory that was named.
+#[derive(Debug)]
+pub enum OpenProblem {
+    /// Opening or reading it failed (shown as a short lower-case phrase).
+    Io(io::Error),
+    /// It is not a valid safetensors file.
+    Format(FormatError),
+    /// The remote object could not be opened.
+    Http(HttpError),
+    /// It is not a usable `*.index.json`.
+    Index(IndexError),
+    /// Its shards do not make one checkpoint.
+    Shards(ShardError),
+    /// A directory holds no `*.safetensors` file.
+    NoShardFiles,
+    /// A remote index file is larger than any real one.
+    IndexTooLarge {
+        /// Its length in bytes.
+        len: usize,
+        /// The largest length read.
+        limit: usize,
+    },
+    /// A shard was never tried because an earlier one failed (not reported in practice: the
+    /// earlier failure is).
+    NotOpened,
+}
+
+impl OpenError {
+    /// A problem with `path`.
+    pub fn new(path: impl Into<String>, problem: impl Into<OpenProblem>) -> OpenError {
+        OpenError { path: path.into(), problem: problem.into() }
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.problem)
+    }
+}
+
+impl std::error::Error for OpenError {
+    /// The typed error behind the problem, if there is one.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.problem.source()
+    }
+}
+
+impl fmt::Display for OpenProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenProblem::Io(error) => f.write_str(&describe_io(error)),
+            OpenProblem::Format(error) => write!(f, "{error}"),
+            OpenProblem::Http(error) => write!(f, "{error}"),
+            OpenProblem::Index(error) => write!(f, "{error}"),
+            OpenProblem::Shards(error) => write!(f, "{error}"),
+            OpenProblem::NoShardFiles => f.write_str("directory holds no *.safetensors files"),
+            OpenProblem::IndexTooLarge { len, limit } => write!(f, "index of {len} bytes is over the limit of {limit}"),
+            OpenProblem::NotOpened => f.write_str("was not opened"),
+        }
+    }
+}
+
+impl std::error::Error for OpenProblem {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenProblem::Io(error) => Some(error),
+            OpenProblem::Format(error) => Some(error),
+            OpenProblem::Http(error) => Some(error),
+            OpenProblem::Index(error) => Some(error),
+            OpenProblem::Shards(error) => Some(error),
+            OpenProblem::NoShardFiles | OpenProblem::IndexTooLarge { .. } | OpenProblem::NotOpened => None,
+        }
+    }
+}
+
+impl From<io::Error> for OpenProblem {
+    fn from(error: io::Error) -> OpenProblem {
+        OpenProblem::Io(error)
+    }
+}
+
+impl From<FormatError> for OpenProblem {
+    fn from(error: FormatError) -> OpenProblem {
+        OpenProblem::Format(error)
+    }
+}
+
+impl From<HttpError> for OpenProblem {
+    fn from(error: HttpError) -> OpenProblem {
+        OpenProblem::Http(error)
+    }
+}
+
+impl From<IndexError> for OpenProblem {
+    fn from(error: IndexError) -> OpenProblem {
+        OpenProblem::Index(error)
+    }
+}
+
+impl From<ShardError> for OpenProblem {
+    fn from(error: ShardError) -> OpenProblem {
+        OpenProblem::Shards(error)
+    }
+}

@@ -1,0 +1,145 @@
+//! [`open`]: what the user named (a file, an `*.index.json`, a directory, a URL) to opened shards.
+//!
+//! Everything that can be wrong with the input is found here, before anything is mounted.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::error::{OpenError, OpenProblem};
+use super::shard::{checked, open_all, open_file, open_source, Checkpoint, OpenedShard};
+use crate::format::index;
+use crate::source::http::{display_name, HttpOptions, HttpSource};
+use crate::source::Source;
+
+/// How to reach remote checkpoints.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Headers, token, timeouts and the counters for `http://` and `https://` sources.
+    pub http: HttpOptions,
+}
+
+/// Whether `spec` names a remote object.
+pub fn is_url(spec: &str) -> bool {
+    spec.starts_with("http://") || spec.starts_with("https://")
+}
+
+/// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
+/// `*.safetensors` shards, or an `http(s)://` URL of a file or of an index.
+pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
+    if is_url(spec) {
+        return if url_path(spec).ends_with(".json") {
+            open_url_index(spec, options)
+        } else {
+            open_url(spec, options).map(single)
+        };
+    }
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return open_dir(path);
+    }
+    if spec.ends_with(".json") {
+        return open_index(path);
+    }
+    open_file(path).map(single)
+}
+
+fn single(shard: OpenedShard) -> Checkpoint {
+    Checkpoint { shards: vec![shard] }
+}
+
+/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint.
+fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
+    let name = dir.display().to_string();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| OpenError::new(&name, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
+    }
+    let shards = open_all(&files, |f| open_file(f))?;
+    checked(&name, shards, None)
+}
+
+/// The shards named by a local index file.
+fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, e))?;
+    let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
+    let opened = open_all(&files, |f| open_file(f))?;
+    checked(&name, opened, Some(&index))
+}
+
+/// A single remote safetensors object.
+fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
+    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(display_name(url), e))?;
+    open_source(Arc::new(source))
+}
+
+/// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
+const MAX_INDEX_SIZE: usize = 64 << 20;
+
+/// A remote index whose shards are resolved relative to its URL.
+fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
+    let shown = display_name(url);
+    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(&shown, e))?;
+    let len = usize::try_from(source.len()).unwrap_or(usize::MAX);
+    if len > MAX_INDEX_SIZE {
+        return Err(OpenError::new(&shown, OpenProblem::IndexTooLarge { len, limit: MAX_INDEX_SIZE }));
+    }
+    let mut bytes = vec![0; len];
+    let mut reader = source.open_reader().map_err(|e| OpenError::new(&shown, e))?;
+    reader.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, e))?;
+    let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
+    let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {
+        Some(i) => &url[..=i],
+        None => url,
+    };
+    let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
+    let opened = open_all(&urls, |url| open_url(url, options))?;
+    checked(&shown, opened, Some(&index))
+}
+
+fn url_path(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn problems_name_the_path_and_keep_their_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.safetensors");
+        let err = open(missing.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+        assert_eq!(err.to_string(), format!("{}: no such file or directory", missing.display()));
+        let io = err.source().and_then(|s| s.downcast_ref::<std::io::Error>()).unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+
+        let err = open(dir.path().to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+        assert_eq!(err.to_string(), format!("{}: directory holds no *.safetensors files", dir.path().display()));
+        assert!(err.source().is_none());
+
+        let short = dir.path().join("short.safetensors");
+        std::fs::write(&short, [0u8; 3]).unwrap();
+        let err = open(short.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+        let format = err.source().and_then(|s| s.downcast_ref::<crate::format::FormatError>());
+        assert!(matches!(format, Some(crate::format::FormatError::HeaderTooSmall { file_len: 3 })), "{err:?}");
+    }
+
+    #[test]
+    fn index_problems_keep_the_index_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors.index.json");
+        std::fs::write(&path, br#"{"weight_map":{}}"#).unwrap();
+        let err = open(path.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+        assert_eq!(err.to_string(), format!("{}: the index's weight_map is empty", path.display()));
+        assert!(matches!(err.problem, OpenProblem::Index(index::IndexError::EmptyWeightMap)));
+    }
+}

@@ -1,0 +1,102 @@
+//! Tests of the tree: layouts, escaping and reserved names, the views' files, stable inode numbers,
+//! and the metadata.json a built tree carries.
+
+use super::metadata;
+use super::namespace::*;
+use crate::format::{parse_header, Dtype};
+
+fn shard(names: &[&str]) -> Shard {
+    let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
+        names.iter().map(|n| (n.to_string(), Dtype::BF16, vec![2, 3], vec![0; 12])).collect();
+    let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
+    Shard { source: 0, name: "m.safetensors".into(), header }
+}
+
+fn paths(ns: &Namespace) -> Vec<(String, String)> {
+    ns.tensors().iter().map(|t| (t.name.clone(), t.path.clone())).collect()
+}
+
+fn resolve(ns: &Namespace, path: &str) -> Option<Ino> {
+    path.split('/').try_fold(ROOT_INO, |dir, part| ns.dir(dir)?.get(part))
+}
+
+#[test]
+fn flat_layout_escapes_and_reserves() {
+    let ns = Namespace::build(vec![shard(&["a/b", "metadata.json", "w"])], Layout::Flat, Views::default()).unwrap();
+    let root = ns.dir(ROOT_INO).unwrap();
+    let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["%6Detadata.json", ".stfs", "a%2Fb", "metadata.json", "w"]);
+    for t in ns.tensors() {
+        assert!(matches!(ns.node(resolve(&ns, &t.path).unwrap()).unwrap().kind, NodeKind::File { size: 12, .. }));
+    }
+}
+
+#[test]
+fn tree_layout_splits_on_dots_and_keeps_prefix_tensors() {
+    let ns =
+        Namespace::build(vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])], Layout::Tree, Views::default()).unwrap();
+    let mut p = paths(&ns);
+    p.sort();
+    assert_eq!(
+        p,
+        [
+            ("m.l.0".to_string(), "m/l/0/%self".to_string()),
+            ("m.l.0.w".to_string(), "m/l/0/w".to_string()),
+            ("m.l.1.w".to_string(), "m/l/1/w".to_string()),
+            ("top".to_string(), "top".to_string()),
+        ]
+    );
+    for t in ns.tensors() {
+        assert!(resolve(&ns, &t.path).is_some(), "{}", t.path);
+    }
+    // The same rule whichever comes first in the file.
+    let ns = Namespace::build(vec![shard(&["x", "x.y"])], Layout::Tree, Views::default()).unwrap();
+    assert!(ns.tensors().iter().all(|t| resolve(&ns, &t.path).is_some()));
+}
+
+#[test]
+fn npy_view_adds_files_and_never_clashes() {
+    let views = Views { npy: true, as_f32: false };
+    let ns = Namespace::build(vec![shard(&["x", "x.npy"])], Layout::Flat, views).unwrap();
+    let root = ns.dir(ROOT_INO).unwrap();
+    let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+    // Raw `x.npy` is escaped to `x%2Enpy`; its view is `x.npy.npy`; `x.npy` is the view of `x`.
+    assert_eq!(names, [".stfs", "metadata.json", "x", "x%2Enpy", "x.npy", "x.npy.npy"]);
+    let t = &ns.tensors()[0];
+    let npy = resolve(&ns, t.npy_path.as_deref().unwrap()).unwrap();
+    let NodeKind::File { content: Content::Npy { header, .. }, size } = &ns.node(npy).unwrap().kind else { panic!() };
+    assert_eq!(*size, header.len() as u64 + 12);
+}
+
+#[test]
+fn f32_view_changes_sizes_and_dtypes() {
+    let views = Views { npy: false, as_f32: true };
+    let ns = Namespace::build(vec![shard(&["w"])], Layout::Flat, views).unwrap();
+    let t = &ns.tensors()[0];
+    assert_eq!((t.served_dtype, t.served_len, t.len), (Dtype::F32, 24, 12));
+}
+
+#[test]
+fn inode_numbers_are_stable() {
+    let a = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
+    let b = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
+    let inos = |ns: &Namespace| ns.tensors().iter().map(|t| resolve(ns, &t.path)).collect::<Vec<_>>();
+    assert_eq!(inos(&a), inos(&b));
+}
+
+#[test]
+fn metadata_json_is_rendered_into_the_root() {
+    let bytes = crate::format::writer::serialize(&[("w".to_string(), Dtype::U8, vec![2], vec![1, 2])], None).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
+    let shard = Shard { source: 0, name: "m.safetensors".into(), header };
+    let ns = Namespace::build(vec![shard], Layout::Flat, Views::default()).unwrap();
+    let ino = ns.dir(ROOT_INO).and_then(|root| root.get(METADATA_NAME)).unwrap();
+    let NodeKind::File { content: Content::Bytes(json), size } = &ns.node(ino).unwrap().kind else { panic!() };
+    assert_eq!(*size, json.len() as u64);
+    assert_eq!(&json[..], &metadata::render(&ns)[..]);
+    let doc: serde_json::Value = serde_json::from_slice(json).unwrap();
+    assert_eq!(doc["tensors"]["w"]["path"], "w");
+}
