@@ -69,3 +69,36 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
     let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
     Ok(Arc::new(Fs::new(ns, engine, base)))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use crate::format::Dtype;
+    use crate::mount::build::{build_fs, FsOptions, Owner};
+    use crate::tree::namespace::{Layout, Views, ROOT_INO};
+
+    /// A checkpoint becomes a filesystem with no mount point and no FUSE threads anywhere.
+    #[test]
+    fn builds_without_any_mount_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let tensors = vec![("a.b".to_string(), Dtype::U8, vec![3u64], vec![1u8, 2, 3])];
+        std::fs::write(&path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
+        let options = FsOptions {
+            engine: crate::engine::EngineConfig { block_size: 4096, cache_size: 1 << 20, io_threads: 1 },
+            layout: Layout::Tree,
+            views: Views { npy: true, as_f32: false },
+            owner: Owner { uid: 1234, gid: 5678 },
+        };
+        let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
+        let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();
+        let b = fs.lookup(a.ino, "b".as_ref()).unwrap();
+        // Owned as told, readable by whom the backing file is, blocks of the engine's size.
+        assert_eq!((b.uid, b.gid, b.perm, b.size, b.blksize), (1234, 5678, 0o440, 3, 4096));
+        assert_eq!(fs.read(b.ino, 0, 10).unwrap(), [1, 2, 3]);
+        assert!(fs.lookup(a.ino, "b.npy".as_ref()).is_ok());
+    }
+}

@@ -183,3 +183,24 @@ fn redirect_std_streams(log: Option<&File>) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use crate::mount::daemon::DaemonError;
+
+    #[test]
+    fn messages_are_one_line_and_keep_their_cause() {
+        let e =
+            DaemonError::LogFile { path: "/no/dir/log".into(), error: std::io::Error::from_raw_os_error(libc::ENOENT) };
+        assert_eq!(e.to_string(), "/no/dir/log: no such file or directory");
+        assert_eq!(e.source().and_then(|c| c.downcast_ref::<std::io::Error>()).and_then(|c| c.raw_os_error()), Some(2));
+        let child = DaemonError::Child("/mnt/x: mounting failed: permission denied".into());
+        assert_eq!(child.to_string(), "/mnt/x: mounting failed: permission denied");
+        assert_eq!(
+            DaemonError::Timeout(crate::mount::daemon::READY_TIMEOUT).to_string(),
+            "the mount did not become ready within 60 s"
+        );
+    }
+}

@@ -244,3 +244,22 @@ fn wait_until_answering(mp: &Path) -> Result<(), ServeError> {
         pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+    use std::time::Duration;
+
+    use crate::mount::session::{mount_source, ServeError};
+
+    #[test]
+    fn errors_name_the_mount_point_and_keep_their_cause() {
+        let e =
+            ServeError::Mount { mountpoint: "/mnt/m".into(), error: std::io::Error::from_raw_os_error(libc::EPERM) };
+        assert_eq!(e.to_string(), "/mnt/m: mounting failed: operation not permitted");
+        assert!(e.source().is_some());
+        let e = ServeError::NotAnswering { mountpoint: "/mnt/m".into(), timeout: Duration::from_secs(30) };
+        assert_eq!(e.to_string(), "/mnt/m: the mount did not answer within 30 s");
+        assert_eq!(mount_source("/m/a,b.safetensors"), "/m/a_b.safetensors");
+    }
+}
