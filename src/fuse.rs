@@ -1,5 +1,6 @@
 //! The `fuser::Filesystem` adapter: translates kernel requests into [`Fs`] calls and results into
-//! replies and errnos, and nothing more. The only file that touches fuser's Reply types.
+//! replies and errnos, and nothing more. The only file that touches fuser's Reply types; every
+//! errno of a failure comes from [`FsError::errno`].
 
 use std::ffi::OsStr;
 use std::io;
@@ -15,7 +16,7 @@ use fuser::{
 };
 use log::{debug, warn};
 
-use crate::fs::{Attr, Fs, FsError, Kind};
+use crate::fs::{Attr, Fs, FsError, Kind, Xattr};
 
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
@@ -71,11 +72,16 @@ fn file_type(k: Kind) -> FileType {
     }
 }
 
+/// Not an error but a protocol answer: to OPEN, "no per-open state, stop asking"; to FLUSH,
+/// "nothing to flush, stop sending it at each close".
+const NOT_NEEDED: Errno = Errno::ENOSYS;
+
 /// Logs a failed operation once (warn for read failures, debug for ordinary misses) and gives its errno.
 fn errno(op: &str, ino: u64, e: &FsError) -> Errno {
-    match e {
-        FsError::Read(_) => warn!("{op} of inode {ino} failed with errno {}: {e}", e.errno()),
-        _ => debug!("{op} of inode {ino} failed with errno {}: {e}", e.errno()),
+    if e.is_failure() {
+        warn!("{op} of inode {ino} failed with errno {}: {e}", e.errno());
+    } else {
+        debug!("{op} of inode {ino} failed with errno {}: {e}", e.errno());
     }
     Errno::from_i32(e.errno())
 }
@@ -83,8 +89,17 @@ fn errno(op: &str, ino: u64, e: &FsError) -> Errno {
 /// Replies to a write-like request: the mount is read-only.
 macro_rules! read_only {
     ($reply:expr) => {
-        $reply.error(Errno::EROFS)
+        $reply.error(Errno::from_i32(FsError::ReadOnly.errno()))
     };
+}
+
+/// Replies to getxattr or listxattr.
+fn reply_xattr(op: &str, ino: u64, result: Result<Xattr, FsError>, reply: ReplyXattr) {
+    match result {
+        Ok(Xattr::Size(n)) => reply.size(n),
+        Ok(Xattr::Data(bytes)) => reply.data(&bytes),
+        Err(e) => reply.error(errno(op, ino, &e)),
+    }
 }
 
 impl Filesystem for FuseAdapter {
@@ -122,14 +137,14 @@ impl Filesystem for FuseAdapter {
             // Files keep no per-open state, so opens need no round trip: on ENOSYS the kernel
             // stops sending OPEN and RELEASE for files and opens them itself with FOPEN_KEEP_CACHE
             // (the data is immutable; never direct_io, which would break mmap).
-            Ok(()) => reply.error(Errno::ENOSYS),
+            Ok(()) => reply.error(NOT_NEEDED),
             Err(e) => reply.error(errno("open", ino.0, &e)),
         }
     }
 
     /// Nothing to flush on a read-only mount; ENOSYS stops the kernel sending FLUSH at each close.
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        reply.error(Errno::ENOSYS);
+        reply.error(NOT_NEEDED);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -157,9 +172,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.getattr(ino.0) {
-            Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR),
-            Ok(_) => reply.error(Errno::ENOTDIR),
+        match self.fs.opendir(ino.0) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR),
             Err(e) => reply.error(errno("opendir", ino.0, &e)),
         }
     }
@@ -191,28 +205,11 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.fs.getxattr(ino.0, name) {
-            Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() <= size as usize => reply.data(&v),
-            Ok(_) => reply.error(Errno::ERANGE),
-            Err(e) => reply.error(errno("getxattr", ino.0, &e)),
-        }
+        reply_xattr("getxattr", ino.0, self.fs.getxattr(ino.0, name, size), reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
-            Ok(names) => {
-                let list: Vec<u8> = names.iter().flat_map(|n| n.bytes().chain([0])).collect();
-                if size == 0 {
-                    reply.size(list.len() as u32);
-                } else if list.len() <= size as usize {
-                    reply.data(&list);
-                } else {
-                    reply.error(Errno::ERANGE);
-                }
-            }
-            Err(e) => reply.error(errno("listxattr", ino.0, &e)),
-        }
+        reply_xattr("listxattr", ino.0, self.fs.listxattr(ino.0, size), reply);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {

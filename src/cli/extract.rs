@@ -4,35 +4,23 @@
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
+use std::fmt;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use super::progress::Progress;
-use super::{CatArgs, ExtractArgs, RemoteArgs};
 use crate::checkpoint;
+use crate::cli::args::{CatArgs, ExtractArgs, RemoteArgs};
+use crate::cli::options::default_engine;
+use crate::cli::progress::Progress;
+use crate::cli::report::Failure;
 use crate::engine::EngineConfig;
-use crate::fs::Fs;
-use crate::mount::session::{self, ServeOptions};
+use crate::fs::{Fs, FsError};
+use crate::mount::build::{build_fs, FsOptions, Owner};
 use crate::stats::Stats;
 use crate::tree::namespace::{Ino, Layout, Views, ROOT_INO};
 use crate::util::describe_io;
-
-/// Extra help for `stfs extract`.
-pub const EXTRACT_HELP: &str = "\
-Files are named as a mount names them (`stfs inspect` lists the tensors); an existing file is replaced.
-
-Examples:
-  stfs extract model.safetensors lm_head.weight model.norm.weight -o out/
-  stfs extract --npy model.safetensors lm_head.weight      # writes ./lm_head.weight.npy
-  stfs extract --all https://host/model.safetensors -o weights/";
-
-/// Extra help for `stfs cat`.
-pub const CAT_HELP: &str = "\
-Examples:
-  stfs cat model.safetensors lm_head.weight | od -A d -t f4 | head
-  stfs cat --npy model.safetensors lm_head.weight > lm_head.npy";
 
 /// Bytes asked of the filesystem per read: what the kernel asks of a mount, at most.
 const CHUNK: u32 = 4 << 20;
@@ -47,8 +35,40 @@ struct Item {
     size: u64,
 }
 
+/// A tensor that cannot be written as asked.
+#[derive(Debug)]
+enum ExtractError {
+    /// The checkpoint has no tensor of that name.
+    NoSuchTensor {
+        /// The checkpoint as named.
+        source: String,
+        /// The name asked for.
+        name: String,
+    },
+    /// `--npy` for a tensor whose dtype NumPy cannot express.
+    NoNpyView {
+        /// The tensor.
+        name: String,
+    },
+}
+
+impl fmt::Display for ExtractError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtractError::NoSuchTensor { source, name } => {
+                write!(f, "no tensor named {name:?} (`stfs inspect {source}` lists them)")
+            }
+            ExtractError::NoNpyView { name } => {
+                write!(f, "tensor {name:?} has no .npy view (its dtype has no NumPy equivalent)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ExtractError {}
+
 /// Runs `stfs extract`.
-pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, String> {
+pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, Failure> {
     let fs = open_fs(&args.source, &args.remote, args.npy)?;
     let names: Vec<String> = if args.all {
         fs.namespace().tensors().iter().map(|t| t.name.clone()).collect()
@@ -58,18 +78,17 @@ pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, String> {
     };
     // Every name is checked before anything is written: a typo leaves no partial output behind.
     let items = names.iter().map(|n| find(&fs, &args.source, n, args.npy)).collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&args.output_dir)
-        .map_err(|e| format!("{}: {}", args.output_dir.display(), describe_io(&e)))?;
+    std::fs::create_dir_all(&args.output_dir).map_err(|e| Failure::io(args.output_dir.display(), e))?;
     let mut progress = Progress::new(items.iter().map(|i| i.size).sum());
     for item in &items {
-        write_file(&fs, item, &args.output_dir, &mut progress).map_err(|e| format!("{}: {e}", args.source))?;
+        write_file(&fs, item, &args.output_dir, &mut progress).map_err(|e| Failure::at(&args.source, e))?;
     }
     progress.finish();
     Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `stfs cat`: the tensor to stdout; a closed pipe ends quietly with success.
-pub fn run_cat(args: CatArgs) -> Result<ExitCode, String> {
+pub fn run_cat(args: CatArgs) -> Result<ExitCode, Failure> {
     let fs = open_fs(&args.source, &args.remote, args.npy)?;
     let item = find(&fs, &args.source, &args.tensor, args.npy)?;
     let mut progress = Progress::new(item.size);
@@ -80,64 +99,95 @@ pub fn run_cat(args: CatArgs) -> Result<ExitCode, String> {
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(CopyError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(CopyError::Write(e)) => Err(format!("writing to stdout: {}", describe_io(&e))),
-        Err(e) => Err(format!("{}: {e}", args.source)),
+        Err(CopyError::Write(e)) => Err(Failure::io("writing to stdout", e)),
+        Err(e) => Err(Failure::at(&args.source, e)),
     }
 }
 
 /// Opens `source` as a mount would, without mounting: flat layout, with `.npy` views if asked.
-fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, String> {
+fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Failure> {
     let stats = Arc::new(Stats::default());
-    let opened = checkpoint::open(source, &remote.open_options(stats.clone())?).map_err(|e| e.to_string())?;
-    let options = ServeOptions {
-        mountpoint: PathBuf::new(),
-        engine: EngineConfig { cache_size: COPY_CACHE_SIZE, ..super::options::default_engine(source) },
-        threads: 1,
-        allow_other: false,
-        kernel_readahead_kb: 0,
+    let opened = checkpoint::open(source, &remote.open_options(stats.clone())?)?;
+    let options = FsOptions {
+        engine: EngineConfig { cache_size: COPY_CACHE_SIZE, ..default_engine(source) },
         layout: Layout::Flat,
         views: Views { npy, as_f32: false },
+        owner: Owner::of_process(),
     };
-    session::build_fs(opened, &options, stats)
+    Ok(build_fs(opened, &options, stats)?)
 }
 
 /// The file that serves tensor `name` (its `.npy` view if `npy`), or an error naming the tensor.
-fn find(fs: &Fs, source: &str, name: &str, npy: bool) -> Result<Item, String> {
+fn find(fs: &Fs, source: &str, name: &str, npy: bool) -> Result<Item, Failure> {
     let tensor = fs.namespace().tensors().iter().find(|t| t.name == name);
     let Some(tensor) = tensor else {
-        return Err(format!("{source}: no tensor named {name:?} (`stfs inspect {source}` lists them)"));
+        return Err(Failure::at(source, ExtractError::NoSuchTensor { source: source.into(), name: name.into() }));
     };
     let path = if npy { tensor.npy_path.clone() } else { Some(tensor.path.clone()) };
-    let path =
-        path.ok_or_else(|| format!("{source}: tensor {name:?} has no .npy view (its dtype has no NumPy equivalent)"))?;
+    let path = path.ok_or_else(|| Failure::at(source, ExtractError::NoNpyView { name: name.into() }))?;
+    let at_path = |e: FsError| Failure::at(format!("{source}: {path}"), e);
     let mut ino = ROOT_INO;
     for part in path.split('/') {
-        ino = fs.lookup(ino, OsStr::new(part)).map_err(|e| format!("{source}: {path}: {e}"))?.ino;
+        ino = fs.lookup(ino, OsStr::new(part)).map_err(at_path)?.ino;
     }
-    let size = fs.getattr(ino).map_err(|e| format!("{source}: {path}: {e}"))?.size;
+    let size = fs.getattr(ino).map_err(at_path)?.size;
     Ok(Item { name: name.to_string(), path, ino, size })
 }
 
 /// Why a copy stopped.
+#[derive(Debug)]
 enum CopyError {
-    /// Reading the tensor failed (a backing read error, or the file ended early).
-    Read(String),
+    /// The file could not be opened.
+    Open {
+        /// Its path in the namespace.
+        path: String,
+        /// Why.
+        error: FsError,
+    },
+    /// Reading the tensor failed (a backing read error).
+    Read {
+        /// The tensor.
+        name: String,
+        /// Why.
+        error: FsError,
+    },
+    /// The file ended before its size.
+    EndedEarly {
+        /// Its path in the namespace.
+        path: String,
+        /// Where it ended.
+        offset: u64,
+        /// The size it should have.
+        size: u64,
+    },
     /// Writing the output failed.
     Write(io::Error),
 }
 
-impl std::fmt::Display for CopyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for CopyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CopyError::Read(text) => f.write_str(text),
+            CopyError::Open { path, error } => write!(f, "{path}: {error}"),
+            CopyError::Read { name, error } => write!(f, "reading tensor {name:?}: {error}"),
+            CopyError::EndedEarly { path, offset, size } => write!(f, "{path}: ended at byte {offset} of {size}"),
             CopyError::Write(e) => f.write_str(&describe_io(e)),
+        }
+    }
+}
+
+impl std::error::Error for CopyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CopyError::Open { error, .. } | CopyError::Read { error, .. } => Some(error),
+            CopyError::Write(e) => Some(e),
+            CopyError::EndedEarly { .. } => None,
         }
     }
 }
 
 /// Streams the whole of `item` into `out`, front to back, so the engine sees one sequential reader.
 fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> Result<(), CopyError> {
-    fs.open(item.ino, false).map_err(|e| CopyError::Read(format!("{}: {e}", item.path)))?;
+    fs.open(item.ino, false).map_err(|error| CopyError::Open { path: item.path.clone(), error })?;
     let mut offset = 0u64;
     loop {
         if offset >= item.size {
@@ -145,10 +195,10 @@ fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> 
         }
         let data = match fs.read(item.ino, offset, CHUNK) {
             Ok(d) if d.is_empty() => {
-                return Err(CopyError::Read(format!("{}: ended at byte {offset} of {}", item.path, item.size)))
+                return Err(CopyError::EndedEarly { path: item.path.clone(), offset, size: item.size })
             }
             Ok(d) => d,
-            Err(e) => return Err(CopyError::Read(format!("reading tensor {:?}: {e}", item.name))),
+            Err(error) => return Err(CopyError::Read { name: item.name.clone(), error }),
         };
         if let Err(e) = out.write_all(&data) {
             return Err(CopyError::Write(e));
@@ -160,18 +210,17 @@ fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> 
 
 /// Writes `item` to `dir/PATH`: first under a temporary name, renamed into place once complete, so
 /// an interrupted extract never leaves a truncated file under the tensor's name.
-fn write_file(fs: &Fs, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), String> {
+fn write_file(fs: &Fs, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), Failure> {
     let target = dir.join(&item.path);
     // A short temporary name: the tensor's own may already be near NAME_MAX.
     let temp = dir.join(format!(".stfs-partial-{}-{}", std::process::id(), item.ino));
-    let fail = |path: &Path, e: &io::Error| format!("{}: {}", path.display(), describe_io(e));
-    let file = std::fs::File::create(&temp).map_err(|e| fail(&temp, &e))?;
+    let file = std::fs::File::create(&temp).map_err(|e| Failure::io(temp.display(), e))?;
     let mut out = io::BufWriter::with_capacity(CHUNK as usize, file);
     let copied = copy(fs, item, &mut out, progress).and_then(|()| out.flush().map_err(CopyError::Write));
     let result = match copied {
-        Ok(()) => std::fs::rename(&temp, &target).map_err(|e| fail(&target, &e)),
-        Err(CopyError::Write(e)) => Err(fail(&temp, &e)),
-        Err(e) => Err(e.to_string()),
+        Ok(()) => std::fs::rename(&temp, &target).map_err(|e| Failure::io(target.display(), e)),
+        Err(CopyError::Write(e)) => Err(Failure::io(temp.display(), e)),
+        Err(e) => Err(Failure::new(e)),
     };
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);

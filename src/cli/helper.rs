@@ -6,12 +6,15 @@
 //! returns only once the mount answers, as mount(8) expects of a helper.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use super::{InstallHelperArgs, MountArgs, MountConfig};
+use crate::cli::args::{InstallHelperArgs, MountArgs};
+use crate::cli::options::MountConfig;
+use crate::cli::report::Failure;
 
 /// The name mount(8) looks for in /sbin (and /usr/sbin) for the type `fuse.stfs`.
 pub const HELPER_NAME: &str = "mount.fuse.stfs";
@@ -25,6 +28,58 @@ usage: mount.fuse.stfs SOURCE MOUNTPOINT [-s] [-f] [-n] [-v] [-o OPT[,OPT...]]
   the mount(8) helper of stfs: `mount -t fuse.stfs SOURCE MOUNTPOINT -o OPTS` runs it.
   -f only checks SOURCE, MOUNTPOINT and OPTS; -v says what is mounted; -s and -n are accepted.
   Options are those of `stfs mount --help`; `rw`, which mount(8) adds by default, is ignored.";
+
+/// A helper call that cannot be understood.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelperError {
+    /// An argument that is not UTF-8.
+    NotUtf8(OsString),
+    /// `-o` or `-t` at the end, without its value.
+    NeedsValue(&'static str),
+    /// `-t` with a type other than stfs's.
+    WrongType(String),
+    /// A flag mount(8) does not pass.
+    UnknownFlag(char),
+    /// Not exactly SOURCE and MOUNTPOINT: how many positional arguments were given.
+    Arguments(usize),
+}
+
+impl fmt::Display for HelperError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HelperError::NotUtf8(arg) => write!(f, "argument {arg:?} is not UTF-8"),
+            HelperError::NeedsValue(flag) => write!(f, "`{flag}` needs a value"),
+            HelperError::WrongType(kind) => write!(f, "type `{kind}` is not stfs's (use -t fuse.stfs)"),
+            HelperError::UnknownFlag(flag) => write!(f, "unknown flag `-{flag}`\n{HELPER_USAGE}"),
+            HelperError::Arguments(n) => write!(f, "expected SOURCE and MOUNTPOINT, got {n} arguments\n{HELPER_USAGE}"),
+        }
+    }
+}
+
+impl std::error::Error for HelperError {}
+
+/// Why `stfs install-helper` left the link as it was.
+#[derive(Debug)]
+enum InstallError {
+    /// `--remove` of something that is not a symbolic link.
+    NotALink,
+    /// `--remove` of a link that is not there.
+    NotInstalled,
+    /// Something else is there already: `a file` or `a link to ...`.
+    Exists(String),
+}
+
+impl fmt::Display for InstallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InstallError::NotALink => f.write_str("not a symbolic link; left alone"),
+            InstallError::NotInstalled => f.write_str("not installed"),
+            InstallError::Exists(what) => write!(f, "already exists ({what}); --force replaces it"),
+        }
+    }
+}
+
+impl std::error::Error for InstallError {}
 
 /// A helper call, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +114,7 @@ pub fn is_helper_call(args: &[OsString], subcommands: &[&str]) -> bool {
 }
 
 /// Parses a helper call's arguments (`args[0]` excluded).
-pub fn parse(args: &[OsString]) -> Result<HelperCall, String> {
+pub fn parse(args: &[OsString]) -> Result<HelperCall, HelperError> {
     let mut positional = Vec::new();
     let mut call = HelperCall {
         source: String::new(),
@@ -71,7 +126,7 @@ pub fn parse(args: &[OsString]) -> Result<HelperCall, String> {
     };
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
-        let arg = arg.to_str().ok_or_else(|| format!("argument {arg:?} is not UTF-8"))?;
+        let arg = arg.to_str().ok_or_else(|| HelperError::NotUtf8(arg.clone()))?;
         if let Some(opts) = arg.strip_prefix("-o") {
             let opts = if opts.is_empty() { next_str(&mut rest, "-o")? } else { opts };
             let kept = opts.split(',').filter(|o| !o.is_empty() && !DROPPED_OPTIONS.contains(o));
@@ -79,7 +134,7 @@ pub fn parse(args: &[OsString]) -> Result<HelperCall, String> {
         } else if let Some(kind) = arg.strip_prefix("-t") {
             let kind = if kind.is_empty() { next_str(&mut rest, "-t")? } else { kind };
             if !matches!(kind, "fuse.stfs" | "stfs") {
-                return Err(format!("type `{kind}` is not stfs's (use -t fuse.stfs)"));
+                return Err(HelperError::WrongType(kind.to_string()));
             }
         } else if arg == "--help" {
             call.help = true;
@@ -92,7 +147,7 @@ pub fn parse(args: &[OsString]) -> Result<HelperCall, String> {
                     // Sloppy (-s) and no-mtab (-n) change nothing: options are checked either way
                     // and stfs writes no mtab.
                     's' | 'n' => {}
-                    other => return Err(format!("unknown flag `-{other}`\n{HELPER_USAGE}")),
+                    other => return Err(HelperError::UnknownFlag(other)),
                 }
             }
         } else {
@@ -108,17 +163,17 @@ pub fn parse(args: &[OsString]) -> Result<HelperCall, String> {
             call.mountpoint = PathBuf::from(mountpoint);
             Ok(call)
         }
-        Err(p) => Err(format!("expected SOURCE and MOUNTPOINT, got {} arguments\n{HELPER_USAGE}", p.len())),
+        Err(p) => Err(HelperError::Arguments(p.len())),
     }
 }
 
-fn next_str<'a>(rest: &mut impl Iterator<Item = &'a OsString>, flag: &str) -> Result<&'a str, String> {
-    let value = rest.next().ok_or_else(|| format!("`{flag}` needs a value"))?;
-    value.to_str().ok_or_else(|| format!("argument {value:?} is not UTF-8"))
+fn next_str<'a>(rest: &mut impl Iterator<Item = &'a OsString>, flag: &'static str) -> Result<&'a str, HelperError> {
+    let value = rest.next().ok_or(HelperError::NeedsValue(flag))?;
+    value.to_str().ok_or_else(|| HelperError::NotUtf8(value.clone()))
 }
 
 /// Runs a helper call: `stfs mount` in the background, or only its checks under `-f`.
-pub fn run(call: HelperCall) -> Result<ExitCode, String> {
+pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
     if call.help {
         println!("{HELPER_USAGE}");
         return Ok(ExitCode::SUCCESS);
@@ -135,47 +190,47 @@ pub fn run(call: HelperCall) -> Result<ExitCode, String> {
     if call.fake {
         let config = MountConfig::from_args(args)?;
         let stats = Arc::new(crate::stats::Stats::default());
-        crate::checkpoint::open(&config.source, &config.remote.open_options(stats)?).map_err(|e| e.to_string())?;
+        crate::checkpoint::open(&config.source, &config.remote.open_options(stats)?)?;
         crate::mount::mountpoint::check_mount_point(&config.mountpoint)
-            .map_err(|e| format!("{}: {e}", config.mountpoint.display()))?;
+            .map_err(|e| Failure::at(config.mountpoint.display(), e))?;
         return Ok(ExitCode::SUCCESS);
     }
-    super::mount::run(args)
+    crate::cli::mount::run(args)
 }
 
 /// Runs `stfs install-helper`: links PREFIX/mount.fuse.stfs to this binary (or removes the link).
-pub fn install(args: InstallHelperArgs) -> Result<ExitCode, String> {
+pub fn install(args: InstallHelperArgs) -> Result<ExitCode, Failure> {
     let link = args.prefix.join(HELPER_NAME);
     let shown = link.display();
     let current = std::fs::read_link(&link).ok();
     if args.remove {
         return match current {
             Some(_) => {
-                std::fs::remove_file(&link).map_err(|e| format!("{shown}: {}", crate::util::describe_io(&e)))?;
+                std::fs::remove_file(&link).map_err(|e| Failure::io(&shown, e))?;
                 println!("removed {shown}");
                 Ok(ExitCode::SUCCESS)
             }
-            None if link.exists() => Err(format!("{shown}: not a symbolic link; left alone")),
-            None => Err(format!("{shown}: not installed")),
+            None if link.exists() => Err(Failure::at(shown, InstallError::NotALink)),
+            None => Err(Failure::at(shown, InstallError::NotInstalled)),
         };
     }
     let exe =
-        std::env::current_exe().and_then(std::fs::canonicalize).map_err(|e| format!("finding this binary: {e}"))?;
+        std::env::current_exe().and_then(std::fs::canonicalize).map_err(|e| Failure::at("finding this binary", e))?;
     if current.as_deref() == Some(exe.as_path()) {
         println!("{shown} -> {} (already installed)", exe.display());
         return Ok(ExitCode::SUCCESS);
     }
     if (current.is_some() || link.exists()) && !args.force {
         let what = current.map_or("a file".to_string(), |c| format!("a link to {}", c.display()));
-        return Err(format!("{shown}: already exists ({what}); --force replaces it"));
+        return Err(Failure::at(shown, InstallError::Exists(what)));
     }
     // Link under a temporary name, then rename over: the helper is never missing or half-made.
     let temp = args.prefix.join(format!(".{HELPER_NAME}.{}", std::process::id()));
     let _ = std::fs::remove_file(&temp);
-    symlink(&exe, &temp).map_err(|e| format!("{}: {}", temp.display(), crate::util::describe_io(&e)))?;
+    symlink(&exe, &temp).map_err(|e| Failure::io(temp.display(), e))?;
     if let Err(e) = std::fs::rename(&temp, &link) {
         let _ = std::fs::remove_file(&temp);
-        return Err(format!("{shown}: {}", crate::util::describe_io(&e)));
+        return Err(Failure::io(shown, e));
     }
     println!("{shown} -> {}", exe.display());
     Ok(ExitCode::SUCCESS)
@@ -183,7 +238,10 @@ pub fn install(args: InstallHelperArgs) -> Result<ExitCode, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    // Not `super::*`: tests/layers.rs reads that as an import of `cli`, the dispatch.
+    use crate::cli::helper::{is_helper_call, parse};
+    use std::ffi::OsString;
+    use std::path::Path;
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
@@ -211,7 +269,7 @@ mod tests {
             (&["a", "b", "-o"][..], "`-o` needs a value"),
             (&["a", "b", "-t", "ext4"][..], "type `ext4`"),
         ] {
-            let e = parse(&os(args)).unwrap_err();
+            let e = parse(&os(args)).unwrap_err().to_string();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
     }

@@ -3,21 +3,22 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use super::{print_out, InspectArgs};
 use crate::checkpoint;
+use crate::cli::args::InspectArgs;
+use crate::cli::report::{print_out, Failure};
 use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
-pub fn run(args: InspectArgs) -> Result<ExitCode, String> {
+pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
     let options = args.remote.open_options(Default::default())?;
-    let opened = checkpoint::open(&args.source, &options).map_err(|e| e.to_string())?;
+    let opened = checkpoint::open(&args.source, &options)?;
     let shards = opened
         .shards
         .into_iter()
         .enumerate()
         .map(|(i, s)| Shard { source: i, name: s.source.name().to_string(), header: s.header })
         .collect();
-    let ns = Namespace::build(shards, Layout::Flat, Views::default()).map_err(|e| format!("{}: {e}", args.source))?;
+    let ns = Namespace::build(shards, Layout::Flat, Views::default()).map_err(|e| Failure::at(&args.source, e))?;
     if args.json {
         let json = crate::tree::metadata::render(&ns);
         return print_out(&String::from_utf8_lossy(&json));

@@ -1,353 +1,56 @@
-//! The command line: clap definitions (the raw arguments) and dispatch to one module per subcommand.
+//! The command line: dispatch of the parsed arguments to one module per subcommand, and the exit
+//! status. The clap definitions are in `args`, their validation in `options`, and the one-line
+//! failure report in `report`; the subcommand modules use those and never this dispatch.
+//!
+//! Exit status: 0 success, 1 failure (bad input, mount or unmount failed, I/O), 2 usage error.
 
+mod args;
 mod extract;
 mod helper;
 mod inspect;
 mod mount;
 mod options;
 mod progress;
+mod report;
+mod stats;
 mod umount;
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{CommandFactory, Parser};
 
-pub use options::MountConfig;
-
-/// Exit status for success.
-pub const EXIT_OK: u8 = 0;
-/// Exit status for a runtime failure (bad file, mount or unmount failed, I/O error).
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit status for a usage error (clap's own code).
-pub const EXIT_USAGE: u8 = 2;
-
-const AFTER_HELP: &str = "\
-Examples:
-  stfs mount model.safetensors /mnt/model     # returns once the mount answers
-  ls -l /mnt/model; cat /mnt/model/metadata.json
-  dd if=/mnt/model/lm_head.weight bs=1M skip=3 count=2 | legacy-tool
-  stfs inspect model.safetensors              # the tensor table, no mount
-  stfs cat model.safetensors lm_head.weight | od -t f4 | head   # no FUSE needed
-  stfs extract --npy model.safetensors lm_head.weight -o out/
-  stfs umount /mnt/model
-  stfs install-helper && mount -t fuse.stfs model.safetensors /mnt/model -o ro,cache_size=1G
-
-Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error.
-Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in the background).";
-
-/// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
-#[derive(Parser, Debug)]
-#[command(name = "stfs", version, about, after_help = AFTER_HELP, propagate_version = true)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// The subcommands.
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Mount a checkpoint; returns once the mount answers (the daemon stays in the background).
-    #[command(after_help = mount::AFTER_HELP)]
-    Mount(MountArgs),
-    /// Unmount an stfs mount; also clears a stale mount left by a killed daemon.
-    #[command(alias = "unmount")]
-    Umount(UmountArgs),
-    /// Print the tensor table of a checkpoint without mounting it.
-    #[command(after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'")]
-    Inspect(InspectArgs),
-    /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
-    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits")]
-    Stats(StatsArgs),
-    /// Write tensors to files (raw bytes, or .npy) without mounting: no /dev/fuse needed.
-    #[command(after_help = extract::EXTRACT_HELP)]
-    Extract(ExtractArgs),
-    /// Write one tensor's bytes (raw, or .npy) to stdout without mounting.
-    #[command(after_help = extract::CAT_HELP)]
-    Cat(CatArgs),
-    /// Link /sbin/mount.fuse.stfs to this binary, so `mount -t fuse.stfs` and fstab lines work.
-    #[command(after_help = INSTALL_HELPER_HELP)]
-    InstallHelper(InstallHelperArgs),
-}
-
-const INSTALL_HELPER_HELP: &str = "\
-mount(8) runs /sbin/mount.fuse.stfs SOURCE MOUNTPOINT -o OPTIONS for the type fuse.stfs; the options are
-those of `stfs mount` (`rw`, which mount(8) adds unless told `ro`, is ignored: the mount is read-only).
-
-Examples:
-  stfs install-helper
-  mount -t fuse.stfs /models/m.safetensors /mnt/m -o ro,cache_size=1G
-  echo '/models/m.safetensors /mnt/m fuse.stfs ro,cache_size=1G,nofail 0 0' >> /etc/fstab
-  stfs install-helper --remove";
-
-/// Arguments of `stfs mount`. Every long option is also accepted as `-o name=value`.
-#[derive(Args, Debug, Default, Clone)]
-pub struct MountArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, or an
-    /// http(s):// URL of a file or an index.
-    pub source: String,
-    /// An existing directory to mount on.
-    pub mountpoint: PathBuf,
-    /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
-    #[arg(short, long)]
-    pub foreground: bool,
-    /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`.
-    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
-    pub options: Vec<String>,
-    /// Most bytes the block cache may hold (readahead included) [default: 512M].
-    #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
-    pub cache_size: Option<u64>,
-    /// Cache and alignment unit: every backing read covers whole blocks of this size, aligned to the
-    /// backing file (sequential readers get reads of many blocks at once) [default: 64K; 4M for a
-    /// URL].
-    #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
-    pub block_size: Option<u64>,
-    /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
-    #[arg(long)]
-    pub allow_other: bool,
-    /// Where the background daemon writes its log [default: discarded].
-    #[arg(long, value_name = "PATH")]
-    pub log_file: Option<PathBuf>,
-    /// Threads answering FUSE requests [default: 16].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub threads: Option<u32>,
-    /// Background threads doing readahead [default: 8].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub io_threads: Option<u32>,
-    /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
-    #[arg(long, value_name = "KIB")]
-    pub kernel_readahead_kb: Option<u32>,
-    /// Also show every tensor as NAME.npy (a NumPy header, then the raw bytes) for np.load.
-    #[arg(long)]
-    pub npy: bool,
-    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8 and F4 become F32.
-    #[arg(long = "as", value_name = "DTYPE", value_parser = ["f32"])]
-    pub as_dtype: Option<String>,
-    /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
-    #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
-    pub layout: Option<String>,
-    /// Remote checkpoints.
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-}
-
-/// Options for `http://` and `https://` checkpoints.
-#[derive(Args, Debug, Default, Clone)]
-#[command(next_help_heading = "Remote checkpoints")]
-pub struct RemoteArgs {
-    /// Send this header with every request (repeatable): `--header 'Authorization: Bearer ...'`.
-    #[arg(long = "header", value_name = "NAME: VALUE")]
-    pub headers: Vec<String>,
-    /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs).
-    #[arg(long, value_name = "VAR")]
-    pub token_env: Option<String>,
-    /// Tries per request before a read fails (tests and benchmarks) [default: 5].
-    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub http_retries: Option<u32>,
-    /// Backoff ceiling of the first retry, doubling per retry up to 32 times it (`20ms`, `1s`) [default: 100ms].
-    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
-    pub http_retry_delay: Option<std::time::Duration>,
-    /// Limit for connecting and for each wait on the socket (`500ms`, `10s`) [default: 10s, 30s].
-    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
-    pub http_timeout: Option<std::time::Duration>,
-}
-
-/// Parses `250ms`, `3s` or a bare number of seconds.
-pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let (number, scale) = match text.strip_suffix("ms") {
-        Some(n) => (n, 1),
-        None => (text.strip_suffix('s').unwrap_or(text), 1000),
-    };
-    match number.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(scale)) {
-        Some(ms) => Ok(std::time::Duration::from_millis(ms)),
-        None => Err(format!("invalid duration `{text}` (use e.g. 250ms or 3s)")),
-    }
-}
-
-impl RemoteArgs {
-    /// The checkpoint-opening options these arguments describe, counting into `stats`.
-    pub fn open_options(
-        &self,
-        stats: std::sync::Arc<crate::stats::Stats>,
-    ) -> Result<crate::checkpoint::OpenOptions, String> {
-        let mut http = crate::source::http::HttpOptions { stats, ..Default::default() };
-        for h in &self.headers {
-            http.add_header_arg(h).map_err(|e| format!("--header: {e}"))?;
-        }
-        if let Some(var) = &self.token_env {
-            http.token_from_env(var).map_err(|e| format!("--token-env: {e}"))?;
-        }
-        if let Some(attempts) = self.http_retries {
-            http.retry.attempts = attempts;
-        }
-        if let Some(delay) = self.http_retry_delay {
-            http.retry.base_delay = delay;
-            http.retry.max_delay = delay.saturating_mul(32).min(http.retry.max_delay);
-        }
-        if let Some(timeout) = self.http_timeout {
-            http.connect_timeout = timeout;
-            http.read_timeout = timeout;
-        }
-        Ok(crate::checkpoint::OpenOptions { http })
-    }
-}
-
-/// Arguments of `stfs umount`.
-#[derive(Args, Debug)]
-pub struct UmountArgs {
-    /// The mount point.
-    pub mountpoint: PathBuf,
-    /// Detach now even if files are open; the mount goes away when they are closed.
-    #[arg(short = 'l', long)]
-    pub lazy: bool,
-}
-
-/// Arguments of `stfs inspect`.
-#[derive(Args, Debug)]
-pub struct InspectArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
-    pub source: String,
-    /// Print the same JSON document a mount serves as metadata.json.
-    #[arg(long)]
-    pub json: bool,
-    /// Remote checkpoints.
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-}
-
-/// Arguments of `stfs extract`.
-#[derive(Args, Debug)]
-pub struct ExtractArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
-    pub source: String,
-    /// Tensor names, as in the header (`stfs inspect` lists them).
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
-    pub tensors: Vec<String>,
-    /// Extract every tensor.
-    #[arg(long)]
-    pub all: bool,
-    /// Directory to write into (created if missing).
-    #[arg(short = 'o', long = "output-dir", value_name = "DIR", default_value = ".")]
-    pub output_dir: PathBuf,
-    /// Write NAME.npy (a NumPy header, then the bytes) instead of the raw bytes.
-    #[arg(long)]
-    pub npy: bool,
-    /// Remote checkpoints.
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-}
-
-/// Arguments of `stfs cat`.
-#[derive(Args, Debug)]
-pub struct CatArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
-    pub source: String,
-    /// The tensor's name, as in the header.
-    pub tensor: String,
-    /// Write the .npy form (a NumPy header, then the bytes).
-    #[arg(long)]
-    pub npy: bool,
-    /// Remote checkpoints.
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-}
-
-/// Arguments of `stfs install-helper`.
-#[derive(Args, Debug)]
-pub struct InstallHelperArgs {
-    /// Directory mount(8) looks in for helpers.
-    #[arg(long, value_name = "DIR", default_value = "/sbin")]
-    pub prefix: PathBuf,
-    /// Replace an existing mount.fuse.stfs that points elsewhere.
-    #[arg(long)]
-    pub force: bool,
-    /// Remove the link instead (only if it is a symbolic link).
-    #[arg(long, conflicts_with = "force")]
-    pub remove: bool,
-}
-
-/// Arguments of `stfs stats`.
-#[derive(Args, Debug)]
-pub struct StatsArgs {
-    /// The mount point.
-    pub mountpoint: PathBuf,
-}
+pub use args::{
+    BadDuration, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs, RemoteArgs, StatsArgs,
+    UmountArgs,
+};
+pub use options::{ConfigError, MountConfig};
+pub use report::{Failure, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 
 /// Runs the parsed command line; errors are printed as one line prefixed with `stfs: `.
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Mount(args) => mount::run(args),
-        Command::Umount(args) => umount::run_umount(args),
+        Command::Umount(args) => umount::run(args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Stats(args) => umount::run_stats(args),
+        Command::Stats(args) => stats::run(args),
         Command::Extract(args) => extract::run_extract(args),
         Command::Cat(args) => extract::run_cat(args),
         Command::InstallHelper(args) => helper::install(args),
     };
-    finish(result)
+    report::finish(result)
 }
 
 /// Runs a whole command line (`args[0]` included): as mount(8)'s helper when called as one (see
-/// [`helper`]: `mount.fuse.stfs SRC MP -o OPTS`, or `stfs SRC MP -o OPTS` from fuse3's mount.fuse),
+/// `helper`: `mount.fuse.stfs SRC MP -o OPTS`, or `stfs SRC MP -o OPTS` from fuse3's mount.fuse),
 /// otherwise as the `stfs` subcommands.
 pub fn run_args(args: Vec<OsString>) -> ExitCode {
-    use clap::CommandFactory;
     let command = Cli::command();
     let names: Vec<&str> =
         command.get_subcommands().flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases())).collect();
     if helper::is_helper_call(&args, &names) {
-        return finish(helper::parse(args.get(1..).unwrap_or_default()).and_then(helper::run));
+        let call = helper::parse(args.get(1..).unwrap_or_default()).map_err(Failure::new);
+        return report::finish(call.and_then(helper::run));
     }
     run(Cli::parse_from(args))
-}
-
-/// Turns a command's result into its exit status, printing a failure as one `stfs: ` line.
-fn finish(result: Result<ExitCode, String>) -> ExitCode {
-    match result {
-        Ok(code) => code,
-        Err(message) => {
-            eprintln!("stfs: {message}");
-            ExitCode::from(EXIT_FAILURE)
-        }
-    }
-}
-
-/// Writes to stdout; a closed pipe (`stfs inspect x | head`) ends quietly with success.
-pub(crate) fn print_out(text: &str) -> Result<ExitCode, String> {
-    use std::io::Write;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(format!("writing to stdout: {e}")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hidden_http_knobs_reach_the_options() {
-        assert_eq!(parse_duration("250ms"), Ok(std::time::Duration::from_millis(250)));
-        assert_eq!(parse_duration("3s"), Ok(std::time::Duration::from_secs(3)));
-        assert_eq!(parse_duration("2"), Ok(std::time::Duration::from_secs(2)));
-        assert!(parse_duration("soon").is_err() && parse_duration("99999999999999999s").is_err());
-        let args = RemoteArgs {
-            http_retries: Some(2),
-            http_retry_delay: Some(std::time::Duration::from_millis(10)),
-            http_timeout: Some(std::time::Duration::from_secs(1)),
-            ..Default::default()
-        };
-        let http = args.open_options(Default::default()).unwrap().http;
-        assert_eq!(
-            (http.retry.attempts, http.retry.base_delay, http.retry.max_delay),
-            (2, std::time::Duration::from_millis(10), std::time::Duration::from_millis(320))
-        );
-        assert_eq!(
-            (http.connect_timeout, http.read_timeout),
-            (std::time::Duration::from_secs(1), std::time::Duration::from_secs(1))
-        );
-    }
 }

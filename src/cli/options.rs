@@ -1,9 +1,17 @@
-//! `-o` mount options and flags, validated once into a [`MountConfig`] the rest of the code takes.
+//! `-o` mount options and flags, validated once into a [`MountConfig`] the rest of the code takes,
+//! and the remote options into the checkpoint's [`OpenOptions`]: the "high" arguments.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use super::MountArgs;
+use crate::checkpoint::OpenOptions;
+use crate::cli::args::{parse_duration, BadDuration, MountArgs, RemoteArgs};
 use crate::engine::EngineConfig;
+use crate::mount::build::{FsOptions, Owner};
+use crate::mount::session::ServeOptions;
+use crate::source::http::{HttpError, HttpOptions};
+use crate::stats::Stats;
 use crate::tree::namespace::{Layout, Views};
 use crate::util::size::{format_size, parse_size};
 
@@ -70,6 +78,104 @@ const IGNORED_OPTIONS: &[&str] = &[
     "default_permissions",
 ];
 
+/// A mount option, flag or remote option that cannot be used.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// `-o key` without the value it needs.
+    NeedsValue {
+        /// The option.
+        key: String,
+    },
+    /// `-o key=value` for an option that is a plain switch.
+    TakesNoValue {
+        /// The option.
+        key: String,
+        /// The value given.
+        value: String,
+    },
+    /// A count outside its range, or not a number.
+    BadCount {
+        /// The option.
+        key: String,
+        /// Least accepted.
+        min: u32,
+        /// Most accepted.
+        max: u32,
+        /// The value given.
+        value: String,
+    },
+    /// A size that does not parse (the size parser's own words).
+    BadSize(String),
+    /// A duration that does not parse.
+    BadDuration(BadDuration),
+    /// `-o rw`: the mount is always read-only.
+    ReadWrite,
+    /// An option stfs does not know.
+    Unknown {
+        /// The option.
+        key: String,
+    },
+    /// A block size that is not a power of two in range.
+    BlockSize {
+        /// The size asked for.
+        size: u64,
+    },
+    /// A cache that cannot hold two blocks.
+    CacheSize {
+        /// The size asked for.
+        size: u64,
+        /// Two blocks.
+        least: u64,
+    },
+    /// A view dtype other than `f32`.
+    ViewDtype(String),
+    /// A layout other than `flat` or `tree`.
+    Layout(String),
+    /// A `--header` that is not `Name: value`.
+    Header(HttpError),
+    /// A `--token-env` whose variable is unset or empty.
+    TokenEnv(HttpError),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NeedsValue { key } => write!(f, "mount option `{key}` needs a value (`{key}=...`)"),
+            ConfigError::TakesNoValue { key, value } => write!(f, "mount option `{key}` takes no value, got `{value}`"),
+            ConfigError::BadCount { key, min, max, value } => {
+                write!(f, "mount option `{key}` needs a whole number from {min} to {max}, got `{value}`")
+            }
+            ConfigError::BadSize(text) => f.write_str(text),
+            ConfigError::BadDuration(e) => write!(f, "{e}"),
+            ConfigError::ReadWrite => f.write_str("stfs mounts are read-only; option `rw` is not supported"),
+            ConfigError::Unknown { key } => write!(f, "unknown mount option `{key}` (see `stfs mount --help`)"),
+            ConfigError::BlockSize { size } => {
+                let (lo, hi) = BLOCK_SIZE_RANGE;
+                let (size, lo, hi) = (format_size(*size), format_size(lo), format_size(hi));
+                write!(f, "block size {size} must be a power of two from {lo} to {hi}")
+            }
+            ConfigError::CacheSize { size, least } => {
+                let (size, least) = (format_size(*size), format_size(*least));
+                write!(f, "cache size {size} must hold at least two blocks ({least})")
+            }
+            ConfigError::ViewDtype(d) => write!(f, "unsupported view dtype `{d}` (only `f32`)"),
+            ConfigError::Layout(l) => write!(f, "unknown layout `{l}` (use `flat` or `tree`)"),
+            ConfigError::Header(e) => write!(f, "--header: {e}"),
+            ConfigError::TokenEnv(e) => write!(f, "--token-env: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::BadDuration(e) => Some(e),
+            ConfigError::Header(e) | ConfigError::TokenEnv(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Everything `stfs mount` needs, validated.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -94,27 +200,29 @@ pub struct MountConfig {
     /// Extra views.
     pub views: Views,
     /// Remote access options.
-    pub remote: super::RemoteArgs,
+    pub remote: RemoteArgs,
 }
 
 impl MountConfig {
     /// Applies `-o` options under the explicit flags (a flag wins over the same `-o` option).
-    pub fn from_args(args: MountArgs) -> Result<MountConfig, String> {
+    pub fn from_args(args: MountArgs) -> Result<MountConfig, ConfigError> {
         let mut a = args.clone();
         for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
             let (key, value) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
                 None => (opt, None),
             };
-            let need = || value.ok_or_else(|| format!("mount option `{key}` needs a value (`{key}=...`)"));
+            let need = || value.ok_or_else(|| ConfigError::NeedsValue { key: key.to_string() });
             let flag_value = |v: Option<&str>| match v {
                 None | Some("true") | Some("yes") | Some("1") => Ok(true),
                 Some("false") | Some("no") | Some("0") => Ok(false),
-                Some(other) => Err(format!("mount option `{key}` takes no value, got `{other}`")),
+                Some(other) => Err(ConfigError::TakesNoValue { key: key.to_string(), value: other.to_string() }),
             };
+            let size = |text: &str| parse_size(text).map_err(ConfigError::BadSize);
+            let duration = |text: &str| parse_duration(text).map_err(ConfigError::BadDuration);
             match key.replace('-', "_").as_str() {
-                "cache_size" => a.cache_size = a.cache_size.or(Some(parse_size(need()?)?)),
-                "block_size" => a.block_size = a.block_size.or(Some(parse_size(need()?)?)),
+                "cache_size" => a.cache_size = a.cache_size.or(Some(size(need()?)?)),
+                "block_size" => a.block_size = a.block_size.or(Some(size(need()?)?)),
                 "allow_other" => a.allow_other |= flag_value(value)?,
                 "foreground" => a.foreground |= flag_value(value)?,
                 "log_file" => a.log_file = a.log_file.or(Some(PathBuf::from(need()?))),
@@ -132,45 +240,34 @@ impl MountConfig {
                     a.remote.http_retries = a.remote.http_retries.or(Some(parse_count(key, need()?, 1, 100)?))
                 }
                 "http_retry_delay" => {
-                    a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(super::parse_duration(need()?)?))
+                    a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(duration(need()?)?))
                 }
-                "http_timeout" => {
-                    a.remote.http_timeout = a.remote.http_timeout.or(Some(super::parse_duration(need()?)?))
-                }
-                "rw" => return Err("stfs mounts are read-only; option `rw` is not supported".into()),
+                "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(duration(need()?)?)),
+                "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
-                _ => return Err(format!("unknown mount option `{key}` (see `stfs mount --help`)")),
+                _ => return Err(ConfigError::Unknown { key: key.to_string() }),
             }
         }
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
-            return Err(format!(
-                "block size {} must be a power of two from {} to {}",
-                format_size(block_size),
-                format_size(lo),
-                format_size(hi)
-            ));
+            return Err(ConfigError::BlockSize { size: block_size });
         }
         let cache_size = a.cache_size.unwrap_or(DEFAULT_CACHE_SIZE.max(2 * block_size));
         if cache_size < 2 * block_size {
-            return Err(format!(
-                "cache size {} must hold at least two blocks ({})",
-                format_size(cache_size),
-                format_size(2 * block_size)
-            ));
+            return Err(ConfigError::CacheSize { size: cache_size, least: 2 * block_size });
         }
         let engine =
             EngineConfig { block_size, cache_size, io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize };
         let as_f32 = match a.as_dtype.as_deref() {
             None => false,
             Some(d) if d.eq_ignore_ascii_case("f32") => true,
-            Some(other) => return Err(format!("unsupported view dtype `{other}` (only `f32`)")),
+            Some(other) => return Err(ConfigError::ViewDtype(other.to_string())),
         };
         let layout = match a.layout.as_deref() {
             None | Some("flat") => Layout::Flat,
             Some("tree") => Layout::Tree,
-            Some(other) => return Err(format!("unknown layout `{other}` (use `flat` or `tree`)")),
+            Some(other) => return Err(ConfigError::Layout(other.to_string())),
         };
         Ok(MountConfig {
             layout,
@@ -185,6 +282,46 @@ impl MountConfig {
             threads: a.threads.unwrap_or(DEFAULT_THREADS),
             kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
         })
+    }
+
+    /// What the filesystem shows and how it reads, owned by who mounts.
+    pub fn fs_options(&self) -> FsOptions {
+        FsOptions { engine: self.engine.clone(), layout: self.layout, views: self.views, owner: Owner::of_process() }
+    }
+
+    /// Where and how to mount.
+    pub fn serve_options(&self) -> ServeOptions {
+        ServeOptions {
+            mountpoint: self.mountpoint.clone(),
+            threads: self.threads,
+            allow_other: self.allow_other,
+            kernel_readahead_kb: self.kernel_readahead_kb,
+        }
+    }
+}
+
+impl RemoteArgs {
+    /// The checkpoint-opening options these arguments describe, counting into `stats`.
+    pub fn open_options(&self, stats: Arc<Stats>) -> Result<OpenOptions, ConfigError> {
+        let mut http = HttpOptions { stats, ..Default::default() };
+        for h in &self.headers {
+            http.add_header_arg(h).map_err(ConfigError::Header)?;
+        }
+        if let Some(var) = &self.token_env {
+            http.token_from_env(var).map_err(ConfigError::TokenEnv)?;
+        }
+        if let Some(attempts) = self.http_retries {
+            http.retry.attempts = attempts;
+        }
+        if let Some(delay) = self.http_retry_delay {
+            http.retry.base_delay = delay;
+            http.retry.max_delay = delay.saturating_mul(32).min(http.retry.max_delay);
+        }
+        if let Some(timeout) = self.http_timeout {
+            http.connect_timeout = timeout;
+            http.read_timeout = timeout;
+        }
+        Ok(OpenOptions { http })
     }
 }
 
@@ -208,16 +345,16 @@ pub fn default_engine(source: &str) -> EngineConfig {
     }
 }
 
-fn parse_count(key: &str, value: &str, min: u32, max: u32) -> Result<u32, String> {
+fn parse_count(key: &str, value: &str, min: u32, max: u32) -> Result<u32, ConfigError> {
     match value.parse::<u32>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!("mount option `{key}` needs a whole number from {min} to {max}, got `{value}`")),
+        _ => Err(ConfigError::BadCount { key: key.to_string(), min, max, value: value.to_string() }),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::cli::options::*;
 
     fn args(options: &[&str]) -> MountArgs {
         MountArgs {
@@ -278,8 +415,29 @@ mod tests {
             (&["as=f16"][..], "only `f32`"),
             (&["layout=deep"][..], "unknown layout"),
         ] {
-            let e = MountConfig::from_args(args(opts)).unwrap_err();
+            let e = MountConfig::from_args(args(opts)).unwrap_err().to_string();
             assert!(e.contains(needle), "{opts:?}: {e}");
         }
+    }
+
+    #[test]
+    fn hidden_http_knobs_reach_the_options() {
+        use std::time::Duration;
+        let remote = RemoteArgs {
+            http_retries: Some(2),
+            http_retry_delay: Some(Duration::from_millis(10)),
+            http_timeout: Some(Duration::from_secs(1)),
+            ..Default::default()
+        };
+        let http = remote.open_options(Default::default()).unwrap().http;
+        assert_eq!(
+            (http.retry.attempts, http.retry.base_delay, http.retry.max_delay),
+            (2, Duration::from_millis(10), Duration::from_millis(320))
+        );
+        assert_eq!((http.connect_timeout, http.read_timeout), (Duration::from_secs(1), Duration::from_secs(1)));
+        let bad = RemoteArgs { headers: vec!["no colon".into()], ..Default::default() };
+        let e = bad.open_options(Default::default()).unwrap_err();
+        assert!(e.to_string().starts_with("--header: "), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
     }
 }

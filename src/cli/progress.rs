@@ -90,7 +90,7 @@ fn human(bytes: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::cli::progress::*;
 
     #[test]
     fn bar_shows_fraction_sizes_and_rate() {

@@ -1,15 +1,27 @@
-//! Filesystem operations (lookup, getattr, open, read, readdir, xattrs, statfs) as plain functions
-//! returning plain results, independent of the fuser bindings so they can be tested without a mount.
+//! Filesystem operations (lookup, getattr, open, read, readdir, xattrs, access, statfs) as plain
+//! methods returning plain results and [`FsError`], independent of the fuser bindings so they can be
+//! tested without a mount (the adapter is [`crate::fuse`]).
+//!
+//! This file holds the operations on the tree; `error` the errno table, `read` what the bytes of
+//! each kind of file are, `control` the `.stfs/stats.json` document.
+
+mod control;
+mod error;
+mod read;
+#[cfg(test)]
+mod tests;
 
 use std::ffi::OsStr;
-use std::fmt;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::engine::{Engine, ReadError};
+use crate::engine::Engine;
+use crate::fs::control::{is_stats, StatsFile};
 use crate::stats::Stats;
 use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
+
+pub use error::FsError;
 
 /// Extended attributes every tensor file carries, in `listxattr` order.
 pub const XATTRS: &[&str] =
@@ -63,6 +75,15 @@ pub struct DirEntry {
     pub name: String,
 }
 
+/// What `getxattr` and `listxattr` answer for a caller's buffer of a given size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xattr {
+    /// The caller offered no buffer (size 0): the bytes the answer needs.
+    Size(u32),
+    /// The value (or the NUL-terminated name list), which fits the caller's buffer.
+    Data(Vec<u8>),
+}
+
 /// Filesystem-level statistics for `statfs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatFs {
@@ -76,70 +97,19 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
-/// Why an operation failed; each maps to one errno.
-#[derive(Debug)]
-pub enum FsError {
-    /// No such inode or name.
-    NotFound,
-    /// A directory operation on a file.
-    NotDir,
-    /// A file operation on a directory.
-    IsDir,
-    /// Any attempt to modify the read-only mount.
-    ReadOnly,
-    /// The node has no such extended attribute.
-    NoXattr,
-    /// Extended attributes outside the `user.` namespace are not supported.
-    XattrNamespace,
-    /// Reading the backing source failed (I/O error, or the file changed since mount).
-    Read(ReadError),
-}
-
-impl FsError {
-    /// The errno the kernel receives. Exhaustive on purpose: a new variant must choose one.
-    pub fn errno(&self) -> i32 {
-        match self {
-            FsError::NotFound => libc::ENOENT,
-            FsError::NotDir => libc::ENOTDIR,
-            FsError::IsDir => libc::EISDIR,
-            FsError::ReadOnly => libc::EROFS,
-            FsError::NoXattr => libc::ENODATA,
-            FsError::XattrNamespace => libc::EOPNOTSUPP,
-            // A changed or failing backing file can no longer be served correctly: EIO, never stale bytes.
-            FsError::Read(_) => libc::EIO,
-        }
-    }
-}
-
-impl fmt::Display for FsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FsError::NotFound => f.write_str("no such file or directory"),
-            FsError::NotDir => f.write_str("not a directory"),
-            FsError::IsDir => f.write_str("is a directory"),
-            FsError::ReadOnly => f.write_str("read-only file system"),
-            FsError::NoXattr => f.write_str("no such attribute"),
-            FsError::XattrNamespace => f.write_str("attribute namespace not supported"),
-            FsError::Read(e) => write!(f, "{e}"),
-        }
-    }
-}
-
 /// The mounted filesystem's state and operations.
 pub struct Fs {
     ns: Namespace,
     engine: Arc<Engine>,
     base: AttrBase,
-    /// The stats document as rendered at the last lookup of stats.json, and when.
-    stats_snapshot: Mutex<(Arc<[u8]>, SystemTime)>,
+    control: StatsFile,
 }
 
 impl Fs {
     /// A filesystem over `ns`, reading tensor bytes through `engine`.
     pub fn new(ns: Namespace, engine: Arc<Engine>, base: AttrBase) -> Fs {
-        let fs = Fs { ns, engine, base, stats_snapshot: Mutex::new((Arc::from(&[][..]), SystemTime::UNIX_EPOCH)) };
-        fs.renew_stats_snapshot();
-        fs
+        let control = StatsFile::new(Arc::clone(engine.stats()));
+        Fs { ns, engine, base, control }
     }
 
     /// The namespace served.
@@ -169,7 +139,7 @@ impl Fs {
             // Every open by path looks the name up first (entry TTL 0), so each reader gets a
             // document taken when it opened, which serves all of its reads unless another open
             // renews it meanwhile (the kernel caches one copy per file; docs/usage.md).
-            self.renew_stats_snapshot();
+            self.control.renew();
         }
         self.getattr(ino)
     }
@@ -197,24 +167,8 @@ impl Fs {
         if !is_stats(&node.kind) {
             return Ok(attr);
         }
-        let (doc, taken) = self.current_stats_snapshot();
+        let (doc, taken) = self.control.current();
         Ok(Attr { size: doc.len() as u64, mtime: taken, renew_on_lookup: true, ..attr })
-    }
-
-    fn renew_stats_snapshot(&self) {
-        let mut json = serde_json::to_vec_pretty(&self.stats().to_json()).unwrap_or_default();
-        json.push(b'\n');
-        let mut now = SystemTime::now();
-        let mut current = self.lock_stats_snapshot();
-        // A new mtime tells the kernel that its cached pages of the old document are stale.
-        if now <= current.1 {
-            now = current.1 + std::time::Duration::from_nanos(1);
-        }
-        *current = (json.into(), now);
-    }
-
-    fn current_stats_snapshot(&self) -> (Arc<[u8]>, SystemTime) {
-        self.lock_stats_snapshot().clone()
     }
 
     /// Checks that file `ino` may be opened (`write`: for writing). Files hold no per-open state:
@@ -229,6 +183,14 @@ impl Fs {
             return Err(FsError::ReadOnly);
         }
         Ok(())
+    }
+
+    /// Checks that `ino` is a directory that may be listed.
+    pub fn opendir(&self, ino: Ino) -> Result<(), FsError> {
+        match self.ns.node(ino).ok_or(FsError::NotFound)?.kind {
+            NodeKind::Dir(_) => Ok(()),
+            NodeKind::File { .. } => Err(FsError::NotDir),
+        }
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`; short only at end of file.
@@ -251,70 +213,12 @@ impl Fs {
             Stats::add(&stats.fuse_read_bytes, data.len() as u64);
             reply(data)
         };
-        let result = match content {
-            Content::Tensor(i) => self.read_tensor(*i, offset, size, counted),
-            Content::Npy { tensor, header } => {
-                self.read_with_prefix(header, *tensor, offset, size).map(|v| counted(&v))
-            }
-            Content::F32(i) => self.read_converted(*i, offset, size).map(|v| counted(&v)),
-            Content::Bytes(bytes) => Ok(counted(slice_at(bytes, offset, size))),
-            Content::Stats => Ok(counted(slice_at(&self.current_stats_snapshot().0, offset, size))),
-        };
+        let result = read::read_content(&self.ns, &self.engine, &self.control, content, offset, size, counted);
         match &result {
             Ok(_) => debug_assert!(matches!(content, Content::Stats) || sent as u64 <= *file_size),
             Err(_) => Stats::add(&stats.read_errors, 1),
         }
         result
-    }
-
-    /// Bytes `[offset, offset+size)` of tensor `i`, clipped to its length, handed to `reply`.
-    fn read_tensor<R>(&self, i: usize, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
-        let t = self.ns.tensors().get(i).ok_or(FsError::NotFound)?;
-        if offset >= t.len {
-            return Ok(reply(&[]));
-        }
-        let n = (t.len - offset).min(u64::from(size)) as usize;
-        self.engine.read_in(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
-    }
-
-    /// Bytes `[offset, offset+size)` of tensor `i` converted to F32: the whole source elements that
-    /// cover the range are read through the engine, converted, and trimmed.
-    fn read_converted(&self, i: usize, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let t = self.ns.tensors().get(i).ok_or(FsError::NotFound)?;
-        let elements = t.shape.iter().product::<u64>();
-        let out_len = crate::views::f32::converted_len(t.dtype, elements).unwrap_or(0);
-        if offset >= out_len {
-            return Ok(Vec::new());
-        }
-        let size = (out_len - offset).min(u64::from(size));
-        let (first, count) = crate::views::f32::source_range_for(t.dtype, offset, size);
-        let count = count.min(elements.saturating_sub(first));
-        let (byte_start, byte_len) =
-            crate::views::f32::source_byte_range(t.dtype, first, count).ok_or(FsError::NotFound)?;
-        let src = self
-            .engine
-            .read_in(t.source, t.start..t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
-            .map_err(FsError::Read)?;
-        let mut out = Vec::with_capacity(count as usize * 4);
-        // The dtype was checked convertible when the namespace was built.
-        if crate::views::f32::convert_to_f32(t.dtype, &src, &mut out).is_err() {
-            return Err(FsError::NotFound);
-        }
-        let skip = (offset - 4 * first) as usize;
-        out.drain(..skip.min(out.len()));
-        out.truncate(size as usize);
-        Ok(out)
-    }
-
-    /// A synthesized `prefix` followed by the bytes of tensor `i` (the `.npy` view).
-    fn read_with_prefix(&self, prefix: &[u8], i: usize, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let mut out = slice_at(prefix, offset, size).to_vec();
-        let rest = size - out.len() as u32;
-        if rest > 0 {
-            let tensor_offset = offset.saturating_sub(prefix.len() as u64);
-            self.read_tensor(i, tensor_offset, rest, |bytes| out.extend_from_slice(bytes))?;
-        }
-        Ok(out)
     }
 
     /// Passes the entries of directory `ino` after `offset` (0 starts with `.` and `..`) to `add`
@@ -333,7 +237,7 @@ impl Fs {
         Ok(())
     }
 
-    /// The tensor a file serves (raw or `.npy`), for xattrs.
+    /// The tensor a file serves (raw, `.npy` or F32), for xattrs.
     fn tensor_of(&self, ino: Ino) -> Result<Option<usize>, FsError> {
         Ok(match &self.ns.node(ino).ok_or(FsError::NotFound)?.kind {
             NodeKind::File { content: Content::Tensor(i), .. } => Some(*i),
@@ -343,13 +247,14 @@ impl Fs {
         })
     }
 
-    /// Names of the extended attributes of `ino`.
-    pub fn listxattr(&self, ino: Ino) -> Result<Vec<&'static str>, FsError> {
-        Ok(if self.tensor_of(ino)?.is_some() { XATTRS.to_vec() } else { Vec::new() })
+    /// The names of the extended attributes of `ino`, each NUL-terminated, for a buffer of `size`.
+    pub fn listxattr(&self, ino: Ino, size: u32) -> Result<Xattr, FsError> {
+        let names: &[&str] = if self.tensor_of(ino)?.is_some() { XATTRS } else { &[] };
+        fit(names.iter().flat_map(|n| n.bytes().chain([0])).collect(), size)
     }
 
-    /// The value of extended attribute `name` of `ino`.
-    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>, FsError> {
+    /// The value of extended attribute `name` of `ino`, for a buffer of `size`.
+    pub fn getxattr(&self, ino: Ino, name: &OsStr, size: u32) -> Result<Xattr, FsError> {
         if !name.as_bytes().starts_with(b"user.") {
             // Only the user namespace exists here. Saying so (EOPNOTSUPP, not ENODATA) lets tools
             // such as `ls -l` stop asking for security.selinux on every file of the mount.
@@ -357,7 +262,7 @@ impl Fs {
             return Err(FsError::XattrNamespace);
         }
         let i = self.tensor_of(ino)?.ok_or(FsError::NoXattr)?;
-        let t = &self.ns.tensors()[i];
+        let t = self.ns.tensors().get(i).ok_or(FsError::NoXattr)?;
         let value = match name.as_bytes() {
             b"user.safetensors.dtype" => t.dtype.name().to_string(),
             b"user.safetensors.shape" => serde_json::to_string(&t.shape).unwrap_or_default(),
@@ -365,7 +270,7 @@ impl Fs {
             b"user.safetensors.shard" => self.ns.shards()[t.shard].name.clone(),
             _ => return Err(FsError::NoXattr),
         };
-        Ok(value.into_bytes())
+        fit(value.into_bytes(), size)
     }
 
     /// Checks an `access` mask: any write request is refused.
@@ -389,227 +294,16 @@ impl Fs {
             namelen: crate::tree::names::NAME_MAX as u32,
         }
     }
-
-    fn lock_stats_snapshot(&self) -> std::sync::MutexGuard<'_, (Arc<[u8]>, SystemTime)> {
-        // A poisoned lock only means another thread panicked while holding it; the pair is whole.
-        self.stats_snapshot.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
-/// Whether a node is the stats document, rendered anew at each lookup.
-fn is_stats(kind: &NodeKind) -> bool {
-    matches!(kind, NodeKind::File { content: Content::Stats, .. })
-}
-
-/// `bytes[offset..offset+size]`, clipped to the slice (empty past its end).
-fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
-    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
-    let end = start.saturating_add(size as usize).min(bytes.len());
-    &bytes[start..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io;
-    use std::sync::atomic::Ordering::Relaxed;
-
-    use super::*;
-    use crate::engine::EngineConfig;
-    use crate::format::Dtype;
-    use crate::source::{Source, SourceReader};
-    use crate::tree::namespace::{Layout, Shard, Views, METADATA_NAME};
-
-    /// An in-memory source whose reads can be made to fail.
-    struct MemSource {
-        bytes: Arc<Vec<u8>>,
-        fail: Arc<std::sync::atomic::AtomicBool>,
-    }
-
-    struct MemStream(Arc<Vec<u8>>, Arc<std::sync::atomic::AtomicBool>);
-
-    impl Source for MemSource {
-        fn len(&self) -> u64 {
-            self.bytes.len() as u64
-        }
-        fn name(&self) -> &str {
-            "mem.safetensors"
-        }
-        fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
-            Ok(Box::new(MemStream(self.bytes.clone(), self.fail.clone())))
-        }
-    }
-
-    impl SourceReader for MemStream {
-        fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-            if self.1.load(Relaxed) {
-                return Err(io::Error::other("injected"));
-            }
-            let start = offset as usize;
-            buf.copy_from_slice(self.0.get(start..start + buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?);
-            Ok(())
-        }
-    }
-
-    type Tensors = Vec<(String, Dtype, Vec<u64>, Vec<u8>)>;
-
-    fn fixture(views: Views) -> (Fs, Tensors, Arc<std::sync::atomic::AtomicBool>) {
-        let tensors: Tensors = vec![
-            ("a/b".into(), Dtype::U8, vec![300], (0..300u32).map(|i| i as u8).collect()),
-            ("w".into(), Dtype::BF16, vec![2, 3], vec![0x80, 0x3f, 0, 0x40, 0, 0xc0, 0, 0, 0x80, 0x7f, 1, 0x3f]),
-        ];
-        let bytes = Arc::new(crate::format::writer::serialize(&tensors, None).unwrap());
-        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let engine =
-            Engine::new(EngineConfig { block_size: 64, cache_size: 256, io_threads: 1 }, Arc::new(Stats::default()));
-        let source = engine.add_source(Arc::new(MemSource { bytes: bytes.clone(), fail: fail.clone() }));
-        let mut stream = MemStream(bytes.clone(), fail.clone());
-        let header =
-            crate::format::read_header(|buf, offset| stream.read_exact_at(buf, offset), bytes.len() as u64).unwrap();
-        let ns = Namespace::build(vec![Shard { source, name: "mem.safetensors".into(), header }], Layout::Flat, views)
-            .unwrap();
-        let base =
-            AttrBase { uid: 7, gid: 8, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
-        (Fs::new(ns, engine, base), tensors, fail)
-    }
-
-    fn ino(fs: &Fs, name: &str) -> Ino {
-        fs.lookup(ROOT_INO, OsStr::new(name)).unwrap().ino
-    }
-
-    #[test]
-    fn lookup_getattr_and_errors() {
-        let (fs, tensors, _) = fixture(Views::default());
-        let a = fs.lookup(ROOT_INO, OsStr::new("a%2Fb")).unwrap();
-        assert_eq!((a.kind, a.size, a.perm, a.uid, a.gid, a.nlink), (Kind::File, 300, 0o444, 7, 8, 1));
-        assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 3);
-        assert_eq!(fs.lookup(ROOT_INO, OsStr::new(".")).unwrap().ino, ROOT_INO);
-        assert!(matches!(fs.lookup(ROOT_INO, OsStr::new("a/b")), Err(FsError::NotFound)));
-        assert!(matches!(fs.lookup(a.ino, OsStr::new("x")), Err(FsError::NotDir)));
-        assert!(matches!(fs.getattr(9999), Err(FsError::NotFound)));
-        assert!(matches!(fs.getattr(0), Err(FsError::NotFound)));
-        assert!(matches!(fs.open(ROOT_INO, false), Err(FsError::IsDir)));
-        assert!(matches!(fs.open(a.ino, true), Err(FsError::ReadOnly)));
-        assert!(matches!(fs.read(ROOT_INO, 0, 10), Err(FsError::IsDir)));
-        assert!(matches!(fs.readdir(a.ino, 0, |_| false), Err(FsError::NotDir)));
-        assert_eq!(tensors.len(), 2);
-        // Every errno is the documented one.
-        let expected = [
-            (FsError::NotFound, libc::ENOENT),
-            (FsError::NotDir, libc::ENOTDIR),
-            (FsError::IsDir, libc::EISDIR),
-            (FsError::ReadOnly, libc::EROFS),
-            (FsError::NoXattr, libc::ENODATA),
-            (FsError::XattrNamespace, libc::EOPNOTSUPP),
-        ];
-        for (e, errno) in expected {
-            assert_eq!(e.errno(), errno, "{e}");
-        }
-    }
-
-    #[test]
-    fn reads_clip_at_any_offset_and_size() {
-        let (fs, tensors, _) = fixture(Views::default());
-        let a = ino(&fs, "a%2Fb");
-        let data = &tensors[0].3;
-        for (off, size) in
-            [(0u64, 300u32), (1, 63), (63, 2), (64, 64), (299, 10), (300, 1), (10_000, 5), (u64::MAX, u32::MAX)]
-        {
-            let got = fs.read(a, off, size).unwrap();
-            let lo = (off.min(300)) as usize;
-            let hi = (off.saturating_add(u64::from(size))).min(300) as usize;
-            assert_eq!(got, &data[lo..hi], "{off} {size}");
-        }
-        let meta = fs.read(ino(&fs, METADATA_NAME), 0, u32::MAX).unwrap();
-        let doc: serde_json::Value = serde_json::from_slice(&meta).unwrap();
-        assert_eq!(doc["tensors"]["a/b"]["path"], "a%2Fb");
-        assert!(fs.stats().fuse_reads.load(Relaxed) >= 9);
-    }
-
-    #[test]
-    fn backing_failures_are_eio_and_retry_succeeds() {
-        let (fs, tensors, fail) = fixture(Views::default());
-        let a = ino(&fs, "a%2Fb");
-        fail.store(true, Relaxed);
-        let err = fs.read(a, 0, 300).unwrap_err();
-        assert_eq!(err.errno(), libc::EIO);
-        assert!(fs.stats().read_errors.load(Relaxed) >= 1);
-        fail.store(false, Relaxed);
-        assert_eq!(fs.read(a, 0, 300).unwrap(), tensors[0].3);
-    }
-
-    #[test]
-    fn readdir_pages_resume_at_offsets() {
-        let (fs, _, _) = fixture(Views { npy: true, as_f32: false });
-        let mut all = Vec::new();
-        fs.readdir(ROOT_INO, 0, |e| {
-            all.push(e);
-            false
-        })
-        .unwrap();
-        let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, [".", "..", ".stfs", "a%2Fb", "a%2Fb.npy", "metadata.json", "w", "w.npy"]);
-        // Stop after two entries, then resume from the offset the second one gave.
-        let mut first = Vec::new();
-        fs.readdir(ROOT_INO, 0, |e| {
-            first.push(e);
-            first.len() == 2
-        })
-        .unwrap();
-        let mut rest = Vec::new();
-        fs.readdir(ROOT_INO, first[1].next_offset, |e| {
-            rest.push(e.name);
-            false
-        })
-        .unwrap();
-        assert_eq!(rest, names[2..]);
-    }
-
-    #[test]
-    fn xattrs_and_views() {
-        let (fs, tensors, _) = fixture(Views { npy: true, as_f32: true });
-        let w = ino(&fs, "w");
-        assert_eq!(fs.getxattr(w, OsStr::new("user.safetensors.dtype")).unwrap(), b"BF16");
-        assert_eq!(fs.getxattr(w, OsStr::new("user.safetensors.shape")).unwrap(), b"[2,3]");
-        assert!(matches!(fs.getxattr(w, OsStr::new("user.other")), Err(FsError::NoXattr)));
-        assert!(matches!(fs.getxattr(w, OsStr::new("security.selinux")), Err(FsError::XattrNamespace)));
-        assert_eq!(fs.listxattr(w).unwrap(), XATTRS);
-        assert!(fs.listxattr(ROOT_INO).unwrap().is_empty());
-        // The F32 view: BF16 bits shifted into the high half.
-        let f32_bytes = fs.read(w, 0, 100).unwrap();
-        let want: Vec<u8> = tensors[1]
-            .3
-            .chunks(2)
-            .flat_map(|c| (u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes())
-            .collect();
-        assert_eq!(f32_bytes, want);
-        assert_eq!(fs.read(w, 5, 6).unwrap(), &want[5..11]);
-        // The .npy view: header then raw bytes.
-        let npy = fs.read(ino(&fs, "w.npy"), 0, 10_000).unwrap();
-        assert!(npy.starts_with(b"\x93NUMPY"));
-        assert_eq!(&npy[npy.len() - 12..], &tensors[1].3[..]);
-    }
-
-    #[test]
-    fn stats_snapshot_is_renewed_by_lookup_only() {
-        let (fs, tensors, _) = fixture(Views::default());
-        let control = ino(&fs, crate::tree::namespace::CONTROL_DIR);
-        let name = OsStr::new(crate::tree::namespace::STATS_NAME);
-        let first = fs.lookup(control, name).unwrap();
-        assert!(first.renew_on_lookup);
-        assert!(!fs.getattr(ino(&fs, "a%2Fb")).unwrap().renew_on_lookup);
-        let doc = fs.read(first.ino, 0, 1 << 20).unwrap();
-        assert_eq!(doc.len() as u64, first.size);
-        let parsed: serde_json::Value = serde_json::from_slice(&doc).unwrap();
-        assert_eq!(parsed["fuse_reads"], 0);
-        // Reads and getattr serve the same snapshot, whatever happened since the lookup.
-        fs.read(ino(&fs, "a%2Fb"), 0, 300).unwrap();
-        assert_eq!(fs.getattr(first.ino).unwrap(), first);
-        assert_eq!(fs.read(first.ino, 5, 1 << 20).unwrap(), &doc[5..]);
-        // The next lookup renders a new document, with a later mtime so cached pages are dropped.
-        let second = fs.lookup(control, name).unwrap();
-        assert!(second.mtime > first.mtime);
-        let parsed: serde_json::Value = serde_json::from_slice(&fs.read(second.ino, 0, 1 << 20).unwrap()).unwrap();
-        assert_eq!(parsed["fuse_reads"], 3);
-        assert_eq!(tensors.len(), 2);
+/// An xattr answer for a buffer of `size` bytes: the size needed when `size` is 0, the bytes when
+/// they fit, else [`FsError::XattrTooLarge`].
+fn fit(bytes: Vec<u8>, size: u32) -> Result<Xattr, FsError> {
+    if size == 0 {
+        Ok(Xattr::Size(u32::try_from(bytes.len()).unwrap_or(u32::MAX)))
+    } else if bytes.len() <= size as usize {
+        Ok(Xattr::Data(bytes))
+    } else {
+        Err(FsError::XattrTooLarge { needed: bytes.len(), offered: size })
     }
 }

@@ -1,14 +1,18 @@
 //! Going to the background: fork, a readiness pipe that carries the child's error text back to the
 //! parent, and redirection of the child's standard streams.
 //!
-//! The parent exits only when the child reports: 0 once the mount answers, 1 with the child's own
-//! one-line reason otherwise, so `stfs mount a b && cat b/x` works and nothing fails silently.
+//! The parent returns only when the child reports: [`Role::Parent`] once the mount answers, else a
+//! [`DaemonError`] carrying the child's own one-line reason, so `stfs mount a b && cat b/x` works
+//! and nothing fails silently.
 
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use crate::util::describe_io;
 
 /// How long the parent waits for the child to mount before giving up.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,53 +30,115 @@ impl Readiness {
         let _ = self.pipe.write_all(READY);
     }
 
-    /// Tells the parent why mounting failed; the parent prints it and exits 1.
-    pub fn failed(mut self, message: &str) {
-        let _ = self.pipe.write_all(message.as_bytes());
+    /// Tells the parent why mounting failed; the parent returns it as [`DaemonError::Child`].
+    pub fn failed(mut self, reason: &dyn fmt::Display) {
+        let _ = self.pipe.write_all(reason.to_string().as_bytes());
     }
 }
 
-/// Forks. In the parent, waits for the child's report and exits the process with its status; in
-/// the (new session leader) child, returns its end of the pipe. Call before starting any thread.
-pub fn daemonize(log_file: Option<&Path>) -> Result<Readiness, String> {
+/// Which side of the fork [`daemonize`] returned in.
+pub enum Role {
+    /// The parent, after the child reported that the mount answers: its work is done.
+    Parent,
+    /// The (new session leader) child, which serves the mount and reports through its end of the pipe.
+    Child(Readiness),
+}
+
+/// Why going to the background, or the mount in the background, failed.
+#[derive(Debug)]
+pub enum DaemonError {
+    /// The log file could not be opened.
+    LogFile {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        error: io::Error,
+    },
+    /// The readiness pipe could not be made.
+    Pipe(io::Error),
+    /// fork(2) failed.
+    Fork(io::Error),
+    /// The child could not point its standard streams away from the terminal.
+    Redirect(io::Error),
+    /// The child did not report within [`READY_TIMEOUT`] (it has been sent SIGTERM).
+    Timeout(Duration),
+    /// The parent could not read the child's report.
+    Report(io::Error),
+    /// The child's own one-line reason why mounting failed.
+    Child(String),
+    /// The child exited without a report.
+    Vanished,
+}
+
+impl fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DaemonError::LogFile { path, error } => write!(f, "{}: {}", path.display(), describe_io(error)),
+            DaemonError::Pipe(e) => write!(f, "pipe: {e}"),
+            DaemonError::Fork(e) => write!(f, "fork: {e}"),
+            DaemonError::Redirect(e) => write!(f, "redirecting output: {e}"),
+            DaemonError::Timeout(t) => write!(f, "the mount did not become ready within {} s", t.as_secs()),
+            DaemonError::Report(e) => write!(f, "reading the daemon's report: {e}"),
+            DaemonError::Child(reason) => f.write_str(reason),
+            DaemonError::Vanished => f.write_str("the mount daemon exited before the mount was ready (see --log-file)"),
+        }
+    }
+}
+
+impl std::error::Error for DaemonError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DaemonError::LogFile { error: e, .. }
+            | DaemonError::Pipe(e)
+            | DaemonError::Fork(e)
+            | DaemonError::Redirect(e)
+            | DaemonError::Report(e) => Some(e),
+            DaemonError::Timeout(_) | DaemonError::Child(_) | DaemonError::Vanished => None,
+        }
+    }
+}
+
+/// Forks. In the parent, waits for the child's report: [`Role::Parent`] once the mount answers, an
+/// error otherwise. In the child, returns its end of the pipe. Call before starting any thread.
+pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
     let log = match log_file {
         Some(p) => Some(
             OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(p)
-                .map_err(|e| format!("{}: {}", p.display(), crate::util::describe_io(&e)))?,
+                .map_err(|error| DaemonError::LogFile { path: p.to_path_buf(), error })?,
         ),
         None => None,
     };
     let mut fds = [0; 2];
     // SAFETY: fds is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", io::Error::last_os_error()));
+        return Err(DaemonError::Pipe(io::Error::last_os_error()));
     }
     // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
     let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // SAFETY: the process is single-threaded here (the caller's contract), so fork is sound.
     match unsafe { libc::fork() } {
-        -1 => Err(format!("fork: {}", io::Error::last_os_error())),
+        -1 => Err(DaemonError::Fork(io::Error::last_os_error())),
         0 => {
             drop(read_end);
             // SAFETY: setsid has no memory-safety preconditions.
             unsafe { libc::setsid() };
             // Do not keep the caller's directory busy; every path was made absolute before the fork.
             let _ = std::env::set_current_dir("/");
-            redirect_std_streams(log.as_ref()).map_err(|e| format!("redirecting output: {e}"))?;
-            Ok(Readiness { pipe: File::from(write_end) })
+            redirect_std_streams(log.as_ref()).map_err(DaemonError::Redirect)?;
+            Ok(Role::Child(Readiness { pipe: File::from(write_end) }))
         }
         child => {
             drop(write_end);
-            std::process::exit(wait_for_child(File::from(read_end), child))
+            wait_for_child(File::from(read_end), child).map(|()| Role::Parent)
         }
     }
 }
 
-/// Reads the child's report with a timeout and turns it into the parent's exit status.
-fn wait_for_child(mut pipe: File, child: libc::pid_t) -> i32 {
+/// Reads the child's report with a timeout: `Ok` once the mount answers.
+fn wait_for_child(mut pipe: File, child: libc::pid_t) -> Result<(), DaemonError> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut report = Vec::new();
     let mut buf = [0u8; 4096];
@@ -84,30 +150,25 @@ fn wait_for_child(mut pipe: File, child: libc::pid_t) -> i32 {
         if n == 0 {
             // SAFETY: child is our own child's pid.
             unsafe { libc::kill(child, libc::SIGTERM) };
-            eprintln!("stfs: the mount did not become ready within {} s", READY_TIMEOUT.as_secs());
-            return 1;
+            return Err(DaemonError::Timeout(READY_TIMEOUT));
         }
         match pipe.read(&mut buf) {
             Ok(0) => break,
             Ok(k) => report.extend_from_slice(&buf[..k]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                eprintln!("stfs: reading the daemon's report: {e}");
-                return 1;
-            }
+            Err(e) => return Err(DaemonError::Report(e)),
         }
         if report.ends_with(READY) {
-            return 0;
+            return Ok(());
         }
     }
     let text = String::from_utf8_lossy(&report);
     let text = text.trim();
     if text.is_empty() {
-        eprintln!("stfs: the mount daemon exited before the mount was ready (see --log-file)");
+        Err(DaemonError::Vanished)
     } else {
-        eprintln!("stfs: {text}");
+        Err(DaemonError::Child(text.to_string()))
     }
-    1
 }
 
 /// Points stdin and stdout at /dev/null and stderr at the log file (or /dev/null).
@@ -121,4 +182,25 @@ fn redirect_std_streams(log: Option<&File>) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use crate::mount::daemon::DaemonError;
+
+    #[test]
+    fn messages_are_one_line_and_keep_their_cause() {
+        let e =
+            DaemonError::LogFile { path: "/no/dir/log".into(), error: std::io::Error::from_raw_os_error(libc::ENOENT) };
+        assert_eq!(e.to_string(), "/no/dir/log: no such file or directory");
+        assert_eq!(e.source().and_then(|c| c.downcast_ref::<std::io::Error>()).and_then(|c| c.raw_os_error()), Some(2));
+        let child = DaemonError::Child("/mnt/x: mounting failed: permission denied".into());
+        assert_eq!(child.to_string(), "/mnt/x: mounting failed: permission denied");
+        assert_eq!(
+            DaemonError::Timeout(crate::mount::daemon::READY_TIMEOUT).to_string(),
+            "the mount did not become ready within 60 s"
+        );
+    }
 }

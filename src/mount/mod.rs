@@ -1,6 +1,12 @@
-//! A mount's lifetime: building the filesystem, the FUSE session, signals, the background daemon and
-//! the mount point itself.
+//! A mount's lifetime: building the filesystem ([`build`]), the FUSE session and its readiness
+//! ([`session`]), the signals that end it ([`signals`]), going to the background ([`daemon`]), the
+//! mount point itself ([`mountpoint`]) and where the log goes ([`logging`]).
+//!
+//! Nothing here prints: every failure is a typed error that `cli` reports as one line.
 
+pub mod build;
 pub mod daemon;
+pub mod logging;
 pub mod mountpoint;
 pub mod session;
+pub mod signals;

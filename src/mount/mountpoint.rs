@@ -13,7 +13,7 @@ use std::path::Path;
 pub const FS_TYPE: &str = "fuse.stfs";
 
 /// Why a directory cannot be mounted on, or unmounted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum MountPointError {
     /// The path does not exist.
     Missing,
@@ -27,8 +27,10 @@ pub enum MountPointError {
     NotMounted,
     /// Files on the mount are still open (for unmount).
     Busy,
-    /// Any other failure.
-    Other(String),
+    /// The path holds a NUL byte, which no system call takes.
+    NulInPath,
+    /// Any other failure of the system call.
+    Io(io::Error),
 }
 
 impl std::fmt::Display for MountPointError {
@@ -42,7 +44,17 @@ impl std::fmt::Display for MountPointError {
             }
             MountPointError::NotMounted => f.write_str("not a mount point"),
             MountPointError::Busy => f.write_str("mount is busy (files are open); close them or use --lazy"),
-            MountPointError::Other(s) => f.write_str(s),
+            MountPointError::NulInPath => f.write_str("path contains NUL"),
+            MountPointError::Io(e) => f.write_str(&crate::util::describe_io(e)),
+        }
+    }
+}
+
+impl std::error::Error for MountPointError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MountPointError::Io(e) => Some(e),
+            _ => None,
         }
     }
 }
@@ -57,7 +69,7 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
         Ok(m) => m,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountPointError::Stale),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MountPointError::Missing),
-        Err(e) => return Err(MountPointError::Other(crate::util::describe_io(&e))),
+        Err(e) => return Err(MountPointError::Io(e)),
     };
     if !meta.is_dir() {
         return Err(MountPointError::NotADirectory);
@@ -148,8 +160,7 @@ pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Op
 /// A stale mount (its daemon killed) is always detached, since nobody can be served there anyway.
 pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
     let stale = is_stale(path);
-    let c_path =
-        CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::Other("path contains NUL".into()))?;
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::NulInPath)?;
     let flags = if lazy || stale { libc::MNT_DETACH } else { 0 };
     // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
     let rc = unsafe { libc::umount2(c_path.as_ptr(), flags) };
@@ -161,7 +172,7 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
         Some(libc::EINVAL) => MountPointError::NotMounted,
         Some(libc::ENOENT) => MountPointError::Missing,
         Some(libc::EBUSY) => MountPointError::Busy,
-        _ => MountPointError::Other(crate::util::describe_io(&e)),
+        _ => MountPointError::Io(e),
     })
 }
 
@@ -187,13 +198,15 @@ mod tests {
     #[test]
     fn mount_point_checks() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(check_mount_point(dir.path()), Ok(()));
-        assert_eq!(check_mount_point(&dir.path().join("missing")), Err(MountPointError::Missing));
+        assert!(check_mount_point(dir.path()).is_ok());
+        assert!(matches!(check_mount_point(&dir.path().join("missing")), Err(MountPointError::Missing)));
         let file = dir.path().join("f");
         fs::write(&file, b"x").unwrap();
-        assert_eq!(check_mount_point(&file), Err(MountPointError::NotADirectory));
+        assert!(matches!(check_mount_point(&file), Err(MountPointError::NotADirectory)));
         assert!(is_mount_point(Path::new("/proc")));
-        assert_eq!(check_mount_point(Path::new("/proc")), Err(MountPointError::AlreadyMounted));
-        assert_eq!(unmount(dir.path(), false), Err(MountPointError::NotMounted));
+        assert!(matches!(check_mount_point(Path::new("/proc")), Err(MountPointError::AlreadyMounted)));
+        assert!(matches!(unmount(dir.path(), false), Err(MountPointError::NotMounted)));
+        let nul = Path::new(std::ffi::OsStr::from_bytes(b"/a\0b"));
+        assert_eq!(unmount(nul, false).unwrap_err().to_string(), "path contains NUL");
     }
 }

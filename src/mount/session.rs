@@ -1,68 +1,93 @@
-//! Serving a mount: builds the engine, namespace and filesystem for an opened checkpoint, mounts it,
-//! reports readiness, and runs until unmounted or signalled (SIGINT, SIGTERM, SIGHUP unmount cleanly).
+//! The FUSE session of a mount: mounts a built filesystem, reports readiness once the mount
+//! answers, and serves until unmounted or signalled (SIGINT, SIGTERM, SIGHUP unmount cleanly).
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fmt;
+use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, SessionACL};
 use log::{info, warn};
 
-use crate::checkpoint::Checkpoint;
-use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
-use crate::mount::mountpoint;
-use crate::stats::Stats;
-use crate::tree::namespace::{AttrBase, Layout, Namespace, Shard, Views};
+use crate::mount::mountpoint::{self, MountPointError};
+use crate::mount::signals::wait_for_signal;
+use crate::util::describe_io;
 
 /// How long to wait for the new mount to answer its first request.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What to mount and how.
+/// Where and how to mount (what to serve is [`crate::mount::build::FsOptions`]).
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// Where.
     pub mountpoint: PathBuf,
-    /// Engine tuning.
-    pub engine: EngineConfig,
     /// FUSE threads.
     pub threads: u32,
     /// Let other users in (with default_permissions).
     pub allow_other: bool,
     /// Kernel readahead to set after mounting, in KiB (0: leave alone).
     pub kernel_readahead_kb: u32,
-    /// Path layout.
-    pub layout: Layout,
-    /// Extra views.
-    pub views: Views,
 }
 
-/// Builds the filesystem for `checkpoint` (no mount yet).
-pub fn build_fs(checkpoint: Checkpoint, options: &ServeOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, String> {
-    let engine = Engine::new(options.engine.clone(), stats);
-    let mut shards = Vec::new();
-    let mut newest = SystemTime::UNIX_EPOCH;
-    let mut read_bits = 0o444;
-    for s in checkpoint.shards {
-        newest = newest.max(s.source.modified().unwrap_or(newest));
-        if !crate::checkpoint::is_url(s.source.name()) {
-            if let Ok(meta) = std::fs::metadata(s.source.name()) {
-                read_bits &= meta.permissions().mode();
+/// Why serving a mount failed.
+#[derive(Debug)]
+pub enum ServeError {
+    /// Mounting failed: mount(2), fusermount or the FUSE handshake.
+    Mount {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Why.
+        error: io::Error,
+    },
+    /// A thread the session needs could not be started.
+    Thread {
+        /// What the thread is for.
+        purpose: &'static str,
+        /// Why.
+        error: io::Error,
+    },
+    /// The mount never answered its first request.
+    NotAnswering {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// How long it was given.
+        timeout: Duration,
+    },
+    /// The thread running the session panicked.
+    Panicked,
+    /// The session ended with an error of its own.
+    Ended(io::Error),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::Mount { mountpoint, error } => {
+                write!(f, "{}: mounting failed: {}", mountpoint.display(), describe_io(error))
             }
+            ServeError::Thread { purpose, error } => write!(f, "starting the {purpose}: {error}"),
+            ServeError::NotAnswering { mountpoint, timeout } => {
+                write!(f, "{}: the mount did not answer within {} s", mountpoint.display(), timeout.as_secs())
+            }
+            ServeError::Panicked => f.write_str("the FUSE session panicked"),
+            ServeError::Ended(e) => write!(f, "FUSE session ended with an error: {e}"),
         }
-        let name = s.source.name().to_string();
-        let source = engine.add_source(s.source);
-        shards.push(Shard { source, name, header: s.header });
     }
-    let ns = Namespace::build(shards, options.layout, options.views).map_err(|e| e.to_string())?;
-    let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
-    let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
-    Ok(Arc::new(Fs::new(ns, engine, base)))
+}
+
+impl std::error::Error for ServeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServeError::Mount { error, .. } | ServeError::Thread { error, .. } | ServeError::Ended(error) => {
+                Some(error)
+            }
+            ServeError::NotAnswering { .. } | ServeError::Panicked => None,
+        }
+    }
 }
 
 /// The mount's source as mount(8) lists it: `fsname`, without the commas that would split the
@@ -93,32 +118,28 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
     config
 }
 
-/// Mounts `fs`, calls `on_ready` once the mount answers (with `Err` if it never does), and serves
-/// until unmounted or signalled. Signals must already be blocked (see [`block_signals`]).
+/// Mounts `fs`, calls `on_ready` once the mount answers (with the error if it never does), and
+/// serves until unmounted or signalled. Signals must already be blocked
+/// (see [`crate::mount::signals::block_signals`]).
 pub fn serve(
     fs: Arc<Fs>,
     fsname: &str,
     options: &ServeOptions,
-    on_ready: impl FnOnce(Result<(), String>),
-) -> Result<(), String> {
+    on_ready: impl FnOnce(Result<(), &ServeError>),
+) -> Result<(), ServeError> {
     let mp = options.mountpoint.clone();
     let config = fuse_config(fsname, options);
     let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config) {
         Ok(s) => s,
-        Err(e) => {
-            let message = format!("{}: mounting failed: {}", mp.display(), crate::util::describe_io(&e));
-            on_ready(Err(message.clone()));
-            return Err(message);
-        }
+        Err(error) => return Err(not_ready(on_ready, ServeError::Mount { mountpoint: mp, error })),
     };
     let own_mount = matches!(unmounter, Unmounter::Own(_));
     let runner = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run());
     let runner = match runner {
         Ok(r) => r,
-        Err(e) => {
+        Err(error) => {
             let _ = unmounter.unmount();
-            on_ready(Err(format!("starting the session: {e}")));
-            return Err(e.to_string());
+            return Err(not_ready(on_ready, ServeError::Thread { purpose: "session", error }));
         }
     };
     match wait_until_answering(&mp) {
@@ -131,10 +152,9 @@ pub fn serve(
             info!("mounted {} on {}", fsname, mp.display());
             on_ready(Ok(()));
         }
-        Err(message) => {
+        Err(e) => {
             let _ = unmounter.unmount();
-            on_ready(Err(message.clone()));
-            return Err(message);
+            return Err(not_ready(on_ready, e));
         }
     }
     let signal_mp = mp.clone();
@@ -148,15 +168,21 @@ pub fn serve(
                 let _ = mountpoint::unmount(&signal_mp, true);
             }
         })
-        .map_err(|e| e.to_string())?;
-    let result = runner.join().map_err(|_| "the FUSE session panicked".to_string());
+        .map_err(|error| ServeError::Thread { purpose: "signal thread", error })?;
+    let result = runner.join().map_err(|_| ServeError::Panicked);
     if own_mount && mountpoint::is_stale(&mp) {
         // The session ended without an unmount (its descriptor is closed): detach the dead mount.
         let _ = mountpoint::unmount(&mp, true);
     }
     let result = result?;
     info!("unmounted {}; final counters: {}", mp.display(), fs.stats().to_json());
-    result.map_err(|e| format!("FUSE session ended with an error: {e}"))
+    result.map_err(ServeError::Ended)
+}
+
+/// Tells `on_ready` that the mount will not answer, and gives the error back for the caller.
+fn not_ready(on_ready: impl FnOnce(Result<(), &ServeError>), e: ServeError) -> ServeError {
+    on_ready(Err(&e));
+    e
 }
 
 /// How a mount made by [`open_session`] is taken down.
@@ -168,12 +194,12 @@ enum Unmounter {
 }
 
 impl Unmounter {
-    fn unmount(&mut self) -> Result<(), String> {
+    fn unmount(&mut self) -> Result<(), MountPointError> {
         match self {
-            Unmounter::Fuser(unmounter) => unmounter.unmount().map_err(|e| e.to_string()),
+            Unmounter::Fuser(unmounter) => unmounter.unmount().map_err(MountPointError::Io),
             Unmounter::Own(mp) => match mountpoint::unmount(mp, false) {
-                Ok(()) | Err(mountpoint::MountPointError::NotMounted) => Ok(()),
-                Err(e) => Err(e.to_string()),
+                Ok(()) | Err(MountPointError::NotMounted) => Ok(()),
+                Err(e) => Err(e),
             },
         }
     }
@@ -186,7 +212,7 @@ fn open_session(
     fsname: &str,
     options: &ServeOptions,
     config: &Config,
-) -> std::io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
+) -> io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
     let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other)? else {
         let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;
@@ -204,14 +230,14 @@ fn open_session(
 }
 
 /// Polls the mount point until its root answers as inode 1 (the FUSE root), with a timeout.
-fn wait_until_answering(mp: &Path) -> Result<(), String> {
+fn wait_until_answering(mp: &Path) -> Result<(), ServeError> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut pause = Duration::from_millis(1);
     loop {
         match std::fs::metadata(mp) {
             Ok(m) if m.ino() == 1 && mountpoint::is_mount_point(mp) => return Ok(()),
             _ if Instant::now() >= deadline => {
-                return Err(format!("{}: the mount did not answer within {} s", mp.display(), READY_TIMEOUT.as_secs()))
+                return Err(ServeError::NotAnswering { mountpoint: mp.to_path_buf(), timeout: READY_TIMEOUT })
             }
             _ => std::thread::sleep(pause),
         }
@@ -219,33 +245,21 @@ fn wait_until_answering(mp: &Path) -> Result<(), String> {
     }
 }
 
-const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+    use std::time::Duration;
 
-fn signal_set() -> libc::sigset_t {
-    // SAFETY: sigemptyset/sigaddset initialise and fill a zeroed sigset_t we own.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in SIGNALS {
-            libc::sigaddset(&mut set, s);
-        }
-        set
+    use crate::mount::session::{mount_source, ServeError};
+
+    #[test]
+    fn errors_name_the_mount_point_and_keep_their_cause() {
+        let e =
+            ServeError::Mount { mountpoint: "/mnt/m".into(), error: std::io::Error::from_raw_os_error(libc::EPERM) };
+        assert_eq!(e.to_string(), "/mnt/m: mounting failed: operation not permitted");
+        assert!(e.source().is_some());
+        let e = ServeError::NotAnswering { mountpoint: "/mnt/m".into(), timeout: Duration::from_secs(30) };
+        assert_eq!(e.to_string(), "/mnt/m: the mount did not answer within 30 s");
+        assert_eq!(mount_source("/m/a,b.safetensors"), "/m/a_b.safetensors");
     }
-}
-
-/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts afterwards,
-/// so that only [`wait_for_signal`] receives them. Call before starting any thread.
-pub fn block_signals() {
-    let set = signal_set();
-    // SAFETY: set is initialised; a null old-set pointer is allowed.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-}
-
-/// Waits for one of the blocked signals and returns its number.
-fn wait_for_signal() -> libc::c_int {
-    let set = signal_set();
-    let mut sig = 0;
-    // SAFETY: set is initialised and sig is a valid out-pointer.
-    unsafe { libc::sigwait(&set, &mut sig) };
-    sig
 }

@@ -1,0 +1,130 @@
+//! How a command ends: its exit status, and a failure printed as the one line
+//! `stfs: PATH: problem` (here and nowhere else), with the typed error behind it kept to this edge.
+
+use std::error::Error;
+use std::fmt;
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use crate::util::describe_io;
+
+/// Exit status for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status for a runtime failure (bad file, mount or unmount failed, I/O error).
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status for a usage error (clap's own code).
+pub const EXIT_USAGE: u8 = 2;
+
+/// Why a command failed: what it concerns (a path, a URL, an option; none when the problem names
+/// it itself) and the typed error, which stays reachable through [`Error::source`].
+#[derive(Debug)]
+pub struct Failure {
+    context: Option<String>,
+    problem: Box<dyn Error + Send + Sync + 'static>,
+}
+
+impl Failure {
+    /// A failure whose problem says all (an [`crate::checkpoint::OpenError`] names its file).
+    pub fn new(problem: impl Into<Box<dyn Error + Send + Sync + 'static>>) -> Failure {
+        Failure { context: None, problem: problem.into() }
+    }
+
+    /// A failure concerning `context`: printed `context: problem`.
+    pub fn at(context: impl fmt::Display, problem: impl Into<Box<dyn Error + Send + Sync + 'static>>) -> Failure {
+        Failure { context: Some(context.to_string()), problem: problem.into() }
+    }
+
+    /// An I/O failure concerning `context`, worded as a short lower-case phrase
+    /// ([`crate::util::describe_io`]): `out/w: permission denied`.
+    pub fn io(context: impl fmt::Display, error: io::Error) -> Failure {
+        Failure::at(context, Described(error))
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.context {
+            Some(context) => write!(f, "{context}: {}", self.problem),
+            None => write!(f, "{}", self.problem),
+        }
+    }
+}
+
+impl Error for Failure {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.problem)
+    }
+}
+
+/// The typed errors a command passes up with `?` as they are.
+macro_rules! failure_from {
+    ($($error:ty),* $(,)?) => {
+        $(impl From<$error> for Failure {
+            fn from(e: $error) -> Failure {
+                Failure::new(e)
+            }
+        })*
+    };
+}
+
+failure_from!(
+    crate::checkpoint::OpenError,
+    crate::cli::options::ConfigError,
+    crate::mount::daemon::DaemonError,
+    crate::mount::session::ServeError,
+    crate::tree::namespace::NameClash,
+);
+
+/// An I/O error shown as [`describe_io`] words it.
+#[derive(Debug)]
+struct Described(io::Error);
+
+impl fmt::Display for Described {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&describe_io(&self.0))
+    }
+}
+
+impl Error for Described {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// Turns a command's result into its exit status, printing a failure as one `stfs: ` line.
+pub fn finish(result: Result<ExitCode, Failure>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("stfs: {failure}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`stfs inspect x | head`) ends quietly with success.
+pub fn print_out(text: &str) -> Result<ExitCode, Failure> {
+    match io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(Failure::at("writing to stdout", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::report::*;
+
+    #[test]
+    fn one_line_with_its_context_and_the_cause_kept() {
+        let e = Failure::io("out/w", io::Error::from_raw_os_error(libc::EACCES));
+        assert_eq!(e.to_string(), "out/w: permission denied");
+        let cause = e.source().and_then(Error::source).and_then(|c| c.downcast_ref::<io::Error>());
+        assert_eq!(cause.and_then(io::Error::raw_os_error), Some(libc::EACCES));
+        let nested = Failure::at("m.safetensors", e);
+        assert_eq!(nested.to_string(), "m.safetensors: out/w: permission denied");
+        assert_eq!(Failure::new(crate::mount::daemon::DaemonError::Vanished).to_string(), {
+            "the mount daemon exited before the mount was ready (see --log-file)"
+        });
+    }
+}

@@ -1,0 +1,92 @@
+//! The read dispatch: the bytes of each kind of file at an offset. A raw tensor file is a range of
+//! its backing source read through the engine; a `.npy` file is a synthesized header followed by
+//! the same bytes; an `as=f32` file maps output bytes back to whole source elements and converts
+//! them; `metadata.json` and `stats.json` are bytes held in memory. Every range is clipped to the
+//! file: a read at or past its end is empty.
+
+use crate::engine::Engine;
+use crate::fs::control::StatsFile;
+use crate::fs::error::FsError;
+use crate::tree::namespace::{Content, Namespace, Tensor};
+use crate::views::f32::{convert_to_f32, converted_len, source_byte_range, source_range_for};
+
+/// Hands up to `size` bytes of `content` at `offset` to `reply` (short only at end of file).
+pub(crate) fn read_content<R>(
+    ns: &Namespace,
+    engine: &Engine,
+    control: &StatsFile,
+    content: &Content,
+    offset: u64,
+    size: u32,
+    reply: impl FnOnce(&[u8]) -> R,
+) -> Result<R, FsError> {
+    let tensor = |i: usize| ns.tensors().get(i).ok_or(FsError::NotFound);
+    match content {
+        Content::Tensor(i) => read_tensor(engine, tensor(*i)?, offset, size, reply),
+        Content::Npy { tensor: i, header } => {
+            read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(&v))
+        }
+        Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(&v)),
+        Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size))),
+        Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size))),
+    }
+}
+
+/// Bytes `[offset, offset+size)` of tensor `t`, clipped to its length, handed to `reply`: a range
+/// inside one cached block reaches `reply` without a copy.
+fn read_tensor<R>(
+    engine: &Engine,
+    t: &Tensor,
+    offset: u64,
+    size: u32,
+    reply: impl FnOnce(&[u8]) -> R,
+) -> Result<R, FsError> {
+    if offset >= t.len {
+        return Ok(reply(&[]));
+    }
+    let n = (t.len - offset).min(u64::from(size)) as usize;
+    engine.read_in(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
+}
+
+/// Bytes `[offset, offset+size)` of tensor `t` converted to F32: the whole source elements that
+/// cover the range are read through the engine, converted, and trimmed. A dtype that does not
+/// convert or a range that overflows is [`FsError::Convert`] (EIO): the file exists.
+pub(crate) fn read_converted(engine: &Engine, t: &Tensor, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+    let failed = || FsError::Convert { tensor: t.name.clone(), dtype: t.dtype, offset };
+    let elements = t.shape.iter().product::<u64>();
+    let out_len = converted_len(t.dtype, elements).ok_or_else(failed)?;
+    if offset >= out_len {
+        return Ok(Vec::new());
+    }
+    let size = (out_len - offset).min(u64::from(size));
+    let (first, count) = source_range_for(t.dtype, offset, size);
+    let count = count.min(elements.saturating_sub(first));
+    let (byte_start, byte_len) = source_byte_range(t.dtype, first, count).ok_or_else(failed)?;
+    let src = engine
+        .read_in(t.source, t.start..t.start + t.len, t.start + byte_start, byte_len as usize, <[u8]>::to_vec)
+        .map_err(FsError::Read)?;
+    let mut out = Vec::with_capacity(count as usize * 4);
+    convert_to_f32(t.dtype, &src, &mut out).map_err(|_| failed())?;
+    let skip = (offset - 4 * first) as usize;
+    out.drain(..skip.min(out.len()));
+    out.truncate(size as usize);
+    Ok(out)
+}
+
+/// A synthesized `prefix` followed by the bytes of tensor `t` (the `.npy` view).
+fn read_with_prefix(engine: &Engine, prefix: &[u8], t: &Tensor, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+    let mut out = slice_at(prefix, offset, size).to_vec();
+    let rest = size - out.len() as u32;
+    if rest > 0 {
+        let tensor_offset = offset.saturating_sub(prefix.len() as u64);
+        read_tensor(engine, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes))?;
+    }
+    Ok(out)
+}
+
+/// `bytes[offset..offset+size]`, clipped to the slice (empty past its end).
+fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    &bytes[start..end]
+}

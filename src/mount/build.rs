@@ -1,0 +1,104 @@
+//! Building the filesystem for an opened checkpoint: the engine, the namespace and the attributes
+//! every file shows. It needs nothing of a mount (no mount point, no FUSE threads), so `stfs
+//! extract` and `stfs cat` read through the very filesystem a mount serves.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::checkpoint::Checkpoint;
+use crate::engine::{Engine, EngineConfig};
+use crate::fs::Fs;
+use crate::stats::Stats;
+use crate::tree::namespace::{AttrBase, Layout, NameClash, Namespace, Shard, Views};
+
+/// Whose files they are: the owner and group every file and directory shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+impl Owner {
+    /// The user and group of this process (who mounted).
+    pub fn of_process() -> Owner {
+        // SAFETY: getuid/getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Owner { uid, gid }
+    }
+}
+
+/// What the filesystem shows and how it reads: everything of `stfs mount`'s options that is not
+/// about the mount itself.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Engine tuning (block size, cache size, readahead threads).
+    pub engine: EngineConfig,
+    /// Path layout.
+    pub layout: Layout,
+    /// Extra views.
+    pub views: Views,
+    /// Owner of every file.
+    pub owner: Owner,
+}
+
+/// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
+/// backing files are (the read bits common to all local shards), and dated by the newest shard.
+pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
+    let engine = Engine::new(options.engine.clone(), stats);
+    let mut shards = Vec::new();
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut read_bits = 0o444;
+    for s in checkpoint.shards {
+        newest = newest.max(s.source.modified().unwrap_or(newest));
+        if !crate::checkpoint::is_url(s.source.name()) {
+            if let Ok(meta) = std::fs::metadata(s.source.name()) {
+                read_bits &= meta.permissions().mode();
+            }
+        }
+        let name = s.source.name().to_string();
+        let source = engine.add_source(s.source);
+        shards.push(Shard { source, name, header: s.header });
+    }
+    let ns = Namespace::build(shards, options.layout, options.views)?;
+    let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
+    let Owner { uid, gid } = options.owner;
+    let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
+    let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
+    Ok(Arc::new(Fs::new(ns, engine, base)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use crate::format::Dtype;
+    use crate::mount::build::{build_fs, FsOptions, Owner};
+    use crate::tree::namespace::{Layout, Views, ROOT_INO};
+
+    /// A checkpoint becomes a filesystem with no mount point and no FUSE threads anywhere.
+    #[test]
+    fn builds_without_any_mount_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let tensors = vec![("a.b".to_string(), Dtype::U8, vec![3u64], vec![1u8, 2, 3])];
+        std::fs::write(&path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
+        let options = FsOptions {
+            engine: crate::engine::EngineConfig { block_size: 4096, cache_size: 1 << 20, io_threads: 1 },
+            layout: Layout::Tree,
+            views: Views { npy: true, as_f32: false },
+            owner: Owner { uid: 1234, gid: 5678 },
+        };
+        let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
+        let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();
+        let b = fs.lookup(a.ino, "b".as_ref()).unwrap();
+        // Owned as told, readable by whom the backing file is, blocks of the engine's size.
+        assert_eq!((b.uid, b.gid, b.perm, b.size, b.blksize), (1234, 5678, 0o440, 3, 4096));
+        assert_eq!(fs.read(b.ino, 0, 10).unwrap(), [1, 2, 3]);
+        assert!(fs.lookup(a.ino, "b.npy".as_ref()).is_ok());
+    }
+}

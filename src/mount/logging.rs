@@ -1,0 +1,13 @@
+//! Where the log goes: env_logger set up for the foreground (stderr) or the daemon (its log file).
+
+/// Sets up env_logger: `RUST_LOG`, by default `info` into a log file (mount, unmount, final
+/// counters, read failures) and `warn` on a terminal; to `log_file` if given, else to stderr.
+pub fn init_logging(log_file: Option<&std::path::Path>) {
+    let default = if log_file.is_some() { "stfs=info,warn" } else { "warn" };
+    let mut builder = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default));
+    if log_file.is_some() {
+        // The daemon's stderr already points at the log file (see daemon::daemonize).
+        builder.format_timestamp_millis();
+    }
+    let _ = builder.try_init();
+}
