@@ -213,13 +213,57 @@ fn resolve(tree: &Tree, from: &str, kids: &BTreeSet<String>, path: &str) -> Opti
     Some(found)
 }
 
+/// The code with `super::` inside an inline `mod name { ... }` block rewritten to `self::` (one
+/// level): there `super` is the file's own module, not its parent.
+fn inline_supers_resolved(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut depth = 0usize;
+    let mut inline_starts: Vec<usize> = Vec::new();
+    let mut pending_inline = false;
+    let chars: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let rest: String = chars[i..chars.len().min(i + 7)].iter().collect();
+        let at_word = i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        if at_word && rest.starts_with("mod ") {
+            // `mod x {` opens an inline module; `mod x;` declares a file.
+            let tail: String = chars[i..].iter().take_while(|c| **c != ';' && **c != '{').collect();
+            pending_inline = chars.get(i + tail.chars().count()) == Some(&'{');
+        }
+        match chars[i] {
+            '{' => {
+                depth += 1;
+                if pending_inline {
+                    inline_starts.push(depth);
+                    pending_inline = false;
+                }
+            }
+            '}' => {
+                if inline_starts.last() == Some(&depth) {
+                    inline_starts.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
+        }
+        if at_word && !inline_starts.is_empty() && rest.starts_with("super::") {
+            out.push_str("self::");
+            i += "super::".len();
+            continue;
+        }
+        out.push(chars[i]);
+        i += 1;
+    }
+    out
+}
+
 /// Module -> the modules it names, for every file of the tree (self edges left out). Without
 /// `reexports`, the `pub use` lines are left out: a module that re-exports its child's items is a
 /// facade over it, not a user of it (a child may then use its parent's items without a cycle).
 fn imports(tree: &Tree, reexports: bool) -> BTreeMap<String, BTreeSet<String>> {
     let mut graph = BTreeMap::new();
     for (module, text) in tree {
-        let mut code = code_only(text);
+        let mut code = inline_supers_resolved(&code_only(text));
         if !reexports {
             code = code
                 .lines()
@@ -346,6 +390,20 @@ fn comments_strings_and_outside_crates_are_not_imports() {
         ("engine", "use fuser::Filesystem;"),
     ]);
     assert!(violations(&tree).is_empty(), "{:?}", violations(&tree));
+}
+
+#[test]
+fn super_in_an_inline_test_module_is_the_file_itself() {
+    let tree = tree_of(&[
+        ("cli", "mod extract;\npub fn run() { extract::go(); }\nuse extract::go;"),
+        ("cli::extract", "pub fn go() {}\n#[cfg(test)]\nmod tests {\n    use super::go;\n}"),
+    ]);
+    assert!(violations(&tree).is_empty(), "{:?}", violations(&tree));
+    let tree = tree_of(&[
+        ("cli", "mod extract;\nuse extract::go;\npub fn run() {}"),
+        ("cli::extract", "use super::run;\npub fn go() {}"),
+    ]);
+    assert_eq!(violations(&tree), ["import cycle: cli -> cli::extract -> cli"]);
 }
 
 #[test]

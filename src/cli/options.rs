@@ -104,8 +104,8 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
-    /// A size that does not parse (the size parser's own words).
-    BadSize(String),
+    /// A size that does not parse.
+    BadSize(crate::util::size::SizeError),
     /// A duration that does not parse.
     BadDuration(BadDuration),
     /// `-o rw`: the mount is always read-only.
@@ -145,7 +145,7 @@ impl fmt::Display for ConfigError {
             ConfigError::BadCount { key, min, max, value } => {
                 write!(f, "mount option `{key}` needs a whole number from {min} to {max}, got `{value}`")
             }
-            ConfigError::BadSize(text) => f.write_str(text),
+            ConfigError::BadSize(error) => error.fmt(f),
             ConfigError::BadDuration(e) => write!(f, "{e}"),
             ConfigError::ReadWrite => f.write_str("stfs mounts are read-only; option `rw` is not supported"),
             ConfigError::Unknown { key } => write!(f, "unknown mount option `{key}` (see `stfs mount --help`)"),

@@ -46,13 +46,6 @@ impl fmt::Display for SizeError {
 
 impl std::error::Error for SizeError {}
 
-/// For callers that still report problems as text (the `-o` option parser): the message.
-impl From<SizeError> for String {
-    fn from(error: SizeError) -> String {
-        error.to_string()
-    }
-}
-
 /// Parses a size; the suffix is a power of 1024.
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let t = text.trim();
