@@ -38,7 +38,7 @@ fn module_of(relative: &Path) -> String {
     let mut parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
     let file = parts.pop().unwrap_or_default();
     let stem = file.trim_end_matches(".rs");
-    if stem != "mod" && stem != "lib" && stem != "main" {
+    if stem != "mod" && stem != "lib" {
         parts.push(stem.to_string());
     }
     parts.join("::")
@@ -411,4 +411,23 @@ fn module_paths_follow_files() {
     assert_eq!(module_of(Path::new("engine/cache/mod.rs")), "engine::cache");
     assert_eq!(module_of(Path::new("engine/readahead.rs")), "engine::readahead");
     assert_eq!(module_of(Path::new("lib.rs")), "");
+}
+
+/// Every file under `src/` opens with a `//!` line saying what it owns and holds at most 600 lines,
+/// tests included.
+#[test]
+fn every_source_file_says_what_it_owns_and_stays_short() {
+    let tree = read_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let mut broken = Vec::new();
+    for (module, text) in &tree {
+        let name = if module.is_empty() { "lib" } else { module };
+        if !text.starts_with("//!") {
+            broken.push(format!("{name}: does not open with a //! line"));
+        }
+        let lines = text.lines().count();
+        if lines > 600 {
+            broken.push(format!("{name}: {lines} lines (at most 600)"));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
