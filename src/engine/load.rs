@@ -6,7 +6,8 @@ use std::io;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
-use super::{Engine, Job, ReadError, Shared, SourceEntry, LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
+use super::tuning::{LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
+use super::{Engine, Job, ReadError, Shared, SourceEntry};
 use crate::engine::cache::{BlockData, LoadTicket, Lookup, Prefetch};
 use crate::engine::stream::StreamIo;
 use crate::source::SourceReader;

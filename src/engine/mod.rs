@@ -7,10 +7,10 @@
 //! is handed to the caller straight from the cached block, so each byte is copied once on its way
 //! to the kernel. Every backing read covers whole aligned blocks `[k*B, (k+1)*B)`, clipped only at
 //! the end of the source: one block on demand, a run of neighbouring blocks (up to a chunk of
-//! [`PREFETCH_CHUNK_BYTES`]) in one scatter read for the prefetch.
+//! [`PREFETCH_CHUNK_BYTES`]) in one scatter read for the prefetch. Every constant is in [`tuning`].
 //!
 //! Descriptors: a confirmed sequential stream owns one [`SourceReader`] for its on-demand loads and
-//! one per prefetch lane ([`crate::engine::stream::LANES`]): the lanes load the stream's window chunk by
+//! one per prefetch lane ([`LANES`]): the lanes load the stream's window chunk by
 //! chunk in parallel, each lane's chunks in increasing order, so every descriptor reads forward in
 //! big steps. Reads outside any confirmed stream borrow a descriptor from a small per-source pool of
 //! spares, so random readers do not open a file per read.
@@ -20,12 +20,10 @@
 //! data, the prefetch is dropped (never waited for). Blocks a stream has moved past are recycled
 //! (drop-behind, see [`BlockCache::recycle`]), so streaming reuses the same few buffers.
 
-use std::fmt;
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use crate::source::{Source, SourceId, SourceReader};
 use crate::stats::Stats;
@@ -33,41 +31,22 @@ use crate::util::lock;
 use cache::{BlockCache, BlockData};
 use readahead::{ReadaheadConfig, StreamTable};
 use stream::{IoPool, StreamIo};
+use tuning::{JOB_QUEUE_LEN, LANES, MAX_BLOCK_SIZE};
 
 pub mod cache;
+mod error;
 mod load;
 pub mod readahead;
 mod stream;
+pub mod tuning;
 
-/// How long a reader waits for another thread's load of the same block before failing with EIO:
-/// long enough for a slow network store to deliver a block, short enough that a hung one surfaces.
-const LOAD_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Prefetch jobs waiting for an I/O thread. At most one job per stream is queued, so this is how
-/// many streams may have prefetch pending at once; beyond it readahead is skipped, not waited for.
-const JOB_QUEUE_LEN: usize = 64;
-
-/// Idle descriptors kept per source for reads outside a confirmed stream: enough for the FUSE
-/// threads reading at once, few enough that closed streams do not pile up open files.
-const SPARE_DESCRIPTORS: usize = 8;
-
-/// Largest block the engine accepts: one allocation per block, and far above any useful size.
-const MAX_BLOCK_SIZE: u64 = 1 << 30;
-
-/// Most bytes one prefetch read covers: a lane loads its chunk of the window in one scatter read,
-/// so the storage below sees requests this large however small the blocks are (gcsfuse keeps a
-/// handle in sequential mode only while it averages 8 MiB or more per seek).
-pub const PREFETCH_CHUNK_BYTES: u64 = 8 << 20;
-
-/// Fewest bytes one prefetch read covers while the window is small: a window is split over the
-/// prefetch lanes in equal shares, one per lane, so the first megabytes of a file arrive in parallel
-/// (one round trip, not one per chunk in turn), but never in pieces smaller than this.
-pub const MIN_PREFETCH_CHUNK_BYTES: u64 = 1 << 20;
+pub use error::ReadError;
+pub use tuning::{EngineConfig, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES};
 
 /// Blocks per prefetch read for a stream whose window is `window_blocks`: the window shared by
 /// the lanes, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
 fn prefetch_chunk_blocks(window_blocks: u64, block_size: u64) -> u64 {
-    let share = window_blocks.saturating_mul(block_size) / crate::engine::stream::LANES as u64;
+    let share = window_blocks.saturating_mul(block_size) / LANES as u64;
     (share.clamp(MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES) / block_size).max(1)
 }
 
@@ -76,36 +55,6 @@ thread_local! {
     /// costs one copy and no allocation.
     static JOIN_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
-
-/// Tuning of the engine; see each field.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Block size in bytes: every backing read covers whole blocks `[k*B, (k+1)*B)` of the source.
-    pub block_size: u64,
-    /// Most bytes the cache may hold, prefetched blocks included.
-    pub cache_size: u64,
-    /// Background I/O threads used for readahead.
-    pub io_threads: usize,
-}
-
-/// A failed read: which source, where, and why.
-#[derive(Debug)]
-pub struct ReadError {
-    /// Path or URL of the source.
-    pub source_name: String,
-    /// Absolute offset of the block that failed.
-    pub offset: u64,
-    /// The underlying error.
-    pub error: io::Error,
-}
-
-impl fmt::Display for ReadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: read at offset {} failed: {}", self.source_name, self.offset, self.error)
-    }
-}
-
-impl std::error::Error for ReadError {}
 
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
@@ -269,8 +218,7 @@ impl Engine {
                 out.extend_from_slice(&data[from..to]);
             }
             let result = consume(out);
-            // Keep at most a few MiB per thread between requests.
-            if out.capacity() > 4 * (1 << 20) {
+            if out.capacity() > tuning::JOIN_BUFFER_KEEP_BYTES {
                 *out = Vec::new();
             }
             Ok(result)
@@ -372,10 +320,11 @@ impl Drop for Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::readahead::FILE_START_WINDOW_BYTES;
+    use crate::engine::tuning::FILE_START_WINDOW_BYTES;
     use crate::util::test_support::eventually;
     use proptest::prelude::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::time::Duration;
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.
     struct FakeSource {
@@ -568,7 +517,7 @@ mod tests {
         let chunk_blocks = PREFETCH_CHUNK_BYTES / bs;
         let source = fake((4 * PREFETCH_CHUNK_BYTES) as usize, Duration::from_millis(1));
         let mut readahead = ReadaheadConfig::new(bs, 1 << 30);
-        readahead.max_window_blocks = crate::engine::stream::LANES as u64 * chunk_blocks;
+        readahead.max_window_blocks = LANES as u64 * chunk_blocks;
         let stats = Arc::new(Stats::default());
         let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4 };
         let engine = Engine::with_readahead(config, readahead, Arc::clone(&stats));
@@ -592,7 +541,7 @@ mod tests {
     #[test]
     fn prefetch_reads_share_the_window_among_the_lanes_within_bounds() {
         let (kib, mib) = (1u64 << 10, 1u64 << 20);
-        let lanes = crate::engine::stream::LANES as u64;
+        let lanes = LANES as u64;
         assert_eq!(prefetch_chunk_blocks(16 * mib / (64 * kib), 64 * kib), 16 * mib / lanes / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
         assert_eq!(prefetch_chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
@@ -616,8 +565,8 @@ mod tests {
         drop(engine);
         let reads = lock(&source.reads).clone();
         let prefetch: Vec<_> = reads.iter().filter(|&&(at, _)| at > file.start).collect();
-        let share = window / crate::engine::stream::LANES as u64;
-        assert!(prefetch.len() >= crate::engine::stream::LANES, "one read per lane: {reads:?}");
+        let share = window / LANES as u64;
+        assert!(prefetch.len() >= LANES, "one read per lane: {reads:?}");
         assert!(prefetch.iter().all(|&&(_, n)| n as u64 <= share), "reads of a lane's share: {reads:?}");
         assert_whole_blocks(&source, bs);
     }

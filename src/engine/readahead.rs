@@ -20,48 +20,16 @@
 //! not holding unread data), it calls [`StreamTable::prefetch_refused`]: the window halves and the
 //! refused blocks become eligible again, like mountpoint-s3 scaling down under memory pressure.
 //!
-//! The table holds at most [`MAX_STREAMS`]; a new stream replaces the least recently used one.
+//! The constants are in [`crate::engine::tuning`]. The table holds at most [`MAX_STREAMS`]; a new stream replaces the least recently used one.
 //! Each stream carries a payload `T` (the engine's descriptor and prefetch queue for that stream),
 //! handed back when the stream is replaced.
 
 use std::ops::Range;
 
-/// Streams tracked per source: enough for a loader with a dozen worker processes reading different
-/// tensors at once, small enough that a linear scan per read costs nothing.
-pub const MAX_STREAMS: usize = 16;
-
-/// How far before a stream's cursor a read may start and still continue it: mmap read-around
-/// starts half the kernel readahead (up to a few hundred KiB) before the fault; 1 MiB is what
-/// mountpoint-s3 and hf-mount keep behind.
-pub const BACK_SLACK: u64 = 1 << 20;
-
-/// How far past a stream's cursor a read may start and still continue it: async readahead with
-/// `max_background` requests in flight can deliver a later READ first; 16 MiB is mountpoint-s3's
-/// and hf-mount's forward tolerance.
-pub const FORWARD_SLACK: u64 = 16 << 20;
-
-/// How close to an *unconfirmed* stream's cursor a read must start to confirm it: a new sequential
-/// reader's next request starts right where its first ended (or within the kernel's read-around),
-/// while a random reader's next read only lands this close by chance, so random readers rarely
-/// trigger readahead even though a confirmed stream tolerates the full slacks.
-pub const CONFIRM_SLACK: u64 = 256 << 10;
-
-/// Window of a freshly confirmed stream (at least one block), so a reader that touches just two
-/// adjacent spots wastes little.
-pub const INITIAL_WINDOW_BYTES: u64 = 256 << 10;
-
-/// Prefetch started by a read from a file's first byte, before any second read confirms a stream:
-/// readers that start there (cat, numpy, torch, a loader) almost always go on, and on a store with
-/// per-request latency the file's next chunk is then already on its way when they do. One
-/// prefetch chunk, so a reader that only peeks at the start of each file wastes a bounded amount.
-/// With large blocks (4 MiB, the default for URLs) the window is one block per prefetch lane
-/// instead, so the start of a file is fetched on every lane at once.
-pub const FILE_START_WINDOW_BYTES: u64 = 8 << 20;
-
-/// Largest window in bytes: 64 MiB in flight per stream keeps a local NVMe or a network store
-/// streaming (gcsfuse's buffered reader peaks at 320 MiB, hf-mount at 128 MiB) while leaving room
-/// in the default 512 MiB cache for several streams.
-pub const MAX_WINDOW_BYTES: u64 = 64 << 20;
+use super::tuning::{
+    max_window_bytes, BACK_SLACK, CONFIRM_SLACK, FILE_START_WINDOW_BYTES, FORWARD_SLACK, INITIAL_WINDOW_BYTES, LANES,
+    MAX_STREAMS,
+};
 
 /// Tuning of the stream table; [`ReadaheadConfig::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -86,23 +54,19 @@ pub struct ReadaheadConfig {
 }
 
 impl ReadaheadConfig {
-    /// Defaults for this block size and cache budget: the window is capped at
-    /// [`MAX_WINDOW_BYTES`] and at half the cache, so one stream cannot crowd out the others
-    /// or the blocks being read right now.
+    /// Defaults for this block size and cache budget: the window is capped by
+    /// [`max_window_bytes`] (64 MiB, and at most half the cache).
     pub fn new(block_size: u64, cache_size: u64) -> ReadaheadConfig {
         let block_size = block_size.max(1);
-        let cap_bytes = MAX_WINDOW_BYTES.min(cache_size / 2);
         ReadaheadConfig {
             block_size,
-            max_window_blocks: cap_bytes / block_size,
+            max_window_blocks: max_window_bytes(cache_size) / block_size,
             max_streams: MAX_STREAMS,
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
             confirm_slack: CONFIRM_SLACK,
             initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
-            file_start_window_blocks: FILE_START_WINDOW_BYTES
-                .div_ceil(block_size)
-                .max(crate::engine::stream::LANES as u64),
+            file_start_window_blocks: FILE_START_WINDOW_BYTES.div_ceil(block_size).max(LANES as u64),
         }
     }
 }
@@ -329,7 +293,7 @@ mod tests {
 
     #[test]
     fn file_start_window_is_eight_mib_and_at_least_a_block_per_lane() {
-        let lanes = crate::engine::stream::LANES as u64;
+        let lanes = LANES as u64;
         let small = ReadaheadConfig::new(64 << 10, 512 << 20);
         assert_eq!(small.file_start_window_blocks * (64 << 10), FILE_START_WINDOW_BYTES);
         let large = ReadaheadConfig::new(4 << 20, 512 << 20);

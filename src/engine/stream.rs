@@ -10,6 +10,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use super::tuning::LANES;
 use crate::source::SourceReader;
 use crate::util::lock;
 
@@ -72,13 +73,6 @@ fn run_jobs<J>(receiver: &Mutex<Receiver<J>>, handler: &dyn Fn(J)) {
         }
     }
 }
-
-/// Descriptors a stream may read through at once for its prefetch. Each lane is one descriptor
-/// reading whole chunks in increasing order, so every descriptor only moves forward and jumps at
-/// least a chunk at a time; together they go past one handle's bandwidth on a network store.
-/// Eight fill a full window (64 MiB) with 8 MiB requests: at 100 MiB/s per connection and 20 ms
-/// per request (docs/remote.md) one stream reads 520 MiB/s with eight, 300 MiB/s with four.
-pub(crate) const LANES: usize = 8;
 
 /// The I/O side of one stream: its descriptors and the blocks it still has to prefetch.
 pub(crate) struct StreamIo {
