@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
-use super::tuning::{LOAD_WAIT_TIMEOUT, SPARE_DESCRIPTORS};
+use super::tuning::LOAD_WAIT_TIMEOUT;
 use super::{Engine, Job, ReadError, Shared, SourceEntry};
 use crate::engine::cache::{BlockData, LoadTicket, Lookup, Prefetch};
 use crate::engine::stream::StreamIo;
@@ -136,13 +136,13 @@ impl Shared {
     ) -> io::Result<Vec<Vec<u8>>> {
         if let Some(mut own) = stream.and_then(|s| s.descriptor.try_lock().ok()) {
             if own.is_none() {
-                *own = entry.take_spare();
+                *own = entry.spares.take();
             }
             return self.fetch(entry, first, tickets, &mut own);
         }
-        let mut spare = entry.take_spare();
+        let mut spare = entry.spares.take();
         let loaded = self.fetch(entry, first, tickets, &mut spare);
-        entry.keep_spare(spare);
+        entry.spares.keep(spare);
         loaded
     }
 
@@ -268,7 +268,7 @@ impl Shared {
         }
         let mut descriptor = lock(lane);
         if descriptor.is_none() {
-            *descriptor = job.source.take_spare();
+            *descriptor = job.source.spares.take();
         }
         let buffers = self.take_buffers(&job.source, first, run.iter_mut());
         let mut tickets = run.into_iter();
@@ -290,19 +290,6 @@ impl SourceEntry {
     pub(super) fn block_len(&self, block: u64, block_size: u64) -> u64 {
         let start = block.saturating_mul(block_size);
         self.len.saturating_sub(start).min(block_size)
-    }
-
-    pub(super) fn take_spare(&self) -> Option<Box<dyn SourceReader>> {
-        lock(&self.spares).pop()
-    }
-
-    pub(super) fn keep_spare(&self, descriptor: Option<Box<dyn SourceReader>>) {
-        let mut spares = lock(&self.spares);
-        if let Some(descriptor) = descriptor {
-            if spares.len() < SPARE_DESCRIPTORS {
-                spares.push(descriptor);
-            }
-        }
     }
 
     pub(super) fn error(&self, offset: u64, error: io::Error) -> ReadError {

@@ -1,6 +1,6 @@
 //! The block engine: aligned block reads through a byte-bounded LRU cache with readahead.
 //!
-//! [`Engine::read_with`] clips the range to the source, lets the source's [`StreamTable`] classify
+//! [`Engine::read_with`] clips the range to the source, lets the source's `stream::Streams` classify
 //! it, queues any prefetch, and then gathers the answer block by block: a ready block is used as
 //! is, a block another thread is loading is waited for, and a missing block is loaded by the
 //! calling thread itself (only the blocks it needs, never the prefetch). A range inside one block
@@ -9,8 +9,8 @@
 //! the end of the source: one block on demand, a run of neighbouring blocks (up to a chunk of
 //! [`PREFETCH_CHUNK_BYTES`]) in one scatter read for the prefetch. Every constant is in [`tuning`].
 //!
-//! Descriptors: a confirmed sequential stream owns one [`SourceReader`] for its on-demand loads and
-//! one per prefetch lane ([`LANES`]): the lanes load the stream's window chunk by
+//! Descriptors: a confirmed sequential stream owns one `SourceReader` for its on-demand loads and
+//! one per prefetch lane (`tuning::LANES`): the lanes load the stream's window chunk by
 //! chunk in parallel, each lane's chunks in increasing order, so every descriptor reads forward in
 //! big steps. Reads outside any confirmed stream borrow a descriptor from a small per-source pool of
 //! spares, so random readers do not open a file per read.
@@ -23,32 +23,28 @@
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
-use crate::source::{Source, SourceId, SourceReader};
+use crate::source::{Source, SourceId};
 use crate::stats::Stats;
-use crate::util::lock;
 use cache::{BlockCache, BlockData};
-use readahead::{ReadaheadConfig, StreamTable};
-use stream::{IoPool, StreamIo};
-use tuning::{JOB_QUEUE_LEN, LANES, MAX_BLOCK_SIZE};
+use pool::IoPool;
+use readahead::ReadaheadConfig;
+use spares::Spares;
+use stream::{StreamIo, Streams};
+use tuning::{JOB_QUEUE_LEN, MAX_BLOCK_SIZE};
 
 pub mod cache;
 mod error;
 mod load;
+mod pool;
 pub mod readahead;
+mod spares;
 mod stream;
 pub mod tuning;
 
 pub use error::ReadError;
 pub use tuning::{EngineConfig, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES};
-
-/// Blocks per prefetch read for a stream whose window is `window_blocks`: the window shared by
-/// the lanes, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
-fn prefetch_chunk_blocks(window_blocks: u64, block_size: u64) -> u64 {
-    let share = window_blocks.saturating_mul(block_size) / LANES as u64;
-    (share.clamp(MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES) / block_size).max(1)
-}
 
 thread_local! {
     /// Where a read spanning several blocks is joined, reused by each FUSE thread so that joining
@@ -78,8 +74,8 @@ struct SourceEntry {
     id: SourceId,
     source: Arc<dyn Source>,
     len: u64,
-    streams: Mutex<StreamTable<Arc<StreamIo>>>,
-    spares: Mutex<Vec<Box<dyn SourceReader>>>,
+    streams: Streams,
+    spares: Spares,
 }
 
 struct Job {
@@ -131,13 +127,9 @@ impl Engine {
     pub fn add_source(&self, source: Arc<dyn Source>) -> SourceId {
         let mut sources = self.shared.sources.write().unwrap_or_else(|p| p.into_inner());
         let id = sources.len();
-        sources.push(Arc::new(SourceEntry {
-            id,
-            len: source.len(),
-            source,
-            streams: Mutex::new(StreamTable::new(self.shared.readahead.clone())),
-            spares: Mutex::new(Vec::new()),
-        }));
+        let len = source.len();
+        let streams = Streams::new(self.shared.readahead.clone(), id, len);
+        sources.push(Arc::new(SourceEntry { id, len, source, streams, spares: Spares::default() }));
         id
     }
 
@@ -181,7 +173,12 @@ impl Engine {
             return Ok(consume(&[]));
         }
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
-        let stream = self.plan_readahead(&entry, offset, end, extent);
+        let shared = &*self.shared;
+        let stream =
+            entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
+                let job = Job { source: Arc::clone(&entry), stream: Arc::clone(io), lane };
+                self.prefetcher.try_submit(job).is_ok()
+            });
         let bs = self.shared.config.block_size;
         let (first, last) = (offset / bs, (end - 1) / bs);
         let slice = |data: &BlockData, block: u64| {
@@ -244,65 +241,6 @@ impl Engine {
         let sources = self.shared.sources.read().unwrap_or_else(|p| p.into_inner());
         sources.get(source).cloned()
     }
-
-    /// Classifies the read, queues its prefetch, and returns its stream if that is sequential.
-    fn plan_readahead(
-        &self,
-        entry: &Arc<SourceEntry>,
-        offset: u64,
-        end: u64,
-        extent: Range<u64>,
-    ) -> Option<Arc<StreamIo>> {
-        let stats = &self.shared.stats;
-        let mut table = lock(&entry.streams);
-        let before = (table.len() as u64, table.window_bytes());
-        let decision = table.on_read(offset, end - offset, entry.len, extent);
-        if let Some(evicted) = decision.evicted {
-            // If its prefetch still runs, a lane's descriptor closes when that job ends instead.
-            for descriptor in std::iter::once(&evicted.descriptor).chain(&evicted.lanes) {
-                if let Ok(mut descriptor) = descriptor.try_lock() {
-                    entry.keep_spare(descriptor.take());
-                }
-            }
-        }
-        let stream = table.payload(decision.stream).map(Arc::clone)?;
-        if let Some(refused) = stream.take_refusal() {
-            table.prefetch_refused(decision.stream, refused);
-        }
-        if !decision.prefetch.is_empty()
-            && !self.queue_prefetch(entry, &stream, decision.prefetch.clone(), decision.window_blocks)
-        {
-            table.prefetch_refused(decision.stream, decision.prefetch.start);
-        }
-        if !decision.consumed.is_empty() {
-            stream.left_behind(decision.consumed.end);
-        }
-        for block in decision.consumed.clone() {
-            self.shared.cache.recycle((entry.id, block));
-        }
-        let after = (table.len() as u64, table.window_bytes());
-        drop(table);
-        stats.streams.fetch_add(after.0.wrapping_sub(before.0), Relaxed);
-        stats.window_bytes.fetch_add(after.1.wrapping_sub(before.1), Relaxed);
-        decision.sequential.then_some(stream)
-    }
-
-    /// Adds `blocks` to the stream's pending prefetch (for a window of `window_blocks`) and makes
-    /// sure a job will run it. Returns false if the job queue is full (the blocks are dropped).
-    fn queue_prefetch(
-        &self,
-        entry: &Arc<SourceEntry>,
-        stream: &Arc<StreamIo>,
-        blocks: Range<u64>,
-        window_blocks: u64,
-    ) -> bool {
-        let bs = self.shared.config.block_size;
-        let chunk_blocks = prefetch_chunk_blocks(window_blocks, bs);
-        stream.add_pending(blocks, entry.len.div_ceil(bs), chunk_blocks, |lane| {
-            let job = Job { source: Arc::clone(entry), stream: Arc::clone(stream), lane };
-            self.prefetcher.try_submit(job).is_ok()
-        })
-    }
 }
 
 impl Drop for Engine {
@@ -320,10 +258,13 @@ impl Drop for Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::tuning::FILE_START_WINDOW_BYTES;
+    use crate::engine::tuning::{FILE_START_WINDOW_BYTES, LANES};
+    use crate::source::SourceReader;
+    use crate::util::lock;
     use crate::util::test_support::eventually;
     use proptest::prelude::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::sync::Mutex;
     use std::time::Duration;
 
     /// An in-memory source that logs every backing read and can be slowed down or made to fail.
@@ -536,17 +477,6 @@ mod tests {
         let big = reads.iter().filter(|&&(_, n)| n as u64 >= PREFETCH_CHUNK_BYTES / 2).count();
         assert!(big >= 2, "prefetch read big runs: {reads:?} {stats:?}");
         assert!(counter(&stats.backing_reads) < 4 * chunk_blocks / 4, "{reads:?}");
-    }
-
-    #[test]
-    fn prefetch_reads_share_the_window_among_the_lanes_within_bounds() {
-        let (kib, mib) = (1u64 << 10, 1u64 << 20);
-        let lanes = LANES as u64;
-        assert_eq!(prefetch_chunk_blocks(16 * mib / (64 * kib), 64 * kib), 16 * mib / lanes / (64 * kib));
-        assert_eq!(prefetch_chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
-        assert_eq!(prefetch_chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
-        assert_eq!(prefetch_chunk_blocks(2, 4 * mib), 1, "never less than one block");
-        assert_eq!(prefetch_chunk_blocks(u64::MAX, 4 * kib), PREFETCH_CHUNK_BYTES / (4 * kib));
     }
 
     #[test]
