@@ -21,11 +21,11 @@
 //!   is about to be read. If that leaves no room, the prefetch is refused rather than blocking or
 //!   overshooting the budget.
 //!
-//! Buffers are reused: a block a sequential stream has moved past ([`behind`]) and a block evicted
+//! Buffers are reused: a block a sequential stream has moved past (`behind`) and a block evicted
 //! to make room hand their allocation to the next load, so a steady stream touches no fresh
 //! memory (no page faults, no kernel zeroing). Idle spare buffers count against the budget like
 //! ready blocks, and are the first thing dropped when room is needed. Until the cache is full
-//! enough to recycle, a background thread keeps a few spares faulted in ahead of need ([`warm`]),
+//! enough to recycle, a background thread keeps a few spares faulted in ahead of need (`warm`),
 //! so loads do not fault in fresh memory on a reader's time either.
 
 use std::collections::{HashMap, VecDeque};
