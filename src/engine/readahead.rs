@@ -1,76 +1,47 @@
-//! Sequential-stream detection and readahead windows: pure decisions, no I/O.
+//! Sequential-stream detection and readahead windows for one stream: pure decisions, no I/O.
 //!
-//! Each source keeps a small [`StreamTable`]. A stream remembers its *cursor* (the end of its
-//! furthest read so far), a readahead *window* in blocks, and the first block it has not yet asked
-//! to prefetch. A read belongs to the stream whose cursor it is closest to, if it starts no more than
-//! [`BACK_SLACK`] before that cursor or [`FORWARD_SLACK`] after it: the kernel's async readahead and
-//! mmap read-around deliver one sequential reader's requests slightly out of order, and those must
-//! not look like seeks.
+//! A stream's [`Readahead`] remembers its *cursor* (the end of its furthest read so far), a
+//! readahead *window* in blocks, and the first block it has not yet asked to prefetch. A read may
+//! continue a stream ([`Readahead::distance`]) if it starts no more than [`BACK_SLACK`] before its
+//! cursor or [`FORWARD_SLACK`] after it: the kernel's async readahead and mmap read-around deliver
+//! one sequential reader's requests slightly out of order, and those must not look like seeks. The
+//! engine's table of a source's streams (`engine::stream`) gives each read to the closest stream
+//! that accepts it, or starts a new one.
 //!
-//! A read that matches no stream starts a new stream, *unconfirmed* and without any prefetch, so a
-//! random reader costs no backing I/O beyond the blocks it touches; the exception is a read from the
-//! first byte of a file (a tensor), how sequential readers start, which prefetches up to
+//! A new stream ([`Readahead::start`]) is *unconfirmed* and prefetches nothing, so a random reader
+//! costs no backing I/O beyond the blocks it touches; the exception is a read from the first byte
+//! of a file (a tensor), how sequential readers start, which prefetches up to
 //! [`FILE_START_WINDOW_BYTES`] (and at least one block per prefetch lane) at once. The next read
-//! that continues a stream confirms it: the window opens at [`INITIAL_WINDOW_BYTES`] and then
+//! that continues a stream confirms it ([`Readahead::advance`]): the window opens at
+//! [`INITIAL_WINDOW_BYTES`] (or over the rest of the file, for an exact continuation) and then
 //! doubles each time the cursor enters a new block, up to [`ReadaheadConfig::max_window_blocks`]
-//! (TCP slow start, as in mountpoint-s3 and hf-mount). After every read the stream asks for the blocks from just past the
-//! read up to `window` blocks past the cursor's block, skipping those it asked for before.
+//! (TCP slow start, as in mountpoint-s3 and hf-mount). After every read the stream asks for the
+//! blocks from just past the read up to `window` blocks past the cursor's block, skipping those it
+//! asked for before. Prefetch stops at the end of the file being read until the stream goes
+//! straight on into the next one.
 //!
 //! When the engine cannot carry out a prefetch (its queue is full, or the cache has no room that is
-//! not holding unread data), it calls [`StreamTable::prefetch_refused`]: the window halves and the
-//! refused blocks become eligible again, like mountpoint-s3 scaling down under memory pressure.
+//! not holding unread data), it calls [`Readahead::refused`]: the window halves and the refused
+//! blocks become eligible again, like mountpoint-s3 scaling down under memory pressure.
 //!
-//! The table holds at most [`MAX_STREAMS`]; a new stream replaces the least recently used one.
-//! Each stream carries a payload `T` (the engine's descriptor and prefetch queue for that stream),
-//! handed back when the stream is replaced.
+//! The constants are in [`crate::engine::tuning`]; a prefetch read's size follows from the window
+//! ([`chunk_blocks`]).
 
 use std::ops::Range;
 
-/// Streams tracked per source: enough for a loader with a dozen worker processes reading different
-/// tensors at once, small enough that a linear scan per read costs nothing.
-pub const MAX_STREAMS: usize = 16;
+use super::tuning::{
+    max_window_bytes, BACK_SLACK, CONFIRM_SLACK, FILE_START_WINDOW_BYTES, FORWARD_SLACK, INITIAL_WINDOW_BYTES, LANES,
+    MAX_STREAMS, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES,
+};
 
-/// How far before a stream's cursor a read may start and still continue it: mmap read-around
-/// starts half the kernel readahead (up to a few hundred KiB) before the fault; 1 MiB is what
-/// mountpoint-s3 and hf-mount keep behind.
-pub const BACK_SLACK: u64 = 1 << 20;
-
-/// How far past a stream's cursor a read may start and still continue it: async readahead with
-/// `max_background` requests in flight can deliver a later READ first; 16 MiB is mountpoint-s3's
-/// and hf-mount's forward tolerance.
-pub const FORWARD_SLACK: u64 = 16 << 20;
-
-/// How close to an *unconfirmed* stream's cursor a read must start to confirm it: a new sequential
-/// reader's next request starts right where its first ended (or within the kernel's read-around),
-/// while a random reader's next read only lands this close by chance, so random readers rarely
-/// trigger readahead even though a confirmed stream tolerates the full slacks.
-pub const CONFIRM_SLACK: u64 = 256 << 10;
-
-/// Window of a freshly confirmed stream (at least one block), so a reader that touches just two
-/// adjacent spots wastes little.
-pub const INITIAL_WINDOW_BYTES: u64 = 256 << 10;
-
-/// Prefetch started by a read from a file's first byte, before any second read confirms a stream:
-/// readers that start there (cat, numpy, torch, a loader) almost always go on, and on a store with
-/// per-request latency the file's next chunk is then already on its way when they do. One
-/// prefetch chunk, so a reader that only peeks at the start of each file wastes a bounded amount.
-/// With large blocks (4 MiB, the default for URLs) the window is one block per prefetch lane
-/// instead, so the start of a file is fetched on every lane at once.
-pub const FILE_START_WINDOW_BYTES: u64 = 8 << 20;
-
-/// Largest window in bytes: 64 MiB in flight per stream keeps a local NVMe or a network store
-/// streaming (gcsfuse's buffered reader peaks at 320 MiB, hf-mount at 128 MiB) while leaving room
-/// in the default 512 MiB cache for several streams.
-pub const MAX_WINDOW_BYTES: u64 = 64 << 20;
-
-/// Tuning of the stream table; [`ReadaheadConfig::new`] gives the defaults.
+/// Tuning of the readahead; [`ReadaheadConfig::new`] gives the defaults.
 #[derive(Debug, Clone)]
 pub struct ReadaheadConfig {
     /// Block size in bytes (at least 1).
     pub block_size: u64,
     /// Largest window in blocks; 0 turns prefetch off.
     pub max_window_blocks: u64,
-    /// Most streams tracked (at least 1).
+    /// Most streams tracked per source (at least 1).
     pub max_streams: usize,
     /// Bytes before a cursor that a read may start at and still continue the stream.
     pub back_slack: u64,
@@ -86,41 +57,33 @@ pub struct ReadaheadConfig {
 }
 
 impl ReadaheadConfig {
-    /// Defaults for this block size and cache budget: the window is capped at
-    /// [`MAX_WINDOW_BYTES`] and at half the cache, so one stream cannot crowd out the others
-    /// or the blocks being read right now.
+    /// Defaults for this block size and cache budget: the window is capped by
+    /// [`max_window_bytes`] (64 MiB, and at most half the cache).
     pub fn new(block_size: u64, cache_size: u64) -> ReadaheadConfig {
         let block_size = block_size.max(1);
-        let cap_bytes = MAX_WINDOW_BYTES.min(cache_size / 2);
         ReadaheadConfig {
             block_size,
-            max_window_blocks: cap_bytes / block_size,
+            max_window_blocks: max_window_bytes(cache_size) / block_size,
             max_streams: MAX_STREAMS,
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
             confirm_slack: CONFIRM_SLACK,
             initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
-            file_start_window_blocks: FILE_START_WINDOW_BYTES
-                .div_ceil(block_size)
-                .max(crate::engine::stream::LANES as u64),
+            file_start_window_blocks: FILE_START_WINDOW_BYTES.div_ceil(block_size).max(LANES as u64),
         }
     }
 }
 
 /// What to do about one read.
-#[derive(Debug)]
-pub struct Decision<T> {
-    /// Index of the stream the read belongs to (valid until the next call that changes the table).
-    pub stream: usize,
-    /// Whether that stream has been confirmed sequential (its reads deserve its own descriptor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the stream has been confirmed sequential (its reads deserve its own descriptor).
     pub sequential: bool,
     /// Block indices to prefetch now, in order; often empty.
     pub prefetch: Range<u64>,
     /// The stream's readahead window in blocks (for a first read from a file's start, the blocks
     /// that read prefetches): how far ahead the stream wants data, which sizes its prefetch reads.
     pub window_blocks: u64,
-    /// The payload of a stream this read's new stream replaced.
-    pub evicted: Option<T>,
     /// Blocks this stream read from their first byte and has now left more than the backward
     /// slack behind: it will not come back for them, so their memory may be reused (drop-behind).
     /// A block the stream started in the middle of is never included: its head belongs to whatever
@@ -128,7 +91,10 @@ pub struct Decision<T> {
     pub consumed: Range<u64>,
 }
 
-struct Stream<T> {
+/// One stream's readahead state; see the module doc. Every method takes the same
+/// [`ReadaheadConfig`], with a block size of at least 1.
+#[derive(Debug)]
+pub struct Readahead {
     cursor: u64,
     /// End of the extent (the file, in source offsets) the stream is reading now.
     extent_end: u64,
@@ -142,170 +108,129 @@ struct Stream<T> {
     confirmed: bool,
     window_blocks: u64,
     next_prefetch: u64,
-    last_used: u64,
-    payload: T,
 }
 
-/// The sequential streams of one source; see the module doc.
-pub struct StreamTable<T> {
-    config: ReadaheadConfig,
-    streams: Vec<Stream<T>>,
-    clock: u64,
-}
-
-impl<T: Default> StreamTable<T> {
-    /// An empty table.
-    pub fn new(mut config: ReadaheadConfig) -> StreamTable<T> {
-        config.block_size = config.block_size.max(1);
-        config.max_streams = config.max_streams.max(1);
-        StreamTable { config, streams: Vec::new(), clock: 0 }
+impl Readahead {
+    /// Starts an unconfirmed stream with a read of `[offset, offset + len)` (`len` at least 1, the
+    /// range inside a source of `source_len` bytes) that continues no other. `extent` is the byte
+    /// range of the file being read within the source (`0..source_len` when the read is not of a
+    /// file within it): a read from its first byte prefetches the file's start at once.
+    pub fn start(
+        config: &ReadaheadConfig,
+        offset: u64,
+        len: u64,
+        source_len: u64,
+        extent: Range<u64>,
+    ) -> (Readahead, Decision) {
+        let bs = config.block_size;
+        let end = offset.saturating_add(len.max(1));
+        let last_block = (end - 1) / bs;
+        let is_file = extent.start > 0 || extent.end < source_len;
+        let prefetch_end = if is_file && offset == extent.start {
+            let window = config.file_start_window_blocks.min(config.max_window_blocks);
+            (last_block + 1 + window).min(extent.end.min(source_len).div_ceil(bs))
+        } else {
+            0
+        };
+        let prefetch = if prefetch_end > last_block + 1 { last_block + 1..prefetch_end } else { 0..0 };
+        let stream = Readahead {
+            cursor: end,
+            extent_end: extent.end,
+            crossed: false,
+            consumed_until: offset.div_ceil(bs),
+            confirmed: false,
+            window_blocks: 0,
+            next_prefetch: (last_block + 1).max(prefetch.end),
+        };
+        let decision =
+            Decision { sequential: false, window_blocks: prefetch.end - prefetch.start, prefetch, consumed: 0..0 };
+        (stream, decision)
     }
 
-    /// Classifies a read of `[offset, offset + len)` of a source of `source_len` bytes and says
-    /// which blocks to prefetch. `len` must be at least 1 and the range inside the source.
-    /// `extent` is the byte range of the file being read within the source (`0..source_len` when
-    /// the read is not of a file within it): prefetch does not pass its end until the stream has
-    /// crossed from one file into the next.
-    pub fn on_read(&mut self, offset: u64, len: u64, source_len: u64, extent: Range<u64>) -> Decision<T> {
-        self.clock += 1;
-        let bs = self.config.block_size;
+    /// How far a read starting at `offset` is from this stream's cursor, if it may continue the
+    /// stream: within the slacks of a confirmed stream, within the confirm slack of a new one.
+    pub fn distance(&self, config: &ReadaheadConfig, offset: u64) -> Option<u64> {
+        let (back, forward) = (config.back_slack, config.forward_slack);
+        let confirm = config.confirm_slack;
+        let (back, forward) = if self.confirmed { (back, forward) } else { (back.min(confirm), forward.min(confirm)) };
+        let inside = offset.saturating_add(back) >= self.cursor && offset <= self.cursor.saturating_add(forward);
+        inside.then(|| offset.abs_diff(self.cursor))
+    }
+
+    /// Continues the stream with a read it accepted ([`Readahead::distance`]); the arguments are
+    /// those of [`Readahead::start`]. Prefetch does not pass the end of `extent` until the stream
+    /// has crossed from one file into the next.
+    pub fn advance(
+        &mut self,
+        config: &ReadaheadConfig,
+        offset: u64,
+        len: u64,
+        source_len: u64,
+        extent: Range<u64>,
+    ) -> Decision {
+        let bs = config.block_size;
         let end = offset.saturating_add(len.max(1));
         let last_block = (end - 1) / bs;
         let extent_end = extent.end;
-        let Some(index) = self.matching_stream(offset) else {
-            let is_file = extent.start > 0 || extent.end < source_len;
-            let prefetch_end = if is_file && offset == extent.start {
-                let window = self.config.file_start_window_blocks.min(self.config.max_window_blocks);
-                (last_block + 1 + window).min(extent_end.min(source_len).div_ceil(bs))
-            } else {
-                0
-            };
-            let prefetch = if prefetch_end > last_block + 1 { last_block + 1..prefetch_end } else { 0..0 };
-            let stream = Stream {
-                cursor: end,
-                extent_end,
-                crossed: false,
-                consumed_until: offset.div_ceil(bs),
-                confirmed: false,
-                window_blocks: 0,
-                next_prefetch: (last_block + 1).max(prefetch.end),
-                last_used: self.clock,
-                payload: T::default(),
-            };
-            let (index, evicted) = self.insert(stream);
-            return Decision {
-                stream: index,
-                sequential: false,
-                window_blocks: prefetch.end - prefetch.start,
-                prefetch,
-                evicted,
-                consumed: 0..0,
-            };
-        };
-        let max_window = self.config.max_window_blocks;
-        let stream = &mut self.streams[index];
-        stream.last_used = self.clock;
-        let entered_new_block = last_block > (stream.cursor - 1) / bs;
-        if !stream.confirmed {
-            stream.confirmed = true;
+        let max_window = config.max_window_blocks;
+        let entered_new_block = last_block > (self.cursor - 1) / bs;
+        if !self.confirmed {
+            self.confirmed = true;
             // A reader going sequentially through a file (a tensor) almost always reads it to the
             // end: open the window over the rest of it at once, instead of ramping up, so a load of
             // tensors in any order streams each one (within the usual cap). Only for a read that
             // continues the first one exactly, as a sequential reader's do: a random reader that
             // happens to land a little after another's read gets the small window.
-            let exact = offset == stream.cursor;
+            let exact = offset == self.cursor;
             let rest_of_file =
                 if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
-            stream.window_blocks = rest_of_file.max(self.config.initial_window_blocks).min(max_window);
+            self.window_blocks = rest_of_file.max(config.initial_window_blocks).min(max_window);
         } else if entered_new_block && max_window > 0 {
-            stream.window_blocks = stream.window_blocks.saturating_mul(2).clamp(1, max_window);
+            self.window_blocks = self.window_blocks.saturating_mul(2).clamp(1, max_window);
         }
-        if extent_end != stream.extent_end {
+        if extent_end != self.extent_end {
             // Crossing means reading a file to its end and going straight on into the next one;
             // a jump to another file within the slack is just a read of that file.
             // (Within the back slack of the end: the last reads of a file may still be in flight.)
-            let finished = stream.cursor.saturating_add(self.config.back_slack) >= stream.extent_end;
-            stream.crossed |= finished && offset <= stream.extent_end.saturating_add(bs);
-            stream.extent_end = extent_end;
+            let finished = self.cursor.saturating_add(config.back_slack) >= self.extent_end;
+            self.crossed |= finished && offset <= self.extent_end.saturating_add(bs);
+            self.extent_end = extent_end;
         }
-        stream.cursor = stream.cursor.max(end);
-        let limit = if stream.crossed { source_len } else { extent_end.min(source_len) };
+        self.cursor = self.cursor.max(end);
+        let limit = if self.crossed { source_len } else { extent_end.min(source_len) };
         let block_count = limit.div_ceil(bs);
-        let cursor_block = (stream.cursor - 1) / bs;
-        let target_end = cursor_block.saturating_add(1 + stream.window_blocks).min(block_count);
-        let start = stream.next_prefetch.max(last_block + 1);
+        let cursor_block = (self.cursor - 1) / bs;
+        let target_end = cursor_block.saturating_add(1 + self.window_blocks).min(block_count);
+        let start = self.next_prefetch.max(last_block + 1);
         let prefetch = if start < target_end { start..target_end } else { 0..0 };
-        stream.next_prefetch = stream.next_prefetch.max(prefetch.end);
-        let left_behind = stream.cursor.saturating_sub(self.config.back_slack) / bs;
-        let consumed = if stream.consumed_until < left_behind { stream.consumed_until..left_behind } else { 0..0 };
-        stream.consumed_until = stream.consumed_until.max(left_behind);
-        Decision {
-            stream: index,
-            sequential: true,
-            window_blocks: stream.window_blocks,
-            prefetch,
-            evicted: None,
-            consumed,
+        self.next_prefetch = self.next_prefetch.max(prefetch.end);
+        let left_behind = self.cursor.saturating_sub(config.back_slack) / bs;
+        let consumed = if self.consumed_until < left_behind { self.consumed_until..left_behind } else { 0..0 };
+        self.consumed_until = self.consumed_until.max(left_behind);
+        Decision { sequential: true, window_blocks: self.window_blocks, prefetch, consumed }
+    }
+
+    /// Records that blocks from `first_block` on were not prefetched: halves the window and lets a
+    /// later read ask for them again. A stream already at its smallest window does not rewind, so
+    /// a cache under steady pressure is not asked again on every read.
+    pub fn refused(&mut self, first_block: u64) {
+        if self.window_blocks > 1 {
+            self.window_blocks /= 2;
+            self.next_prefetch = self.next_prefetch.min(first_block);
         }
     }
 
-    /// Records that blocks from `first_block` on were not prefetched for stream `index`: halves its
-    /// window and lets a later read ask for them again. A stream already at its smallest window
-    /// does not rewind, so a cache under steady pressure is not asked again on every read.
-    pub fn prefetch_refused(&mut self, index: usize, first_block: u64) {
-        if let Some(stream) = self.streams.get_mut(index) {
-            if stream.window_blocks > 1 {
-                stream.window_blocks /= 2;
-                stream.next_prefetch = stream.next_prefetch.min(first_block);
-            }
-        }
+    /// The readahead window, in blocks.
+    pub fn window_blocks(&self) -> u64 {
+        self.window_blocks
     }
+}
 
-    /// The payload of stream `index`, if it exists.
-    pub fn payload(&self, index: usize) -> Option<&T> {
-        self.streams.get(index).map(|s| &s.payload)
-    }
-
-    /// Streams tracked.
-    pub fn len(&self) -> usize {
-        self.streams.len()
-    }
-
-    /// Whether no stream is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.streams.is_empty()
-    }
-
-    /// Sum of all windows, in bytes.
-    pub fn window_bytes(&self) -> u64 {
-        let blocks: u64 = self.streams.iter().map(|s| s.window_blocks).sum();
-        blocks.saturating_mul(self.config.block_size)
-    }
-
-    fn matching_stream(&self, offset: u64) -> Option<usize> {
-        let (back, forward) = (self.config.back_slack, self.config.forward_slack);
-        let confirm = self.config.confirm_slack;
-        self.streams
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                let (back, forward) =
-                    if s.confirmed { (back, forward) } else { (back.min(confirm), forward.min(confirm)) };
-                offset.saturating_add(back) >= s.cursor && offset <= s.cursor.saturating_add(forward)
-            })
-            .min_by_key(|(_, s)| offset.abs_diff(s.cursor))
-            .map(|(index, _)| index)
-    }
-
-    fn insert(&mut self, stream: Stream<T>) -> (usize, Option<T>) {
-        if self.streams.len() < self.config.max_streams {
-            self.streams.push(stream);
-            return (self.streams.len() - 1, None);
-        }
-        let oldest = (0..self.streams.len()).min_by_key(|&i| self.streams[i].last_used).unwrap_or(0);
-        let old = std::mem::replace(&mut self.streams[oldest], stream);
-        (oldest, Some(old.payload))
-    }
+/// Blocks per prefetch read for a stream whose window is `window_blocks`: the window shared by
+/// the lanes, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
+pub fn chunk_blocks(window_blocks: u64, block_size: u64) -> u64 {
+    let share = window_blocks.saturating_mul(block_size) / LANES as u64;
+    (share.clamp(MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES) / block_size).max(1)
 }
 
 #[cfg(test)]
@@ -313,208 +238,222 @@ mod tests {
     use super::*;
 
     const BS: u64 = 1000;
+    const SOURCE: u64 = 100 * BS;
 
-    fn table(max_window_blocks: u64, max_streams: usize) -> StreamTable<u32> {
-        StreamTable::new(ReadaheadConfig {
+    fn config(max_window_blocks: u64) -> ReadaheadConfig {
+        ReadaheadConfig {
             block_size: BS,
             max_window_blocks,
-            max_streams,
+            max_streams: 4,
             back_slack: 300,
             forward_slack: 2 * BS,
             confirm_slack: BS,
             initial_window_blocks: 1,
             file_start_window_blocks: 4,
-        })
+        }
     }
 
-    #[test]
-    fn file_start_window_is_eight_mib_and_at_least_a_block_per_lane() {
-        let lanes = crate::engine::stream::LANES as u64;
-        let small = ReadaheadConfig::new(64 << 10, 512 << 20);
-        assert_eq!(small.file_start_window_blocks * (64 << 10), FILE_START_WINDOW_BYTES);
-        let large = ReadaheadConfig::new(4 << 20, 512 << 20);
-        assert_eq!(large.file_start_window_blocks, lanes.max(FILE_START_WINDOW_BYTES / (4 << 20)));
-        assert!(large.file_start_window_blocks <= large.max_window_blocks);
+    /// One stream of a 100-block source: its first read starts it, every later read must continue it.
+    struct One {
+        config: ReadaheadConfig,
+        stream: Option<Readahead>,
     }
 
-    /// What one read decided: (stream, sequential, prefetch).
-    type Outcome = (usize, bool, Range<u64>);
+    impl One {
+        fn new(max_window_blocks: u64) -> One {
+            One { config: config(max_window_blocks), stream: None }
+        }
 
-    /// A labelled read pattern and what each of its reads should decide.
-    type Case = (&'static str, &'static [(u64, u64)], &'static [Outcome]);
+        fn read_in(&mut self, offset: u64, len: u64, extent: Range<u64>) -> Decision {
+            match &mut self.stream {
+                None => {
+                    let (stream, decision) = Readahead::start(&self.config, offset, len, SOURCE, extent);
+                    self.stream = Some(stream);
+                    decision
+                }
+                Some(stream) => {
+                    assert!(stream.distance(&self.config, offset).is_some(), "a read at {offset} continues the stream");
+                    stream.advance(&self.config, offset, len, SOURCE, extent)
+                }
+            }
+        }
 
-    /// Feeds reads (offset, len) to a table and returns each read's outcome.
-    fn run(table: &mut StreamTable<u32>, reads: &[(u64, u64)]) -> Vec<Outcome> {
+        /// A read of the source as a whole (not of a file within it).
+        fn read(&mut self, offset: u64, len: u64) -> Decision {
+            self.read_in(offset, len, 0..SOURCE)
+        }
+
+        fn accepts(&self, offset: u64) -> bool {
+            self.stream.as_ref().is_some_and(|s| s.distance(&self.config, offset).is_some())
+        }
+
+        fn window_blocks(&self) -> u64 {
+            self.stream.as_ref().map_or(0, Readahead::window_blocks)
+        }
+    }
+
+    /// Feeds reads (offset, len) to one stream and returns each read's (sequential, prefetch).
+    fn run(stream: &mut One, reads: &[(u64, u64)]) -> Vec<(bool, Range<u64>)> {
         reads
             .iter()
             .map(|&(offset, len)| {
-                let d = table.on_read(offset, len, 100 * BS, 0..100 * BS);
-                (d.stream, d.sequential, d.prefetch)
+                let d = stream.read(offset, len);
+                (d.sequential, d.prefetch)
             })
             .collect()
     }
 
+    /// A labelled read pattern of one stream and what each of its reads should decide.
+    type Case = (&'static str, &'static [(u64, u64)], &'static [(bool, Range<u64>)]);
+
     #[test]
     fn decisions_for_read_patterns() {
         let cases: &[Case] = &[
-            ("a lone read prefetches nothing", &[(5000, 10)], &[(0, false, 0..0)]),
+            ("a lone read prefetches nothing", &[(5000, 10)], &[(false, 0..0)]),
             (
                 "a continuing read confirms the stream with a one-block window",
                 &[(0, 100), (100, 100)],
-                &[(0, false, 0..0), (0, true, 1..2)],
+                &[(false, 0..0), (true, 1..2)],
             ),
             (
                 "the window doubles each time the cursor enters a new block",
                 &[(0, 500), (500, 500), (1000, 500), (1500, 500), (2000, 500), (3000, 500)],
-                &[
-                    (0, false, 0..0),
-                    (0, true, 1..2),
-                    (0, true, 2..4),
-                    (0, true, 0..0),
-                    (0, true, 4..7),
-                    (0, true, 7..12),
-                ],
-            ),
-            (
-                "a far jump starts a second, unconfirmed stream",
-                &[(0, 100), (100, 100), (50_000, 100)],
-                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
+                &[(false, 0..0), (true, 1..2), (true, 2..4), (true, 0..0), (true, 4..7), (true, 7..12)],
             ),
             (
                 "an out-of-order read just behind the cursor stays in the stream",
                 &[(0, 400), (600, 300), (700, 200)],
-                &[(0, false, 0..0), (0, true, 1..2), (0, true, 0..0)],
-            ),
-            (
-                "a read beyond the backward slack is a new stream",
-                &[(0, 900), (900, 100), (100, 100)],
-                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
-            ),
-            (
-                "two interleaved sequential readers keep separate streams",
-                &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
-                &[(0, false, 0..0), (1, false, 0..0), (0, true, 1..2), (1, true, 41..42)],
+                &[(false, 0..0), (true, 1..2), (true, 0..0)],
             ),
             (
                 "prefetch stops at the end of the source",
                 &[(98_000, 500), (98_500, 400), (98_900, 1100)],
-                &[(0, false, 0..0), (0, true, 99..100), (0, true, 0..0)],
+                &[(false, 0..0), (true, 99..100), (true, 0..0)],
             ),
         ];
         for (label, reads, expected) in cases {
-            assert_eq!(&run(&mut table(8, 4), reads), expected, "{label}");
+            assert_eq!(&run(&mut One::new(8), reads), expected, "{label}");
         }
     }
 
     #[test]
-    fn blocks_left_behind_are_reported_once_and_never_the_first_partial_one() {
-        let mut t = table(8, 4);
-        let mut consumed = Vec::new();
-        // Starts at 500 (block 0 is partial), back slack 300.
-        for offset in (500..5000).step_by(250) {
-            let d = t.on_read(offset, 250, 100 * BS, 0..100 * BS);
-            consumed.extend(d.consumed);
-        }
-        // Cursor 5000, minus slack 300: blocks up to 3 are behind; block 0 was not read whole.
-        assert_eq!(consumed, vec![1, 2, 3]);
-        let mut aligned = table(8, 4);
-        aligned.on_read(0, 1000, 100 * BS, 0..100 * BS);
-        let d = aligned.on_read(1000, 1000, 100 * BS, 0..100 * BS);
-        assert_eq!(d.consumed, 0..1, "a block read from its first byte is consumed");
+    fn a_read_beyond_the_slacks_does_not_continue_the_stream() {
+        let mut stream = One::new(8);
+        run(&mut stream, &[(0, 900), (900, 100)]);
+        assert!(!stream.accepts(100), "900 before the cursor, beyond the backward slack");
+        assert!(stream.accepts(700));
+        assert!(stream.accepts(3000) && !stream.accepts(3001), "the forward slack");
     }
 
     #[test]
     fn only_a_read_close_to_a_new_stream_confirms_it() {
-        let mut t = table(8, 4);
-        t.on_read(10_000, 100, 100 * BS, 0..100 * BS);
+        let mut stream = One::new(8);
+        stream.read(10_000, 100);
         // 1,900 past the cursor: inside the forward slack, outside the confirm slack.
-        let d = t.on_read(12_000, 100, 100 * BS, 0..100 * BS);
-        assert!(!d.sequential && d.prefetch.is_empty(), "{d:?}");
-        assert_eq!(t.len(), 2);
-        let d = t.on_read(12_500, 100, 100 * BS, 0..100 * BS);
-        assert!(d.sequential, "400 past the cursor confirms");
+        assert!(!stream.accepts(12_000));
+        let mut stream = One::new(8);
+        stream.read(12_000, 100);
+        assert!(stream.read(12_500, 100).sequential, "400 past the cursor confirms");
         // Once confirmed, the whole forward slack applies.
-        assert!(t.on_read(14_500, 100, 100 * BS, 0..100 * BS).sequential);
+        assert!(stream.read(14_500, 100).sequential);
+    }
+
+    #[test]
+    fn blocks_left_behind_are_reported_once_and_never_the_first_partial_one() {
+        let mut stream = One::new(8);
+        let mut consumed = Vec::new();
+        // Starts at 500 (block 0 is partial), back slack 300.
+        for offset in (500..5000).step_by(250) {
+            consumed.extend(stream.read(offset, 250).consumed);
+        }
+        // Cursor 5000, minus slack 300: blocks up to 3 are behind; block 0 was not read whole.
+        assert_eq!(consumed, vec![1, 2, 3]);
+        let mut aligned = One::new(8);
+        aligned.read(0, 1000);
+        assert_eq!(aligned.read(1000, 1000).consumed, 0..1, "a block read from its first byte is consumed");
     }
 
     #[test]
     fn window_is_capped() {
-        let mut t = table(2, 4);
+        let mut stream = One::new(2);
         let reads: Vec<(u64, u64)> = (0..10).map(|b| (b * BS, BS)).collect();
-        let got = run(&mut t, &reads);
-        assert_eq!(got[9], (0, true, 11..12), "{got:?}");
-        assert_eq!(t.window_bytes(), 2 * BS);
+        let got = run(&mut stream, &reads);
+        assert_eq!(got[9], (true, 11..12), "{got:?}");
+        assert_eq!(stream.window_blocks(), 2);
     }
 
     #[test]
     fn zero_max_window_disables_prefetch() {
-        let mut t = table(0, 4);
-        let got = run(&mut t, &[(0, 500), (500, 500), (1000, 500)]);
-        assert!(got.iter().all(|(_, _, p)| p.is_empty()), "{got:?}");
-        assert!(got[2].1, "the stream is still recognised as sequential");
-    }
-
-    #[test]
-    fn least_recently_used_stream_is_replaced() {
-        let mut t = table(8, 2);
-        t.on_read(0, 10, 100 * BS, 0..100 * BS);
-        t.on_read(20_000, 10, 100 * BS, 0..100 * BS);
-        t.on_read(20_010, 10, 100 * BS, 0..100 * BS);
-        let d = t.on_read(60_000, 10, 100 * BS, 0..100 * BS);
-        assert_eq!((d.stream, d.evicted), (0, Some(0)));
-        assert_eq!(t.len(), 2);
-        // The surviving stream is still there and continues.
-        assert!(t.on_read(20_020, 10, 100 * BS, 0..100 * BS).sequential);
+        let mut stream = One::new(0);
+        let got = run(&mut stream, &[(0, 500), (500, 500), (1000, 500)]);
+        assert!(got.iter().all(|(_, p)| p.is_empty()), "{got:?}");
+        assert!(got[2].0, "the stream is still recognised as sequential");
     }
 
     #[test]
     fn refused_prefetch_halves_the_window_and_rewinds() {
-        let mut t = table(8, 4);
-        let got = run(&mut t, &[(0, 500), (500, 500), (1000, 500), (2000, 500)]);
-        assert_eq!(got[3].2, 4..7);
-        t.prefetch_refused(0, 4);
-        assert_eq!(t.window_bytes(), 2 * BS);
-        let d = t.on_read(2500, 100, 100 * BS, 0..100 * BS);
-        assert_eq!(d.prefetch, 4..5, "refused blocks are asked for again");
+        let mut stream = One::new(8);
+        let got = run(&mut stream, &[(0, 500), (500, 500), (1000, 500), (2000, 500)]);
+        assert_eq!(got[3].1, 4..7);
+        stream.stream.as_mut().unwrap().refused(4);
+        assert_eq!(stream.window_blocks(), 2);
+        assert_eq!(stream.read(2500, 100).prefetch, 4..5, "refused blocks are asked for again");
     }
 
     #[test]
     fn prefetch_stops_at_the_file_end_until_the_reader_crosses_into_the_next() {
-        let mut t = table(8, 4);
+        let mut stream = One::new(8);
         let file_end = 10 * BS + 100;
-        t.on_read(0, BS, 100 * BS, 0..file_end);
+        stream.read_in(0, BS, 0..file_end);
         for k in 1..10 {
-            let d = t.on_read(k * BS, BS, 100 * BS, 0..file_end);
+            let d = stream.read_in(k * BS, BS, 0..file_end);
             assert!(d.prefetch.end <= 11, "read {k}: prefetch {:?} runs past the file's last block", d.prefetch);
         }
         // The reader goes on into the next file: the window runs past file ends from now on.
         let next_end = 40 * BS;
-        let d = t.on_read(file_end, BS, 100 * BS, file_end..next_end);
-        assert!(d.sequential);
-        let d = t.on_read(file_end + BS, BS, 100 * BS, file_end..next_end);
-        let d2 = t.on_read(file_end + 2 * BS, BS, 100 * BS, next_end..60 * BS);
+        assert!(stream.read_in(file_end, BS, file_end..next_end).sequential);
+        let d = stream.read_in(file_end + BS, BS, file_end..next_end);
+        let d2 = stream.read_in(file_end + 2 * BS, BS, next_end..60 * BS);
         assert!(d.prefetch.end.max(d2.prefetch.end) > 11);
         assert!(d2.prefetch.end <= 100);
     }
 
     #[test]
     fn a_read_from_a_files_first_byte_prefetches_its_start_at_once() {
-        let mut t = table(8, 4);
+        let mut stream = One::new(8);
         // File [5000, 30_000): a read of its first byte prefetches the next 4 blocks (the file-start
         // window), before any second read; the stream is not confirmed yet.
-        let d = t.on_read(5000, 100, 100 * BS, 5000..30 * BS);
+        let d = stream.read_in(5000, 100, 5000..30 * BS);
         assert_eq!((d.sequential, d.prefetch.clone()), (false, 6..10));
         // Its exact continuation confirms it and opens the window over the rest of the file,
         // without asking again for what is already on its way.
-        let d = t.on_read(5100, 900, 100 * BS, 5000..30 * BS);
+        let d = stream.read_in(5100, 900, 5000..30 * BS);
         assert!(d.sequential);
         assert_eq!(d.prefetch, 10..14);
         // Near the end of a short file, the file-start window stops at the file's last block.
-        let d = t.on_read(60 * BS, 100, 100 * BS, 60 * BS..62 * BS);
-        assert_eq!(d.prefetch, 61..62);
+        assert_eq!(One::new(8).read_in(60 * BS, 100, 60 * BS..62 * BS).prefetch, 61..62);
         // A read inside a file, or from the start of a source that is not a file, prefetches nothing.
-        assert!(t.on_read(80 * BS + 7, 100, 100 * BS, 80 * BS..90 * BS).prefetch.is_empty());
-        let mut whole = table(8, 4);
-        assert!(whole.on_read(0, 100, 100 * BS, 0..100 * BS).prefetch.is_empty());
+        assert!(One::new(8).read_in(80 * BS + 7, 100, 80 * BS..90 * BS).prefetch.is_empty());
+        assert!(One::new(8).read(0, 100).prefetch.is_empty());
+    }
+
+    #[test]
+    fn file_start_window_is_eight_mib_and_at_least_a_block_per_lane() {
+        let small = ReadaheadConfig::new(64 << 10, 512 << 20);
+        assert_eq!(small.file_start_window_blocks * (64 << 10), FILE_START_WINDOW_BYTES);
+        let large = ReadaheadConfig::new(4 << 20, 512 << 20);
+        assert_eq!(large.file_start_window_blocks, (LANES as u64).max(FILE_START_WINDOW_BYTES / (4 << 20)));
+        assert!(large.file_start_window_blocks <= large.max_window_blocks);
+    }
+
+    #[test]
+    fn prefetch_reads_share_the_window_among_the_lanes_within_bounds() {
+        let (kib, mib) = (1u64 << 10, 1u64 << 20);
+        let lanes = LANES as u64;
+        assert_eq!(chunk_blocks(16 * mib / (64 * kib), 64 * kib), 16 * mib / lanes / (64 * kib));
+        assert_eq!(chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
+        assert_eq!(chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
+        assert_eq!(chunk_blocks(2, 4 * mib), 1, "never less than one block");
+        assert_eq!(chunk_blocks(u64::MAX, 4 * kib), PREFETCH_CHUNK_BYTES / (4 * kib));
     }
 }

@@ -1,91 +1,167 @@
-//! Background prefetch plumbing: the bounded I/O thread pool and each stream's queue of blocks.
+//! One stream's state in one place, and the table of a source's streams.
 //!
-//! The engine decides *what* to prefetch ([`crate::engine::readahead`]) and *how* to load a block; this
-//! module only owns the threads, the bounded job queue, and the per-stream state that splits a
-//! stream's pending blocks into chunks handed to up to [`LANES`] jobs, each on its own descriptor.
+//! A *stream* is a reader the engine has seen going through a source in order. Its [`Stream`]
+//! holds all it has: its readahead state ([`Readahead`]: cursor, window, what it has asked for),
+//! and its I/O ([`StreamIo`]): the descriptor for its on-demand loads, one descriptor per prefetch
+//! lane, the blocks waiting to be prefetched in chunks, the first block the cache refused it, and
+//! how far it has left blocks behind. The readahead state changes only under the source's stream
+//! lock, on a read; the I/O half is shared (an `Arc`) with the prefetch jobs running its lanes.
+//!
+//! [`Streams`] is a source's table of at most [`ReadaheadConfig::max_streams`] streams; a new
+//! stream replaces the least recently used one. [`Streams::on_read`] is everything one read does
+//! to its stream: find it (or start one, closing the replaced stream's descriptors into the
+//! source's spares), learn of a refusal the lanes met, queue the new prefetch, and hand the blocks
+//! the stream has passed to drop-behind.
+//!
+//! A stream's pending blocks are claimed in chunks ([`readahead::chunk_blocks`]) by up to
+//! [`LANES`] jobs, each on its own descriptor, so every descriptor only moves forward in big steps.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
-use crate::source::SourceReader;
+use super::cache::BlockCache;
+use super::readahead::{self, Decision, Readahead, ReadaheadConfig};
+use super::spares::Spares;
+use super::tuning::LANES;
+use crate::source::{SourceId, SourceReader};
+use crate::stats::Stats;
 use crate::util::lock;
 
-/// A fixed set of threads running jobs from a bounded queue; submitting never blocks.
-pub(crate) struct IoPool<J: Send + 'static> {
-    jobs: Option<SyncSender<J>>,
-    workers: Vec<JoinHandle<()>>,
+/// A descriptor slot: opened on first use, used by one thread at a time.
+pub(crate) type Descriptor = Mutex<Option<Box<dyn SourceReader>>>;
+
+/// The streams of one source; see the module doc.
+pub(crate) struct Streams {
+    config: ReadaheadConfig,
+    /// The source, to name its blocks in the cache.
+    source: SourceId,
+    /// The source's length in bytes.
+    len: u64,
+    table: Mutex<Table>,
 }
 
-impl<J: Send + 'static> IoPool<J> {
-    /// Starts `threads` threads that run `handler` on each job; at most `queue_len` jobs wait.
-    pub(crate) fn start<F>(threads: usize, queue_len: usize, handler: F) -> IoPool<J>
-    where
-        F: Fn(J) + Send + Sync + 'static,
-    {
-        let (sender, receiver) = mpsc::sync_channel(queue_len);
-        let receiver = Arc::new(Mutex::new(receiver));
-        let handler = Arc::new(handler);
-        let workers = (0..threads)
-            .filter_map(|n| {
-                let (receiver, handler) = (Arc::clone(&receiver), Arc::clone(&handler));
-                let spawned = std::thread::Builder::new()
-                    .name(format!("stfs-io-{n}"))
-                    .spawn(move || run_jobs(&receiver, &*handler));
-                spawned.map_err(|e| log::warn!("cannot start I/O thread: {e}")).ok()
-            })
-            .collect::<Vec<_>>();
-        let jobs = (!workers.is_empty()).then_some(sender);
-        IoPool { jobs, workers }
+struct Table {
+    streams: Vec<Stream>,
+    /// Counts reads, to find the least recently used stream.
+    clock: u64,
+}
+
+/// One sequential reader of a source; see the module doc.
+struct Stream {
+    readahead: Readahead,
+    /// The table's clock at this stream's last read.
+    last_used: u64,
+    io: Arc<StreamIo>,
+}
+
+impl Streams {
+    /// An empty table for source `source` of `len` bytes (a block size of 0 is taken as 1, and at
+    /// least one stream is tracked).
+    pub(crate) fn new(mut config: ReadaheadConfig, source: SourceId, len: u64) -> Streams {
+        config.block_size = config.block_size.max(1);
+        config.max_streams = config.max_streams.max(1);
+        Streams { config, source, len, table: Mutex::new(Table { streams: Vec::new(), clock: 0 }) }
     }
 
-    /// Queues `job`; hands it back if the queue is full or there are no threads.
-    pub(crate) fn try_submit(&self, job: J) -> Result<(), J> {
-        match &self.jobs {
-            Some(jobs) => jobs.try_send(job).map_err(|e| match e {
-                mpsc::TrySendError::Full(job) | mpsc::TrySendError::Disconnected(job) => job,
-            }),
-            None => Err(job),
+    /// Everything the read of `range` (not empty, inside the source) of a file spanning `extent`
+    /// does to its stream (see the module doc). `submit(io, lane)` queues a prefetch job for that
+    /// lane of the stream and says whether it could. Returns the stream's I/O if the stream is
+    /// sequential: its loads then use its own descriptor.
+    pub(crate) fn on_read(
+        &self,
+        range: Range<u64>,
+        extent: Range<u64>,
+        cache: &BlockCache,
+        spares: &Spares,
+        stats: &Stats,
+        mut submit: impl FnMut(&Arc<StreamIo>, usize) -> bool,
+    ) -> Option<Arc<StreamIo>> {
+        let bs = self.config.block_size;
+        let mut table = lock(&self.table);
+        let before = table.totals(bs);
+        let (index, decision, replaced) =
+            table.classify(&self.config, range.start, range.end - range.start, self.len, extent);
+        if let Some(replaced) = replaced {
+            replaced.io.close(spares);
         }
-    }
-}
-
-impl<J: Send + 'static> Drop for IoPool<J> {
-    /// Closes the queue; each thread finishes the queued jobs (the handler should cut them short
-    /// once shutdown is flagged) and is joined.
-    fn drop(&mut self) {
-        self.jobs = None;
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+        let stream = &mut table.streams[index];
+        if let Some(refused) = stream.io.take_refusal() {
+            stream.readahead.refused(refused);
         }
-    }
-}
-
-fn run_jobs<J>(receiver: &Mutex<Receiver<J>>, handler: &dyn Fn(J)) {
-    loop {
-        let job = lock(receiver).recv();
-        match job {
-            Ok(job) => handler(job),
-            Err(_) => return,
+        if !decision.prefetch.is_empty() {
+            let chunk_blocks = readahead::chunk_blocks(decision.window_blocks, bs);
+            let io = &stream.io;
+            if !io.add_pending(decision.prefetch.clone(), self.len.div_ceil(bs), chunk_blocks, |lane| submit(io, lane))
+            {
+                stream.readahead.refused(decision.prefetch.start);
+            }
         }
+        if !decision.consumed.is_empty() {
+            stream.io.left_behind(decision.consumed.end);
+        }
+        for block in decision.consumed.clone() {
+            cache.recycle((self.source, block));
+        }
+        let io = Arc::clone(&stream.io);
+        let after = table.totals(bs);
+        drop(table);
+        stats.streams.fetch_add(after.0.wrapping_sub(before.0), Relaxed);
+        stats.window_bytes.fetch_add(after.1.wrapping_sub(before.1), Relaxed);
+        decision.sequential.then_some(io)
     }
 }
 
-/// Descriptors a stream may read through at once for its prefetch. Each lane is one descriptor
-/// reading whole chunks in increasing order, so every descriptor only moves forward and jumps at
-/// least a chunk at a time; together they go past one handle's bandwidth on a network store.
-/// Eight fill a full window (64 MiB) with 8 MiB requests: at 100 MiB/s per connection and 20 ms
-/// per request (docs/remote.md) one stream reads 520 MiB/s with eight, 300 MiB/s with four.
-pub(crate) const LANES: usize = 8;
+impl Table {
+    /// Gives the read of `[offset, offset + len)` to the closest stream that accepts it, or starts a
+    /// new one (replacing the least recently used if the table is full): the stream's index, what
+    /// to do, and the replaced stream.
+    fn classify(
+        &mut self,
+        config: &ReadaheadConfig,
+        offset: u64,
+        len: u64,
+        source_len: u64,
+        extent: Range<u64>,
+    ) -> (usize, Decision, Option<Stream>) {
+        self.clock += 1;
+        let closest = self
+            .streams
+            .iter()
+            .enumerate()
+            .filter_map(|(index, s)| s.readahead.distance(config, offset).map(|distance| (index, distance)))
+            .min_by_key(|&(_, distance)| distance)
+            .map(|(index, _)| index);
+        if let Some(index) = closest {
+            let stream = &mut self.streams[index];
+            stream.last_used = self.clock;
+            return (index, stream.readahead.advance(config, offset, len, source_len, extent), None);
+        }
+        let (readahead, decision) = Readahead::start(config, offset, len, source_len, extent);
+        let stream = Stream { readahead, last_used: self.clock, io: Arc::default() };
+        if self.streams.len() < config.max_streams {
+            self.streams.push(stream);
+            return (self.streams.len() - 1, decision, None);
+        }
+        let oldest = (0..self.streams.len()).min_by_key(|&i| self.streams[i].last_used).unwrap_or(0);
+        let replaced = std::mem::replace(&mut self.streams[oldest], stream);
+        (oldest, decision, Some(replaced))
+    }
 
-/// The I/O side of one stream: its descriptors and the blocks it still has to prefetch.
+    /// Streams tracked, and the sum of their windows in bytes.
+    fn totals(&self, block_size: u64) -> (u64, u64) {
+        let blocks: u64 = self.streams.iter().map(|s| s.readahead.window_blocks()).sum();
+        (self.streams.len() as u64, blocks.saturating_mul(block_size))
+    }
+}
+
+/// The I/O half of a stream, shared with the prefetch jobs of its lanes: its descriptors and the
+/// blocks it still has to prefetch.
 pub(crate) struct StreamIo {
     /// The descriptor for this stream's on-demand loads (blocks the prefetch has not reached).
-    pub(crate) descriptor: Mutex<Option<Box<dyn SourceReader>>>,
-    /// One descriptor per prefetch lane, each opened on first use and used by one job at a time.
-    pub(crate) lanes: [Mutex<Option<Box<dyn SourceReader>>>; LANES],
+    pub(crate) descriptor: Descriptor,
+    /// One descriptor per prefetch lane, each used by one job at a time.
+    pub(crate) lanes: [Descriptor; LANES],
     pending: Mutex<Pending>,
     /// First block a prefetch was refused cache space for, plus one (0: none).
     refused_at: AtomicU64,
@@ -153,7 +229,7 @@ impl StreamIo {
     /// chunks of `chunk_blocks` from now on, and starts jobs for idle lanes while whole chunks
     /// wait: `submit(lane)` queues a job for that lane (called under the stream's lock). Returns
     /// false if no job could be queued and none runs (the pending blocks are then dropped).
-    pub(crate) fn add_pending(
+    fn add_pending(
         &self,
         blocks: Range<u64>,
         last: u64,
@@ -217,7 +293,7 @@ impl StreamIo {
     }
 
     /// Records that the stream has left every block below `block` behind.
-    pub(crate) fn left_behind(&self, block: u64) {
+    fn left_behind(&self, block: u64) {
         self.behind.fetch_max(block, Relaxed);
     }
 
@@ -226,8 +302,18 @@ impl StreamIo {
         block < self.behind.load(Relaxed)
     }
 
+    /// Closes the descriptors of a stream that was replaced into the source's `spares`; one a
+    /// prefetch job still uses closes when that job ends instead.
+    fn close(&self, spares: &Spares) {
+        for descriptor in std::iter::once(&self.descriptor).chain(&self.lanes) {
+            if let Ok(mut descriptor) = descriptor.try_lock() {
+                spares.keep(descriptor.take());
+            }
+        }
+    }
+
     /// The first refused block since the last call, if any.
-    pub(crate) fn take_refusal(&self) -> Option<u64> {
+    fn take_refusal(&self) -> Option<u64> {
         self.refused_at.swap(0, Relaxed).checked_sub(1)
     }
 }
@@ -235,22 +321,130 @@ impl StreamIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+
+    const BS: u64 = 1000;
+
+    /// A table of streams over a 100-block source, as the readahead tests configure one.
+    fn streams(max_window_blocks: u64, max_streams: usize) -> Streams {
+        let config = ReadaheadConfig {
+            block_size: BS,
+            max_window_blocks,
+            max_streams,
+            back_slack: 300,
+            forward_slack: 2 * BS,
+            confirm_slack: BS,
+            initial_window_blocks: 1,
+            file_start_window_blocks: 4,
+        };
+        Streams::new(config, 0, 100 * BS)
+    }
+
+    /// What one read decided: (stream, sequential, prefetch).
+    type Outcome = (usize, bool, Range<u64>);
+
+    /// A labelled read pattern and what each of its reads should decide.
+    type Case = (&'static str, &'static [(u64, u64)], &'static [Outcome]);
+
+    /// Gives reads (offset, len) of the whole source to the table; returns each read's outcome.
+    fn classify(streams: &Streams, reads: &[(u64, u64)]) -> Vec<Outcome> {
+        let mut table = lock(&streams.table);
+        reads
+            .iter()
+            .map(|&(offset, len)| {
+                let (index, d, _) = table.classify(&streams.config, offset, len, 100 * BS, 0..100 * BS);
+                (index, d.sequential, d.prefetch)
+            })
+            .collect()
+    }
 
     #[test]
-    fn pool_runs_jobs_and_joins_on_drop() {
-        let done = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&done);
-        let pool = IoPool::start(2, 8, move |n: usize| {
-            counter.fetch_add(n, Relaxed);
-        });
-        for n in 1..=4 {
-            assert!(pool.try_submit(n).is_ok());
+    fn reads_go_to_the_closest_stream_that_accepts_them() {
+        let cases: &[Case] = &[
+            (
+                "a far jump starts a second, unconfirmed stream",
+                &[(0, 100), (100, 100), (50_000, 100)],
+                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
+            ),
+            (
+                "a read beyond the backward slack is a new stream",
+                &[(0, 900), (900, 100), (100, 100)],
+                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
+            ),
+            (
+                "two interleaved sequential readers keep separate streams",
+                &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
+                &[(0, false, 0..0), (1, false, 0..0), (0, true, 1..2), (1, true, 41..42)],
+            ),
+            (
+                "a read close to a new stream confirms it, one within the forward slack does not",
+                &[(10_000, 100), (12_000, 100), (12_500, 100), (14_500, 100)],
+                &[(0, false, 0..0), (1, false, 0..0), (1, true, 13..14), (1, true, 15..17)],
+            ),
+        ];
+        for (label, reads, expected) in cases {
+            assert_eq!(&classify(&streams(8, 4), reads), expected, "{label}");
         }
-        drop(pool);
-        assert_eq!(done.load(Relaxed), 10, "every queued job ran before the threads were joined");
-        let idle = IoPool::start(0, 8, |_: usize| {});
-        assert_eq!(idle.try_submit(1), Err(1));
+    }
+
+    #[test]
+    fn least_recently_used_stream_is_replaced() {
+        let streams = streams(8, 2);
+        classify(&streams, &[(0, 10), (20_000, 10), (20_010, 10)]);
+        let mut table = lock(&streams.table);
+        let (index, _, replaced) = table.classify(&streams.config, 60_000, 10, 100 * BS, 0..100 * BS);
+        assert_eq!((index, replaced.map(|s| s.last_used)), (0, Some(1)));
+        assert_eq!(table.streams.len(), 2);
+        drop(table);
+        // The surviving stream is still there and continues.
+        assert!(classify(&streams, &[(20_020, 10)])[0].1);
+    }
+
+    /// Reads `[offset, offset + len)` of the whole source through `on_read`, with prefetch jobs
+    /// accepted or not; whether the read's stream is sequential.
+    fn read(
+        streams: &Streams,
+        cache: &BlockCache,
+        spares: &Spares,
+        stats: &Stats,
+        at: (u64, u64),
+        accept: bool,
+    ) -> bool {
+        let (offset, len) = at;
+        streams.on_read(offset..offset + len, 0..100 * BS, cache, spares, stats, |_, _| accept).is_some()
+    }
+
+    #[test]
+    fn a_read_feeds_back_the_lanes_refusal_and_leaves_blocks_behind() {
+        let (streams, stats, spares) = (streams(8, 4), Stats::default(), Spares::default());
+        let cache = BlockCache::new(1 << 20, Arc::new(Stats::default()));
+        assert!(!read(&streams, &cache, &spares, &stats, (0, 500), true), "a new stream is not sequential yet");
+        assert!(read(&streams, &cache, &spares, &stats, (500, 500), true), "its continuation confirms it");
+        assert_eq!((counter(&stats.streams), counter(&stats.window_bytes)), (1, BS));
+        for at in [(1000, 500), (1500, 500), (2000, 1000)] {
+            read(&streams, &cache, &spares, &stats, at, true);
+        }
+        assert_eq!(counter(&stats.window_bytes), 4 * BS);
+        let io = Arc::clone(&lock(&streams.table).streams[0].io);
+        assert!(io.is_behind(1) && !io.is_behind(2), "the cursor (3000) is 2 blocks and the back slack past 1");
+        // A lane met a full cache: the next read doubles the window, then halves it.
+        io.refuse(9);
+        read(&streams, &cache, &spares, &stats, (3000, 500), true);
+        assert_eq!(counter(&stats.window_bytes), 4 * BS);
+        assert_eq!(io.take_refusal(), None, "the read took the refusal");
+    }
+
+    #[test]
+    fn a_prefetch_the_queue_refuses_halves_the_window() {
+        let (streams, stats, spares) = (streams(8, 4), Stats::default(), Spares::default());
+        let cache = BlockCache::new(1 << 20, Arc::new(Stats::default()));
+        for at in [(0, 500), (500, 500), (1000, 500)] {
+            read(&streams, &cache, &spares, &stats, at, false);
+        }
+        assert_eq!(counter(&stats.window_bytes), BS, "doubled to 2 blocks, then halved");
+    }
+
+    fn counter(c: &AtomicU64) -> u64 {
+        c.load(Relaxed)
     }
 
     /// Adds `blocks` (of 100) in chunks of `chunk_blocks`, accepting every job; the lanes started.

@@ -17,17 +17,9 @@
 
 use std::sync::Arc;
 
-use super::{BlockCache, BlockKey, Inner, MAX_SPARES};
+use super::{BlockCache, BlockKey, Inner};
+use crate::engine::tuning::{MAX_HELD_BEHIND, MAX_SPARES, STREAM_REUSE_BYTES};
 use crate::stats::Stats;
-
-/// Cache fill (in bytes) from which a stream's passed blocks give their buffers to the next loads,
-/// or three-quarters of the budget if that is less: room for a full readahead window
-/// ([`crate::engine::readahead::MAX_WINDOW_BYTES`]) ahead of a stream and as much of what it just read.
-pub const STREAM_REUSE_BYTES: u64 = 128 << 20;
-
-/// Passed blocks remembered while a reply still holds them; beyond this the oldest is left to the
-/// LRU (it was demoted, so it goes first anyway).
-const MAX_HELD_BEHIND: usize = 64;
 
 /// What drop-behind did with one passed block.
 #[derive(Debug, PartialEq)]

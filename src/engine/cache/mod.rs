@@ -1,5 +1,11 @@
 //! The block cache: a byte-bounded LRU of loaded blocks with single-flight loading.
 //!
+//! This file holds the LRU, its byte budget and admission rules, and the [`LoadTicket`] a loader
+//! finishes (finishing re-reserves budget, so the ticket belongs with the budget). Beside it:
+//! `slot` (single flight: the [`LoadSlot`] readers of a loading block wait on), `behind`
+//! (drop-behind: passed blocks' buffers go to the next loads) and `warm` (spare buffers faulted in
+//! ahead of need). The buffer-reuse constants are in [`crate::engine::tuning`].
+//!
 //! Every block is in one of three places: absent, *loading* (a [`LoadSlot`] that concurrent readers
 //! of that block wait on), or *ready* (in the LRU). The byte budget counts ready blocks plus the bytes
 //! reserved by loads in flight, so the bound holds while loads run. The global mutex only guards map
@@ -15,32 +21,34 @@
 //!   is about to be read. If that leaves no room, the prefetch is refused rather than blocking or
 //!   overshooting the budget.
 //!
-//! Buffers are reused: a block a sequential stream has moved past ([`behind`]) and a block evicted
+//! Buffers are reused: a block a sequential stream has moved past (`behind`) and a block evicted
 //! to make room hand their allocation to the next load, so a steady stream touches no fresh
 //! memory (no page faults, no kernel zeroing). Idle spare buffers count against the budget like
 //! ready blocks, and are the first thing dropped when room is needed. Until the cache is full
-//! enough to recycle, a background thread keeps a few spares faulted in ahead of need ([`warm`]),
+//! enough to recycle, a background thread keeps a few spares faulted in ahead of need (`warm`),
 //! so loads do not fault in fresh memory on a reader's time either.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
 
 use lru::LruCache;
 
+use super::tuning::reuse_threshold;
 use crate::source::SourceId;
 use crate::stats::Stats;
 use crate::util::lock;
 
 mod behind;
+mod slot;
+#[cfg(test)]
+mod tests;
 mod warm;
+
+pub use slot::{BlockData, LoadSlot};
 
 /// A block's identity: its source and its index (`offset / block_size`).
 pub type BlockKey = (SourceId, u64);
-
-/// The bytes of one loaded block, shared by the cache and every reader holding it.
-pub type BlockData = Arc<Vec<u8>>;
 
 /// Byte-bounded LRU of blocks; see the module doc for the admission rules.
 pub struct BlockCache {
@@ -62,11 +70,8 @@ struct Inner {
     warmer_asleep: bool,
     /// Passed blocks a reader still held when drop-behind reached them, oldest first
     /// ([`BlockCache::recycle`] tries them again).
-    held_behind: std::collections::VecDeque<BlockKey>,
+    held_behind: VecDeque<BlockKey>,
 }
-
-/// Spare buffers kept at most: enough for the loads of several streams in flight at once.
-const MAX_SPARES: usize = 32;
 
 struct Resident {
     data: BlockData,
@@ -99,49 +104,6 @@ pub enum Prefetch<'c> {
     Refused,
     /// Space is reserved: load the block and hand the bytes to the ticket.
     Load(LoadTicket<'c>),
-}
-
-/// Where readers of a block that is loading wait for its bytes or its error.
-pub struct LoadSlot {
-    state: Mutex<SlotState>,
-    done: Condvar,
-    prefetched: bool,
-}
-
-enum SlotState {
-    Loading,
-    Ready(BlockData),
-    /// io::Error is not Clone; every waiter gets a fresh error with the same kind and text.
-    Failed(io::ErrorKind, String),
-}
-
-impl LoadSlot {
-    /// Blocks until the load finishes, or fails with `TimedOut` after `timeout`.
-    pub fn wait(&self, timeout: Duration) -> io::Result<BlockData> {
-        let state = lock(&self.state);
-        let (state, _) = self
-            .done
-            .wait_timeout_while(state, timeout, |s| matches!(s, SlotState::Loading))
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match &*state {
-            SlotState::Ready(data) => Ok(Arc::clone(data)),
-            SlotState::Failed(kind, text) => Err(io::Error::new(*kind, text.clone())),
-            SlotState::Loading => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("gave up waiting for another reader's load after {timeout:?}"),
-            )),
-        }
-    }
-
-    /// Whether the load was started by readahead (a waiter may retry a failed prefetch itself).
-    pub fn is_prefetch(&self) -> bool {
-        self.prefetched
-    }
-
-    fn finish(&self, outcome: SlotState) {
-        *lock(&self.state) = outcome;
-        self.done.notify_all();
-    }
 }
 
 /// The duty to finish one load; dropping it unfinished fails the load so waiters never hang.
@@ -190,7 +152,7 @@ impl LoadTicket<'_> {
                 inner.ready.push(self.key, Resident { data: Arc::clone(&data), prefetched, read });
             }
         }
-        self.slot.finish(SlotState::Ready(Arc::clone(&data)));
+        self.slot.ready(Arc::clone(&data));
         data
     }
 
@@ -206,7 +168,7 @@ impl LoadTicket<'_> {
             inner.loading.remove(&self.key);
             inner.release(self.reserved, &self.cache.stats);
         }
-        self.slot.finish(SlotState::Failed(kind, text));
+        self.slot.failed(kind, text);
     }
 }
 
@@ -293,7 +255,7 @@ impl BlockCache {
             spares: Vec::new(),
             used: 0,
             warmer_asleep: false,
-            held_behind: std::collections::VecDeque::new(),
+            held_behind: VecDeque::new(),
         };
         BlockCache { capacity, stats, inner: Mutex::new(inner), spares_low: Condvar::new() }
     }
@@ -357,11 +319,9 @@ impl BlockCache {
         self.capacity
     }
 
-    /// Three-quarters of the budget: below it the cache is filling and warm spares are topped up;
-    /// from it on, loads reuse the buffers of blocks that go (drop-behind may start earlier, see
-    /// [`behind::STREAM_REUSE_BYTES`]).
+    /// The fill from which loads reuse the buffers of blocks that go ([`reuse_threshold`]).
     fn reuse_threshold(&self) -> u64 {
-        self.capacity / 4 * 3
+        reuse_threshold(self.capacity)
     }
 
     fn start_load<'c>(
@@ -374,8 +334,7 @@ impl BlockCache {
     ) -> LoadTicket<'c> {
         inner.used += reserved;
         self.stats.add_resident(reserved as i64);
-        let state = Mutex::new(SlotState::Loading);
-        let slot = Arc::new(LoadSlot { state, done: Condvar::new(), prefetched });
+        let slot = Arc::new(LoadSlot::new(prefetched));
         let loading = Loading { slot: Arc::clone(&slot), prefetched, demanded: false };
         inner.loading.insert(key, loading);
         LoadTicket { cache: self, key, slot, reserved, finished: false, buffer }
@@ -383,135 +342,5 @@ impl BlockCache {
 
     fn lock_inner(&self) -> MutexGuard<'_, Inner> {
         lock(&self.inner)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::Ordering::Relaxed;
-
-    fn cache(capacity: u64) -> (BlockCache, Arc<Stats>) {
-        let stats = Arc::new(Stats::default());
-        (BlockCache::new(capacity, Arc::clone(&stats)), stats)
-    }
-
-    fn load(cache: &BlockCache, block: u64, len: u64) -> BlockData {
-        match cache.lookup((0, block), len) {
-            Lookup::Load(ticket) => ticket.complete(vec![block as u8; len as usize]),
-            Lookup::Hit(data) => data,
-            Lookup::Wait(_) => panic!("nobody else is loading block {block}"),
-        }
-    }
-
-    fn prefetch(cache: &BlockCache, block: u64, len: u64) -> bool {
-        match cache.prefetch((0, block), len) {
-            Prefetch::Load(ticket) => {
-                ticket.complete(vec![block as u8; len as usize]);
-                true
-            }
-            Prefetch::Present | Prefetch::Refused => false,
-        }
-    }
-
-    #[test]
-    fn evicts_least_recently_used_within_budget() {
-        let (cache, stats) = cache(300);
-        for block in 0..3 {
-            load(&cache, block, 100);
-        }
-        assert!(matches!(cache.lookup((0, 0), 100), Lookup::Hit(_)));
-        load(&cache, 3, 100);
-        assert!(!cache.contains((0, 1)), "block 1 was the least recently used");
-        assert!(cache.contains((0, 0)) && cache.contains((0, 2)) && cache.contains((0, 3)));
-        assert_eq!(cache.used_bytes(), 300);
-        assert_eq!(stats.evictions.load(Relaxed), 1);
-        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 300);
-        assert_eq!((stats.cache_hits.load(Relaxed), stats.cache_misses.load(Relaxed)), (1, 4));
-    }
-
-    #[test]
-    fn prefetch_never_evicts_unread_prefetched_blocks() {
-        let (cache, stats) = cache(200);
-        assert!(prefetch(&cache, 0, 100));
-        assert!(prefetch(&cache, 1, 100));
-        assert!(!prefetch(&cache, 2, 100), "both resident blocks are unread");
-        assert!(!prefetch(&cache, 0, 100), "already present");
-        load(&cache, 0, 100); // reads block 0, so a later prefetch may evict it
-        assert!(prefetch(&cache, 2, 100));
-        assert!(!cache.contains((0, 0)));
-        assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 0);
-        load(&cache, 3, 100); // on demand evicts block 1, prefetched and never read
-        assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 100);
-    }
-
-    #[test]
-    fn in_flight_loads_count_against_the_budget() {
-        let (cache, stats) = cache(200);
-        let Lookup::Load(first) = cache.lookup((0, 0), 100) else { panic!("expected a miss") };
-        let Lookup::Load(second) = cache.lookup((0, 1), 100) else { panic!("expected a miss") };
-        assert!(matches!(cache.prefetch((0, 2), 100), Prefetch::Refused));
-        // No room for a third on-demand block: it is still loaded, but not cached.
-        let Lookup::Load(third) = cache.lookup((0, 2), 100) else { panic!("expected a miss") };
-        third.complete(vec![2; 100]);
-        assert!(!cache.contains((0, 2)));
-        first.complete(vec![0; 100]);
-        second.complete(vec![1; 100]);
-        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 200);
-    }
-
-    #[test]
-    fn a_block_larger_than_the_cache_is_served_uncached() {
-        let (cache, stats) = cache(50);
-        assert_eq!(load(&cache, 0, 100).len(), 100);
-        assert!(!cache.contains((0, 0)));
-        assert_eq!(stats.peak_resident_bytes.load(Relaxed), 0);
-    }
-
-    #[test]
-    fn waiters_share_one_load() {
-        let (cache, stats) = cache(1000);
-        let Lookup::Load(ticket) = cache.lookup((0, 7), 10) else { panic!("expected a miss") };
-        std::thread::scope(|scope| {
-            let waiters: Vec<_> = (0..4)
-                .map(|_| {
-                    let Lookup::Wait(slot) = cache.lookup((0, 7), 10) else { panic!("expected a wait") };
-                    scope.spawn(move || slot.wait(Duration::from_secs(5)).unwrap())
-                })
-                .collect();
-            ticket.complete(vec![7; 10]);
-            for waiter in waiters {
-                assert_eq!(*waiter.join().unwrap(), vec![7; 10]);
-            }
-        });
-        assert_eq!(stats.single_flight_waits.load(Relaxed), 4);
-        assert_eq!(stats.cache_misses.load(Relaxed), 1);
-    }
-
-    #[test]
-    fn failed_or_abandoned_loads_wake_waiters_and_are_not_cached() {
-        let (cache, stats) = cache(1000);
-        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else { panic!("expected a miss") };
-        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else { panic!("expected a wait") };
-        ticket.fail(&io::Error::other("disk on fire"));
-        let err = slot.wait(Duration::from_secs(5)).unwrap_err();
-        assert!(err.to_string().contains("disk on fire"), "{err}");
-        assert!(!cache.contains((0, 1)));
-        assert_eq!(stats.resident_bytes.load(Relaxed), 0);
-
-        let Lookup::Load(ticket) = cache.lookup((0, 1), 10) else { panic!("a retry loads again") };
-        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else { panic!("expected a wait") };
-        drop(ticket);
-        assert!(slot.wait(Duration::from_secs(5)).is_err());
-        assert!(matches!(cache.lookup((0, 1), 10), Lookup::Load(_)));
-    }
-
-    #[test]
-    fn waiting_times_out() {
-        let (cache, _) = cache(1000);
-        let Lookup::Load(_ticket) = cache.lookup((0, 1), 10) else { panic!("expected a miss") };
-        let Lookup::Wait(slot) = cache.lookup((0, 1), 10) else { panic!("expected a wait") };
-        let err = slot.wait(Duration::from_millis(10)).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     }
 }

@@ -10,11 +10,10 @@
 //! three-quarters full, where a load would otherwise allocate.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::PoisonError;
 
-use super::{BlockCache, Inner, MAX_SPARES};
-
-/// Bytes of warm spares kept ready (at most [`MAX_SPARES`] buffers): a few FUSE requests' worth.
-const WARM_SPARE_BYTES: u64 = 4 << 20;
+use super::{BlockCache, Inner};
+use crate::engine::tuning::{MAX_SPARES, WARM_SPARE_BYTES};
 
 impl BlockCache {
     /// Runs on a background thread until `stop` is set (then call [`BlockCache::wake_warmer`]):
@@ -29,7 +28,8 @@ impl BlockCache {
                 let mut inner = self.lock_inner();
                 while !stop.load(Relaxed) && !self.wants_warm(&inner, len) {
                     inner.warmer_asleep = true;
-                    inner = self.spares_low.wait(inner).unwrap_or_else(|e| e.into_inner());
+                    // Poisoning is ignored, as `crate::util::lock` does.
+                    inner = self.spares_low.wait(inner).unwrap_or_else(PoisonError::into_inner);
                     inner.warmer_asleep = false;
                 }
                 if stop.load(Relaxed) {

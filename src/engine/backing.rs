@@ -1,0 +1,67 @@
+//! The backing read: one read of whole blocks from a source through a descriptor, counted and
+//! logged. Every load, on demand or prefetched, goes through [`read_blocks`].
+
+use std::io;
+
+use super::cache::LoadTicket;
+use super::shared::{Shared, SourceEntry};
+use crate::source::SourceReader;
+use crate::stats::Stats;
+
+/// The tickets' buffers for blocks `first..` of `entry`, each sized to its block.
+pub(crate) fn buffers<'a, 't: 'a>(
+    shared: &Shared,
+    entry: &SourceEntry,
+    first: u64,
+    tickets: impl Iterator<Item = &'a mut LoadTicket<'t>>,
+) -> Vec<Vec<u8>> {
+    let bs = shared.config.block_size;
+    // A block is at most MAX_BLOCK_SIZE (1 GiB), so its length fits a usize.
+    (first..).zip(tickets).map(|(block, t)| t.take_buffer(entry.block_len(block, bs) as usize)).collect()
+}
+
+/// One backing read of blocks `first..first + buffers.len()` of `entry` into `buffers` through
+/// `descriptor` (opened first if it is `None`), handing each to `landed`, in block order, as soon
+/// as the source has filled it ([`SourceReader::read_blocks_at`]); on an error the rest are
+/// dropped, and so is the descriptor (it may be broken, e.g. a dropped connection).
+pub(crate) fn read_blocks(
+    shared: &Shared,
+    entry: &SourceEntry,
+    first: u64,
+    buffers: Vec<Vec<u8>>,
+    descriptor: &mut Option<Box<dyn SourceReader>>,
+    landed: &mut dyn FnMut(Vec<u8>),
+) -> io::Result<()> {
+    let stats = &shared.stats;
+    let bs = shared.config.block_size;
+    let count = buffers.len();
+    let mut bytes = 0u64;
+    let result = (|| {
+        if descriptor.is_none() {
+            *descriptor = Some(entry.source.open_reader()?);
+        }
+        if let Some(fd) = descriptor.as_mut() {
+            fd.read_blocks_at(buffers, first * bs, &mut |buffer| {
+                bytes += buffer.len() as u64;
+                landed(buffer);
+            })?;
+        }
+        Ok(())
+    })();
+    Stats::add(&stats.backing_reads, 1);
+    Stats::add(&stats.backing_read_bytes, bytes);
+    match &result {
+        Ok(()) => {}
+        Err(e) => {
+            Stats::add(&stats.backing_errors, 1);
+            log::warn!(
+                "{}: backing read of block {first} (+{}) failed: {e}",
+                entry.source.name(),
+                count.saturating_sub(1)
+            );
+            // A descriptor that failed may be broken (e.g. a dropped connection): reopen next time.
+            *descriptor = None;
+        }
+    }
+    result
+}

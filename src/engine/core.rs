@@ -1,0 +1,153 @@
+//! [`Engine`]: registers sources and answers reads of their byte ranges. It owns the threads (the
+//! prefetch lanes' I/O pool, the warming thread) and hands each read to its stream (`stream`) and
+//! then to its on-demand loads (`demand`).
+
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::thread::JoinHandle;
+
+use super::cache::BlockCache;
+use super::demand::Demand;
+use super::error::ReadError;
+use super::prefetch::Prefetcher;
+use super::readahead::ReadaheadConfig;
+use super::shared::{Shared, SourceEntry};
+use super::tuning::{EngineConfig, MAX_BLOCK_SIZE};
+use crate::source::{Source, SourceId};
+use crate::stats::Stats;
+
+/// Serves byte ranges of registered sources from cached, aligned blocks.
+pub struct Engine {
+    shared: Arc<Shared>,
+    /// The readahead tuning each new source's streams get.
+    readahead: ReadaheadConfig,
+    /// The registered sources, by id.
+    sources: RwLock<Vec<Arc<SourceEntry>>>,
+    prefetcher: Prefetcher,
+    /// Keeps a few block buffers faulted in ahead of need ([`BlockCache::keep_warm`]).
+    warmer: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Creates an engine that records its counters in `stats`. A block size of 0 is taken as 1 and
+    /// one above 1 GiB as 1 GiB; with `io_threads == 0` nothing is prefetched.
+    pub fn new(config: EngineConfig, stats: Arc<Stats>) -> Arc<Engine> {
+        let mut config = config;
+        config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
+        let readahead = ReadaheadConfig::new(config.block_size, config.cache_size);
+        Engine::with_readahead(config, readahead, stats)
+    }
+
+    /// Like [`Engine::new`] with explicit readahead tuning (its block size is replaced by the
+    /// engine's).
+    pub fn with_readahead(mut config: EngineConfig, mut readahead: ReadaheadConfig, stats: Arc<Stats>) -> Arc<Engine> {
+        config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
+        readahead.block_size = config.block_size;
+        if config.io_threads == 0 {
+            readahead.max_window_blocks = 0;
+        }
+        let cache = BlockCache::new(config.cache_size, Arc::clone(&stats));
+        let io_threads = config.io_threads;
+        let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false) });
+        let prefetcher = Prefetcher::start(&shared, io_threads);
+        let warm_shared = Arc::clone(&shared);
+        let warmer = std::thread::Builder::new()
+            .name("stfs-warm".into())
+            .spawn(move || warm_shared.cache.keep_warm(warm_shared.config.block_size, &warm_shared.stopping))
+            .map_err(|e| log::warn!("no thread to keep spare buffers warm: {e}"))
+            .ok();
+        Arc::new(Engine { shared, readahead, sources: RwLock::new(Vec::new()), prefetcher, warmer })
+    }
+
+    /// Registers a source; blocks are keyed by (source, block index).
+    pub fn add_source(&self, source: Arc<dyn Source>) -> SourceId {
+        // Poisoning is ignored, as `crate::util::lock` does: the table is only ever appended to.
+        let mut sources = self.sources.write().unwrap_or_else(PoisonError::into_inner);
+        let id = sources.len();
+        sources.push(Arc::new(SourceEntry::new(id, source, self.readahead.clone())));
+        id
+    }
+
+    /// Reads `len` bytes at absolute `offset` of `source`, clipped at its end (empty past it).
+    pub fn read(&self, source: SourceId, offset: u64, len: usize) -> Result<Vec<u8>, ReadError> {
+        self.read_with(source, offset, len, <[u8]>::to_vec)
+    }
+
+    /// Like [`Engine::read`], but hands the bytes to `consume` instead of returning a copy: a range
+    /// inside one block is passed straight from the cache, a longer one joined in a reused
+    /// per-thread buffer. `consume` runs on the calling thread with no lock held.
+    pub fn read_with<R>(
+        &self,
+        source: SourceId,
+        offset: u64,
+        len: usize,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ReadError> {
+        self.read_in(source, 0..u64::MAX, offset, len, consume)
+    }
+
+    /// [`Engine::read_with`] for a read of a file that spans `extent` within the source (a tensor):
+    /// readahead stops at its end until the reader goes on into the next file, so reading one
+    /// tensor transfers no more than the blocks it overlaps; a read from its first byte starts the
+    /// readahead at once.
+    pub fn read_in<R>(
+        &self,
+        source: SourceId,
+        extent: Range<u64>,
+        offset: u64,
+        len: usize,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ReadError> {
+        let entry = self.entry(source).ok_or_else(|| ReadError {
+            source_name: format!("source #{source}"),
+            offset,
+            error: io::Error::new(io::ErrorKind::NotFound, "no such source"),
+        })?;
+        let end = offset.saturating_add(len as u64).min(entry.len);
+        if offset >= end {
+            return Ok(consume(&[]));
+        }
+        let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
+        let shared = &*self.shared;
+        let stream =
+            entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
+                self.prefetcher.submit(&entry, io, lane)
+            });
+        Demand { shared, entry: &entry, stream: stream.as_deref() }.serve(offset, end, consume)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// The counters this engine updates.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.shared.stats
+    }
+
+    /// Length of a registered source (0 for an unknown id).
+    pub fn source_len(&self, source: SourceId) -> u64 {
+        self.entry(source).map_or(0, |e| e.len)
+    }
+
+    fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
+        // Poisoning is ignored, as `crate::util::lock` does.
+        let sources = self.sources.read().unwrap_or_else(PoisonError::into_inner);
+        sources.get(source).cloned()
+    }
+}
+
+impl Drop for Engine {
+    /// Stops prefetching, closes the job queue and joins the I/O threads.
+    fn drop(&mut self) {
+        // Queued jobs end at their next block; the pool then joins its threads as it is dropped.
+        self.shared.stopping.store(true, Relaxed);
+        self.shared.cache.wake_warmer();
+        if let Some(warmer) = self.warmer.take() {
+            let _ = warmer.join();
+        }
+    }
+}

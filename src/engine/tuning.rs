@@ -1,0 +1,133 @@
+//! The engine's tuning in one place: [`EngineConfig`], what a mount chooses (`--block-size`,
+//! `--cache-size`, `--io-threads`), and every fixed constant, each with the reason for its value.
+//!
+//! Grouped by the room that uses them: reads and loads (`core`, `demand`), prefetch (`stream`,
+//! `prefetch`), readahead policy (`readahead`), and the cache's buffer reuse (`cache`).
+
+use std::time::Duration;
+
+/// Tuning of the engine; see each field.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Block size in bytes: every backing read covers whole blocks `[k*B, (k+1)*B)` of the source.
+    pub block_size: u64,
+    /// Most bytes the cache may hold, prefetched blocks included.
+    pub cache_size: u64,
+    /// Background I/O threads used for readahead.
+    pub io_threads: usize,
+}
+
+// ---- Reads and loads ----------------------------------------------------------------------------
+
+/// Largest block the engine accepts: one allocation per block, and far above any useful size.
+pub const MAX_BLOCK_SIZE: u64 = 1 << 30;
+
+/// How long a reader waits for another thread's load of the same block before failing with EIO:
+/// long enough for a slow network store to deliver a block, short enough that a hung one surfaces.
+pub const LOAD_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Capacity a FUSE thread's join buffer (where a read spanning blocks is joined) may keep between
+/// requests: a few MiB per thread, so one huge read does not pin its size for the mount's life.
+pub const JOIN_BUFFER_KEEP_BYTES: usize = 4 << 20;
+
+/// Idle descriptors kept per source for reads outside a confirmed stream: enough for the FUSE
+/// threads reading at once, few enough that closed streams do not pile up open files.
+pub const SPARE_DESCRIPTORS: usize = 8;
+
+// ---- Prefetch -----------------------------------------------------------------------------------
+
+/// Descriptors a stream may read through at once for its prefetch. Each lane is one descriptor
+/// reading whole chunks in increasing order, so every descriptor only moves forward and jumps at
+/// least a chunk at a time; together they go past one handle's bandwidth on a network store.
+/// Eight fill a full window (64 MiB) with 8 MiB requests: at 100 MiB/s per connection and 20 ms
+/// per request (docs/remote.md) one stream reads 520 MiB/s with eight, 300 MiB/s with four.
+pub const LANES: usize = 8;
+
+/// Prefetch jobs waiting for an I/O thread. At most one job per stream lane is queued, so this
+/// bounds the lanes that may have prefetch pending at once; beyond it readahead is skipped, not
+/// waited for.
+pub const JOB_QUEUE_LEN: usize = 64;
+
+/// Most bytes one prefetch read covers: a lane loads its chunk of the window in one scatter read,
+/// so the storage below sees requests this large however small the blocks are (gcsfuse keeps a
+/// handle in sequential mode only while it averages 8 MiB or more per seek).
+pub const PREFETCH_CHUNK_BYTES: u64 = 8 << 20;
+
+/// Fewest bytes one prefetch read covers while the window is small: a window is split over the
+/// prefetch lanes in equal shares, one per lane, so the first megabytes of a file arrive in parallel
+/// (one round trip, not one per chunk in turn), but never in pieces smaller than this.
+pub const MIN_PREFETCH_CHUNK_BYTES: u64 = 1 << 20;
+
+// ---- Readahead: stream detection and windows ----------------------------------------------------
+
+/// Streams tracked per source: enough for a loader with a dozen worker processes reading different
+/// tensors at once, small enough that a linear scan per read costs nothing.
+pub const MAX_STREAMS: usize = 16;
+
+/// How far before a stream's cursor a read may start and still continue it: mmap read-around
+/// starts half the kernel readahead (up to a few hundred KiB) before the fault; 1 MiB is what
+/// mountpoint-s3 and hf-mount keep behind.
+pub const BACK_SLACK: u64 = 1 << 20;
+
+/// How far past a stream's cursor a read may start and still continue it: async readahead with
+/// `max_background` requests in flight can deliver a later READ first; 16 MiB is mountpoint-s3's
+/// and hf-mount's forward tolerance.
+pub const FORWARD_SLACK: u64 = 16 << 20;
+
+/// How close to an *unconfirmed* stream's cursor a read must start to confirm it: a new sequential
+/// reader's next request starts right where its first ended (or within the kernel's read-around),
+/// while a random reader's next read only lands this close by chance, so random readers rarely
+/// trigger readahead even though a confirmed stream tolerates the full slacks.
+pub const CONFIRM_SLACK: u64 = 256 << 10;
+
+/// Window of a freshly confirmed stream (at least one block), so a reader that touches just two
+/// adjacent spots wastes little.
+pub const INITIAL_WINDOW_BYTES: u64 = 256 << 10;
+
+/// Prefetch started by a read from a file's first byte, before any second read confirms a stream:
+/// readers that start there (cat, numpy, torch, a loader) almost always go on, and on a store with
+/// per-request latency the file's next chunk is then already on its way when they do. One
+/// prefetch chunk, so a reader that only peeks at the start of each file wastes a bounded amount.
+/// With large blocks (4 MiB, the default for URLs) the window is one block per prefetch lane
+/// instead, so the start of a file is fetched on every lane at once.
+pub const FILE_START_WINDOW_BYTES: u64 = 8 << 20;
+
+/// Largest window in bytes: 64 MiB in flight per stream keeps a local NVMe or a network store
+/// streaming (gcsfuse's buffered reader peaks at 320 MiB, hf-mount at 128 MiB) while leaving room
+/// in the default 512 MiB cache for several streams.
+pub const MAX_WINDOW_BYTES: u64 = 64 << 20;
+
+/// Largest window for a cache of `cache_size` bytes: [`MAX_WINDOW_BYTES`], and at most half the
+/// cache, so one stream cannot crowd out the others or the blocks being read right now.
+pub const fn max_window_bytes(cache_size: u64) -> u64 {
+    let half = cache_size / 2;
+    if half < MAX_WINDOW_BYTES {
+        half
+    } else {
+        MAX_WINDOW_BYTES
+    }
+}
+
+// ---- Cache: buffer reuse ------------------------------------------------------------------------
+
+/// Spare buffers the cache keeps at most: enough for the loads of several streams in flight at once.
+pub const MAX_SPARES: usize = 32;
+
+/// Cache fill from which a cache is no longer filling: three-quarters of its budget `capacity`.
+/// Below it warm spares are topped up; from it on, loads reuse the buffers of blocks that go
+/// (drop-behind may start earlier, at [`STREAM_REUSE_BYTES`]).
+pub const fn reuse_threshold(capacity: u64) -> u64 {
+    capacity / 4 * 3
+}
+
+/// Cache fill (in bytes) from which a stream's passed blocks give their buffers to the next loads,
+/// or [`reuse_threshold`] if that is less: room for a full readahead window ([`MAX_WINDOW_BYTES`])
+/// ahead of a stream and as much of what it just read.
+pub const STREAM_REUSE_BYTES: u64 = 128 << 20;
+
+/// Passed blocks remembered while a reply still holds them; beyond this the oldest is left to the
+/// LRU (it was demoted, so it goes first anyway).
+pub const MAX_HELD_BEHIND: usize = 64;
+
+/// Bytes of warm spares kept ready (at most [`MAX_SPARES`] buffers): a few FUSE requests' worth.
+pub const WARM_SPARE_BYTES: u64 = 4 << 20;
