@@ -5,7 +5,7 @@
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 
 use super::cache::BlockCache;
@@ -17,6 +17,7 @@ use super::shared::{Shared, SourceEntry};
 use super::tuning::{EngineConfig, MAX_BLOCK_SIZE};
 use crate::source::{Source, SourceId};
 use crate::stats::Stats;
+use crate::util::{read, write};
 
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
@@ -64,7 +65,7 @@ impl Engine {
     /// Registers a source; blocks are keyed by (source, block index).
     pub fn add_source(&self, source: Arc<dyn Source>) -> SourceId {
         // Poisoning is ignored, as `crate::util::lock` does: the table is only ever appended to.
-        let mut sources = self.sources.write().unwrap_or_else(PoisonError::into_inner);
+        let mut sources = write(&self.sources);
         let id = sources.len();
         sources.push(Arc::new(SourceEntry::new(id, source, self.readahead.clone())));
         id
@@ -135,7 +136,7 @@ impl Engine {
 
     fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
         // Poisoning is ignored, as `crate::util::lock` does.
-        let sources = self.sources.read().unwrap_or_else(PoisonError::into_inner);
+        let sources = read(&self.sources);
         sources.get(source).cloned()
     }
 }

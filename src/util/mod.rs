@@ -4,7 +4,8 @@ pub mod size;
 #[cfg(test)]
 pub(crate) mod test_support;
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 /// Locks a mutex, ignoring poisoning. The policy for the whole crate: every critical section in
 /// stfs leaves the data it guards consistent at each step (counters, maps, queues), so a panic on
@@ -12,6 +13,32 @@ use std::sync::{Mutex, MutexGuard};
 /// request into a dead mount.
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Takes a read lock, ignoring poisoning by the policy of [`lock`].
+pub fn read<T>(rw: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    rw.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes a write lock, ignoring poisoning by the policy of [`lock`].
+pub fn write<T>(rw: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    rw.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits on `condvar` until notified, ignoring poisoning by the policy of [`lock`].
+pub fn wait<'a, T>(condvar: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    condvar.wait(guard).unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits on `condvar` while `waiting` holds, at most `timeout`, ignoring poisoning by the policy of
+/// [`lock`]. The caller looks at the guarded state to see whether the wait ended in time.
+pub fn wait_while<'a, T>(
+    condvar: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: Duration,
+    waiting: impl FnMut(&mut T) -> bool,
+) -> MutexGuard<'a, T> {
+    condvar.wait_timeout_while(guard, timeout, waiting).unwrap_or_else(PoisonError::into_inner).0
 }
 
 /// An I/O error as a short lower-case phrase ("no such file or directory").

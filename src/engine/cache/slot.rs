@@ -6,10 +6,10 @@
 //! every waiter wakes. The slot knows nothing of the cache's budget or its LRU.
 
 use std::io;
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::util::lock;
+use crate::util::{lock, wait_while};
 
 /// The bytes of one loaded block, shared by the cache and every reader holding it.
 pub type BlockData = std::sync::Arc<Vec<u8>>;
@@ -37,11 +37,7 @@ impl LoadSlot {
     /// Blocks until the load finishes, or fails with `TimedOut` after `timeout`.
     pub fn wait(&self, timeout: Duration) -> io::Result<BlockData> {
         let state = lock(&self.state);
-        // Poisoning is ignored, as `crate::util::lock` does: the state is one value, always whole.
-        let (state, _) = self
-            .done
-            .wait_timeout_while(state, timeout, |s| matches!(s, SlotState::Loading))
-            .unwrap_or_else(PoisonError::into_inner);
+        let state = wait_while(&self.done, state, timeout, |s| matches!(s, SlotState::Loading));
         match &*state {
             SlotState::Ready(data) => Ok(BlockData::clone(data)),
             SlotState::Failed(kind, text) => Err(io::Error::new(*kind, text.clone())),

@@ -10,10 +10,10 @@
 //! three-quarters full, where a load would otherwise allocate.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::PoisonError;
 
 use super::{BlockCache, Inner};
 use crate::engine::tuning::{MAX_SPARES, WARM_SPARE_BYTES};
+use crate::util::wait;
 
 impl BlockCache {
     /// Runs on a background thread until `stop` is set (then call [`BlockCache::wake_warmer`]):
@@ -28,8 +28,7 @@ impl BlockCache {
                 let mut inner = self.lock_inner();
                 while !stop.load(Relaxed) && !self.wants_warm(&inner, len) {
                     inner.warmer_asleep = true;
-                    // Poisoning is ignored, as `crate::util::lock` does.
-                    inner = self.spares_low.wait(inner).unwrap_or_else(PoisonError::into_inner);
+                    inner = wait(&self.spares_low, inner);
                     inner.warmer_asleep = false;
                 }
                 if stop.load(Relaxed) {
