@@ -291,6 +291,20 @@ def test_stfs_bin_overrides_the_binary(tmp_path, monkeypatch):
         stfs.find_binary()
 
 
+def test_every_wait_on_the_binary_is_bounded(tmp_path, monkeypatch):
+    hung = tmp_path / "stfs-hangs"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    monkeypatch.setenv("STFS_BIN", str(hung))
+    before = stfs_temp_dirs()
+    started = time.monotonic()
+    with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
+        with stfs.mount(SAMPLE, timeout=0.5):
+            pytest.fail("the block ran")
+    assert time.monotonic() - started < 10
+    assert stfs_temp_dirs() == before
+
+
 # --- load with NumPy ---------------------------------------------------------------------------------
 
 def assert_same(got, want, name):
@@ -440,14 +454,20 @@ def test_load_torch_on_cpu_despite_a_meta_default_device(torch_meta_default, loa
             del loaded, t
 
 
-def test_load_torch_of_a_source_onto_the_device_asked_for(torch_meta_default):
+def test_load_torch_of_a_source_onto_the_device_asked_for(torch_meta_default, tmp_path):
     torch = torch_meta_default
+    ckpt = tmp_path / "model.safetensors"
+    shutil.copyfile(SAMPLE, ckpt)
     reference = load_file(SAMPLE)
-    loaded = stfs.load(SAMPLE, framework="torch")  # device defaults to "cpu", not to the default device
+    loaded = stfs.load(ckpt, framework="torch")  # device defaults to "cpu", not to the default device
     assert all(t.device == torch.device("cpu") for t in loaded.values())
+    pids = daemons_of(ckpt)
+    assert len(pids) == 1, pids  # detached, alive while the tensors map its files
     for name, want in reference.items():
         assert torch_bytes(loaded[name]) == want.tobytes(), name
     del loaded
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pids[0]}"), 20), "the daemon outlived the tensors"
     # Moved only where asked: explicitly "meta" gives meta tensors of the right dtype and shape.
     with stfs.mount(SAMPLE) as mp:
         on_meta = stfs.load(mp, framework="torch", device="meta")
@@ -459,3 +479,16 @@ def test_load_torch_of_a_source_onto_the_device_asked_for(torch_meta_default):
                 assert on_gpu[name].device == torch.device("cuda", 0), name
                 assert torch_bytes(on_gpu[name]) == want.tobytes(), name
             del on_gpu
+
+
+def test_the_pinned_memory_read_fills_a_cpu_tensor(torch_meta_default):
+    """The CUDA path reads each file into a pinned host tensor (_read_into) before a non-blocking copy;
+    no GPU here, so the read itself is checked into an ordinary CPU tensor."""
+    torch = torch_meta_default
+    from stfs._load import _read_into
+
+    with stfs.mount(SAMPLE) as mp:
+        for e in stfs.entries(mp):
+            host = torch.empty(e.byte_len, dtype=torch.uint8, device="cpu")
+            _read_into(e.path, host)
+            assert host.numpy().tobytes() == (mp / os.path.relpath(e.path, mp)).read_bytes(), e.name
