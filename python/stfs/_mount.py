@@ -13,9 +13,10 @@ from typing import Iterator, List, Optional, Sequence, Union
 
 #: Seconds any single wait on the binary may take (a mount, an unmount) unless `timeout=` says otherwise.
 DEFAULT_TIMEOUT = 60.0
-#: How long an unmount that reports "busy" is retried before the mount is detached lazily. Right after
-#: a reader closes its files the kernel may hold them for a moment; anything longer is a real user.
-BUSY_RETRY_SECONDS = 2.0
+#: How long an unmount that reports "busy" is retried before the mount is detached lazily, unless this
+#: process itself still maps or opens files there (then at once). A child being forked elsewhere holds
+#: copies of our descriptors for a moment; anything longer is a real user.
+BUSY_RETRY_SECONDS = 1.0
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -78,6 +79,24 @@ def is_mounted(path: PathLike) -> bool:
         return any(_unescape_mountinfo(line.split(" ")[4]) == target for line in f)
 
 
+def _held_here(mountpoint: str) -> bool:
+    """Whether this process maps (np.memmap, torch.from_file) or has open a file under `mountpoint`."""
+    prefix = os.path.realpath(mountpoint) + os.sep
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode [path]
+                if len(fields) == 6 and fields[5].startswith(prefix):
+                    return True
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
 def _message(stderr: str, fallback: str) -> str:
     """The binary's one-line message: the first non-empty line of its stderr."""
     for line in stderr.splitlines():
@@ -130,9 +149,10 @@ def mount_flags(options: dict) -> List[str]:
 
 def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: Optional[str] = None) -> None:
     """Unmounts with ``stfs umount``. While it reports busy it is retried for up to
-    BUSY_RETRY_SECONDS; then the mount is detached lazily (``stfs umount --lazy``): it leaves the
-    filesystem at once, and its daemon goes on serving files that are still open or mapped until the
-    last of them is closed. Raises StfsError if even that fails."""
+    BUSY_RETRY_SECONDS (not at all if this process holds files there); then the mount is detached
+    lazily (``stfs umount --lazy``): it leaves the filesystem at once, and its daemon goes on serving
+    files that are still open or mapped until the last of them is closed. Raises StfsError if even
+    that fails."""
     binary = binary or find_binary()
     mp = os.fspath(mountpoint)
     deadline = time.monotonic() + min(BUSY_RETRY_SECONDS, timeout)
@@ -141,7 +161,7 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
         out = _run([binary, "umount", mp], timeout)
         if out.returncode == 0 or not is_mounted(mp):
             return
-        if "busy" not in out.stderr or time.monotonic() + delay > deadline:
+        if "busy" not in out.stderr or time.monotonic() + delay > deadline or _held_here(mp):
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.25)

@@ -269,16 +269,23 @@ def test_a_failing_mount_raises_the_one_line_message(tmp_path):
 
 
 def test_open_files_at_the_end_detach_the_mount_lazily():
+    reference = load_file(SAMPLE)
     with stfs.mount(SAMPLE) as mp:
         f = open(mp / "lm_head.weight", "rb")
+        arrays = stfs.load(mp)
         pids = daemons_of(SAMPLE)
         assert pids
     try:
         assert not is_mounted(mp) and not mp.exists()
-        # Detached, not gone: the open file is still served by its daemon.
-        assert f.read() == load_file(SAMPLE)["lm_head.weight"].tobytes()
+        # Detached, not gone: the open file and the memmaps are still served by its daemon.
+        assert f.read() == reference["lm_head.weight"].tobytes()
+        for name, want in reference.items():
+            assert_same(arrays[name], want, name)
     finally:
         f.close()
+    assert all(os.path.exists(f"/proc/{p}") for p in pids), "the daemon left while its files were mapped"
+    del arrays
+    gc.collect()
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "daemon outlived its last file"
 
 
