@@ -182,11 +182,13 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
     else:
         mp = Path(mountpoint)
     command = [binary, "mount", os.fspath(source), str(mp), *flags]
+    mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
     try:
         _check(command, timeout)
     except BaseException:
-        # A mount that timed out may still have come up in the background daemon: take it down.
-        if is_mounted(mp):
+        # A mount that timed out may still have come up in the background daemon: take it down (but
+        # never one that was there before: then stfs refused to mount over it).
+        if not mounted_before and is_mounted(mp):
             with contextlib.suppress(StfsError):
                 _run([binary, "umount", "--lazy", str(mp)], timeout)
         if made is not None:

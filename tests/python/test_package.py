@@ -262,6 +262,12 @@ def test_a_failing_mount_raises_the_one_line_message(tmp_path):
     with pytest.raises(stfs.StfsError, match="--cache-size"):
         with stfs.mount(SAMPLE, cache_size="lots"):
             pass
+    # A mount point already in use is refused, and the mount there is left alone.
+    with stfs.mount(SAMPLE) as mp:
+        with pytest.raises(stfs.StfsError, match="already mounted"):
+            with stfs.mount(SAMPLE, mp):
+                pass
+        assert is_mounted(mp) and (mp / "metadata.json").is_file()
     with pytest.raises(ValueError, match="foreground"):
         with stfs.mount(SAMPLE, foreground=True):
             pass
