@@ -98,11 +98,29 @@ def _numpy_dtype(np, entry: Entry):
     raise TypeError(f"stfs.load: tensor {entry.name!r} has dtype {entry.dtype}, unknown to stfs.load")
 
 
+def _reserve_descriptors(count: int) -> None:
+    """Python's mmap keeps a descriptor open per mapping, so every np.memmap holds one: raises the soft
+    RLIMIT_NOFILE (up to the hard limit) when `count` more would not fit, and says so when they cannot."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = len(os.listdir("/proc/self/fd")) + count + 64
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise OSError(f"stfs.load: {count} memmaps need {count} open files, more than the limit of {hard} "
+                      "(ulimit -Hn) allows; raise it, or load with framework='torch' (which keeps none open)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
 def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
     import numpy as np
 
     if str(device) != "cpu":
         raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
+    _reserve_descriptors(sum(1 for e in items if e.byte_len and e.dtype != F4))
     out: Dict[str, Any] = {}
     raw: List[str] = []
     for e in items:
@@ -220,8 +238,9 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     with `options` as mount flags (see stfs.mount). dtype and shape come from metadata.json (the served
     dtype under ``as_="f32"``).
 
-    framework="numpy": read-only np.memmap's, so pages are read only when touched; BF16 and the F8
-    family through ml_dtypes; F4 unpacked into an in-memory ml_dtypes.float4_e2m1fn array (NumPy has
+    framework="numpy": read-only np.memmap's, so pages are read only when touched (each keeps a file
+    descriptor open, as Python's mmap does: the soft RLIMIT_NOFILE is raised toward the hard limit when
+    the tensors need it); BF16 and the F8 family through ml_dtypes; F4 unpacked into an in-memory ml_dtypes.float4_e2m1fn array (NumPy has
     one byte per element); F6 (no NumPy type) as its raw bytes, a uint8 memmap, with a warning. Only
     device="cpu".
 

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from conftest import ROOT
 
@@ -411,6 +411,27 @@ def test_load_a_source_mounts_it_for_as_long_as_the_arrays_live(tmp_path):
     del loaded, want
     gc.collect()
     assert wait_until(lambda: not os.path.exists(f"/proc/{pids[0]}"), 20), "the daemon outlived the arrays"
+
+
+def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
+    """Each np.memmap keeps a descriptor open: 300 tensors under a soft limit of 200 still load."""
+    import resource
+
+    tensors = {f"t.{i}": np.full((3,), i, dtype=np.int32) for i in range(300)}
+    ckpt = tmp_path / "many.safetensors"
+    save_file(tensors, str(ckpt))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    try:
+        with stfs.mount(ckpt) as mp:
+            loaded = stfs.load(mp)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 300
+            assert all(loaded[n].tolist() == [i] * 3 for i, n in enumerate(tensors))
+            del loaded
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_load_refuses_what_it_cannot_do(tmp_path):
