@@ -413,6 +413,21 @@ def test_load_a_source_mounts_it_for_as_long_as_the_arrays_live(tmp_path):
     assert wait_until(lambda: not os.path.exists(f"/proc/{pids[0]}"), 20), "the daemon outlived the arrays"
 
 
+def test_load_a_directory_of_shards(tmp_path):
+    """A directory of shards is a source, not a mount: load mounts it (one namespace, shard order)."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    first = {"a.0": random_array("float32", (4, 5)), "a.1": random_array("int8", (7,))}
+    second = {"b.0": random_array("float16", (3,)), "b.1": random_array("uint64", (2, 2))}
+    save_file(first, str(shards / "model-00001-of-00002.safetensors"))
+    save_file(second, str(shards / "model-00002-of-00002.safetensors"))
+    loaded = stfs.load(shards)
+    assert set(list(loaded)[:2]) == set(first) and set(list(loaded)[2:]) == set(second)  # shard by shard
+    for name, want in {**first, **second}.items():
+        assert_same(loaded[name], want, name)
+    del loaded
+
+
 def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
     """Each np.memmap keeps a descriptor open: 300 tensors under a soft limit of 200 still load."""
     import resource
