@@ -3,12 +3,12 @@
 
     usage: examples/torch_load.py MOUNTPOINT [--device auto|cpu|cuda|cuda:N|mps] [TENSOR...]
 
-Each tensor file is raw little-endian bytes, so `torch.from_file` reads it directly given the element
-count and dtype (both in metadata.json). The device is never left to a default: the tensor is created
-with `device="cpu"` (from_file reads into host memory), then moved with `.to(device)` to the device
-asked for (`auto`: CUDA if available, else MPS if available, else the CPU), and the script checks it
-landed there. Code that relies on an implicit default device (`torch.set_default_device`, a device
-picked up from the environment) ends up with tensors in the wrong place, silently.
+`stfs.load(MOUNTPOINT, framework="torch", device=D)` takes dtype and shape from the mount's
+metadata.json, creates every tensor on the CPU explicitly (`device="cpu"`: a private mapping of its
+file, or for CUDA a read into pinned memory) and moves it only to the device asked for (`auto`: CUDA if
+available, else MPS if available, else the CPU). The script checks each tensor landed there and holds
+exactly its file's bytes. Code that relies on an implicit default device (`torch.set_default_device`, a
+device picked up from the environment) ends up with tensors in the wrong place, silently; this does not.
 
 Prints one line per tensor: name, dtype, shape, the device it is on, and the sum of its values.
 Without PyTorch installed it prints a message and exits 0.
@@ -22,11 +22,11 @@ try:
 except ImportError:
     torch = None
 
-TORCH_DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
-    "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-}
+try:
+    import stfs
+except ImportError:  # run from a checkout without `pip install .`: the package's source beside us
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import stfs
 
 
 def pick_device(asked):
@@ -39,19 +39,6 @@ def pick_device(asked):
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
-
-
-def load(path, dtype, shape):
-    """The tensor in `path`, created on the CPU explicitly."""
-    count = 1
-    for d in shape:
-        count *= d
-    if count == 0:
-        return torch.empty(shape, dtype=dtype, device="cpu")
-    # shared=False maps the file MAP_PRIVATE: pages come from the mount when first touched, and a
-    # write to the tensor stays private to this process (the file is read-only anyway).
-    flat = torch.from_file(path, shared=False, size=count, dtype=dtype, device="cpu")
-    return flat.reshape(shape)
 
 
 def main(argv):
@@ -68,22 +55,22 @@ def main(argv):
     device = pick_device(asked)
     with open(os.path.join(mp, "metadata.json")) as f:
         meta = json.load(f)
-    for name in rest or sorted(meta["tensors"]):
-        info = meta["tensors"].get(name)
-        if info is None:
+    for name in rest:
+        if name not in meta["tensors"]:
             print(f"{name}: no such tensor in {mp}", file=sys.stderr)
             return 1
-        dtype = getattr(torch, TORCH_DTYPES.get(info["dtype"], ""), None)
-        if not isinstance(dtype, torch.dtype):
-            print(f"skip {name}: no torch dtype for {info['dtype']} in this PyTorch")
-            continue
-        on_cpu = load(os.path.join(mp, info["path"]), dtype, info["shape"])
-        placed = on_cpu.to(device)
+    tensors = stfs.load(mp, framework="torch", device=device)
+    for name in rest or sorted(meta["tensors"]):
+        info = meta["tensors"][name]
+        placed = tensors[name]
         same_place = placed.device.type == device.type and (device.index is None or placed.device.index == device.index)
         assert same_place, f"{name}: asked for {device}, landed on {placed.device}"
-        assert torch.equal(placed.cpu(), on_cpu), f"{name}: changed on the way to {device}"
+        on_cpu = placed.to("cpu")
+        with open(os.path.join(mp, info["path"]), "rb") as f:
+            raw = f.read()
+        assert on_cpu.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() == raw, f"{name}: changed on the way to {device}"
         total = float(on_cpu.to(torch.float64).sum())
-        print(f"ok {name} {info['dtype']} {list(on_cpu.shape)} device={placed.device} sum={total!r}")
+        print(f"ok {name} {info['dtype']} {list(placed.shape)} device={placed.device} sum={total!r}")
     return 0
 
 

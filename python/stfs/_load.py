@@ -1,0 +1,286 @@
+"""stfs.load: every tensor of a mount, as NumPy arrays or torch tensors, typed by metadata.json."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional
+
+from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _run, is_mounted
+
+# safetensors dtype -> NumPy dtype (little-endian, as the files are).
+NUMPY_DTYPES = {
+    "BOOL": "|b1", "U8": "|u1", "I8": "|i1", "U16": "<u2", "I16": "<i2", "U32": "<u4", "I32": "<i4",
+    "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8", "C64": "<c8",
+}
+# dtypes NumPy lacks, as the ml_dtypes package names them.
+ML_DTYPES = {
+    "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+TORCH_DTYPES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+    "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
+    "F64": "float64", "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+# Sub-byte dtypes: several elements share a byte, so no array type maps the file element for element.
+F4 = "F4"  # two per byte, the first element in the low nibble (torch's float4_e2m1fn_x2)
+F6 = ("F6_E2M3", "F6_E3M2")  # four per three bytes; no NumPy or torch type holds them packed
+
+#: With a CUDA device, host copies in flight are waited for once they add up to this many bytes, so
+#: pinned memory stays bounded instead of growing to the size of the model.
+PINNED_IN_FLIGHT = 256 << 20
+
+
+class Entry(NamedTuple):
+    """One tensor as a mount serves it (served dtype and size: --as f32 changes both)."""
+    name: str
+    dtype: str
+    shape: List[int]
+    byte_len: int
+    path: str
+
+
+def is_mount_dir(path: PathLike) -> bool:
+    """Whether `path` is the root of an stfs mount (a directory whose metadata.json is stfs's)."""
+    meta = os.path.join(os.fspath(path), "metadata.json")
+    if not (os.path.isdir(os.fspath(path)) and os.path.isfile(meta)):
+        return False
+    try:
+        with open(meta) as f:
+            return "stfs_metadata_version" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def entries(mountpoint: PathLike) -> List[Entry]:
+    """Every tensor of the mount at `mountpoint`, in checkpoint order (shard, then offset)."""
+    root = os.fspath(mountpoint)
+    with open(os.path.join(root, "metadata.json")) as f:
+        meta = json.load(f)
+    ordered = sorted(meta["tensors"].items(), key=lambda kv: (kv[1].get("shard", 0), kv[1].get("offset", 0)))
+    return [
+        Entry(name, info.get("served_dtype", info["dtype"]), list(info["shape"]),
+              int(info.get("served_byte_len", info["byte_len"])), os.path.join(root, info["path"]))
+        for name, info in ordered
+    ]
+
+
+def _check_size(entry: Entry, count: int, itemsize: float) -> None:
+    if count * itemsize != entry.byte_len:
+        raise StfsError(f"stfs: {entry.name}: metadata.json gives {entry.byte_len} bytes for {count} x {entry.dtype}")
+
+
+def _warn_raw(names: List[str], framework: str) -> None:
+    if names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        warnings.warn(f"stfs.load: {len(names)} tensor(s) of a packed sub-byte dtype no {framework} type holds "
+                      f"are returned as their raw bytes (uint8): {shown}", stacklevel=3)
+
+
+# --- NumPy -----------------------------------------------------------------------------------------
+
+def _numpy_dtype(np, entry: Entry):
+    if entry.dtype in NUMPY_DTYPES:
+        return np.dtype(NUMPY_DTYPES[entry.dtype])
+    if entry.dtype in ML_DTYPES or entry.dtype == F4:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ImportError(f"stfs.load: tensor {entry.name!r} is {entry.dtype}, which NumPy has only through the "
+                              "ml_dtypes package: pip install ml_dtypes (or pip install 'stfs[numpy]')") from None
+        return np.dtype(getattr(ml_dtypes, ML_DTYPES.get(entry.dtype, "float4_e2m1fn")))
+    raise TypeError(f"stfs.load: tensor {entry.name!r} has dtype {entry.dtype}, unknown to stfs.load")
+
+
+def _reserve_descriptors(count: int) -> None:
+    """Python's mmap keeps a descriptor open per mapping, so every np.memmap holds one: raises the soft
+    RLIMIT_NOFILE (up to the hard limit) when `count` more would not fit, and says so when they cannot."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = len(os.listdir("/proc/self/fd")) + count + 64
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise OSError(f"stfs.load: {count} memmaps need {count} open files, more than the limit of {hard} "
+                      "(ulimit -Hn) allows; raise it, or load with framework='torch' (which keeps none open)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
+    import numpy as np
+
+    if str(device) != "cpu":
+        raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
+    _reserve_descriptors(sum(1 for e in items if e.byte_len and e.dtype != F4))
+    out: Dict[str, Any] = {}
+    raw: List[str] = []
+    for e in items:
+        count = math.prod(e.shape)
+        if e.dtype in F6:
+            _check_size(e, count, 0.75)
+            raw.append(e.name)
+            out[e.name] = np.memmap(e.path, dtype=np.uint8, mode="r", shape=(e.byte_len,)) if e.byte_len else _frozen(np.zeros(0, np.uint8))
+            continue
+        dtype = _numpy_dtype(np, e)
+        if e.dtype == F4:
+            # One byte per element in NumPy: unpacked into memory (low nibble first), not mapped.
+            _check_size(e, count, 0.5)
+            packed = np.fromfile(e.path, dtype=np.uint8, count=e.byte_len) if e.byte_len else np.zeros(0, np.uint8)
+            if packed.size != e.byte_len:
+                raise StfsError(f"stfs: {e.path}: {packed.size} bytes read, {e.byte_len} expected")
+            nibbles = np.empty(2 * e.byte_len, dtype=np.uint8)
+            nibbles[0::2] = packed & 0x0F
+            nibbles[1::2] = packed >> 4
+            out[e.name] = _frozen(nibbles.view(dtype).reshape(e.shape))
+            continue
+        _check_size(e, count, dtype.itemsize)
+        if count == 0:
+            out[e.name] = _frozen(np.zeros(e.shape, dtype))  # mmap cannot map zero bytes
+        else:
+            out[e.name] = np.memmap(e.path, dtype=dtype, mode="r", shape=tuple(e.shape))
+    _warn_raw(raw, "NumPy")
+    return out
+
+
+def _frozen(a):
+    a.flags.writeable = False
+    return a
+
+
+# --- torch -----------------------------------------------------------------------------------------
+
+def _torch_type(torch, e: Entry, raw: List[str]):
+    """(torch dtype, shape) for the tensor: its own dtype and shape, F4 as float4_e2m1fn_x2 pairs along
+    the last dimension, or uint8 bytes for packed dtypes this torch lacks."""
+    if e.dtype == F4 or e.dtype in F6:
+        x2 = getattr(torch, "float4_e2m1fn_x2", None) if e.dtype == F4 else None
+        if x2 is not None and e.shape and e.shape[-1] % 2 == 0:
+            return x2, e.shape[:-1] + [e.shape[-1] // 2]
+        raw.append(e.name)
+        return torch.uint8, [e.byte_len]
+    dtype = getattr(torch, TORCH_DTYPES.get(e.dtype, "-"), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"stfs.load: tensor {e.name!r} has dtype {e.dtype}, which torch {torch.__version__} lacks")
+    return dtype, e.shape
+
+
+def _read_into(path: str, tensor) -> None:
+    """Reads the whole file into a contiguous CPU tensor of exactly its size, in large reads."""
+    n = tensor.numel() * tensor.element_size()
+    view = memoryview((ctypes.c_ubyte * n).from_address(tensor.data_ptr())).cast("B")
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < n:
+            got = f.readinto(view[done:])
+            if not got:
+                raise StfsError(f"stfs: {path}: ended after {done} of {n} bytes")
+            done += got
+
+
+def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
+    import torch
+
+    target = torch.device(device)
+    cuda = target.type == "cuda"
+    out: Dict[str, Any] = {}
+    raw: List[str] = []
+    in_flight: List[Any] = []
+    in_flight_bytes = 0
+    for e in items:
+        dtype, shape = _torch_type(torch, e, raw)
+        count = math.prod(shape)
+        _check_size(e, count, dtype.itemsize)
+        # Every tensor is made with device="cpu" spelled out, so torch.set_default_device (or any
+        # default-device context) cannot place it; then it goes exactly where it was asked to.
+        if count == 0:
+            t = torch.empty(shape, dtype=dtype, device="cpu")
+            out[e.name] = t if target.type == "cpu" else t.to(target)
+        elif cuda:
+            # Read straight into pinned host memory, then copy without blocking: the next tensor's
+            # read overlaps this one's transfer.
+            host = torch.empty(e.byte_len, dtype=torch.uint8, device="cpu", pin_memory=True)
+            _read_into(e.path, host)
+            out[e.name] = host.view(dtype).reshape(shape).to(target, non_blocking=True)
+            in_flight.append(host)
+            in_flight_bytes += e.byte_len
+            if in_flight_bytes >= PINNED_IN_FLIGHT:
+                torch.cuda.synchronize(target)
+                in_flight, in_flight_bytes = [], 0
+        else:
+            # A private mapping of the file: pages are read through the mount when first touched.
+            t = torch.from_file(e.path, shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
+            out[e.name] = t if target.type == "cpu" else t.to(target)
+    if cuda:
+        torch.cuda.synchronize(target)  # every copy has landed before load returns
+    _warn_raw(raw, "torch")
+    return out
+
+
+# --- load --------------------------------------------------------------------------------------------
+
+FRAMEWORKS = {"numpy": "numpy", "np": "numpy", "torch": "torch", "pt": "torch", "pytorch": "torch"}
+
+
+def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeout: float = DEFAULT_TIMEOUT, **options) -> Dict[str, Any]:
+    """Every tensor of a checkpoint, as a dict name -> array, in checkpoint order.
+
+    `path` is either the root of an stfs mount, or a source stfs can mount (a .safetensors file, a
+    *.index.json, a directory of shards, an http(s) URL); a source is mounted on a temporary directory,
+    with `options` as mount flags (see stfs.mount). dtype and shape come from metadata.json (the served
+    dtype under ``as_="f32"``).
+
+    framework="numpy": read-only np.memmap's, so pages are read only when touched (each keeps a file
+    descriptor open, as Python's mmap does: the soft RLIMIT_NOFILE is raised toward the hard limit when
+    the tensors need it); BF16 and the F8 family through ml_dtypes; F4 unpacked into an in-memory ml_dtypes.float4_e2m1fn array (NumPy has
+    one byte per element); F6 (no NumPy type) as its raw bytes, a uint8 memmap, with a warning. Only
+    device="cpu".
+
+    framework="torch": each tensor is created on the CPU explicitly (``device="cpu"``; a
+    torch.set_default_device in force changes nothing), as a private mapping of its file
+    (torch.from_file), and moved only to `device`. For a CUDA device it is read into pinned memory and
+    copied with non_blocking=True; load synchronizes before returning. F4 is float4_e2m1fn_x2 (pairs
+    along the last dimension) where torch has it; dtypes this torch lacks raise TypeError.
+
+    Lifetime, when load mounts `path` itself: the mount is detached lazily (``stfs umount --lazy``)
+    before load returns. It leaves the filesystem at once, while the kernel keeps it alive for as long as
+    any returned array still maps one of its files; when the last one is freed, the daemon exits. So the
+    arrays are valid for exactly as long as they are referenced, and there is nothing to close. (Arrays
+    copied to a GPU map nothing, and the mount ends before load returns.) For a mount you made yourself
+    (stfs.mount or the CLI), the arrays are valid while it is mounted, and unmounting it while they map
+    files detaches it lazily in the same way.
+    """
+    kind = FRAMEWORKS.get(str(framework).lower())
+    if kind is None:
+        raise ValueError(f"stfs.load: framework must be 'numpy' or 'torch', not {framework!r}")
+    reader = _load_numpy if kind == "numpy" else _load_torch
+    if is_mount_dir(path):
+        if options:
+            raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")
+        return reader(entries(path), device)
+    binary, mp, made = _mount(path, None, timeout, options)
+    try:
+        result = reader(entries(mp), device)
+    except BaseException:
+        _detach(binary, mp, made, timeout, quiet=True)
+        raise
+    _detach(binary, mp, made, timeout, quiet=False)
+    return result
+
+
+def _detach(binary: str, mp: Path, made: Optional[str], timeout: float, quiet: bool) -> None:
+    out = _run([binary, "umount", "--lazy", str(mp)], timeout)
+    if out.returncode != 0 and is_mounted(mp) and not quiet:
+        raise StfsError(out.stderr.strip().splitlines()[0] if out.stderr.strip() else f"stfs: {mp}: unmount failed",
+                        returncode=out.returncode, stderr=out.stderr)
+    if made is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(made)

@@ -1,0 +1,231 @@
+"""Running the stfs binary: finding it, mounting, unmounting, and turning its failures into exceptions."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Union
+
+#: Seconds any single wait on the binary may take (a mount, an unmount) unless `timeout=` says otherwise.
+DEFAULT_TIMEOUT = 60.0
+#: How long an unmount that reports "busy" is retried before the mount is detached lazily, unless this
+#: process itself still maps or opens files there (then at once). A child being forked elsewhere holds
+#: copies of our descriptors for a moment; anything longer is a real user.
+BUSY_RETRY_SECONDS = 1.0
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class StfsError(RuntimeError):
+    """A failure of the stfs binary. ``str(error)`` is its one-line message (``stfs: PATH: problem``,
+    or clap's ``error: ...`` line for a usage error); ``returncode``, ``stderr`` and ``command`` keep
+    the rest."""
+
+    def __init__(self, message: str, *, command: Optional[Sequence[str]] = None, returncode: Optional[int] = None, stderr: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.command = list(command) if command is not None else None
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def find_binary() -> str:
+    """The stfs executable: ``$STFS_BIN`` if set, else the one installed with this package (in the
+    scripts directory of the install scheme whose site-packages holds it), else ``stfs`` on PATH."""
+    env = os.environ.get("STFS_BIN")
+    if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise StfsError(f"STFS_BIN={env}: not an executable file")
+        return env
+    here = Path(__file__).resolve().parent.parent
+    for scheme in sysconfig.get_scheme_names():
+        try:
+            paths = sysconfig.get_paths(scheme)
+        except (KeyError, ValueError):
+            continue
+        libs = {Path(paths[k]).resolve() for k in ("purelib", "platlib") if k in paths}
+        if here in libs and "scripts" in paths:
+            candidate = Path(paths["scripts"]) / "stfs"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    found = shutil.which("stfs")
+    if found:
+        return found
+    raise StfsError("stfs: the stfs binary was not found (pip install stfs puts it on PATH; or set STFS_BIN)")
+
+
+def _unescape_mountinfo(field: str) -> str:
+    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def is_mounted(path: PathLike) -> bool:
+    """Whether `path` is a mount point, by /proc/self/mountinfo."""
+    target = os.path.realpath(os.fspath(path))
+    with open("/proc/self/mountinfo") as f:
+        return any(_unescape_mountinfo(line.split(" ")[4]) == target for line in f)
+
+
+def _held_here(mountpoint: str) -> bool:
+    """Whether this process maps (np.memmap, torch.from_file) or has open a file under `mountpoint`."""
+    prefix = os.path.realpath(mountpoint) + os.sep
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode [path]
+                if len(fields) == 6 and fields[5].startswith(prefix):
+                    return True
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _message(stderr: str, fallback: str) -> str:
+    """The binary's one-line message: the first non-empty line of its stderr."""
+    for line in stderr.splitlines():
+        if line.strip():
+            return line.strip()
+    return fallback
+
+
+def _run(command: List[str], timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise StfsError(f"stfs: `{' '.join(command[1:3])}` did not finish within {timeout:g} s", command=command) from e
+    except OSError as e:
+        raise StfsError(f"stfs: cannot run {command[0]}: {e.strerror or e}", command=command) from e
+
+
+def _check(command: List[str], timeout: float) -> None:
+    out = _run(command, timeout)
+    if out.returncode != 0:
+        message = _message(out.stderr, f"stfs: {command[1]} failed with exit status {out.returncode}")
+        raise StfsError(message, command=command, returncode=out.returncode, stderr=out.stderr)
+
+
+def mount_flags(options: dict) -> List[str]:
+    """Command-line flags for keyword options: ``cache_size="1G"`` is ``--cache-size 1G``, ``npy=True``
+    is ``--npy`` (False and None leave a flag out), a list or tuple repeats the flag (``header=[...]``),
+    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b``. Names are
+    not checked here: the binary refuses an unknown one, and mount() raises its message."""
+    flags: List[str] = []
+    for name, value in options.items():
+        if name in ("foreground", "f"):
+            raise ValueError("stfs.mount: a foreground mount does not return; run the stfs binary for that")
+        if name == "o":
+            flag = "-o"
+        elif name in ("as_", "as_dtype"):
+            flag = "--as"
+        else:
+            flag = "--" + name.replace("_", "-")
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if v is None or v is False:
+                continue
+            if v is True:
+                flags.append(flag)
+            else:
+                flags += [flag, os.fspath(v) if isinstance(v, os.PathLike) else str(v)]
+    return flags
+
+
+def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: Optional[str] = None) -> None:
+    """Unmounts with ``stfs umount``. While it reports busy it is retried for up to
+    BUSY_RETRY_SECONDS (not at all if this process holds files there); then the mount is detached
+    lazily (``stfs umount --lazy``): it leaves the filesystem at once, and its daemon goes on serving
+    files that are still open or mapped until the last of them is closed. Raises StfsError if even
+    that fails."""
+    binary = binary or find_binary()
+    mp = os.fspath(mountpoint)
+    deadline = time.monotonic() + min(BUSY_RETRY_SECONDS, timeout)
+    delay = 0.02
+    while True:
+        out = _run([binary, "umount", mp], timeout)
+        if out.returncode == 0 or not is_mounted(mp):
+            return
+        if "busy" not in out.stderr or time.monotonic() + delay > deadline or _held_here(mp):
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+    out = _run([binary, "umount", "--lazy", mp], timeout)
+    if out.returncode != 0 and is_mounted(mp):
+        raise StfsError(_message(out.stderr, f"stfs: {mp}: unmount failed"), command=[binary, "umount", "--lazy", mp],
+                        returncode=out.returncode, stderr=out.stderr)
+
+
+def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
+    """Mounts and returns (binary, mount point, the temporary directory made for it or None)."""
+    flags = mount_flags(options)
+    binary = find_binary()
+    made = None
+    if mountpoint is None:
+        made = tempfile.mkdtemp(prefix="stfs-")
+        mp = Path(made)
+    else:
+        mp = Path(mountpoint)
+    command = [binary, "mount", os.fspath(source), str(mp), *flags]
+    mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
+    try:
+        _check(command, timeout)
+    except BaseException:
+        # A mount that timed out may still have come up in the background daemon: take it down (but
+        # never one that was there before: then stfs refused to mount over it).
+        if not mounted_before and is_mounted(mp):
+            with contextlib.suppress(StfsError):
+                _run([binary, "umount", "--lazy", str(mp)], timeout)
+        if made is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+        raise
+    return binary, mp, made
+
+
+def _release(binary: str, mp: Path, made: Optional[str], timeout: float, quiet: bool) -> None:
+    try:
+        unmount(mp, timeout=timeout, binary=binary)
+    except StfsError:
+        if not quiet:
+            raise
+        return
+    if made is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(made)
+
+
+@contextlib.contextmanager
+def mount(source: PathLike, mountpoint: Optional[PathLike] = None, *, timeout: float = DEFAULT_TIMEOUT, **options) -> Iterator[Path]:
+    """Mounts `source` (a .safetensors file, a *.index.json, a directory of shards or an http(s) URL)
+    with ``stfs mount`` and yields the mount point as a pathlib.Path; unmounts when the block ends,
+    also when it raises.
+
+    With no `mountpoint`, a fresh temporary directory is mounted on and removed afterwards. Keyword
+    options become mount flags (see mount_flags): ``mount(ckpt, cache_size="1G", npy=True)``. A failure
+    of the binary raises StfsError with its one-line message. Each call of the binary is bounded by
+    `timeout` seconds. If files of the mount are still open or mapped when the block ends, the mount
+    is detached lazily (see unmount), so arrays mapped from it stay readable until they are freed."""
+    binary, mp, made = _mount(source, mountpoint, timeout, options)
+    try:
+        yield mp
+    except BaseException:
+        # Do not let a failing unmount hide the exception the block raised.
+        _release(binary, mp, made, timeout, quiet=True)
+        raise
+    _release(binary, mp, made, timeout, quiet=False)

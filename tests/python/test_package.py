@@ -1,0 +1,548 @@
+"""The Python package (python/stfs, `pip install .`): stfs.mount and stfs.load on real mounts, checked
+against the reference `safetensors` package.
+
+scripts/test_python_package runs this file with the python of a fresh virtualenv the wheel was installed
+in (STFS_EXPECT_INSTALLED=1, no STFS_BIN): `import stfs` and the `stfs` binary then come from the wheel,
+and test_the_installed_package_is_used proves it. Run by plain pytest from a checkout, the package is
+imported from python/ and runs $STFS_BIN (the conftest's binary)."""
+import gc
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors
+from safetensors.numpy import load_file, save_file
+
+from conftest import ROOT
+
+INSTALLED = os.environ.get("STFS_EXPECT_INSTALLED") == "1"
+if not INSTALLED:
+    os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
+import stfs  # noqa: E402
+
+SAMPLE = os.path.join(ROOT, "examples", "sample.safetensors")
+TIMEOUT = 60
+rng = np.random.default_rng(18)
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+def mounted_paths():
+    """Every mount point, by /proc/self/mountinfo (its own parser, not the package's)."""
+    with open("/proc/self/mountinfo") as f:
+        return {line.split(" ")[4].replace("\\040", " ").replace("\\134", "\\") for line in f}
+
+
+def is_mounted(path):
+    return os.path.realpath(path) in mounted_paths()
+
+
+def daemons_of(source):
+    """PIDs of `stfs mount` processes whose command line names `source` (the daemon is a fork of the
+    command, so it keeps its argv)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"mount" in argv and os.fsencode(str(source)) in argv:
+            pids.append(int(pid))
+    return pids
+
+
+def wait_until(predicate, seconds=TIMEOUT):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path, monkeypatch):
+    """Temporary mount points go to a directory of the test's own, so that what is left there is
+    exactly what the package left (other users of /tmp come and go)."""
+    private = tmp_path / "tempdir"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    return private
+
+
+def stfs_temp_dirs():
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("stfs-")}
+
+
+def random_array(dtype, shape):
+    """A fresh C-contiguous array (0-d for shape ())."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        values = rng.integers(0, 2, size=shape)
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    elif dtype.kind == "c":
+        values = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+    else:
+        values = np.asarray(rng.standard_normal(shape), dtype=np.float32)
+    return np.array(values, dtype=dtype, order="C")
+
+
+def write_specs(path, arrays, metadata=None):
+    """Writes {name: (safetensors numpy dtype name, shape, array)} with the reference serializer."""
+    specs = {name: safetensors.TensorSpec(dtype=d, shape=list(shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for name, (d, shape, a) in arrays.items()}
+    safetensors.serialize_file(specs, str(path), metadata=metadata)
+
+
+def write_raw(path, tensors):
+    """A safetensors file by hand, for dtypes the reference serializer cannot write (F6):
+    {name: (dtype, shape, bytes)}."""
+    header, data, offset = {}, b"", 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        data += raw
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+SHAPES = [(), (0,), (1,), (3, 5), (67, 129), (2, 0, 3), (2, 3, 4, 5)]
+# NumPy's own dtypes and BF16: the reference numpy loader (safetensors.numpy.load_file) reads these.
+LOADABLE = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32", "float32", "complex64",
+            "float64", "int64", "uint64", "bfloat16"]
+# The rest of what ml_dtypes can make that safetensors stores (its numpy loader has no type for them).
+ML_ONLY = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+           "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0"}
+
+
+@pytest.fixture(scope="module")
+def loadable_checkpoint(tmp_path_factory):
+    arrays = {}
+    for dt in LOADABLE:
+        np_dt = np.dtype(getattr(ml_dtypes, dt) if dt == "bfloat16" else dt)
+        for j, shape in enumerate(SHAPES):
+            a = random_array(np_dt, shape)
+            arrays[f"{dt}.{j}"] = (dt, shape, a)
+    path = tmp_path_factory.mktemp("pkg") / "loadable.safetensors"
+    write_specs(path, arrays, metadata={"format": "np"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def ml_checkpoint(tmp_path_factory):
+    """The F8 family and packed F4, which only ml_dtypes gives NumPy."""
+    arrays = {}
+    for dt in ML_ONLY:
+        for j, shape in enumerate(SHAPES):
+            if dt == "float8_e8m0fnu":
+                a = rng.integers(0, 255, size=shape, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+            else:
+                a = random_array(getattr(ml_dtypes, dt), shape)
+            arrays[f"{dt}.{j}"] = (dt, shape, a)
+    # F4: the reference serializer takes the packed form (two per byte); metadata shows elements.
+    arrays["f4.pairs"] = ("float4_e2m1fn_x2", (8, 24), rng.integers(0, 256, (8, 24), dtype=np.uint8))
+    arrays["f4.flat"] = ("float4_e2m1fn_x2", (5,), np.array([0x10, 0x32, 0x54, 0x76, 0xF8], dtype=np.uint8))
+    path = tmp_path_factory.mktemp("pkg") / "ml.safetensors"
+    write_specs(path, arrays)
+    return path
+
+
+def reference_bytes(path):
+    with open(path, "rb") as f:
+        return {name: (v["dtype"], list(v["shape"]), bytes(v["data"])) for name, v in safetensors.deserialize(f.read())}
+
+
+def unpack_f4(raw):
+    b = np.frombuffer(raw, dtype=np.uint8)
+    out = np.empty(2 * b.size, dtype=np.uint8)
+    out[0::2], out[1::2] = b & 0xF, b >> 4
+    return out.view(ml_dtypes.float4_e2m1fn)
+
+
+# --- the installed package ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(not INSTALLED, reason="run by scripts/test_python_package, in the virtualenv the wheel went into")
+def test_the_installed_package_is_used():
+    prefix = os.path.realpath(sys.prefix)
+    assert sys.prefix != sys.base_prefix, "not in a virtualenv"
+    assert os.path.realpath(stfs.__file__).startswith(prefix + os.sep), stfs.__file__
+    assert not os.path.realpath(stfs.__file__).startswith(os.path.join(ROOT, "python")), stfs.__file__
+    assert "STFS_BIN" not in os.environ
+    binary = os.path.join(prefix, "bin", "stfs")
+    assert os.path.realpath(stfs.find_binary()) == binary
+    assert os.path.realpath(shutil.which("stfs")) == binary
+    out = subprocess.run(["stfs", "--version"], capture_output=True, text=True, timeout=TIMEOUT, check=True)
+    assert out.stdout.split()[-1] == stfs.__version__, (out.stdout, stfs.__version__)
+
+
+# --- mount -------------------------------------------------------------------------------------------
+
+def test_mount_yields_a_temporary_mount_and_removes_it():
+    with stfs.mount(SAMPLE) as mp:
+        assert isinstance(mp, Path) and is_mounted(mp)
+        assert os.path.basename(mp).startswith("stfs-")
+        meta = json.loads((mp / "metadata.json").read_text())
+        assert meta["shards"][0]["source"] == os.path.realpath(SAMPLE)
+        assert (mp / "lm_head.weight").read_bytes() == load_file(SAMPLE)["lm_head.weight"].tobytes()
+    assert not is_mounted(mp)
+    assert not mp.exists()
+    assert not stfs_temp_dirs()
+
+
+def test_mount_unmounts_when_the_block_raises():
+    with pytest.raises(KeyError, match="boom"):
+        with stfs.mount(SAMPLE) as mp:
+            assert is_mounted(mp)
+            pids = daemons_of(SAMPLE)
+            with open(mp / "lm_head.weight", "rb") as f:
+                f.read(100)
+            raise KeyError("boom")
+    assert not is_mounted(mp)
+    assert not mp.exists()
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "the daemon outlived its mount"
+
+
+def test_mount_on_a_given_directory_keeps_it(tmp_path):
+    mp = tmp_path / "m"
+    mp.mkdir()
+    with stfs.mount(SAMPLE, mp) as got:
+        assert got == mp and is_mounted(mp)
+        assert (mp / "metadata.json").is_file()
+    assert not is_mounted(mp) and mp.is_dir() and not any(mp.iterdir())
+
+
+def test_keyword_options_become_mount_flags(tmp_path):
+    assert stfs.mount_flags({"cache_size": "1G", "npy": True, "allow_other": False, "log_file": tmp_path / "l",
+                             "header": ["A: 1", "B: 2"], "as_": "f32", "o": "threads=2"}) == [
+        "--cache-size", "1G", "--npy", "--log-file", str(tmp_path / "l"), "--header", "A: 1", "--header", "B: 2",
+        "--as", "f32", "-o", "threads=2"]
+    with stfs.mount(SAMPLE, npy=True, layout="tree", cache_size="1M", block_size="4K", log_file=tmp_path / "log") as mp:
+        meta = json.loads((mp / "metadata.json").read_text())
+        assert (mp / "lm_head" / "weight").is_file()
+        assert (mp / meta["tensors"]["lm_head.weight"]["npy_path"]).is_file()
+        assert np.array_equal(np.load(mp / meta["tensors"]["lm_head.weight"]["npy_path"]), load_file(SAMPLE)["lm_head.weight"])
+        assert os.stat(mp / "lm_head" / "weight").st_blksize == 4096  # st_blksize is the block size
+    assert (tmp_path / "log").exists()
+
+
+def test_a_failing_mount_raises_the_one_line_message(tmp_path):
+    missing = tmp_path / "missing.safetensors"
+    with pytest.raises(stfs.StfsError) as e:
+        with stfs.mount(missing):
+            pytest.fail("the block ran")
+    assert e.value.returncode == 1
+    assert str(e.value).startswith("stfs: ") and str(missing) in str(e.value) and "\n" not in str(e.value)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10" + b"\0" * 7 + b"not json")
+    with pytest.raises(stfs.StfsError, match=r"^stfs: .*bad\.safetensors") as e:
+        with stfs.mount(bad):
+            pass
+    assert "\n" not in str(e.value)
+    # Usage errors (exit 2) carry clap's first line, naming the flag.
+    with pytest.raises(stfs.StfsError, match="--no-such-flag") as e:
+        with stfs.mount(SAMPLE, no_such_flag=True):
+            pass
+    assert e.value.returncode == 2 and "\n" not in str(e.value)
+    with pytest.raises(stfs.StfsError, match="--cache-size"):
+        with stfs.mount(SAMPLE, cache_size="lots"):
+            pass
+    # A mount point already in use is refused, and the mount there is left alone.
+    with stfs.mount(SAMPLE) as mp:
+        with pytest.raises(stfs.StfsError, match="already mounted"):
+            with stfs.mount(SAMPLE, mp):
+                pass
+        assert is_mounted(mp) and (mp / "metadata.json").is_file()
+    with pytest.raises(ValueError, match="foreground"):
+        with stfs.mount(SAMPLE, foreground=True):
+            pass
+    assert not stfs_temp_dirs(), "a failed mount left its temporary directory"
+
+
+def test_open_files_at_the_end_detach_the_mount_lazily():
+    reference = load_file(SAMPLE)
+    with stfs.mount(SAMPLE) as mp:
+        f = open(mp / "lm_head.weight", "rb")
+        arrays = stfs.load(mp)
+        pids = daemons_of(SAMPLE)
+        assert pids
+    try:
+        assert not is_mounted(mp) and not mp.exists()
+        # Detached, not gone: the open file and the memmaps are still served by its daemon.
+        assert f.read() == reference["lm_head.weight"].tobytes()
+        for name, want in reference.items():
+            assert_same(arrays[name], want, name)
+    finally:
+        f.close()
+    assert all(os.path.exists(f"/proc/{p}") for p in pids), "the daemon left while its files were mapped"
+    del arrays
+    gc.collect()
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "daemon outlived its last file"
+
+
+def test_stfs_bin_overrides_the_binary(tmp_path, monkeypatch):
+    real = stfs.find_binary()
+    log = tmp_path / "calls"
+    wrapper = tmp_path / "stfs-wrapper"
+    wrapper.write_text(f"#!/bin/sh\necho \"$1\" >> '{log}'\nexec '{real}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("STFS_BIN", str(wrapper))
+    assert stfs.find_binary() == str(wrapper)
+    with stfs.mount(SAMPLE) as mp:
+        assert is_mounted(mp)
+    assert log.read_text().split() == ["mount", "umount"]
+    monkeypatch.setenv("STFS_BIN", str(tmp_path / "nothing"))
+    with pytest.raises(stfs.StfsError, match="STFS_BIN"):
+        stfs.find_binary()
+
+
+def test_every_wait_on_the_binary_is_bounded(tmp_path, monkeypatch):
+    hung = tmp_path / "stfs-hangs"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    monkeypatch.setenv("STFS_BIN", str(hung))
+    started = time.monotonic()
+    with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
+        with stfs.mount(SAMPLE, timeout=0.5):
+            pytest.fail("the block ran")
+    assert time.monotonic() - started < 10
+    assert not stfs_temp_dirs()
+
+
+# --- load with NumPy ---------------------------------------------------------------------------------
+
+def assert_same(got, want, name):
+    assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert got.tobytes() == want.tobytes(), name
+
+
+def test_load_numpy_matches_load_file(loadable_checkpoint):
+    reference = load_file(str(loadable_checkpoint))
+    with stfs.mount(loadable_checkpoint) as mp:
+        loaded = stfs.load(mp)
+        assert sorted(loaded) == sorted(reference)
+        for name, want in reference.items():
+            got = loaded[name]
+            assert_same(got, want, name)
+            assert not got.flags.writeable, name
+            if got.size:
+                assert isinstance(got, np.memmap), name
+            with pytest.raises(ValueError):
+                got[...] = 0
+        # Checkpoint order, as the file holds the tensors.
+        meta = json.loads((mp / "metadata.json").read_text())
+        assert list(loaded) == sorted(meta["tensors"], key=lambda n: meta["tensors"][n]["offset"])
+        del loaded, got
+
+
+def test_load_numpy_every_ml_dtype(ml_checkpoint):
+    """Every dtype ml_dtypes gives NumPy (BF16 is in the previous test, where load_file reads it): the
+    reference numpy loader has no type for these, so the reference is its deserializer's bytes."""
+    with pytest.raises(Exception):
+        load_file(str(ml_checkpoint))  # if this starts working, compare with it instead
+    ref = reference_bytes(ml_checkpoint)
+    with stfs.mount(ml_checkpoint) as mp:
+        loaded = stfs.load(mp)
+        assert sorted(loaded) == sorted(ref)
+        for name, (dtype, shape, raw) in ref.items():
+            got = loaded[name]
+            if dtype == "F4":
+                # Unpacked, one element per byte (NumPy has nothing smaller), low nibble first.
+                assert got.dtype == ml_dtypes.float4_e2m1fn and list(got.shape) == shape, name
+                assert got.tobytes() == unpack_f4(raw).tobytes(), name
+                continue
+            np_dtype = np.dtype(getattr(ml_dtypes, name.split(".")[0]))
+            assert_same(got, np.frombuffer(raw, dtype=np_dtype).reshape(shape), name)
+            assert not got.flags.writeable and (isinstance(got, np.memmap) or got.size == 0), name
+        assert [float(x) for x in loaded["f4.flat"]] == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -6]
+        del loaded, got
+    # stfs's own F32 view converts F4 and F8 in Rust; load() of it agrees with ml_dtypes' conversion.
+    with stfs.mount(ml_checkpoint, as_="f32") as mp:
+        as_f32 = stfs.load(mp)
+        for name, (dtype, shape, raw) in ref.items():
+            want = unpack_f4(raw) if dtype == "F4" else np.frombuffer(raw, dtype=getattr(ml_dtypes, name.split(".")[0]))
+            got = as_f32[name]
+            assert got.dtype == np.float32 and list(got.shape) == shape, name
+            assert np.array_equal(got.reshape(-1), want.astype(np.float32), equal_nan=True), name
+        del as_f32, got
+
+
+def test_load_numpy_f6_comes_back_as_raw_bytes(tmp_path):
+    path = tmp_path / "f6.safetensors"
+    tensors = {"a": ("F6_E2M3", [2, 4], bytes(range(6))), "b": ("F6_E3M2", [4], b"\xff\x00\x81"), "c": ("F32", [2], b"\0" * 8)}
+    write_raw(path, tensors)
+    with stfs.mount(path) as mp:
+        with pytest.warns(UserWarning, match=r"2 tensor\(s\).*raw bytes.*a, b"):
+            loaded = stfs.load(mp)
+        assert loaded["a"].dtype == np.uint8 and loaded["a"].shape == (6,) and loaded["a"].tobytes() == bytes(range(6))
+        assert loaded["b"].tobytes() == b"\xff\x00\x81" and loaded["c"].dtype == np.float32
+        del loaded
+
+
+def test_load_a_source_mounts_it_for_as_long_as_the_arrays_live(tmp_path):
+    ckpt = tmp_path / "model.safetensors"
+    shutil.copyfile(SAMPLE, ckpt)
+    reference = load_file(str(ckpt))
+    loaded = stfs.load(ckpt, cache_size="1M")
+    # Nothing is left in the filesystem: the mount was detached and its directory removed...
+    assert not any(str(ckpt) in p or "stfs-" in os.path.basename(p) for p in mounted_paths() if p.startswith(tempfile.gettempdir()))
+    assert not stfs_temp_dirs()
+    # ...but the arrays still read through it: its daemon lives while they map its files.
+    pids = daemons_of(ckpt)
+    assert len(pids) == 1, pids
+    for name, want in reference.items():
+        assert_same(loaded[name], want, name)
+    del loaded, want
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pids[0]}"), 20), "the daemon outlived the arrays"
+
+
+def test_load_a_directory_of_shards(tmp_path):
+    """A directory of shards is a source, not a mount: load mounts it (one namespace, shard order)."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    first = {"a.0": random_array("float32", (4, 5)), "a.1": random_array("int8", (7,))}
+    second = {"b.0": random_array("float16", (3,)), "b.1": random_array("uint64", (2, 2))}
+    save_file(first, str(shards / "model-00001-of-00002.safetensors"))
+    save_file(second, str(shards / "model-00002-of-00002.safetensors"))
+    loaded = stfs.load(shards)
+    assert set(list(loaded)[:2]) == set(first) and set(list(loaded)[2:]) == set(second)  # shard by shard
+    for name, want in {**first, **second}.items():
+        assert_same(loaded[name], want, name)
+    del loaded
+
+
+def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
+    """Each np.memmap keeps a descriptor open: 300 tensors under a soft limit of 200 still load."""
+    import resource
+
+    tensors = {f"t.{i}": np.full((3,), i, dtype=np.int32) for i in range(300)}
+    ckpt = tmp_path / "many.safetensors"
+    save_file(tensors, str(ckpt))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    try:
+        with stfs.mount(ckpt) as mp:
+            loaded = stfs.load(mp)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 300
+            assert all(loaded[n].tolist() == [i] * 3 for i, n in enumerate(tensors))
+            del loaded
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_load_refuses_what_it_cannot_do(tmp_path):
+    with stfs.mount(SAMPLE) as mp:
+        with pytest.raises(ValueError, match="framework"):
+            stfs.load(mp, framework="jax")
+        with pytest.raises(ValueError, match="device"):
+            stfs.load(mp, device="cuda")
+        with pytest.raises(TypeError, match="already a mount"):
+            stfs.load(mp, cache_size="1G")
+    with pytest.raises(stfs.StfsError, match=r"^stfs: .*nothing\.safetensors"):
+        stfs.load(tmp_path / "nothing.safetensors")
+
+
+# --- load with torch ---------------------------------------------------------------------------------
+
+def import_torch():
+    try:
+        import torch
+    except ImportError:
+        requirements = Path(ROOT, "tests", "python", "requirements.txt").read_text()
+        if os.environ.get("CI") == "true" and any(line.split("=")[0].split(">")[0].strip() == "torch" for line in requirements.splitlines()):
+            pytest.fail("torch is in tests/python/requirements.txt but cannot be imported")
+        pytest.skip("PyTorch is not installed: stfs.load(framework='torch') is not tested (pip install torch to run it)")
+    return torch
+
+
+@pytest.fixture
+def torch_meta_default():
+    """torch with torch.set_default_device("meta") in force for the test."""
+    torch = import_torch()
+    torch.set_default_device("meta")
+    assert torch.empty(1).device.type == "meta"
+    try:
+        yield torch
+    finally:
+        torch.set_default_device("cpu")
+
+
+def torch_bytes(t):
+    import torch
+
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_load_torch_on_cpu_despite_a_meta_default_device(torch_meta_default, loadable_checkpoint, ml_checkpoint):
+    torch = torch_meta_default
+    for ckpt in (loadable_checkpoint, ml_checkpoint):
+        ref = reference_bytes(ckpt)
+        with stfs.mount(ckpt) as mp:
+            loaded = stfs.load(mp, framework="torch", device="cpu")
+            assert sorted(loaded) == sorted(ref)
+            for name, (dtype, shape, raw) in ref.items():
+                t = loaded[name]
+                assert t.device == torch.device("cpu"), (name, t.device)
+                assert torch_bytes(t) == raw, name
+                if dtype != "F4":
+                    assert list(t.shape) == shape, name
+            del loaded, t
+
+
+def test_load_torch_of_a_source_onto_the_device_asked_for(torch_meta_default, tmp_path):
+    torch = torch_meta_default
+    ckpt = tmp_path / "model.safetensors"
+    shutil.copyfile(SAMPLE, ckpt)
+    reference = load_file(SAMPLE)
+    loaded = stfs.load(ckpt, framework="torch")  # device defaults to "cpu", not to the default device
+    assert all(t.device == torch.device("cpu") for t in loaded.values())
+    pids = daemons_of(ckpt)
+    assert len(pids) == 1, pids  # detached, alive while the tensors map its files
+    for name, want in reference.items():
+        assert torch_bytes(loaded[name]) == want.tobytes(), name
+    del loaded
+    gc.collect()
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pids[0]}"), 20), "the daemon outlived the tensors"
+    # Moved only where asked: explicitly "meta" gives meta tensors of the right dtype and shape.
+    with stfs.mount(SAMPLE) as mp:
+        on_meta = stfs.load(mp, framework="torch", device="meta")
+        assert all(t.device.type == "meta" for t in on_meta.values())
+        assert {n: list(t.shape) for n, t in on_meta.items()} == {n: list(a.shape) for n, a in reference.items()}
+        if torch.cuda.is_available():
+            on_gpu = stfs.load(mp, framework="torch", device="cuda:0")
+            for name, want in reference.items():
+                assert on_gpu[name].device == torch.device("cuda", 0), name
+                assert torch_bytes(on_gpu[name]) == want.tobytes(), name
+            del on_gpu
+
+
+def test_the_pinned_memory_read_fills_a_cpu_tensor(torch_meta_default):
+    """The CUDA path reads each file into a pinned host tensor (_read_into) before a non-blocking copy;
+    no GPU here, so the read itself is checked into an ordinary CPU tensor."""
+    torch = torch_meta_default
+    from stfs._load import _read_into
+
+    with stfs.mount(SAMPLE) as mp:
+        for e in stfs.entries(mp):
+            host = torch.empty(e.byte_len, dtype=torch.uint8, device="cpu")
+            _read_into(e.path, host)
+            assert host.numpy().tobytes() == (mp / os.path.relpath(e.path, mp)).read_bytes(), e.name
