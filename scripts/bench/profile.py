@@ -11,6 +11,9 @@ workload once ((a): `cat` of every tensor file in file order; (f): load.py's fir
   strace  `strace -c -f -p PID`: syscall counts of the daemon's threads (futex waits = lock waits
           and hand-offs; readv/read/writev on /dev/fuse = requests and replies). Slows the daemon
           down: use it for counts, not times.
+  faults  `perf record -e page-faults -c 1 -g -p PID`: every page fault of the daemon, by thread
+          group and by the code that touched the page (a kernel copy into a user buffer, or the
+          user-space function)
   none    just the timing (and stfs's stats.json / limitfs's counters)
 Output: a directory per run under --out with the raw files and a summary.json; the text reports
 are printed. Needs root. Uses the checkpoint that run.py builds (same --workdir, --size-mb).
@@ -25,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -46,7 +50,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", choices=["stfs", "squashfuse", "limit"], required=True)
     p.add_argument("--scenario", choices=["a", "f"], required=True)
-    p.add_argument("--tool", choices=["stat", "record", "strace", "none"], default="stat")
+    p.add_argument("--tool", choices=["stat", "record", "faults", "strace", "none"], default="stat")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--size-mb", type=int, default=1024)
     p.add_argument("--rand-count", type=int, default=2000)
@@ -96,6 +100,10 @@ def start_tool(args, pid, run_dir):
         procs.append(subprocess.Popen(["perf", "record", "-a", "-g", "-e", "cpu-clock", "-F", str(args.freq),
                                        "-o", os.path.join(run_dir, "perf.data")],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    elif args.tool == "faults":
+        procs.append(subprocess.Popen(["perf", "record", "-e", "page-faults", "-c", "1", "-g", "-p", str(pid),
+                                       "-o", os.path.join(run_dir, "faults.data")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     elif args.tool == "strace":
         procs.append(subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o",
                                        os.path.join(run_dir, "strace.txt")], stderr=subprocess.DEVNULL))
@@ -115,31 +123,120 @@ def stop_tool(procs):
             proc.wait()
 
 
-def report(args, run_dir, pid):
-    """perf report text files for the daemon, the readers and everything."""
-    data = os.path.join(run_dir, "perf.data")
-    out = {}
-    common = ["perf", "report", "-i", data, "--stdio", "--no-children", "--percent-limit", "0.3"]
-    jobs = {
-        "daemon-symbols": ["--pid", str(pid), "--sort", "sym"],
-        "daemon-threads": ["--pid", str(pid), "--sort", "comm", "-g", "none"],
-        "all-comm": ["--sort", "comm,dso", "-g", "none"],
-        "all-symbols": ["--sort", "comm,sym", "-g", "none"],
-        "daemon-callers": ["--pid", str(pid), "--sort", "sym", "-g", "graph,0.5,callee,function,percent",
-                           "--max-stack", "12"],
+SAMPLE = re.compile(r"^\s*(.+?)\s+(\d+)/(\d+)\s+([0-9a-f]+)\s+(.*?)\s+\((.*)\)\s*$")
+
+# Rough classes of leaf symbols, to say where a daemon's CPU goes (first match wins).
+CLASSES = [
+    ("copy: kernel memcpy (reply into page cache / pipe)", ("__pi_memcpy", "memcpy_orig", "fuse_copy", "copy_page")),
+    ("copy: pread/preadv into user buffers", ("_copy_to_iter", "copy_user", "rep_movs", "filemap_read",
+                                              "filemap_get_read_batch", "copy_page_to_iter")),
+    ("copy: user-space memcpy/memmove", ("__memmove", "__memcpy", "memcpy", "memmove")),
+    ("pinning reply pages (get_user_pages)", ("gup_", "__iov_iter_get_pages", "iov_iter_extract", "follow_page",
+                                              "try_grab", "pin_user")),
+    ("fresh memory: faults, clearing, charging, page alloc", (
+        "clear_page", "do_anonymous_page", "__handle_mm_fault", "handle_mm_fault", "exc_page_fault",
+        "memcg", "charge", "__alloc", "alloc_pages", "get_page_from_freelist", "rmqueue", "prep_new_page",
+        "folio_add_new_anon", "lru", "__mod_", "count_memcg", "___pte", "pte_", "do_user_addr_fault",
+        "free_", "folios_put", "release_pages", "zap_", "unmap", "madvise", "mmap", "munmap")),
+    ("scheduling, wake-ups, futex", ("finish_task_switch", "schedule", "futex", "try_to_wake_up", "wake_up",
+                                     "__wake", "enqueue", "dequeue", "select_task", "pick_next", "update_",
+                                     "ttwu", "raw_spin", "_raw_", "pv_queued", "native_queued", "syscall",
+                                     "lock_contended", "__lll", "pthread_cond", "sched_")),
+]
+
+
+def classify(sym, dso):
+    for name, prefixes in CLASSES:
+        if any(p in sym for p in prefixes):
+            return name
+    if dso.endswith(("stfs", "limitfs", "squashfuse")) or "libsquashfuse" in dso or "libfuse" in dso:
+        return "the daemon's own code (" + os.path.basename(dso) + ")"
+    return "other kernel" if "kernel" in dso else "other user space (" + os.path.basename(dso) + ")"
+
+
+def aggregate(data, pid, reader_comm, freq):
+    """Leaf-symbol samples from `perf script`: the daemon's (by pid), the reader's (by comm) and per
+    process. (perf report's --pid/--comm filters drop samples when the sort key has no thread.)"""
+    text = subprocess.run(["perf", "script", "-i", data, "-G", "-F", "comm,pid,tid,ip,sym,dso"],
+                          capture_output=True, text=True, timeout=900).stdout
+    daemon, reader, threads, classes, procs = {}, {}, {}, {}, {}
+    total = 0
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if not m:
+            continue
+        comm, spid, _tid, _ip, sym, dso = m.groups()
+        total += 1
+        kind = "[k]" if "kernel" in dso else "[.]"
+        key = f"{kind} {sym or '[unknown]'}"
+        procs[comm.rstrip("-0123456789 ") or comm] = procs.get(comm.rstrip("-0123456789 ") or comm, 0) + 1
+        if int(spid) == pid:
+            daemon[key] = daemon.get(key, 0) + 1
+            group = comm.rstrip("-0123456789") or comm
+            threads[group] = threads.get(group, 0) + 1
+            cls = classify(sym, dso)
+            classes[cls] = classes.get(cls, 0) + 1
+        elif comm == reader_comm:
+            reader[key] = reader.get(key, 0) + 1
+    ms = 1000 / freq
+    srt = lambda d: sorted(d.items(), key=lambda kv: -kv[1])  # noqa: E731
+    return {
+        "samples_total": total, "sample_ms": ms,
+        "daemon_samples": sum(daemon.values()), "reader_samples": sum(reader.values()),
+        "daemon_symbols": srt(daemon), "reader_symbols": srt(reader),
+        "daemon_threads": srt(threads), "daemon_classes": srt(classes), "processes": srt(procs),
     }
-    for name, extra in jobs.items():
-        text = subprocess.run(common + extra + (["-g", "none"] if name == "daemon-symbols" else []),
-                              capture_output=True, text=True, timeout=600).stdout
-        with open(os.path.join(run_dir, f"report-{name}.txt"), "w") as f:
-            f.write(text)
-        out[name] = text
-    return out
 
 
-def top_lines(text, n):
-    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    return "\n".join(lines[:n])
+FAULT_PLUMBING = ("asm_exc_page_fault", "exc_page_fault", "do_user_addr_fault", "handle_mm_fault",
+                  "__handle_mm_fault", "handle_pte_fault", "do_anonymous_page", "do_pte_missing", "do_fault",
+                  "lock_mm_and_find_vma", "do_read_fault", "filemap_map_pages", "do_wp_page")
+
+
+def fault_sites(data):
+    """Page faults by (thread group, site): the first frame above the fault handling."""
+    text = subprocess.run(["perf", "script", "-i", data, "-F", "comm,tid,ip,sym,dso"],
+                          capture_output=True, text=True, timeout=900).stdout
+    sites, total = {}, 0
+    for record in text.split("\n\n"):
+        lines = [line for line in record.splitlines() if line.strip()]
+        if not lines:
+            continue
+        group = lines[0].split()[0].rstrip("-0123456789") or lines[0].split()[0]
+        frames = []
+        for line in lines[1:]:
+            parts = line.strip().split(None, 1)
+            if len(parts) == 2:
+                frames.append(parts[1].rsplit(" (", 1)[0])
+        above = [f for f in frames if not f.startswith(FAULT_PLUMBING)]
+        site = " <- ".join(above[:2]) if above else "?"
+        total += 1
+        sites[(group, site)] = sites.get((group, site), 0) + 1
+    return total, sorted(sites.items(), key=lambda kv: -kv[1])
+
+
+def format_table(pairs, total, ms, n):
+    rows = [f"  {100 * c / total:6.2f}%  {c * ms:8.1f} ms  {name}" for name, c in pairs[:n]] if total else []
+    return "\n".join(rows)
+
+
+def report(args, run_dir, pid):
+    """Aggregates the perf.data of this run; writes report.txt."""
+    agg = aggregate(os.path.join(run_dir, "perf.data"), pid, "cat" if args.scenario == "a" else "python3",
+                    args.freq)
+    d, r, ms = agg["daemon_samples"], agg["reader_samples"], agg["sample_ms"]
+    text = "\n".join([
+        f"daemon CPU: {d * ms:.0f} ms ({d} cpu-clock samples at {args.freq} Hz); reader CPU: {r * ms:.0f} ms",
+        "-- daemon by thread group", format_table(agg["daemon_threads"], d, ms, 20),
+        "-- daemon by class of leaf symbol (approximate)", format_table(agg["daemon_classes"], d, ms, 20),
+        f"-- daemon top {args.top} symbols (self)", format_table(agg["daemon_symbols"], d, ms, args.top),
+        f"-- reader top {min(args.top, 12)} symbols (self)", format_table(agg["reader_symbols"], r, ms, min(args.top, 12)),
+        "-- whole machine by process (other engineers' jobs included)",
+        format_table(agg["processes"], agg["samples_total"], ms, 8),
+    ])
+    with open(os.path.join(run_dir, "report.txt"), "w") as f:
+        f.write(text + "\n")
+    return agg, text
 
 
 def main():
@@ -179,10 +276,16 @@ def main():
                 text = open(path).read()
                 summary[name] = text
                 print(f"-- {name}\n{text.strip()}")
+        if args.tool == "faults":
+            total, sites = fault_sites(os.path.join(run_dir, "faults.data"))
+            summary["fault_sites"] = [[g, site, n] for (g, site), n in sites[:40]]
+            print(f"-- daemon page faults: {total} ({total * 4 / 1024:.0f} MiB of 4 KiB pages)")
+            for (g, site), n in sites[:args.top]:
+                print(f"  {n:8d}  {100 * n / max(total, 1):5.1f}%  {g}: {site}")
         if args.tool == "record":
-            reports = report(args, run_dir, pid)
-            for name in ("daemon-symbols", "all-comm", "all-symbols"):
-                print(f"-- {name}\n{top_lines(reports[name], args.top)}")
+            agg, text = report(args, run_dir, pid)
+            summary["profile"] = {k: v for k, v in agg.items()}
+            print(text)
         if "stfs_stats" in summary:
             s = summary["stfs_stats"]
             print("-- stfs stats: " + ", ".join(f"{k}={s.get(k)}" for k in (
