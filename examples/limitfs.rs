@@ -19,6 +19,15 @@
 //! The bytes served are a fixed pattern, not the checkpoint's: only sizes and names are taken
 //! from it.
 //!
+//! Experiment (`--backing`, with `--like`): reply to each read with a slice of a read-only
+//! `mmap` of the checkpoint instead, so the bytes are the checkpoint's and go from its page cache
+//! to the FUSE page cache with the kernel's one copy (fuser passes the slice to `writev`, whose
+//! `get_user_pages` faults the mapping in; the daemon never touches the bytes itself). This is the
+//! "serve a local file from a mapping" design measured without the rest of stfs. A page that is
+//! gone (the file was truncated) makes `writev` fail with EFAULT inside the kernel, which ends the
+//! request with EIO: no SIGBUS in the daemon. `--populate` maps with MAP_POPULATE (page tables
+//! filled at mount) instead of letting `get_user_pages` fault pages in on first use.
+//!
 //! Usage: `limitfs MOUNTPOINT (--like CHECKPOINT.safetensors | --size BYTES) [--threads 16]
 //! [--blksize 65536] [--kernel-readahead-kb 1024] [--stats-file PATH]`.
 //! With `--like`, one file per tensor, named after the tensor, of the tensor's size; with
@@ -78,6 +87,46 @@ struct Args {
     /// Also write the counters as JSON to this file at exit.
     #[arg(long)]
     stats_file: Option<PathBuf>,
+    /// Experiment: answer reads from a read-only mmap of the --like checkpoint (its real bytes).
+    #[arg(long, requires = "like")]
+    backing: bool,
+    /// With --backing: MAP_POPULATE the mapping at mount.
+    #[arg(long, requires = "backing")]
+    populate: bool,
+}
+
+/// A read-only shared mapping of a whole file.
+struct Mapping {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and lives as long as the filesystem; the daemon only hands
+// slices of it to writev (the kernel reads the pages).
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(path: &Path, populate: bool) -> io::Result<Mapping> {
+        let file = File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len()).map_err(io::Error::other)?;
+        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+        // SAFETY: a fresh read-only mapping of an open descriptor; checked for MAP_FAILED.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len.max(1), libc::PROT_READ, flags, file.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: ptr.cast(), len })
+    }
+
+    /// Bytes `[start, start + len)`, clipped to the mapping. The daemon must never read them
+    /// itself (a truncated file would SIGBUS); only the kernel does, in writev.
+    fn slice(&self, start: u64, len: usize) -> &[u8] {
+        let start = usize::try_from(start).unwrap_or(usize::MAX).min(self.len);
+        let len = len.min(self.len - start);
+        // SAFETY: inside the mapping, which outlives &self.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(start), len) }
+    }
 }
 
 /// READ requests seen, bytes replied and request sizes by power of two (bucket i: < 2^(i+1) bytes).
@@ -111,6 +160,8 @@ impl Counters {
 struct LimitFile {
     name: Vec<u8>,
     size: u64,
+    /// Offset of the file's bytes in the checkpoint (for --backing).
+    start: u64,
 }
 
 struct LimitFs {
@@ -123,6 +174,7 @@ struct LimitFs {
     gid: u32,
     blksize: u32,
     counters: Arc<Counters>,
+    backing: Option<Mapping>,
 }
 
 impl LimitFs {
@@ -136,7 +188,7 @@ impl LimitFs {
         unsafe { libc::mlock(buffer.as_ptr().cast(), buffer.len()) };
         // SAFETY: getuid/getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        LimitFs { files, by_name, buffer, mtime, uid, gid, blksize, counters }
+        LimitFs { files, by_name, buffer, mtime, uid, gid, blksize, counters, backing: None }
     }
 
     fn file(&self, ino: u64) -> Option<&LimitFile> {
@@ -243,7 +295,10 @@ impl Filesystem for LimitFs {
         self.counters.bytes.fetch_add(len as u64, Relaxed);
         let bucket = (u64::from(size.max(1)).ilog2() as usize).min(31);
         self.counters.sizes[bucket].fetch_add(1, Relaxed);
-        reply.data(&self.buffer[..len]);
+        match &self.backing {
+            Some(map) => reply.data(map.slice(file.start + offset, len)),
+            None => reply.data(&self.buffer[..len]),
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -294,6 +349,7 @@ fn tensor_files(path: &Path) -> Result<Vec<LimitFile>, String> {
     let mut header = vec![0u8; len as usize];
     file.read_exact(&mut header).map_err(|e| fail(&e))?;
     let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header).map_err(|e| fail(&e))?;
+    let data_start = 8 + len;
     let mut tensors = Vec::new();
     for (name, info) in header {
         if name == "__metadata__" {
@@ -306,7 +362,7 @@ fn tensor_files(path: &Path) -> Result<Vec<LimitFile>, String> {
         if end < begin || name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(fail(&format!("tensor {name:?}: not servable as a flat file name")));
         }
-        tensors.push((*begin, LimitFile { name: name.into_bytes(), size: end - begin }));
+        tensors.push((*begin, LimitFile { name: name.into_bytes(), size: end - begin, start: data_start + begin }));
     }
     tensors.sort_by_key(|(begin, _)| *begin);
     Ok(tensors.into_iter().map(|(_, f)| f).collect())
@@ -419,12 +475,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
     let (files, mtime) = match (&args.like, args.size) {
         (Some(path), _) => (tensor_files(path)?, std::fs::metadata(path)?.modified()?),
-        (None, Some(size)) => (vec![LimitFile { name: b"data".to_vec(), size }], SystemTime::now()),
+        (None, Some(size)) => (vec![LimitFile { name: b"data".to_vec(), size, start: 0 }], SystemTime::now()),
         (None, None) => unreachable!("clap requires --like or --size"),
     };
     let mountpoint = std::fs::canonicalize(&args.mountpoint)?;
     let counters = Arc::new(Counters::default());
-    let fs = LimitFs::new(files, mtime, args.blksize, Arc::clone(&counters));
+    let mut fs = LimitFs::new(files, mtime, args.blksize, Arc::clone(&counters));
+    if let (true, Some(path)) = (args.backing, &args.like) {
+        fs.backing = Some(Mapping::new(path, args.populate)?);
+    }
 
     let mut config = Config::default();
     config.mount_options =

@@ -136,15 +136,16 @@ LIMITFS_EXTRA_ARGS = []
 
 
 @contextlib.contextmanager
-def limitfs(binary, checkpoint):
+def limitfs(binary, checkpoint, extra_args=()):
     """Mounts examples/limitfs presenting the tensor files of `checkpoint` (names and sizes; every
-    read answered from one pre-faulted buffer, stfs's kernel settings): the limit row.
+    read answered from one pre-faulted buffer, stfs's kernel settings): the limit row. With
+    extra_args ["--backing"], reads are answered from an mmap of `checkpoint` instead.
 
     The yielded Mounted gets `.stats` (the server's READ counters) once the context has exited.
     """
     with temp_mountpoint("limit") as mnt:
         stats_file = mnt.rstrip("/") + ".stats.json"
-        cmd = [binary, mnt, "--like", checkpoint, "--stats-file", stats_file] + LIMITFS_EXTRA_ARGS
+        cmd = [binary, mnt, "--like", checkpoint, "--stats-file", stats_file] + list(extra_args) + LIMITFS_EXTRA_ARGS
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         mounted = None

@@ -48,7 +48,7 @@ EVENTS = "task-clock,page-faults,minor-faults,major-faults,context-switches,cpu-
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", choices=["stfs", "squashfuse", "limit"], required=True)
+    p.add_argument("--variant", choices=["stfs", "squashfuse", "limit", "mmap-reply"], required=True)
     p.add_argument("--scenario", choices=["a", "f"], required=True)
     p.add_argument("--tool", choices=["stat", "record", "faults", "strace", "none"], default="stat")
     p.add_argument("--reps", type=int, default=1)
@@ -75,8 +75,12 @@ def mounted(args, ckpt):
         mounts.warm_page_cache([ckpt["squashfs"]])
         with mounts.squashfuse(ckpt["squashfs"]) as m:
             yield m
-    else:
+    elif args.variant == "limit":
         with mounts.limitfs(args.limitfs, ckpt["checkpoint"]) as m:
+            yield m
+    else:
+        mounts.warm_page_cache([ckpt["checkpoint"]])
+        with mounts.limitfs(args.limitfs, ckpt["checkpoint"], ["--backing"]) as m:
             yield m
 
 

@@ -57,6 +57,9 @@ def parse_args():
     p.add_argument("--limit-opts", default="", metavar="ARGS",
                    help="extra arguments for every limitfs mount, e.g. \"--threads 4\" (default: stfs's defaults)")
     p.add_argument("--no-limit", action="store_true", help="skip the limit row")
+    p.add_argument("--mmap-row", action="store_true",
+                   help="also measure limitfs --backing in (a) and (f): reads answered from an mmap of the "
+                        "checkpoint (a prototype of replying straight from the backing file's page cache)")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built and cached")
     p.add_argument("--json", metavar="OUT", help="also write all raw figures as JSON")
     args = p.parse_args()

@@ -93,8 +93,9 @@ def scenario_read(bench):
                          f"{len(ckpt['header'])} tensors), backing file in page cache")
     local = tensor_paths(ckpt["tensors_dir"], ckpt)
     variants = (["squashfuse", "local", "floor"] + (["limit"] if bench.limitfs else [])
-                + (["stfs"] if bench.stfs else []))
+                + (["mmap"] if bench.limitfs and bench.args.mmap_row else []) + (["stfs"] if bench.stfs else []))
     limit_requests = None
+    verified_mmap = False
     verified = False
     for rep in range(bench.reps):
         for variant in rotated(variants, rep):
@@ -114,6 +115,14 @@ def scenario_read(bench):
                     res.add("limit fresh", cat_files(tensor_paths(m.path, ckpt)))
                     res.add("limit re-read", cat_files(tensor_paths(m.path, ckpt)))
                 limit_requests = _limit_reads(m.stats) or limit_requests
+            elif variant == "mmap":
+                mounts.warm_page_cache([ckpt["checkpoint"]])
+                with mounts.limitfs(bench.limitfs, ckpt["checkpoint"], ["--backing"]) as m:
+                    res.add("mmap-reply fresh", cat_files(tensor_paths(m.path, ckpt)))
+                    res.add("mmap-reply re-read", cat_files(tensor_paths(m.path, ckpt)))
+                    if not verified_mmap:
+                        verify_same_bytes(m.path, ckpt, res, "mmap-reply")
+                        verified_mmap = True
             else:
                 mounts.warm_page_cache([ckpt["checkpoint"]])
                 with mounts.stfs(bench.stfs, ckpt["checkpoint"]) as m:
@@ -135,6 +144,9 @@ def scenario_read(bench):
                "limit fresh")
     ratio_note(res, "(b) stfs re-read vs limit re-read (fraction of the limit's speed)", "limit re-read",
                "stfs re-read")
+    ratio_note(res, "(a) mmap-reply fresh vs limit row (fraction of the limit's speed)", "limit fresh",
+               "mmap-reply fresh")
+    ratio_note(res, "(a) mmap-reply fresh vs squashfuse fresh (speed-up)", "squashfuse fresh", "mmap-reply fresh")
     if limit_requests:
         reads, nbytes = limit_requests
         res.note(f"limit row: {reads} READ requests for {nbytes / 2**20:.0f} MiB "
@@ -261,7 +273,8 @@ def scenario_random(bench):
     ckpt = bench.ckpt
     count = bench.args.rand_count
     res = Results("f", f"{count} random 4 KiB reads inside tensors, fresh mount (us per read, in-process)")
-    variants = ["squashfuse"] + (["limit"] if bench.limitfs else []) + (["stfs"] if bench.stfs else [])
+    variants = (["squashfuse"] + (["limit"] if bench.limitfs else [])
+                + (["mmap-reply"] if bench.limitfs and bench.args.mmap_row else []) + (["stfs"] if bench.stfs else []))
     for rep in range(bench.reps):
         for variant in rotated(variants, rep):
             if variant == "squashfuse":
@@ -269,6 +282,9 @@ def scenario_random(bench):
                 context = mounts.squashfuse(ckpt["squashfs"])
             elif variant == "limit":
                 context = mounts.limitfs(bench.limitfs, ckpt["checkpoint"])
+            elif variant == "mmap-reply":
+                mounts.warm_page_cache([ckpt["checkpoint"]])
+                context = mounts.limitfs(bench.limitfs, ckpt["checkpoint"], ["--backing"])
             else:
                 mounts.warm_page_cache([ckpt["checkpoint"]])
                 context = mounts.stfs(bench.stfs, ckpt["checkpoint"])
@@ -278,6 +294,7 @@ def scenario_random(bench):
     res.ratio_check("(f) stfs vs squashfuse, first touch (speed-up)", "squashfuse fresh", "stfs fresh", 1.0)
     ratio_note(res, "(f) stfs vs limit row (fraction of the limit's speed)", "limit fresh", "stfs fresh")
     ratio_note(res, "(f) squashfuse vs limit row (fraction of the limit's speed)", "limit fresh", "squashfuse fresh")
+    ratio_note(res, "(f) mmap-reply vs squashfuse (speed-up)", "squashfuse fresh", "mmap-reply fresh")
     if not bench.stfs:
         res.note("stfs binary not found: stfs rows not measured")
     return res
