@@ -355,7 +355,10 @@ fn tensor_files(path: &Path) -> Result<Vec<LimitFile>, String> {
         if name == "__metadata__" {
             continue;
         }
-        let offsets = info.get("data_offsets").and_then(|o| o.as_array()).map(|o| o.iter().filter_map(|v| v.as_u64()).collect::<Vec<_>>());
+        let offsets = info
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .map(|o| o.iter().filter_map(|v| v.as_u64()).collect::<Vec<_>>());
         let Some([begin, end]) = offsets.as_deref() else {
             return Err(fail(&format!("tensor {name}: no data_offsets")));
         };
@@ -381,7 +384,10 @@ fn unescape_octal(field: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let code = bytes.get(i + 1..i + 4).and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| u8::from_str_radix(d, 8).ok());
+        let code = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
         match (bytes[i], code) {
             (b'\\', Some(code)) => {
                 out.push(code);
@@ -412,8 +418,12 @@ fn mount_fuse(path: &Path) -> io::Result<Option<OwnedFd>> {
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let data = format!("fd={},rootmode={root_type:o},user_id={uid},group_id={gid}", device.as_raw_fd());
-    let (source, target, fs_type, data) =
-        (cstring(b"limitfs")?, cstring(path.as_os_str().as_bytes())?, cstring(b"fuse.limitfs")?, cstring(data.as_bytes())?);
+    let (source, target, fs_type, data) = (
+        cstring(b"limitfs")?,
+        cstring(path.as_os_str().as_bytes())?,
+        cstring(b"fuse.limitfs")?,
+        cstring(data.as_bytes())?,
+    );
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
     let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data.as_ptr().cast()) };
@@ -421,7 +431,11 @@ fn mount_fuse(path: &Path) -> io::Result<Option<OwnedFd>> {
         return Ok(Some(device.into()));
     }
     let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EPERM) { Ok(None) } else { Err(e) }
+    if e.raw_os_error() == Some(libc::EPERM) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
 }
 
 /// umount2(2); retried for a few seconds while busy, then detached lazily.
@@ -463,7 +477,8 @@ fn block_exit_signals() -> libc::sigset_t {
 
 /// Waits up to `timeout` for a signal of `set`; true if one arrived.
 fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> bool {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `set` is a valid signal set and the info pointer may be null.
     unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) > 0 }
 }
@@ -486,8 +501,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut config = Config::default();
-    config.mount_options =
-        vec![MountOption::RO, MountOption::NoSuid, MountOption::NoDev, MountOption::FSName("limitfs".into()), MountOption::Subtype("limitfs".into())];
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::FSName("limitfs".into()),
+        MountOption::Subtype("limitfs".into()),
+    ];
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
     let (session, fuser_unmounter) = match mount_fuse(&mountpoint)? {
