@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
 use super::shard::{checked, open_all, open_file, open_source, Checkpoint, OpenedShard};
@@ -25,12 +26,17 @@ pub fn is_url(spec: &str) -> bool {
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
 /// `*.safetensors` shards, or an `http(s)://` URL of a file or of an index.
+///
+/// A remote checkpoint is opened within one [`HttpOptions::timeout`], index and shards together:
+/// a server that stalls makes this fail in that time, not in one timeout per request.
 pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
     if is_url(spec) {
+        let mut options = options.clone();
+        options.http.deadline = Some(Instant::now() + options.http.timeout);
         return if url_path(spec).ends_with(".json") {
-            open_url_index(spec, options)
+            open_url_index(spec, &options)
         } else {
-            open_url(spec, options).map(single)
+            open_url(spec, &options).map(single)
         };
     }
     let path = Path::new(spec);
@@ -74,10 +80,13 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     checked(&name, opened, Some(&index))
 }
 
-/// A single remote safetensors object.
+/// A single remote safetensors object; its reads get their own timeouts once its header is in.
 fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
-    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(display_name(url), e))?;
-    open_source(Arc::new(source))
+    let source =
+        Arc::new(HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(display_name(url), e))?);
+    let shard = open_source(Arc::clone(&source) as Arc<dyn Source>)?;
+    source.opened();
+    Ok(shard)
 }
 
 /// Largest index file read: real ones are well under 10 MB even for thousands of tensors.

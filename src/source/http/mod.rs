@@ -26,8 +26,8 @@ mod test_server;
 #[cfg(test)]
 mod tests;
 
-pub use error::HttpError;
-pub use options::{HttpOptions, ProxySetting, Secret};
+pub use error::{HttpError, Stalled, Timeout};
+pub use options::{HttpOptions, ProxySetting, Secret, DEFAULT_TIMEOUT};
 pub use retry::RetryPolicy;
 pub use source::HttpSource;
 pub use url::{display_name, UrlError};
