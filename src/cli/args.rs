@@ -128,6 +128,11 @@ pub struct RemoteArgs {
     /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs).
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
+    /// Give up on a server that does not answer, or answers too slowly, after this long (`45s`,
+    /// `500ms`): opening the checkpoint fails, and a read from the mount fails with EIO, retries
+    /// included [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
     /// Tries per request before a read fails (tests and benchmarks) [default: 5].
     #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub http_retries: Option<u32>,
@@ -163,6 +168,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
     match number.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(scale)) {
         Some(ms) => Ok(Duration::from_millis(ms)),
         None => Err(BadDuration { text: text.to_string() }),
+    }
+}
+
+/// Parses a timeout: a [`parse_duration`] longer than zero.
+pub fn parse_timeout(text: &str) -> Result<Duration, BadDuration> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(BadDuration { text: text.to_string() }),
+        d => Ok(d),
     }
 }
 
@@ -286,6 +299,8 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("soon").is_err() && parse_duration("99999999999999999s").is_err());
         assert_eq!(parse_duration("soon").unwrap_err().to_string(), "invalid duration `soon` (use e.g. 250ms or 3s)");
+        assert_eq!(parse_timeout("45s"), Ok(Duration::from_secs(45)));
+        assert!(parse_timeout("0s").is_err() && parse_timeout("0").is_err());
     }
 
     #[test]
