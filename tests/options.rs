@@ -108,7 +108,9 @@ fn sizes_take_decimals() {
     assert_usage_error(&file, &mp, &["--cache-size", "1.3K"], "cache size 1331 ");
     for bad in ["1.5.2G", ".G", "1,5G", "-1.5G", "1.G"] {
         assert_usage_error(&file, &mp, &[&format!("--cache-size={bad}")], bad);
-        assert_usage_error(&file, &mp, &["-o", &format!("cache_size={bad}")], bad);
+        if !bad.contains(',') {
+            assert_usage_error(&file, &mp, &["-o", &format!("cache_size={bad}")], bad);
+        }
     }
     let m = Mount::new(&file, &["--cache-size", "1.5M", "--block-size", "64K"]);
     assert_eq!(std::fs::read(m.file("w")).unwrap(), tensors[0].data);

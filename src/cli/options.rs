@@ -4,9 +4,10 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::checkpoint::OpenOptions;
-use crate::cli::args::{parse_duration, BadDuration, MountArgs, RemoteArgs};
+use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MountArgs, RemoteArgs};
 use crate::engine::EngineConfig;
 use crate::mount::build::{FsOptions, Owner};
 use crate::mount::session::ServeOptions;
@@ -114,6 +115,8 @@ pub enum ConfigError {
     Unknown {
         /// The option.
         key: String,
+        /// The known option closest to it, if one is close.
+        suggestion: Option<&'static str>,
     },
     /// A block size that is not a power of two in range.
     BlockSize {
@@ -148,7 +151,12 @@ impl fmt::Display for ConfigError {
             ConfigError::BadSize(error) => error.fmt(f),
             ConfigError::BadDuration(e) => write!(f, "{e}"),
             ConfigError::ReadWrite => f.write_str("stfs mounts are read-only; option `rw` is not supported"),
-            ConfigError::Unknown { key } => write!(f, "unknown mount option `{key}` (see `stfs mount --help`)"),
+            ConfigError::Unknown { key, suggestion: Some(known) } => {
+                write!(f, "unknown mount option `{key}`; did you mean `{known}`? (see `stfs mount --help`)")
+            }
+            ConfigError::Unknown { key, suggestion: None } => {
+                write!(f, "unknown mount option `{key}` (see `stfs mount --help`)")
+            }
             ConfigError::BlockSize { size } => {
                 let (lo, hi) = BLOCK_SIZE_RANGE;
                 let (size, lo, hi) = (format_size(*size), format_size(lo), format_size(hi));
@@ -204,50 +212,28 @@ pub struct MountConfig {
 }
 
 impl MountConfig {
-    /// Applies `-o` options under the explicit flags (a flag wins over the same `-o` option).
+    /// Applies `-o` options under the explicit flags: a flag wins over the same `-o` option, and of
+    /// a repeated `-o` option the last wins (as in mount(8) and libfuse).
     pub fn from_args(args: MountArgs) -> Result<MountConfig, ConfigError> {
-        let mut a = args.clone();
-        for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
-            let (key, value) = match opt.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (opt, None),
-            };
-            let need = || value.ok_or_else(|| ConfigError::NeedsValue { key: key.to_string() });
-            let flag_value = |v: Option<&str>| match v {
-                None | Some("true") | Some("yes") | Some("1") => Ok(true),
-                Some("false") | Some("no") | Some("0") => Ok(false),
-                Some(other) => Err(ConfigError::TakesNoValue { key: key.to_string(), value: other.to_string() }),
-            };
-            let size = |text: &str| parse_size(text).map_err(ConfigError::BadSize);
-            let duration = |text: &str| parse_duration(text).map_err(ConfigError::BadDuration);
-            match key.replace('-', "_").as_str() {
-                "cache_size" => a.cache_size = a.cache_size.or(Some(size(need()?)?)),
-                "block_size" => a.block_size = a.block_size.or(Some(size(need()?)?)),
-                "allow_other" => a.allow_other |= flag_value(value)?,
-                "foreground" => a.foreground |= flag_value(value)?,
-                "log_file" => a.log_file = a.log_file.or(Some(PathBuf::from(need()?))),
-                "threads" => a.threads = a.threads.or(Some(parse_count(key, need()?, 1, 256)?)),
-                "io_threads" => a.io_threads = a.io_threads.or(Some(parse_count(key, need()?, 1, 64)?)),
-                "kernel_readahead_kb" => {
-                    a.kernel_readahead_kb = a.kernel_readahead_kb.or(Some(parse_count(key, need()?, 0, 1 << 20)?))
-                }
-                "npy" => a.npy |= flag_value(value)?,
-                "as" => a.as_dtype = a.as_dtype.or(Some(need()?.to_string())),
-                "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
-                "header" => a.remote.headers.push(need()?.to_string()),
-                "token_env" => a.remote.token_env = a.remote.token_env.or(Some(need()?.to_string())),
-                "http_retries" => {
-                    a.remote.http_retries = a.remote.http_retries.or(Some(parse_count(key, need()?, 1, 100)?))
-                }
-                "http_retry_delay" => {
-                    a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(duration(need()?)?))
-                }
-                "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(duration(need()?)?)),
-                "rw" => return Err(ConfigError::ReadWrite),
-                k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
-                _ => return Err(ConfigError::Unknown { key: key.to_string() }),
-            }
-        }
+        let o = DashO::parse(&args.options)?;
+        let mut a = args;
+        a.cache_size = a.cache_size.or(o.cache_size);
+        a.block_size = a.block_size.or(o.block_size);
+        a.allow_other |= o.allow_other.unwrap_or(false);
+        a.foreground |= o.foreground.unwrap_or(false);
+        a.log_file = a.log_file.or(o.log_file);
+        a.threads = a.threads.or(o.threads);
+        a.io_threads = a.io_threads.or(o.io_threads);
+        a.kernel_readahead_kb = a.kernel_readahead_kb.or(o.kernel_readahead_kb);
+        a.npy |= o.npy.unwrap_or(false);
+        a.as_dtype = a.as_dtype.or(o.as_dtype);
+        a.layout = a.layout.or(o.layout);
+        a.remote.headers.extend(o.headers);
+        a.remote.token_env = a.remote.token_env.or(o.token_env);
+        a.remote.timeout = a.remote.timeout.or(o.timeout);
+        a.remote.http_retries = a.remote.http_retries.or(o.http_retries);
+        a.remote.http_retry_delay = a.remote.http_retry_delay.or(o.http_retry_delay);
+        a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -317,11 +303,106 @@ impl RemoteArgs {
             http.retry.base_delay = delay;
             http.retry.max_delay = delay.saturating_mul(32).min(http.retry.max_delay);
         }
+        if let Some(timeout) = self.timeout {
+            http.timeout = timeout;
+        }
         if let Some(timeout) = self.http_timeout {
             http.connect_timeout = timeout;
             http.read_timeout = timeout;
         }
         Ok(OpenOptions { http })
+    }
+}
+
+/// The `-o` options of one command line, each the last value given.
+#[derive(Default)]
+struct DashO {
+    cache_size: Option<u64>,
+    block_size: Option<u64>,
+    allow_other: Option<bool>,
+    foreground: Option<bool>,
+    log_file: Option<PathBuf>,
+    threads: Option<u32>,
+    io_threads: Option<u32>,
+    kernel_readahead_kb: Option<u32>,
+    npy: Option<bool>,
+    as_dtype: Option<String>,
+    layout: Option<String>,
+    headers: Vec<String>,
+    token_env: Option<String>,
+    timeout: Option<Duration>,
+    http_retries: Option<u32>,
+    http_retry_delay: Option<Duration>,
+    http_timeout: Option<Duration>,
+}
+
+/// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
+const KNOWN_OPTIONS: &[&str] = &[
+    "cache_size",
+    "block_size",
+    "allow_other",
+    "foreground",
+    "log_file",
+    "threads",
+    "io_threads",
+    "kernel_readahead_kb",
+    "npy",
+    "as",
+    "layout",
+    "header",
+    "token_env",
+    "timeout",
+];
+
+impl DashO {
+    /// Reads comma-separated `-o` arguments; a later value of an option replaces an earlier one
+    /// (`header` adds one more).
+    fn parse(options: &[String]) -> Result<DashO, ConfigError> {
+        let mut o = DashO::default();
+        for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = || value.ok_or_else(|| ConfigError::NeedsValue { key: key.to_string() });
+            let switch = || match value {
+                None | Some("true") | Some("yes") | Some("1") => Ok(Some(true)),
+                Some("false") | Some("no") | Some("0") => Ok(Some(false)),
+                Some(other) => Err(ConfigError::TakesNoValue { key: key.to_string(), value: other.to_string() }),
+            };
+            let size = || need().and_then(|text| parse_size(text).map_err(ConfigError::BadSize)).map(Some);
+            let duration = || need().and_then(|text| parse_duration(text).map_err(ConfigError::BadDuration)).map(Some);
+            let timeout = || need().and_then(|text| parse_timeout(text).map_err(ConfigError::BadDuration)).map(Some);
+            let count = |min, max| need().and_then(|text| parse_count(key, text, min, max)).map(Some);
+            let text = || need().map(|text| Some(text.to_string()));
+            match key.replace('-', "_").as_str() {
+                "cache_size" => o.cache_size = size()?,
+                "block_size" => o.block_size = size()?,
+                "allow_other" => o.allow_other = switch()?,
+                "foreground" => o.foreground = switch()?,
+                "log_file" => o.log_file = need().map(|p| Some(PathBuf::from(p)))?,
+                "threads" => o.threads = count(1, 256)?,
+                "io_threads" => o.io_threads = count(1, 64)?,
+                "kernel_readahead_kb" => o.kernel_readahead_kb = count(0, 1 << 20)?,
+                "npy" => o.npy = switch()?,
+                "as" => o.as_dtype = text()?,
+                "layout" => o.layout = text()?,
+                "header" => o.headers.push(need()?.to_string()),
+                "token_env" => o.token_env = text()?,
+                "timeout" => o.timeout = timeout()?,
+                "http_retries" => o.http_retries = count(1, 100)?,
+                "http_retry_delay" => o.http_retry_delay = duration()?,
+                "http_timeout" => o.http_timeout = duration()?,
+                "rw" => return Err(ConfigError::ReadWrite),
+                k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
+                _ => {
+                    let candidates = KNOWN_OPTIONS.iter().chain(IGNORED_OPTIONS).copied();
+                    let suggestion = crate::util::suggest::closest(key, candidates);
+                    return Err(ConfigError::Unknown { key: key.to_string(), suggestion });
+                }
+            }
+        }
+        Ok(o)
     }
 }
 
@@ -402,6 +483,18 @@ mod tests {
     }
 
     #[test]
+    fn the_last_of_a_repeated_option_wins_and_misspellings_get_a_suggestion() {
+        let c = MountConfig::from_args(args(&["cache_size=1G,cache_size=64M", "layout=tree", "layout=flat"])).unwrap();
+        assert_eq!((c.engine.cache_size, c.layout), (64 << 20, Layout::Flat));
+        let c = MountConfig::from_args(args(&["allow_other", "allow_other=0", "timeout=5s", "timeout=1.5s"]));
+        assert!(c.is_err(), "a fractional duration is refused");
+        let c = MountConfig::from_args(args(&["allow_other", "allow_other=0", "timeout=5s", "timeout=7s"])).unwrap();
+        assert_eq!((c.allow_other, c.remote.timeout), (false, Some(std::time::Duration::from_secs(7))));
+        let e = MountConfig::from_args(args(&["cache_sise=1G"])).unwrap_err().to_string();
+        assert_eq!(e, "unknown mount option `cache_sise`; did you mean `cache_size`? (see `stfs mount --help`)");
+    }
+
+    #[test]
     fn bad_options_name_the_option() {
         for (opts, needle) in [
             (&["bogus=1"][..], "unknown mount option `bogus`"),
@@ -414,6 +507,7 @@ mod tests {
             (&["allow_other=maybe"][..], "takes no value"),
             (&["as=f16"][..], "only `f32`"),
             (&["layout=deep"][..], "unknown layout"),
+            (&["timeout=0s"][..], "invalid duration"),
         ] {
             let e = MountConfig::from_args(args(opts)).unwrap_err().to_string();
             assert!(e.contains(needle), "{opts:?}: {e}");
