@@ -147,10 +147,19 @@ fn mount8_and_fstab_run_the_helper() {
     assert_serves(&mp.path, &tensors[..2]);
     force_unmount(&mp.path);
 
-    // An unknown option is refused by name, and nothing is mounted.
+    // An unknown option is refused by name, with the closest one suggested, as a usage error
+    // (mount(8) passes on its helper's status: 1), and nothing is mounted.
     let out = run("mount", &["-t", "fuse.stfs", s(&file), s(&mp.path), "-o", "ro,cache_sise=1G"]);
-    assert!(!out.status.success());
-    assert!(stderr_of(&out).contains("unknown mount option `cache_sise`"), "{}", stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("unknown mount option `cache_sise`; did you mean `cache_size`?"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(!is_mounted(&mp.path));
+    // A mount that fails exits with mount(8)'s own code for it, 32.
+    let out = run("mount", &["-t", "fuse.stfs", s(&dir.path().join("gone.safetensors")), s(&mp.path)]);
+    assert_eq!(out.status.code(), Some(32), "{}", stderr_of(&out));
     assert!(!is_mounted(&mp.path));
 
     // mount -f (fake) checks and mounts nothing; a bad source fails even then.

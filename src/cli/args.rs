@@ -19,7 +19,8 @@ Examples:
   stfs umount /mnt/model
   stfs install-helper && mount -t fuse.stfs model.safetensors /mnt/model -o ro,cache_size=1G
 
-Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error.
+Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error (a bad
+flag or -o option); as mount(8)'s helper mount.fuse.stfs: 32 failure, 1 usage error.
 Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in the background).";
 
 /// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
@@ -129,8 +130,8 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
     /// Give up on a server that does not answer, or answers too slowly, after this long (`45s`,
-    /// `500ms`): opening the checkpoint fails, and a read from the mount fails with EIO, retries
-    /// included [default: 30s].
+    /// `500ms`), retries included: opening the checkpoint fails, a read from the mount gets EIO
+    /// [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
     /// Tries per request before a read fails (tests and benchmarks) [default: 5].
@@ -262,11 +263,14 @@ pub struct StatsArgs {
 
 /// Extra help for `stfs mount`.
 const MOUNT_HELP: &str = "\
-Mount options (-o, comma-separated; each long flag works as -o name=value):
+Mount options (-o, comma-separated; each long flag works as -o name=value; a flag wins over
+the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree,
+  header=NAME:VALUE, token_env=VAR, timeout=DURATION
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
-Sizes: 4096, 512K, 64M, 2G.
+Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to whole bytes).
+Durations: 30s, 500ms.
 
 Examples:
   stfs mount model.safetensors /mnt/model
