@@ -28,7 +28,12 @@ fn ioctl_is_enotty_and_logs_nothing() {
         }
     }
     // What Python itself does on open(), when Python is there.
-    let script = "import sys\nfor p in sys.argv[1:]:\n    with open(p, 'rb') as f: f.read(4)\n    with open(p, 'r', errors='replace') as f: f.read(4)\n";
+    let script = concat!(
+        "import sys\n",
+        "for p in sys.argv[1:]:\n",
+        "    with open(p, 'rb') as f: f.read(4)\n",
+        "    with open(p, 'r', errors='replace') as f: f.read(4)\n",
+    );
     match std::process::Command::new("python3")
         .arg("-c")
         .arg(script)

@@ -198,12 +198,12 @@ impl Remote {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
             };
+            if !failure.transient {
+                return Err(failure.error);
+            }
             let delay = self.retry.delay(retry, failure.retry_after);
             let out_of_time = Instant::now() + delay >= deadline;
-            if !failure.transient || (retry + 1 < attempts && !out_of_time) {
-                if !failure.transient {
-                    return Err(failure.error);
-                }
+            if retry + 1 < attempts && !out_of_time {
                 log::info!("{}: {}; retrying in {} ms", self.name, failure.error, delay.as_millis());
                 Stats::add(&self.stats.http_retries, 1);
                 std::thread::sleep(delay);
@@ -227,8 +227,9 @@ impl Remote {
     }
 
     /// Sends `GET` for bytes `first..=last` (with the pin's precondition, if any) and returns the first
-    /// response that is not a redirect; every wait of it, its body's included, ends by `deadline`. Uses the cached redirect target first; if that refuses us
-    /// (typically an expired signature), forgets it and starts again from the original URL.
+    /// response that is not a redirect; every wait of it, its body's included, ends by `deadline`.
+    /// Uses the cached redirect target first; if that refuses us (typically an expired signature),
+    /// forgets it and starts again from the original URL.
     pub fn get_range(
         &self,
         agent: &Agent,
