@@ -113,6 +113,12 @@ pub struct MountArgs {
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
     #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
     pub layout: Option<String>,
+    /// Do not re-serve the checkpoint's own files (each shard, the *.index.json) in the root. By
+    /// default they are there under their own names, byte for byte, for loaders that open the
+    /// .safetensors file (safe_open, from_pretrained): same blocks, cache and readahead as the
+    /// tensor files.
+    #[arg(long)]
+    pub no_checkpoint_file: bool,
     /// Remote checkpoints.
     #[command(flatten)]
     pub remote: RemoteArgs,
@@ -251,7 +257,8 @@ pub struct StatsArgs {
 const MOUNT_HELP: &str = "\
 Mount options (-o, comma-separated; each long flag works as -o name=value):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree,
+  no_checkpoint_file
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
 Sizes: 4096, 512K, 64M, 2G.
 

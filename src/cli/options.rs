@@ -199,6 +199,8 @@ pub struct MountConfig {
     pub layout: Layout,
     /// Extra views.
     pub views: Views,
+    /// Re-serve the checkpoint's own files in the root.
+    pub checkpoint_files: bool,
     /// Remote access options.
     pub remote: RemoteArgs,
 }
@@ -234,6 +236,8 @@ impl MountConfig {
                 "npy" => a.npy |= flag_value(value)?,
                 "as" => a.as_dtype = a.as_dtype.or(Some(need()?.to_string())),
                 "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
+                "no_checkpoint_file" => a.no_checkpoint_file |= flag_value(value)?,
+                "checkpoint_file" => a.no_checkpoint_file |= !flag_value(value)?,
                 "header" => a.remote.headers.push(need()?.to_string()),
                 "token_env" => a.remote.token_env = a.remote.token_env.or(Some(need()?.to_string())),
                 "http_retries" => {
@@ -272,6 +276,7 @@ impl MountConfig {
         Ok(MountConfig {
             layout,
             views: Views { npy: a.npy, as_f32 },
+            checkpoint_files: !a.no_checkpoint_file,
             remote: a.remote,
             source: a.source,
             mountpoint: a.mountpoint,
@@ -286,7 +291,13 @@ impl MountConfig {
 
     /// What the filesystem shows and how it reads, owned by who mounts.
     pub fn fs_options(&self) -> FsOptions {
-        FsOptions { engine: self.engine.clone(), layout: self.layout, views: self.views, owner: Owner::of_process() }
+        FsOptions {
+            engine: self.engine.clone(),
+            layout: self.layout,
+            views: self.views,
+            owner: Owner::of_process(),
+            checkpoint_files: self.checkpoint_files,
+        }
     }
 
     /// Where and how to mount.
@@ -396,6 +407,10 @@ mod tests {
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
         let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
         assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
+        assert!(c.checkpoint_files && c.fs_options().checkpoint_files);
+        for hide in ["no_checkpoint_file", "no-checkpoint-file=yes", "checkpoint_file=no"] {
+            assert!(!MountConfig::from_args(args(&[hide])).unwrap().checkpoint_files, "{hide}");
+        }
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
         assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
