@@ -8,6 +8,8 @@ Scenarios (select with --only, e.g. --only a,c):
   d  memory: stream 4x the cache size through stfs; daemon VmHWM
   e  scale: 20,000-tensor checkpoint: stfs mount time and `ls -l`
   f  first-touch random 4 KiB reads, fresh mount: stfs vs squashfuse
+  g  the checkpoint re-served: safe_open on MNT/model.safetensors vs on slowfs directly; (i) file order,
+     (ii) 4 workers forked after safe_open (scripts/bench/reserved.py)
 (a) and (f) also measure the limit row: examples/limitfs, a FUSE server answering every read from one
 pre-faulted buffer with stfs's kernel settings (what the kernel's FUSE path costs by itself).
 Needs root (mounts). Without an stfs binary the stfs rows are skipped and the references still run.
@@ -32,11 +34,12 @@ import checkpoint  # noqa: E402
 import mounts  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
+import reserved  # noqa: E402,F401  (registers scenario g)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="a,b,c,d,e,f", help="comma-separated scenarios (default: all)")
+    p.add_argument("--only", default="a,b,c,d,e,f,g", help="comma-separated scenarios (default: all)")
     p.add_argument("--reps", type=int, help="repetitions per variant (default 10; --quick: 2)")
     p.add_argument("--size-mb", type=int, help="main checkpoint size in MiB (default 1024; --quick: 16)")
     p.add_argument("--slow-size-mb", type=int, help="checkpoint size for (c) (default: --size-mb)")

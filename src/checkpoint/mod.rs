@@ -16,4 +16,4 @@ mod shard;
 
 pub use error::{OpenError, OpenProblem};
 pub use open::{is_url, open, OpenOptions};
-pub use shard::{open_file, open_source, Checkpoint, OpenedShard};
+pub use shard::{file_name, open_file, open_source, Checkpoint, IndexFile, OpenedShard};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
-use super::shard::{checked, open_all, open_file, open_source, Checkpoint, OpenedShard};
+use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, IndexFile, OpenedShard};
 use crate::format::index;
 use crate::source::http::{display_name, HttpOptions, HttpSource};
 use crate::source::Source;
@@ -50,23 +50,37 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
 }
 
 fn single(shard: OpenedShard) -> Checkpoint {
-    Checkpoint { shards: vec![shard] }
+    Checkpoint { shards: vec![shard], index_files: Vec::new() }
 }
 
-/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint.
+/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint; its
+/// `*.safetensors.index.json` files come along (read whole, to be re-served), unchecked.
 fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
-    let mut files: Vec<_> = std::fs::read_dir(dir)
+    let entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| OpenError::new(&name, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+        .filter(|p| p.is_file())
         .collect();
+    let mut files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
     files.sort();
     if files.is_empty() {
         return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
     }
+    let mut index_files = Vec::new();
+    for path in entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))) {
+        // Only re-served, never interpreted: one that cannot be read is left out, not an error.
+        let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_INDEX_SIZE as u64);
+        match std::fs::read(path) {
+            Ok(bytes) if small => {
+                index_files.extend(file_name(&path.display().to_string()).map(|name| IndexFile { name, bytes }))
+            }
+            _ => log::warn!("{}: not re-served (unreadable or over {MAX_INDEX_SIZE} bytes)", path.display()),
+        }
+    }
+    index_files.sort_by(|a, b| a.name.cmp(&b.name));
     let shards = open_all(&files, |f| open_file(f))?;
-    checked(&name, shards, None)
+    checked(&name, shards, None, index_files)
 }
 
 /// The shards named by a local index file.
@@ -77,7 +91,8 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
     let opened = open_all(&files, |f| open_file(f))?;
-    checked(&name, opened, Some(&index))
+    let index_files = file_name(&name).map(|name| IndexFile { name, bytes }).into_iter().collect();
+    checked(&name, opened, Some(&index), index_files)
 }
 
 /// A single remote safetensors object; its reads get their own timeouts once its header is in.
@@ -110,7 +125,8 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     };
     let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
     let opened = open_all(&urls, |url| open_url(url, options))?;
-    checked(&shown, opened, Some(&index))
+    let index_files = file_name(url).map(|name| IndexFile { name, bytes }).into_iter().collect();
+    checked(&shown, opened, Some(&index), index_files)
 }
 
 fn url_path(url: &str) -> &str {

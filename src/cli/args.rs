@@ -114,6 +114,12 @@ pub struct MountArgs {
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
     #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
     pub layout: Option<String>,
+    /// Do not re-serve the checkpoint's own files (each shard, the *.index.json) in the root. By
+    /// default they are there under their own names, byte for byte, for loaders that open the
+    /// .safetensors file (safe_open, from_pretrained): same blocks, cache and readahead as the
+    /// tensor files.
+    #[arg(long)]
+    pub no_checkpoint_file: bool,
     /// Remote checkpoints.
     #[command(flatten)]
     pub remote: RemoteArgs,
@@ -267,7 +273,7 @@ Mount options (-o, comma-separated; each long flag works as -o name=value; a fla
 the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
   kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree,
-  header=NAME:VALUE, token_env=VAR, timeout=DURATION
+  header=NAME:VALUE, token_env=VAR, timeout=DURATION, no_checkpoint_file
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to whole bytes).
 Durations: 30s, 500ms.

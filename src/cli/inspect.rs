@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use crate::checkpoint;
 use crate::cli::args::InspectArgs;
 use crate::cli::report::{print_out, Failure};
-use crate::tree::namespace::{Layout, Namespace, Shard, Views};
+use crate::tree::namespace::{IndexFile, Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
 pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
@@ -16,9 +16,15 @@ pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
         .shards
         .into_iter()
         .enumerate()
-        .map(|(i, s)| Shard { source: i, name: s.source.name().to_string(), header: s.header })
+        .map(|(i, s)| {
+            let name = s.source.name().to_string();
+            Shard { source: i, file: checkpoint::file_name(&name), name, header: s.header }
+        })
         .collect();
-    let ns = Namespace::build(shards, Layout::Flat, Views::default()).map_err(|e| Failure::at(&args.source, e))?;
+    // As a default mount shows it, so `--json` is the mount's metadata.json.
+    let index_files = opened.index_files.into_iter().map(|f| IndexFile { name: f.name, bytes: f.bytes.into() });
+    let ns = Namespace::build(shards, index_files.collect(), Layout::Flat, Views::default())
+        .map_err(|e| Failure::at(&args.source, e))?;
     if args.json {
         let json = crate::tree::metadata::render(&ns);
         return print_out(&String::from_utf8_lossy(&json));

@@ -207,6 +207,8 @@ pub struct MountConfig {
     pub layout: Layout,
     /// Extra views.
     pub views: Views,
+    /// Re-serve the checkpoint's own files in the root.
+    pub checkpoint_files: bool,
     /// Remote access options.
     pub remote: RemoteArgs,
 }
@@ -234,6 +236,7 @@ impl MountConfig {
         a.remote.http_retries = a.remote.http_retries.or(o.http_retries);
         a.remote.http_retry_delay = a.remote.http_retry_delay.or(o.http_retry_delay);
         a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
+        a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -258,6 +261,7 @@ impl MountConfig {
         Ok(MountConfig {
             layout,
             views: Views { npy: a.npy, as_f32 },
+            checkpoint_files: !a.no_checkpoint_file,
             remote: a.remote,
             source: a.source,
             mountpoint: a.mountpoint,
@@ -272,7 +276,13 @@ impl MountConfig {
 
     /// What the filesystem shows and how it reads, owned by who mounts.
     pub fn fs_options(&self) -> FsOptions {
-        FsOptions { engine: self.engine.clone(), layout: self.layout, views: self.views, owner: Owner::of_process() }
+        FsOptions {
+            engine: self.engine.clone(),
+            layout: self.layout,
+            views: self.views,
+            owner: Owner::of_process(),
+            checkpoint_files: self.checkpoint_files,
+        }
     }
 
     /// Where and how to mount.
@@ -334,6 +344,7 @@ struct DashO {
     http_retries: Option<u32>,
     http_retry_delay: Option<Duration>,
     http_timeout: Option<Duration>,
+    no_checkpoint_file: Option<bool>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -352,6 +363,8 @@ const KNOWN_OPTIONS: &[&str] = &[
     "header",
     "token_env",
     "timeout",
+    "no_checkpoint_file",
+    "checkpoint_file",
 ];
 
 impl DashO {
@@ -393,6 +406,8 @@ impl DashO {
                 "http_retries" => o.http_retries = count(1, 100)?,
                 "http_retry_delay" => o.http_retry_delay = duration()?,
                 "http_timeout" => o.http_timeout = duration()?,
+                "no_checkpoint_file" => o.no_checkpoint_file = switch()?,
+                "checkpoint_file" => o.no_checkpoint_file = switch()?.map(|shown| !shown),
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => {
@@ -477,6 +492,10 @@ mod tests {
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
         let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
         assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
+        assert!(c.checkpoint_files && c.fs_options().checkpoint_files);
+        for hide in ["no_checkpoint_file", "no-checkpoint-file=yes", "checkpoint_file=no"] {
+            assert!(!MountConfig::from_args(args(&[hide])).unwrap().checkpoint_files, "{hide}");
+        }
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
         assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);

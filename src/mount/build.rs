@@ -10,7 +10,7 @@ use crate::checkpoint::Checkpoint;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::stats::Stats;
-use crate::tree::namespace::{AttrBase, Layout, NameClash, Namespace, Shard, Views};
+use crate::tree::namespace::{AttrBase, IndexFile, Layout, NameClash, Namespace, Shard, Views};
 
 /// Whose files they are: the owner and group every file and directory shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,9 @@ pub struct FsOptions {
     pub views: Views,
     /// Owner of every file.
     pub owner: Owner,
+    /// Re-serve the checkpoint's own files (every shard, the index) in the root, through the
+    /// engine (`-o no_checkpoint_file` turns this off).
+    pub checkpoint_files: bool,
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
@@ -59,10 +62,13 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
             }
         }
         let name = s.source.name().to_string();
+        let file = if options.checkpoint_files { crate::checkpoint::file_name(&name) } else { None };
         let source = engine.add_source(s.source);
-        shards.push(Shard { source, name, header: s.header });
+        shards.push(Shard { source, name, header: s.header, file });
     }
-    let ns = Namespace::build(shards, options.layout, options.views)?;
+    let index_files = if options.checkpoint_files { checkpoint.index_files } else { Vec::new() };
+    let index_files = index_files.into_iter().map(|f| IndexFile { name: f.name, bytes: f.bytes.into() }).collect();
+    let ns = Namespace::build(shards, index_files, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
     let Owner { uid, gid } = options.owner;
     let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
@@ -92,6 +98,7 @@ mod tests {
             layout: Layout::Tree,
             views: Views { npy: true, as_f32: false },
             owner: Owner { uid: 1234, gid: 5678 },
+            checkpoint_files: true,
         };
         let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
         let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();
@@ -100,5 +107,8 @@ mod tests {
         assert_eq!((b.uid, b.gid, b.perm, b.size, b.blksize), (1234, 5678, 0o440, 3, 4096));
         assert_eq!(fs.read(b.ino, 0, 10).unwrap(), [1, 2, 3]);
         assert!(fs.lookup(a.ino, "b.npy".as_ref()).is_ok());
+        // The checkpoint itself is served, byte for byte.
+        let whole = fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap();
+        assert_eq!(fs.read(whole.ino, 0, 1 << 20).unwrap(), std::fs::read(&path).unwrap());
     }
 }

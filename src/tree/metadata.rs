@@ -14,8 +14,13 @@
 //!                        "path": "escaped/file/name",
 //!                        "served_dtype": "F32", "served_byte_len": N,   // only under -o as=f32
 //!                        "npy_path": "name.npy" } },                    // only under -o npy
-//!   "files": { PATH: NAME } }         // every served tensor path back to its tensor name
+//!   "files": { PATH: NAME },          // every served tensor path back to its tensor name
+//!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
+//!                           "shard": I } ] }              // root; "shard" absent for an index
 //! ```
+//!
+//! `checkpoint_files` is empty under `-o no_checkpoint_file` (and absent before this field was
+//! added: readers should treat a missing one as empty).
 
 use std::collections::BTreeMap;
 
@@ -34,6 +39,15 @@ struct Doc<'a> {
     metadata: Option<&'a BTreeMap<String, String>>,
     tensors: BTreeMap<&'a str, TensorDoc<'a>>,
     files: BTreeMap<&'a str, &'a str>,
+    checkpoint_files: Vec<ServedDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct ServedDoc<'a> {
+    path: &'a str,
+    size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -107,7 +121,9 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
         [only] => only.header.metadata.as_ref(),
         _ => None,
     };
-    let doc = Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files };
+    let checkpoint_files =
+        ns.served_files().iter().map(|f| ServedDoc { path: &f.name, size: f.size, shard: f.shard }).collect();
+    let doc = Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files, checkpoint_files };
     write_one_entry_per_line(&doc)
 }
 
@@ -141,6 +157,12 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
     map(&mut out, &doc.tensors);
     out.extend_from_slice(b",\n  \"files\": ");
     map(&mut out, &doc.files);
+    out.extend_from_slice(b",\n  \"checkpoint_files\": [");
+    for (i, file) in doc.checkpoint_files.iter().enumerate() {
+        out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+        compact(&mut out, file);
+    }
+    out.extend_from_slice(if doc.checkpoint_files.is_empty() { b"]" } else { b"\n  ]" });
     out.extend_from_slice(b"\n}\n");
     out
 }

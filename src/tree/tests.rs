@@ -11,7 +11,7 @@ fn shard(names: &[&str]) -> Shard {
     let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
-    Shard { source: 0, name: "m.safetensors".into(), header }
+    Shard { source: 0, name: "m.safetensors".into(), header, file: None }
 }
 
 fn paths(ns: &Namespace) -> Vec<(String, String)> {
@@ -24,7 +24,8 @@ fn resolve(ns: &Namespace, path: &str) -> Option<Ino> {
 
 #[test]
 fn flat_layout_escapes_and_reserves() {
-    let ns = Namespace::build(vec![shard(&["a/b", "metadata.json", "w"])], Layout::Flat, Views::default()).unwrap();
+    let ns = Namespace::build(vec![shard(&["a/b", "metadata.json", "w"])], Vec::new(), Layout::Flat, Views::default())
+        .unwrap();
     let root = ns.dir(ROOT_INO).unwrap();
     let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["%6Detadata.json", ".stfs", "a%2Fb", "metadata.json", "w"]);
@@ -35,8 +36,13 @@ fn flat_layout_escapes_and_reserves() {
 
 #[test]
 fn tree_layout_splits_on_dots_and_keeps_prefix_tensors() {
-    let ns =
-        Namespace::build(vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])], Layout::Tree, Views::default()).unwrap();
+    let ns = Namespace::build(
+        vec![shard(&["m.l.0.w", "m.l.0", "m.l.1.w", "top"])],
+        Vec::new(),
+        Layout::Tree,
+        Views::default(),
+    )
+    .unwrap();
     let mut p = paths(&ns);
     p.sort();
     assert_eq!(
@@ -52,14 +58,14 @@ fn tree_layout_splits_on_dots_and_keeps_prefix_tensors() {
         assert!(resolve(&ns, &t.path).is_some(), "{}", t.path);
     }
     // The same rule whichever comes first in the file.
-    let ns = Namespace::build(vec![shard(&["x", "x.y"])], Layout::Tree, Views::default()).unwrap();
+    let ns = Namespace::build(vec![shard(&["x", "x.y"])], Vec::new(), Layout::Tree, Views::default()).unwrap();
     assert!(ns.tensors().iter().all(|t| resolve(&ns, &t.path).is_some()));
 }
 
 #[test]
 fn npy_view_adds_files_and_never_clashes() {
     let views = Views { npy: true, as_f32: false };
-    let ns = Namespace::build(vec![shard(&["x", "x.npy"])], Layout::Flat, views).unwrap();
+    let ns = Namespace::build(vec![shard(&["x", "x.npy"])], Vec::new(), Layout::Flat, views).unwrap();
     let root = ns.dir(ROOT_INO).unwrap();
     let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
     // Raw `x.npy` is escaped to `x%2Enpy`; its view is `x.npy.npy`; `x.npy` is the view of `x`.
@@ -73,15 +79,15 @@ fn npy_view_adds_files_and_never_clashes() {
 #[test]
 fn f32_view_changes_sizes_and_dtypes() {
     let views = Views { npy: false, as_f32: true };
-    let ns = Namespace::build(vec![shard(&["w"])], Layout::Flat, views).unwrap();
+    let ns = Namespace::build(vec![shard(&["w"])], Vec::new(), Layout::Flat, views).unwrap();
     let t = &ns.tensors()[0];
     assert_eq!((t.served_dtype, t.served_len, t.len), (Dtype::F32, 24, 12));
 }
 
 #[test]
 fn inode_numbers_are_stable() {
-    let a = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
-    let b = Namespace::build(vec![shard(&["p", "q", "r"])], Layout::Flat, Views::default()).unwrap();
+    let a = Namespace::build(vec![shard(&["p", "q", "r"])], Vec::new(), Layout::Flat, Views::default()).unwrap();
+    let b = Namespace::build(vec![shard(&["p", "q", "r"])], Vec::new(), Layout::Flat, Views::default()).unwrap();
     let inos = |ns: &Namespace| ns.tensors().iter().map(|t| resolve(ns, &t.path)).collect::<Vec<_>>();
     assert_eq!(inos(&a), inos(&b));
 }
@@ -91,12 +97,62 @@ fn metadata_json_is_rendered_into_the_root() {
     let bytes = crate::format::writer::serialize(&[("w".to_string(), Dtype::U8, vec![2], vec![1, 2])], None).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
-    let shard = Shard { source: 0, name: "m.safetensors".into(), header };
-    let ns = Namespace::build(vec![shard], Layout::Flat, Views::default()).unwrap();
+    let shard = Shard { source: 0, name: "m.safetensors".into(), header, file: None };
+    let ns = Namespace::build(vec![shard], Vec::new(), Layout::Flat, Views::default()).unwrap();
     let ino = ns.dir(ROOT_INO).and_then(|root| root.get(METADATA_NAME)).unwrap();
     let NodeKind::File { content: Content::Bytes(json), size } = &ns.node(ino).unwrap().kind else { panic!() };
     assert_eq!(*size, json.len() as u64);
     assert_eq!(&json[..], &metadata::render(&ns)[..]);
     let doc: serde_json::Value = serde_json::from_slice(json).unwrap();
     assert_eq!(doc["tensors"]["w"]["path"], "w");
+}
+
+#[test]
+fn checkpoint_files_take_their_names_before_tensors() {
+    let mut s = shard(&["a", "m.safetensors", "metadata.json"]);
+    s.file = Some("m.safetensors".into());
+    let index = IndexFile { name: "m.safetensors.index.json".into(), bytes: b"{}".to_vec().into() };
+    // An index file under a name already taken is left out.
+    let taken = IndexFile { name: "m.safetensors".into(), bytes: b"{}".to_vec().into() };
+    let ns = Namespace::build(vec![s], vec![index, taken], Layout::Flat, Views::default()).unwrap();
+    let root = ns.dir(ROOT_INO).unwrap();
+    let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "%6D.safetensors",
+            "%6Detadata.json",
+            ".stfs",
+            "a",
+            "m.safetensors",
+            "m.safetensors.index.json",
+            "metadata.json"
+        ]
+    );
+    let file_len = ns.shards()[0].header.file_len;
+    let whole = ns.node(root.get("m.safetensors").unwrap()).unwrap();
+    assert!(matches!(whole.kind, NodeKind::File { content: Content::Checkpoint(0), size } if size == file_len));
+    let served: Vec<_> = ns.served_files().iter().map(|f| (f.name.as_str(), f.shard, f.size)).collect();
+    assert_eq!(served, [("m.safetensors", Some(0), file_len), ("m.safetensors.index.json", None, 2)]);
+    let doc: serde_json::Value = serde_json::from_slice(&metadata::render(&ns)).unwrap();
+    assert_eq!(doc["checkpoint_files"][0], serde_json::json!({"path": "m.safetensors", "size": file_len, "shard": 0}));
+    assert_eq!(doc["checkpoint_files"][1], serde_json::json!({"path": "m.safetensors.index.json", "size": 2}));
+    assert_eq!(doc["files"].as_object().unwrap().len(), 3, "files maps tensor files only");
+}
+
+#[test]
+fn checkpoint_extents_follow_tensors() {
+    let ns = Namespace::build(vec![shard(&["a", "b", "c"])], Vec::new(), Layout::Flat, Views::default()).unwrap();
+    let d = ns.shards()[0].header.data_start();
+    let e = |r: std::ops::Range<u64>| ns.checkpoint_extent(0, r);
+    // In the header: the header; inside a tensor: that tensor.
+    assert_eq!(e(0..8), 0..d);
+    assert_eq!(e(d + 13..d + 14), d + 12..d + 24);
+    assert_eq!(e(d + 35..d + 36), d + 24..d + 36);
+    // A read that takes in a tensor's first byte reads it from the start: the last one it takes in.
+    assert_eq!(e(d + 12..d + 20), d + 12..d + 24);
+    assert_eq!(e(0..d + 1), 0..d + 12);
+    assert_eq!(e(d + 5..d + 30), d + 5..d + 36);
+    // An unknown shard: the whole source.
+    assert_eq!(ns.checkpoint_extent(3, 0..1), 0..u64::MAX);
 }
