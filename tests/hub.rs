@@ -28,6 +28,7 @@ fn directives() -> String {
          location ~ ^/api/models/([^/]+)/([^/]+)$ {{ try_files /api/models/$1/$2/info.json =404; }}
          location /api/models/private/ {{ {auth} }}
          location /private/ {{ {auth} }}
+         location /api/models/gated/ {{ add_header X-Error-Code GatedRepo always; return 403; }}
          location /redir/ {{ rewrite ^/redir/(.*)$ /cdn/redir/$1 redirect; }}"
     )
 }
@@ -280,6 +281,7 @@ fn missing_repos_revisions_and_checkpoints_are_refused_with_one_line() {
     hub.refused("hf://org/docs@v9", &[], "hf://org/docs@v9: revision not found: v9");
     hub.refused("hf://org/docs/sub", &[], "no file or folder sub at commit");
     hub.refused("hf://org", &[], "expected hf://ORG/REPO");
+    hub.refused("hf://gated/model", &[("HF_TOKEN", TOKEN)], "hf://gated/model: gated repository");
     let (bytes, _) = checkpoint(&["w"], 1);
     hub.publish("org/broken", SHA_A, &["main"], &[("model.safetensors", bytes[..100].to_vec())]);
     hub.refused("hf://org/broken", &[], "hf://org/broken/model.safetensors:");
