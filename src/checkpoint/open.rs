@@ -19,13 +19,13 @@ pub struct OpenOptions {
     pub http: HttpOptions,
 }
 
-/// Whether `spec` names a remote object.
+/// Whether `spec` names a remote object (an `http(s)://` URL or an `hf://` repository).
 pub fn is_url(spec: &str) -> bool {
-    spec.starts_with("http://") || spec.starts_with("https://")
+    spec.starts_with("http://") || spec.starts_with("https://") || crate::source::hub::is_hub_spec(spec)
 }
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
-/// `*.safetensors` shards, or an `http(s)://` URL of a file or of an index.
+/// `*.safetensors` shards, an `http(s)://` URL of a file or of an index, or an `hf://` repository.
 ///
 /// A remote checkpoint is opened within one [`HttpOptions::timeout`], index and shards together:
 /// a server that stalls makes this fail in that time, not in one timeout per request.
@@ -33,6 +33,9 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
     if is_url(spec) {
         let mut options = options.clone();
         options.http.deadline = Some(Instant::now() + options.http.timeout);
+        if crate::source::hub::is_hub_spec(spec) {
+            return super::hub::open_hub(spec, &options);
+        }
         return if url_path(spec).ends_with(".json") {
             open_url_index(spec, &options)
         } else {

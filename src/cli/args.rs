@@ -71,8 +71,8 @@ Examples:
 /// Arguments of `stfs mount`. Every long option is also accepted as `-o name=value`.
 #[derive(Args, Debug, Default, Clone)]
 pub struct MountArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, or an
-    /// http(s):// URL of a file or an index.
+    /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, an
+    /// http(s):// URL of a file or an index, or a hub repository hf://ORG/REPO[@REVISION][/PATH].
     pub source: String,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
@@ -132,7 +132,7 @@ pub struct RemoteArgs {
     /// Send this header with every request (repeatable): `--header 'Authorization: Bearer ...'`.
     #[arg(long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
-    /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs).
+    /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs and hf://).
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
     /// Give up on a server that does not answer, or answers too slowly, after this long (`45s`,
@@ -199,7 +199,7 @@ pub struct UmountArgs {
 /// Arguments of `stfs inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, a URL, or hf://ORG/REPO.
     pub source: String,
     /// Print the same JSON document a mount serves as metadata.json.
     #[arg(long)]
@@ -212,7 +212,7 @@ pub struct InspectArgs {
 /// Arguments of `stfs extract`.
 #[derive(Args, Debug)]
 pub struct ExtractArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, a URL, or hf://ORG/REPO.
     pub source: String,
     /// Tensor names, as in the header (`stfs inspect` lists them).
     #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -234,7 +234,7 @@ pub struct ExtractArgs {
 /// Arguments of `stfs cat`.
 #[derive(Args, Debug)]
 pub struct CatArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, a URL, or hf://ORG/REPO.
     pub source: String,
     /// The tensor's name, as in the header.
     pub tensor: String,

@@ -11,6 +11,7 @@
 use std::io;
 
 pub mod http;
+pub mod hub;
 mod local;
 
 pub use local::{LocalFile, LOCAL_PIECE_BYTES};
