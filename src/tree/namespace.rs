@@ -282,13 +282,9 @@ impl Namespace {
             };
         }
         let reserved = if dir == ROOT_INO { RESERVED } else { &[] };
-        let mut file_name = names::escape(leaf, reserved);
-        if views.npy && suffix.is_empty() && file_name.ends_with(".npy") {
-            // With the .npy view on, a raw file may not end in `.npy`: escape that dot (`x%2Enpy`).
-            file_name.truncate(file_name.len() - 4);
-            file_name.push_str("%2Enpy");
-        }
-        file_name.push_str(suffix);
+        // With the .npy view on, a raw file may not end in `.npy`: that dot is escaped (`x%2Enpy`).
+        let guard = (views.npy && suffix.is_empty()).then_some(".npy");
+        let file_name = names::escape_view(leaf, reserved, suffix, guard);
         if let Some(existing) = self.dir(dir).and_then(|d| d.get(&file_name)) {
             if layout == Layout::Tree && self.dir(existing).is_some() {
                 // A directory of this name exists: the tensor lives inside it.

@@ -100,3 +100,67 @@ fn metadata_json_is_rendered_into_the_root() {
     let doc: serde_json::Value = serde_json::from_slice(json).unwrap();
     assert_eq!(doc["tensors"]["w"]["path"], "w");
 }
+
+/// Every entry name of every directory of `ns`.
+fn all_entry_names(ns: &Namespace) -> Vec<String> {
+    (ROOT_INO..)
+        .map_while(|ino| ns.node(ino))
+        .filter_map(|node| match &node.kind {
+            NodeKind::Dir(d) => Some(d.entries().iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()),
+            NodeKind::File { .. } => None,
+        })
+        .flatten()
+        .collect()
+}
+
+const ALL_VIEWS: [Views; 4] = [
+    Views { npy: false, as_f32: false },
+    Views { npy: true, as_f32: false },
+    Views { npy: false, as_f32: true },
+    Views { npy: true, as_f32: true },
+];
+
+#[test]
+fn names_near_name_max_fit_with_the_npy_extension() {
+    // 252-255 bytes escaped used to give NAME.npy of 256-259 bytes.
+    for len in 240..=260 {
+        for name in ["x".repeat(len), format!("{}.npy", "y".repeat(len - 4)), format!("{}%", "z".repeat(len - 3))] {
+            for layout in [Layout::Flat, Layout::Tree] {
+                for views in ALL_VIEWS {
+                    let ns = Namespace::build(vec![shard(&[&name])], layout, views).unwrap();
+                    for n in all_entry_names(&ns) {
+                        assert!(n.len() <= crate::tree::names::NAME_MAX, "{layout:?} {views:?}: {} bytes", n.len());
+                    }
+                    let t = &ns.tensors()[0];
+                    assert!(resolve(&ns, &t.path).is_some());
+                    assert!(t.npy_path.as_deref().is_none_or(|p| resolve(&ns, p).is_some()));
+                }
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #[test]
+    fn every_name_of_every_view_and_layout_fits_name_max(
+        names in proptest::collection::btree_set("[a-z%/.é]{0,12}|[a-zé%.]{120,300}|[a-z]{245,260}(\\.npy)?", 1..6),
+    ) {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        for layout in [Layout::Flat, Layout::Tree] {
+            for views in ALL_VIEWS {
+                // The tree layout refuses some sets of names (a clash): nothing is served then.
+                let Ok(ns) = Namespace::build(vec![shard(&names)], layout, views) else { continue };
+                for n in all_entry_names(&ns) {
+                    proptest::prop_assert!(n.len() <= crate::tree::names::NAME_MAX, "{:?} {:?}: {}", layout, views, n);
+                }
+                for t in ns.tensors() {
+                    proptest::prop_assert!(resolve(&ns, &t.path).is_some(), "{}", t.path);
+                    if let Some(p) = &t.npy_path {
+                        proptest::prop_assert!(resolve(&ns, p).is_some(), "{}", p);
+                    }
+                }
+            }
+        }
+    }
+}
