@@ -107,7 +107,8 @@ pub struct MountArgs {
     /// Also show every tensor as NAME.npy (a NumPy header, then the raw bytes) for np.load.
     #[arg(long)]
     pub npy: bool,
-    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8 and F4 become F32.
+    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8, F4 and F64 become
+    /// F32; integer and bool tensors keep their bytes and dtype (metadata.json: `served_dtype`).
     #[arg(long = "as", value_name = "DTYPE", value_parser = ["f32"])]
     pub as_dtype: Option<String>,
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).

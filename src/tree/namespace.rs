@@ -43,7 +43,8 @@ pub enum Layout {
 pub struct Views {
     /// Also show `NAME.npy`: a NumPy header followed by the tensor's bytes.
     pub npy: bool,
-    /// Serve float tensors (BF16, F16, F8, F4, F64, and integers) converted to little-endian F32.
+    /// Serve float tensors (BF16, F16, F8, F4, F64) converted to little-endian F32; integer and
+    /// bool tensors keep their bytes ([`crate::views::f32::served_as_f32`]).
     pub as_f32: bool,
 }
 
@@ -77,7 +78,7 @@ pub struct Tensor {
     pub len: u64,
     /// Path of its file, relative to the mount root.
     pub path: String,
-    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for convertible types.
+    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for float types.
     pub served_dtype: Dtype,
     /// The size of its file: `len`, or the converted size.
     pub served_len: u64,
@@ -195,13 +196,7 @@ impl Namespace {
                 let len = info.byte_len();
                 let elements = info.shape.iter().product::<u64>();
                 let (content, served_len) = match crate::views::f32::converted_len(info.dtype, elements) {
-                    Some(n)
-                        if views.as_f32
-                            && info.dtype != Dtype::F32
-                            && crate::views::f32::f32_convertible(info.dtype) =>
-                    {
-                        (Content::F32(i), n)
-                    }
+                    Some(n) if views.as_f32 && crate::views::f32::served_as_f32(info.dtype) => (Content::F32(i), n),
                     _ => (Content::Tensor(i), len),
                 };
                 let content_kind = content.clone();

@@ -76,6 +76,25 @@ fn f32_view_changes_sizes_and_dtypes() {
     let ns = Namespace::build(vec![shard(&["w"])], Layout::Flat, views).unwrap();
     let t = &ns.tensors()[0];
     assert_eq!((t.served_dtype, t.served_len, t.len), (Dtype::F32, 24, 12));
+    // Integer and bool tensors keep their bytes and dtype; metadata.json says what each file serves.
+    let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = [(Dtype::I64, 8), (Dtype::U8, 1), (Dtype::BOOL, 1)]
+        .into_iter()
+        .map(|(d, size)| (d.name().to_lowercase(), d, vec![3], vec![1; 3 * size]))
+        .chain([("h".to_string(), Dtype::F16, vec![3], vec![0; 6])])
+        .collect();
+    let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
+    let ns = Namespace::build(vec![Shard { source: 0, name: "m".into(), header }], Layout::Flat, views).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&metadata::render(&ns)).unwrap();
+    for (name, dtype, len) in [("i64", "I64", 24), ("u8", "U8", 3), ("bool", "BOOL", 3), ("h", "F32", 12)] {
+        let t = &doc["tensors"][name];
+        assert_eq!((t["served_dtype"].as_str(), t["served_byte_len"].as_u64()), (Some(dtype), Some(len)), "{name}");
+    }
+    // Without a view, every file serves its own dtype, and metadata.json says so too.
+    let ns = Namespace::build(vec![shard(&["w"])], Layout::Flat, Views::default()).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&metadata::render(&ns)).unwrap();
+    assert_eq!(doc["tensors"]["w"]["served_dtype"], "BF16");
 }
 
 #[test]
