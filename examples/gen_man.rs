@@ -32,7 +32,7 @@ const ENVIRONMENT: &str = "\
 .TP
 \\fBRUST_LOG\\fR
 What is logged: \\fBRUST_LOG=stfs=debug\\fR for everything stfs does (\\fB\\-d\\fR sets it). The log goes to
-stderr in the foreground, to \\fB\\-\\-log\\-file\\fR in the background, else warnings and errors to syslog.
+stderr in the foreground, to \\fB\\-\\-log\\-file\\fR in the background.
 .TP
 \\fBHF_TOKEN\\fR
 Sent as a bearer token to huggingface.co and hf.co URLs (\\fB\\-\\-token\\-env\\fR names another variable).

@@ -85,6 +85,12 @@ pub struct MountArgs {
     /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
     #[arg(short, long)]
     pub foreground: bool,
+    /// Foreground with debug logging (RUST_LOG=stfs=debug unless RUST_LOG is set), as sshfs -d.
+    #[arg(short, long)]
+    pub debug: bool,
+    /// Accepted for mount(8) habits and ignored, like `-o ro`: the mount is always read-only.
+    #[arg(long)]
+    pub read_only: bool,
     /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub options: Vec<String>,
@@ -259,7 +265,9 @@ pub struct StatsArgs {
 const MOUNT_HELP: &str = "\
 Mount options (-o, comma-separated; each long flag works as -o name=value):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
+  layout=flat|tree, uid=N, gid=N (owner of every file), umask=M, fmask=M,
+  dmask=M (octal: mode bits removed from files, directories), allow_root
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 2G.

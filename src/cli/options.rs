@@ -135,6 +135,13 @@ pub enum ConfigError {
     Header(HttpError),
     /// A `--token-env` whose variable is unset or empty.
     TokenEnv(HttpError),
+    /// A `umask`, `fmask` or `dmask` that is not an octal mode.
+    BadMask {
+        /// The option.
+        key: String,
+        /// The value given.
+        value: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -162,6 +169,9 @@ impl fmt::Display for ConfigError {
             ConfigError::Layout(l) => write!(f, "unknown layout `{l}` (use `flat` or `tree`)"),
             ConfigError::Header(e) => write!(f, "--header: {e}"),
             ConfigError::TokenEnv(e) => write!(f, "--token-env: {e}"),
+            ConfigError::BadMask { key, value } => {
+                write!(f, "mount option `{key}` needs an octal mode such as 022 or 0077, got `{value}`")
+            }
         }
     }
 }
@@ -201,12 +211,30 @@ pub struct MountConfig {
     pub views: Views,
     /// Remote access options.
     pub remote: RemoteArgs,
+    /// Owner of every file (`-o uid=`, `gid=`; default: who mounts).
+    pub owner: Owner,
+    /// Permission bits of files and directories from `-o umask`/`fmask`/`dmask`.
+    pub perms: (Option<u16>, Option<u16>),
+    /// `-o allow_root`.
+    pub allow_root: bool,
+    /// `-d`/`--debug`: foreground with debug logging.
+    pub debug: bool,
+}
+
+/// Parses an octal mask (`022`, `0077`, `7`).
+fn parse_mask(key: &str, value: &str) -> Result<u16, ConfigError> {
+    match u16::from_str_radix(value, 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(ConfigError::BadMask { key: key.to_string(), value: value.to_string() }),
+    }
 }
 
 impl MountConfig {
     /// Applies `-o` options under the explicit flags (a flag wins over the same `-o` option).
     pub fn from_args(args: MountArgs) -> Result<MountConfig, ConfigError> {
         let mut a = args.clone();
+        let mut owner = Owner::of_process();
+        let (mut umask, mut fmask, mut dmask, mut allow_root) = (None, None, None, false);
         for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
             let (key, value) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
@@ -243,6 +271,14 @@ impl MountConfig {
                     a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(duration(need()?)?))
                 }
                 "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(duration(need()?)?)),
+                "uid" => owner.uid = parse_count(key, need()?, 0, u32::MAX - 1)?,
+                "gid" => owner.gid = parse_count(key, need()?, 0, u32::MAX - 1)?,
+                "umask" => umask = Some(parse_mask(key, need()?)?),
+                "fmask" => fmask = Some(parse_mask(key, need()?)?),
+                "dmask" => dmask = Some(parse_mask(key, need()?)?),
+                "allow_root" => allow_root |= flag_value(value)?,
+                "debug" => a.debug |= flag_value(value)?,
+                "read_only" => {}
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(ConfigError::Unknown { key: key.to_string() }),
@@ -275,7 +311,11 @@ impl MountConfig {
             remote: a.remote,
             source: a.source,
             mountpoint: a.mountpoint,
-            foreground: a.foreground,
+            foreground: a.foreground || a.debug,
+            debug: a.debug,
+            owner,
+            perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
+            allow_root,
             engine,
             allow_other: a.allow_other,
             log_file: a.log_file,
@@ -286,7 +326,13 @@ impl MountConfig {
 
     /// What the filesystem shows and how it reads, owned by who mounts.
     pub fn fs_options(&self) -> FsOptions {
-        FsOptions { engine: self.engine.clone(), layout: self.layout, views: self.views, owner: Owner::of_process() }
+        FsOptions {
+            engine: self.engine.clone(),
+            layout: self.layout,
+            views: self.views,
+            owner: self.owner,
+            perms: self.perms,
+        }
     }
 
     /// Where and how to mount.
@@ -295,6 +341,7 @@ impl MountConfig {
             mountpoint: self.mountpoint.clone(),
             threads: self.threads,
             allow_other: self.allow_other,
+            allow_root: self.allow_root,
             kernel_readahead_kb: self.kernel_readahead_kb,
         }
     }
@@ -399,6 +446,27 @@ mod tests {
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
         assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
+    }
+
+    #[test]
+    fn ownership_masks_and_conventions() {
+        let c = MountConfig::from_args(args(&["uid=1000,gid=100,umask=022,allow_root,debug,read_only"])).unwrap();
+        assert_eq!((c.owner.uid, c.owner.gid), (1000, 100));
+        assert_eq!(c.perms, (Some(0o444), Some(0o555)));
+        assert!(c.allow_root && c.debug && c.foreground);
+        assert!(c.serve_options().allow_root);
+        assert_eq!(c.fs_options().owner, Owner { uid: 1000, gid: 100 });
+        // fmask and dmask win over umask for their kind.
+        let c = MountConfig::from_args(args(&["umask=027,fmask=077"])).unwrap();
+        assert_eq!(c.perms, (Some(0o400), Some(0o550)));
+        let c = MountConfig::from_args(args(&[])).unwrap();
+        assert_eq!((c.perms, c.owner, c.allow_root, c.debug), ((None, None), Owner::of_process(), false, false));
+        for bad in ["umask=9", "fmask=1000", "dmask=", "uid=x", "gid=-1"] {
+            assert!(MountConfig::from_args(args(&[bad])).is_err(), "{bad}");
+        }
+        let mut a = args(&[]);
+        (a.debug, a.read_only) = (true, true);
+        assert!(MountConfig::from_args(a).unwrap().foreground);
     }
 
     #[test]

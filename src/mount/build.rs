@@ -42,6 +42,9 @@ pub struct FsOptions {
     pub views: Views,
     /// Owner of every file.
     pub owner: Owner,
+    /// Permission bits of files and of directories (`-o fmask`/`dmask`/`umask`); `None`: the read
+    /// bits of the backing files.
+    pub perms: (Option<u16>, Option<u16>),
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
@@ -64,6 +67,7 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
     }
     let ns = Namespace::build(shards, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
+    let (file_perm, dir_perm) = (options.perms.0.unwrap_or(file_perm), options.perms.1.unwrap_or(dir_perm));
     let Owner { uid, gid } = options.owner;
     let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
     let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
@@ -92,6 +96,7 @@ mod tests {
             layout: Layout::Tree,
             views: Views { npy: true, as_f32: false },
             owner: Owner { uid: 1234, gid: 5678 },
+            perms: (None, None),
         };
         let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
         let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();
