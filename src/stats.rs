@@ -149,4 +149,17 @@ mod tests {
         assert_eq!(json["http_request_max_micros"], 7_000_000);
         assert_eq!(json["http_request_micros"], 500 + 3_000 + 19_999 + 20_000 + 7_000_000);
     }
+
+    #[test]
+    fn latency_buckets_print_in_numeric_order() {
+        // `stfs stats` prints the document as rendered: the buckets must read <1, <5, <20, ...
+        let text = serde_json::to_string(&Stats::default().to_json()).unwrap();
+        let at = |key: &str| text.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("{key} in {text}"));
+        let mut keys: Vec<String> = HTTP_LATENCY_BOUNDS_MS.iter().map(|b| format!("<{b}")).collect();
+        keys.push(format!(">={}", HTTP_LATENCY_BOUNDS_MS[HTTP_LATENCY_BOUNDS_MS.len() - 1]));
+        let places: Vec<usize> = keys.iter().map(|k| at(k)).collect();
+        assert!(places.windows(2).all(|w| w[0] < w[1]), "{text}");
+        // The counters keep the order they are declared in, too.
+        assert!(at("fuse_reads") < at("cache_hits") && at("cache_hits") < at("http_requests"), "{text}");
+    }
 }

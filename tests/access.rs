@@ -125,6 +125,9 @@ fn hostile_names() -> Vec<String> {
     .map(|s| s.to_string())
     .collect();
     names.extend([long_a, long_b, format!("{}/..", "x".repeat(300)), "\u{1F600}".repeat(1000)]);
+    // Escaped names of 252-255 bytes: with --npy, NAME.npy must still fit in 255 bytes.
+    names.extend((252..=255).map(|n| "n".repeat(n)));
+    names.push(format!("{}.npy", "v".repeat(250)));
     names
 }
 

@@ -349,3 +349,34 @@ fn man_pages_match_the_command_line() {
         assert!(fresh == old, "docs/man/{page} is out of date: run `cargo run --example gen_man`");
     }
 }
+
+/// Every man page has EXIT STATUS, ENVIRONMENT and SEE ALSO, refers only to pages that exist, and
+/// the synopsis names option values (`-o OPT[,OPT...]`); every subcommand's `-V` names the program.
+#[test]
+fn man_pages_are_complete_and_versions_name_stfs() {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/man");
+    let pages = listing(&committed);
+    for page in &pages {
+        let text = std::fs::read_to_string(committed.join(page)).unwrap();
+        for section in [".SH \"EXIT STATUS\"", ".SH ENVIRONMENT", ".SH \"SEE ALSO\""] {
+            assert!(text.contains(section), "{page} lacks {section}");
+        }
+        // Every stfs-NAME(1) it mentions has a page.
+        for (at, _) in text.match_indices("stfs\\-") {
+            let rest = &text[at..];
+            if let Some(end) = rest.find("(1)").filter(|&end| end < 40) {
+                let name = rest[..end].replace("\\fR", "").replace("\\-", "-");
+                assert!(pages.contains(&format!("{name}.1")), "{page} refers to {name}(1)");
+            }
+        }
+    }
+    let mount = std::fs::read_to_string(committed.join("stfs-mount.1")).unwrap();
+    let synopsis = mount.split(".SH SYNOPSIS").nth(1).unwrap().lines().nth(1).unwrap();
+    assert!(synopsis.contains("[\\fB\\-o\\fR \\fIOPT[,OPT...]\\fR]"), "{synopsis}");
+    for sub in ["mount", "umount", "inspect", "stats", "extract", "cat", "install-helper"] {
+        let out = stfs(&[sub, "-V"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("stfs {}\n", env!("CARGO_PKG_VERSION")), "{sub}");
+    }
+    let help = String::from_utf8(stfs(&["install-helper", "--help"]).stdout).unwrap();
+    assert!(help.contains("The options are those of `stfs mount`"), "{help}");
+}

@@ -21,7 +21,8 @@ Examples:
 
 Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error (a bad
 flag or -o option); as mount(8)'s helper mount.fuse.stfs: 32 failure, 1 usage error.
-Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in the background).";
+Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in
+the background).";
 
 /// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
 #[derive(Parser, Debug)]
@@ -32,35 +33,40 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
+/// The subcommands. Each has `display_name = "stfs"`, so `stfs mount -V` prints `stfs 0.1.0`
+/// (clap would say `stfs-mount 0.1.0`, a program that does not exist).
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Mount a checkpoint; returns once the mount answers (the daemon stays in the background).
-    #[command(after_help = MOUNT_HELP)]
+    #[command(after_help = MOUNT_HELP, display_name = "stfs")]
     Mount(MountArgs),
     /// Unmount an stfs mount; also clears a stale mount left by a killed daemon.
-    #[command(alias = "unmount")]
+    #[command(alias = "unmount", display_name = "stfs")]
     Umount(UmountArgs),
     /// Print the tensor table of a checkpoint without mounting it.
-    #[command(after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'")]
+    #[command(
+        after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'",
+        display_name = "stfs"
+    )]
     Inspect(InspectArgs),
     /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
-    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits")]
+    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits", display_name = "stfs")]
     Stats(StatsArgs),
     /// Write tensors to files (raw bytes, or .npy) without mounting: no /dev/fuse needed.
-    #[command(after_help = EXTRACT_HELP)]
+    #[command(after_help = EXTRACT_HELP, display_name = "stfs")]
     Extract(ExtractArgs),
     /// Write one tensor's bytes (raw, or .npy) to stdout without mounting.
-    #[command(after_help = CAT_HELP)]
+    #[command(after_help = CAT_HELP, display_name = "stfs")]
     Cat(CatArgs),
     /// Link /sbin/mount.fuse.stfs to this binary, so `mount -t fuse.stfs` and fstab lines work.
-    #[command(after_help = INSTALL_HELPER_HELP)]
+    #[command(after_help = INSTALL_HELPER_HELP, display_name = "stfs")]
     InstallHelper(InstallHelperArgs),
 }
 
 const INSTALL_HELPER_HELP: &str = "\
-mount(8) runs /sbin/mount.fuse.stfs SOURCE MOUNTPOINT -o OPTIONS for the type fuse.stfs; the options are
-those of `stfs mount` (`rw`, which mount(8) adds unless told `ro`, is ignored: the mount is read-only).
+mount(8) runs /sbin/mount.fuse.stfs SOURCE MOUNTPOINT -o OPTIONS for the type
+fuse.stfs. The options are those of `stfs mount`; `rw`, which mount(8) adds
+unless told `ro`, is ignored (the mount is read-only).
 
 Examples:
   stfs install-helper
@@ -79,6 +85,12 @@ pub struct MountArgs {
     /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
     #[arg(short, long)]
     pub foreground: bool,
+    /// Foreground with debug logging (RUST_LOG=stfs=debug unless RUST_LOG is set), as sshfs -d.
+    #[arg(short, long)]
+    pub debug: bool,
+    /// Accepted for mount(8) habits and ignored, like `-o ro`: the mount is always read-only.
+    #[arg(long)]
+    pub read_only: bool,
     /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub options: Vec<String>,
@@ -108,7 +120,8 @@ pub struct MountArgs {
     /// Also show every tensor as NAME.npy (a NumPy header, then the raw bytes) for np.load.
     #[arg(long)]
     pub npy: bool,
-    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8 and F4 become F32.
+    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8, F4 and F64 become
+    /// F32; integer and bool tensors keep their bytes and dtype (metadata.json: `served_dtype`).
     #[arg(long = "as", value_name = "DTYPE", value_parser = ["f32"])]
     pub as_dtype: Option<String>,
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
@@ -272,11 +285,14 @@ const MOUNT_HELP: &str = "\
 Mount options (-o, comma-separated; each long flag works as -o name=value; a flag wins over
 the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree,
-  header=NAME:VALUE, token_env=VAR, timeout=DURATION, no_checkpoint_file
-  ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
-Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to whole bytes).
-Durations: 30s, 500ms.
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
+  layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
+  no_checkpoint_file, uid=N, gid=N (owner of every file), umask=M, fmask=M,
+  dmask=M (octal: mode bits removed from files, directories), allow_root
+  ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
+  are accepted and ignored.
+Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to
+whole bytes). Durations: 30s, 500ms.
 
 Examples:
   stfs mount model.safetensors /mnt/model
@@ -285,7 +301,8 @@ Examples:
 
 /// Extra help for `stfs extract`.
 const EXTRACT_HELP: &str = "\
-Files are named as a mount names them (`stfs inspect` lists the tensors); an existing file is replaced.
+Files are named as a mount names them (`stfs inspect` lists the tensors);
+an existing file is replaced.
 
 Examples:
   stfs extract model.safetensors lm_head.weight model.norm.weight -o out/
@@ -311,6 +328,22 @@ mod tests {
         assert_eq!(parse_duration("soon").unwrap_err().to_string(), "invalid duration `soon` (use e.g. 250ms or 3s)");
         assert_eq!(parse_timeout("45s"), Ok(Duration::from_secs(45)));
         assert!(parse_timeout("0s").is_err() && parse_timeout("0").is_err());
+    }
+
+    /// Help texts of at most 100 columns are never re-wrapped by clap (which wraps at 100 at most)
+    /// (a 103-column line came out as "the options\nare\nthose of").
+    #[test]
+    fn help_texts_fit_100_columns() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        cli.build();
+        for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
+            for text in [command.get_after_help(), command.get_before_help()].into_iter().flatten() {
+                for line in text.to_string().lines() {
+                    assert!(line.chars().count() <= 100, "{}: {line:?}", command.get_name());
+                }
+            }
+        }
     }
 
     #[test]

@@ -117,6 +117,7 @@ fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Fail
         views: Views { npy, as_f32: false },
         owner: Owner::of_process(),
         checkpoint_files: true,
+        perms: (None, None),
     };
     Ok(build_fs(opened, &options, stats)?)
 }

@@ -9,7 +9,7 @@ use crate::cli::options::MountConfig;
 use crate::cli::report::Failure;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
-use crate::mount::logging::init_logging;
+use crate::mount::logging::{init_debug_logging, init_logging};
 use crate::mount::mountpoint::check_mount_point;
 use crate::mount::session::serve;
 use crate::mount::signals::block_signals;
@@ -32,7 +32,12 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         std::path::absolute(&config.source).map_or(config.source.clone(), |p| p.display().to_string())
     };
     if config.foreground {
-        init_logging(None);
+        if config.debug {
+            init_debug_logging();
+        } else {
+            init_logging(None);
+        }
+        log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
         block_signals();
         let fs = build_fs(opened, &fs_options, stats)?;
         serve(fs, &fsname, &serve_options, |_| {})?;

@@ -138,6 +138,13 @@ pub enum ConfigError {
     Header(HttpError),
     /// A `--token-env` whose variable is unset or empty.
     TokenEnv(HttpError),
+    /// A `umask`, `fmask` or `dmask` that is not an octal mode.
+    BadMask {
+        /// The option.
+        key: String,
+        /// The value given.
+        value: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -170,6 +177,9 @@ impl fmt::Display for ConfigError {
             ConfigError::Layout(l) => write!(f, "unknown layout `{l}` (use `flat` or `tree`)"),
             ConfigError::Header(e) => write!(f, "--header: {e}"),
             ConfigError::TokenEnv(e) => write!(f, "--token-env: {e}"),
+            ConfigError::BadMask { key, value } => {
+                write!(f, "mount option `{key}` needs an octal mode such as 022 or 0077, got `{value}`")
+            }
         }
     }
 }
@@ -211,6 +221,22 @@ pub struct MountConfig {
     pub checkpoint_files: bool,
     /// Remote access options.
     pub remote: RemoteArgs,
+    /// Owner of every file (`-o uid=`, `gid=`; default: who mounts).
+    pub owner: Owner,
+    /// Permission bits of files and directories from `-o umask`/`fmask`/`dmask`.
+    pub perms: (Option<u16>, Option<u16>),
+    /// `-o allow_root`.
+    pub allow_root: bool,
+    /// `-d`/`--debug`: foreground with debug logging.
+    pub debug: bool,
+}
+
+/// Parses an octal mask (`022`, `0077`, `7`).
+fn parse_mask(key: &str, value: &str) -> Result<u16, ConfigError> {
+    match u16::from_str_radix(value, 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(ConfigError::BadMask { key: key.to_string(), value: value.to_string() }),
+    }
 }
 
 impl MountConfig {
@@ -237,6 +263,12 @@ impl MountConfig {
         a.remote.http_retry_delay = a.remote.http_retry_delay.or(o.http_retry_delay);
         a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
         a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
+        a.debug |= o.debug.unwrap_or(false);
+        let mut owner = Owner::of_process();
+        owner.uid = o.uid.unwrap_or(owner.uid);
+        owner.gid = o.gid.unwrap_or(owner.gid);
+        let (umask, fmask, dmask) = (o.umask, o.fmask, o.dmask);
+        let allow_root = o.allow_root.unwrap_or(false);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -265,7 +297,11 @@ impl MountConfig {
             remote: a.remote,
             source: a.source,
             mountpoint: a.mountpoint,
-            foreground: a.foreground,
+            foreground: a.foreground || a.debug,
+            debug: a.debug,
+            owner,
+            perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
+            allow_root,
             engine,
             allow_other: a.allow_other,
             log_file: a.log_file,
@@ -280,7 +316,8 @@ impl MountConfig {
             engine: self.engine.clone(),
             layout: self.layout,
             views: self.views,
-            owner: Owner::of_process(),
+            owner: self.owner,
+            perms: self.perms,
             checkpoint_files: self.checkpoint_files,
         }
     }
@@ -291,6 +328,7 @@ impl MountConfig {
             mountpoint: self.mountpoint.clone(),
             threads: self.threads,
             allow_other: self.allow_other,
+            allow_root: self.allow_root,
             kernel_readahead_kb: self.kernel_readahead_kb,
         }
     }
@@ -345,6 +383,13 @@ struct DashO {
     http_retry_delay: Option<Duration>,
     http_timeout: Option<Duration>,
     no_checkpoint_file: Option<bool>,
+    debug: Option<bool>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    umask: Option<u16>,
+    fmask: Option<u16>,
+    dmask: Option<u16>,
+    allow_root: Option<bool>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -365,6 +410,14 @@ const KNOWN_OPTIONS: &[&str] = &[
     "timeout",
     "no_checkpoint_file",
     "checkpoint_file",
+    "debug",
+    "uid",
+    "gid",
+    "umask",
+    "fmask",
+    "dmask",
+    "allow_root",
+    "read_only",
 ];
 
 impl DashO {
@@ -408,6 +461,14 @@ impl DashO {
                 "http_timeout" => o.http_timeout = duration()?,
                 "no_checkpoint_file" => o.no_checkpoint_file = switch()?,
                 "checkpoint_file" => o.no_checkpoint_file = switch()?.map(|shown| !shown),
+                "debug" => o.debug = switch()?,
+                "uid" => o.uid = count(0, u32::MAX - 1)?,
+                "gid" => o.gid = count(0, u32::MAX - 1)?,
+                "umask" => o.umask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
+                "fmask" => o.fmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
+                "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
+                "allow_root" => o.allow_root = switch()?,
+                "read_only" => {}
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => {
@@ -449,108 +510,5 @@ fn parse_count(key: &str, value: &str, min: u32, max: u32) -> Result<u32, Config
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::cli::options::*;
-
-    fn args(options: &[&str]) -> MountArgs {
-        MountArgs {
-            source: "m.safetensors".into(),
-            options: options.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn defaults() {
-        let c = MountConfig::from_args(args(&[])).unwrap();
-        assert_eq!((c.engine.block_size, c.engine.cache_size), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE));
-        assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (DEFAULT_THREADS, 1024, false));
-        for url in ["http://host/m.safetensors", "https://host/repo/model.safetensors.index.json"] {
-            let c = MountConfig::from_args(MountArgs { source: url.into(), ..args(&[]) }).unwrap();
-            assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
-            // extract and cat read through the same engine settings as a mount with no options.
-            let e = default_engine(url);
-            assert_eq!(
-                (e.block_size, e.cache_size, e.io_threads),
-                (c.engine.block_size, c.engine.cache_size, c.engine.io_threads)
-            );
-        }
-        let e = default_engine("m.safetensors");
-        assert_eq!(
-            (e.block_size, e.cache_size, e.io_threads),
-            (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize)
-        );
-        let explicit = MountArgs { source: "https://host/m.safetensors".into(), ..args(&["block_size=64K"]) };
-        assert_eq!(MountConfig::from_args(explicit).unwrap().engine.block_size, 64 << 10);
-    }
-
-    #[test]
-    fn dash_o_options_map_to_flags_and_flags_win() {
-        let c =
-            MountConfig::from_args(args(&["ro,cache_size=1G,block-size=4M", "allow_other,nosuid,x-systemd.automount"]))
-                .unwrap();
-        assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
-        let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
-        assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
-        assert!(c.checkpoint_files && c.fs_options().checkpoint_files);
-        for hide in ["no_checkpoint_file", "no-checkpoint-file=yes", "checkpoint_file=no"] {
-            assert!(!MountConfig::from_args(args(&[hide])).unwrap().checkpoint_files, "{hide}");
-        }
-        let mut a = args(&["cache_size=1G"]);
-        a.cache_size = Some(64 << 20);
-        assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
-    }
-
-    #[test]
-    fn the_last_of_a_repeated_option_wins_and_misspellings_get_a_suggestion() {
-        let c = MountConfig::from_args(args(&["cache_size=1G,cache_size=64M", "layout=tree", "layout=flat"])).unwrap();
-        assert_eq!((c.engine.cache_size, c.layout), (64 << 20, Layout::Flat));
-        let c = MountConfig::from_args(args(&["allow_other", "allow_other=0", "timeout=5s", "timeout=1.5s"]));
-        assert!(c.is_err(), "a fractional duration is refused");
-        let c = MountConfig::from_args(args(&["allow_other", "allow_other=0", "timeout=5s", "timeout=7s"])).unwrap();
-        assert_eq!((c.allow_other, c.remote.timeout), (false, Some(std::time::Duration::from_secs(7))));
-        let e = MountConfig::from_args(args(&["cache_sise=1G"])).unwrap_err().to_string();
-        assert_eq!(e, "unknown mount option `cache_sise`; did you mean `cache_size`? (see `stfs mount --help`)");
-    }
-
-    #[test]
-    fn bad_options_name_the_option() {
-        for (opts, needle) in [
-            (&["bogus=1"][..], "unknown mount option `bogus`"),
-            (&["rw"][..], "read-only"),
-            (&["cache_size"][..], "needs a value"),
-            (&["cache_size=lots"][..], "invalid size"),
-            (&["block_size=3M"][..], "power of two"),
-            (&["block_size=8M,cache_size=8M"][..], "at least two blocks"),
-            (&["threads=0"][..], "whole number"),
-            (&["allow_other=maybe"][..], "takes no value"),
-            (&["as=f16"][..], "only `f32`"),
-            (&["layout=deep"][..], "unknown layout"),
-            (&["timeout=0s"][..], "invalid duration"),
-        ] {
-            let e = MountConfig::from_args(args(opts)).unwrap_err().to_string();
-            assert!(e.contains(needle), "{opts:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn hidden_http_knobs_reach_the_options() {
-        use std::time::Duration;
-        let remote = RemoteArgs {
-            http_retries: Some(2),
-            http_retry_delay: Some(Duration::from_millis(10)),
-            http_timeout: Some(Duration::from_secs(1)),
-            ..Default::default()
-        };
-        let http = remote.open_options(Default::default()).unwrap().http;
-        assert_eq!(
-            (http.retry.attempts, http.retry.base_delay, http.retry.max_delay),
-            (2, Duration::from_millis(10), Duration::from_millis(320))
-        );
-        assert_eq!((http.connect_timeout, http.read_timeout), (Duration::from_secs(1), Duration::from_secs(1)));
-        let bad = RemoteArgs { headers: vec!["no colon".into()], ..Default::default() };
-        let e = bad.open_options(Default::default()).unwrap_err();
-        assert!(e.to_string().starts_with("--header: "), "{e}");
-        assert!(std::error::Error::source(&e).is_some());
-    }
-}
+#[path = "options_tests.rs"]
+mod tests;

@@ -45,6 +45,9 @@ pub struct FsOptions {
     /// Re-serve the checkpoint's own files (every shard, the index) in the root, through the
     /// engine (`-o no_checkpoint_file` turns this off).
     pub checkpoint_files: bool,
+    /// Permission bits of files and of directories (`-o fmask`/`dmask`/`umask`); `None`: the read
+    /// bits of the backing files.
+    pub perms: (Option<u16>, Option<u16>),
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
@@ -70,6 +73,7 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
     let index_files = index_files.into_iter().map(|f| IndexFile { name: f.name, bytes: f.bytes.into() }).collect();
     let ns = Namespace::build(shards, index_files, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
+    let (file_perm, dir_perm) = (options.perms.0.unwrap_or(file_perm), options.perms.1.unwrap_or(dir_perm));
     let Owner { uid, gid } = options.owner;
     let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
     let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
@@ -99,6 +103,7 @@ mod tests {
             views: Views { npy: true, as_f32: false },
             owner: Owner { uid: 1234, gid: 5678 },
             checkpoint_files: true,
+            perms: (None, None),
         };
         let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
         let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();

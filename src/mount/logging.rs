@@ -11,3 +11,9 @@ pub fn init_logging(log_file: Option<&std::path::Path>) {
     }
     let _ = builder.try_init();
 }
+
+/// Sets up env_logger for `-d`: debug logging of stfs to stderr (`RUST_LOG` still wins if set).
+pub fn init_debug_logging() {
+    let env = env_logger::Env::default().default_filter_or("stfs=debug,info");
+    let _ = env_logger::Builder::from_env(env).format_timestamp_millis().try_init();
+}

@@ -29,6 +29,8 @@ pub struct ServeOptions {
     pub threads: u32,
     /// Let other users in (with default_permissions).
     pub allow_other: bool,
+    /// Let root in besides the owner (`-o allow_root`; with default_permissions).
+    pub allow_root: bool,
     /// Kernel readahead to set after mounting, in KiB (0: leave alone).
     pub kernel_readahead_kb: u32,
 }
@@ -108,6 +110,10 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
     ];
     if options.allow_other {
         config.acl = SessionACL::All;
+        config.mount_options.push(MountOption::DefaultPermissions);
+    } else if options.allow_root {
+        // The kernel lets everyone in (allow_other); fuser answers only root and the owner.
+        config.acl = SessionACL::RootAndOwner;
         config.mount_options.push(MountOption::DefaultPermissions);
     }
     config.n_threads = Some(options.threads as usize);
@@ -214,7 +220,8 @@ fn open_session(
     config: &Config,
 ) -> io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
-    let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other)? else {
+    let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root)?
+    else {
         let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;
         let unmounter = Unmounter::Fuser(session.unmount_callable());
         return Ok((session, unmounter));

@@ -12,8 +12,9 @@
 //!                        "offset": N,                   // absolute offset in the shard file
 //!                        "shard": I,                    // index into "shards"
 //!                        "path": "escaped/file/name",
-//!                        "served_dtype": "F32", "served_byte_len": N,   // only under -o as=f32
-//!                        "npy_path": "name.npy" } },                    // only under -o npy
+//!                        "served_dtype": "F32",         // the dtype the file at `path` serves
+//!                        "served_byte_len": N,          // its size (the converted size under as=f32)
+//!                        "npy_path": "name.npy" } },    // only under -o npy
 //!   "files": { PATH: NAME },          // every served tensor path back to its tensor name
 //!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
 //!                           "shard": I } ] }              // root; "shard" absent for an index
@@ -70,10 +71,8 @@ struct TensorDoc<'a> {
     offset: u64,
     shard: usize,
     path: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    served_dtype: Option<Dtype>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    served_byte_len: Option<u64>,
+    served_dtype: Dtype,
+    served_byte_len: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     npy_path: Option<&'a str>,
 }
@@ -96,7 +95,6 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
     let mut files = BTreeMap::new();
     for t in ns.tensors() {
         let relative = t.start - ns.shards()[t.shard].header.data_start();
-        let converted = t.served_dtype != t.dtype;
         tensors.insert(
             t.name.as_str(),
             TensorDoc {
@@ -107,8 +105,8 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
                 offset: t.start,
                 shard: t.shard,
                 path: &t.path,
-                served_dtype: converted.then_some(t.served_dtype),
-                served_byte_len: converted.then_some(t.served_len),
+                served_dtype: t.served_dtype,
+                served_byte_len: t.served_len,
                 npy_path: t.npy_path.as_deref(),
             },
         );

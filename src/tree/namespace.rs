@@ -46,7 +46,8 @@ pub enum Layout {
 pub struct Views {
     /// Also show `NAME.npy`: a NumPy header followed by the tensor's bytes.
     pub npy: bool,
-    /// Serve float tensors (BF16, F16, F8, F4, F64, and integers) converted to little-endian F32.
+    /// Serve float tensors (BF16, F16, F8, F4, F64) converted to little-endian F32; integer and
+    /// bool tensors keep their bytes ([`crate::views::f32::served_as_f32`]).
     pub as_f32: bool,
 }
 
@@ -102,7 +103,7 @@ pub struct Tensor {
     pub len: u64,
     /// Path of its file, relative to the mount root.
     pub path: String,
-    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for convertible types.
+    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for float types.
     pub served_dtype: Dtype,
     /// The size of its file: `len`, or the converted size.
     pub served_len: u64,
@@ -240,13 +241,7 @@ impl Namespace {
                 let len = info.byte_len();
                 let elements = info.shape.iter().product::<u64>();
                 let (content, served_len) = match crate::views::f32::converted_len(info.dtype, elements) {
-                    Some(n)
-                        if views.as_f32
-                            && info.dtype != Dtype::F32
-                            && crate::views::f32::f32_convertible(info.dtype) =>
-                    {
-                        (Content::F32(i), n)
-                    }
+                    Some(n) if views.as_f32 && crate::views::f32::served_as_f32(info.dtype) => (Content::F32(i), n),
                     _ => (Content::Tensor(i), len),
                 };
                 let content_kind = content.clone();
@@ -401,13 +396,9 @@ impl Namespace {
             };
         }
         let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
-        let mut file_name = names::escape(leaf, reserved);
-        if views.npy && suffix.is_empty() && file_name.ends_with(".npy") {
-            // With the .npy view on, a raw file may not end in `.npy`: escape that dot (`x%2Enpy`).
-            file_name.truncate(file_name.len() - 4);
-            file_name.push_str("%2Enpy");
-        }
-        file_name.push_str(suffix);
+        // With the .npy view on, a raw file may not end in `.npy`: that dot is escaped (`x%2Enpy`).
+        let guard = (views.npy && suffix.is_empty()).then_some(".npy");
+        let file_name = names::escape_view(leaf, reserved, suffix, guard);
         if let Some(existing) = self.dir(dir).and_then(|d| d.get(&file_name)) {
             if layout == Layout::Tree && self.dir(existing).is_some() {
                 // A directory of this name exists: the tensor lives inside it.
