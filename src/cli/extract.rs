@@ -113,6 +113,7 @@ fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Fail
         layout: Layout::Flat,
         views: Views { npy, as_f32: false },
         owner: Owner::of_process(),
+        disk: None,
     };
     Ok(build_fs(opened, &options, stats)?)
 }

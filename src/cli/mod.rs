@@ -5,6 +5,7 @@
 //! Exit status: 0 success, 1 failure (bad input, mount or unmount failed, I/O), 2 usage error.
 
 mod args;
+mod cache;
 mod extract;
 mod helper;
 mod inspect;
@@ -21,8 +22,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 pub use args::{
-    BadDuration, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs, RemoteArgs, StatsArgs,
-    UmountArgs,
+    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs,
+    RemoteArgs, StatsArgs, UmountArgs,
 };
 pub use options::{ConfigError, MountConfig};
 pub use report::{Failure, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Umount(args) => umount::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Stats(args) => stats::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Extract(args) => extract::run_extract(args),
         Command::Cat(args) => extract::run_cat(args),
         Command::InstallHelper(args) => helper::install(args),

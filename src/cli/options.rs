@@ -201,6 +201,10 @@ pub struct MountConfig {
     pub views: Views,
     /// Remote access options.
     pub remote: RemoteArgs,
+    /// The disk cache directory (`--cache-dir`), if any.
+    pub cache_dir: Option<PathBuf>,
+    /// Its bound in bytes (`--cache-dir-size`); `None`: the default.
+    pub cache_dir_size: Option<u64>,
 }
 
 impl MountConfig {
@@ -223,6 +227,8 @@ impl MountConfig {
             match key.replace('-', "_").as_str() {
                 "cache_size" => a.cache_size = a.cache_size.or(Some(size(need()?)?)),
                 "block_size" => a.block_size = a.block_size.or(Some(size(need()?)?)),
+                "cache_dir" => a.cache_dir = a.cache_dir.or(Some(PathBuf::from(need()?))),
+                "cache_dir_size" => a.cache_dir_size = a.cache_dir_size.or(Some(size(need()?)?)),
                 "allow_other" => a.allow_other |= flag_value(value)?,
                 "foreground" => a.foreground |= flag_value(value)?,
                 "log_file" => a.log_file = a.log_file.or(Some(PathBuf::from(need()?))),
@@ -270,6 +276,8 @@ impl MountConfig {
             Some(other) => return Err(ConfigError::Layout(other.to_string())),
         };
         Ok(MountConfig {
+            cache_dir: a.cache_dir,
+            cache_dir_size: a.cache_dir_size,
             layout,
             views: Views { npy: a.npy, as_f32 },
             remote: a.remote,
@@ -284,9 +292,16 @@ impl MountConfig {
         })
     }
 
-    /// What the filesystem shows and how it reads, owned by who mounts.
+    /// What the filesystem shows and how it reads, owned by who mounts (with no disk cache: the
+    /// caller opens `cache_dir`, which checks the directory, and sets it).
     pub fn fs_options(&self) -> FsOptions {
-        FsOptions { engine: self.engine.clone(), layout: self.layout, views: self.views, owner: Owner::of_process() }
+        FsOptions {
+            engine: self.engine.clone(),
+            layout: self.layout,
+            views: self.views,
+            owner: Owner::of_process(),
+            disk: None,
+        }
     }
 
     /// Where and how to mount.
@@ -395,6 +410,9 @@ mod tests {
                 .unwrap();
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
         let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
+        assert_eq!((c.cache_dir, c.cache_dir_size), (None, None));
+        let c = MountConfig::from_args(args(&["cache_dir=/var/cache/stfs,cache-dir-size=2G"])).unwrap();
+        assert_eq!((c.cache_dir, c.cache_dir_size), (Some(PathBuf::from("/var/cache/stfs")), Some(2 << 30)));
         assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
