@@ -410,10 +410,10 @@ mod tests {
                 .unwrap();
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
         let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
+        assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
         assert_eq!((c.cache_dir, c.cache_dir_size), (None, None));
         let c = MountConfig::from_args(args(&["cache_dir=/var/cache/stfs,cache-dir-size=2G"])).unwrap();
         assert_eq!((c.cache_dir, c.cache_dir_size), (Some(PathBuf::from("/var/cache/stfs")), Some(2 << 30)));
-        assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
         assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
