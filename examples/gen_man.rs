@@ -71,7 +71,9 @@ fn main() -> std::io::Result<()> {
 fn render(name: &str, version: &str, command: Command, see_also: &[&str]) -> std::io::Result<Vec<u8>> {
     let synopsis = synopsis(&command);
     let has_options = command.get_arguments().any(|a| !a.is_hide_set());
-    let has_subcommands = command.has_subcommands();
+    // Only stfs(1) lists its subcommands: a nested one (`stfs cache info`) has no page of its own to
+    // refer to, and its parent's help text lists its actions.
+    let has_subcommands = command.has_subcommands() && name == "stfs";
     let has_extra = command.get_after_help().is_some() || command.get_after_long_help().is_some();
     let man = clap_mangen::Man::new(command).title(name).source(format!("stfs {version}"));
     let mut out = Vec::new();

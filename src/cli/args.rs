@@ -52,6 +52,9 @@ pub enum Command {
     /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
     #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits", display_name = "stfs")]
     Stats(StatsArgs),
+    /// Show or empty a disk cache directory (`--cache-dir`).
+    #[command(after_help = CACHE_HELP, display_name = "stfs", disable_help_subcommand = true)]
+    Cache(CacheArgs),
     /// Write tensors to files (raw bytes, or .npy) without mounting: no /dev/fuse needed.
     #[command(after_help = EXTRACT_HELP, display_name = "stfs")]
     Extract(ExtractArgs),
@@ -102,6 +105,17 @@ pub struct MountArgs {
     /// URL].
     #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
     pub block_size: Option<u64>,
+    /// Keep whole blocks in this directory too, below the memory cache, so a later mount (after a
+    /// restart, or by another process) reads them from local disk instead of the store. Created
+    /// mode 0700 if missing; refused if another user owns it or may write to it. Shared safely by
+    /// any number of mounts [default: off].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Most bytes --cache-dir may hold; least recently used blocks are evicted past it [default:
+    /// 10% of the free space on its filesystem at mount time plus what it already holds, at most
+    /// 256G].
+    #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
+    pub cache_dir_size: Option<u64>,
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
     #[arg(long)]
     pub allow_other: bool,
@@ -273,6 +287,39 @@ pub struct InstallHelperArgs {
     pub remove: bool,
 }
 
+/// Arguments of `stfs cache`.
+#[derive(Args, Debug)]
+pub struct CacheArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: CacheAction,
+}
+
+/// The `stfs cache` actions.
+#[derive(Subcommand, Debug)]
+pub enum CacheAction {
+    /// Print what a cache directory holds: blocks, bytes, sources, last use.
+    Info {
+        /// The cache directory.
+        dir: PathBuf,
+    },
+    /// Remove every cached block (mounts using the directory go on, fetching again).
+    Clear {
+        /// The cache directory.
+        dir: PathBuf,
+    },
+}
+
+const CACHE_HELP: &str = "\
+Actions:
+  info DIR    what a cache directory holds: blocks, bytes, sources, last use
+  clear DIR   remove every cached block
+
+Examples:
+  stfs mount --cache-dir ~/.cache/stfs https://host/model.safetensors /mnt/model
+  stfs cache info ~/.cache/stfs
+  stfs cache clear ~/.cache/stfs";
+
 /// Arguments of `stfs stats`.
 #[derive(Args, Debug)]
 pub struct StatsArgs {
@@ -287,8 +334,9 @@ the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
   kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
   layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
-  no_checkpoint_file, uid=N, gid=N (owner of every file), umask=M, fmask=M,
-  dmask=M (octal: mode bits removed from files, directories), allow_root
+  no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, uid=N, gid=N (owner of
+  every file), umask=M, fmask=M, dmask=M (octal: mode bits removed from files,
+  directories), allow_root
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to
@@ -297,6 +345,7 @@ whole bytes). Durations: 30s, 500ms.
 Examples:
   stfs mount model.safetensors /mnt/model
   stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
+  stfs mount --cache-dir /var/cache/stfs https://host/model.safetensors /mnt/model
   stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts";
 
 /// Extra help for `stfs extract`.

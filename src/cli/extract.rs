@@ -118,6 +118,7 @@ fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Fail
         owner: Owner::of_process(),
         checkpoint_files: true,
         perms: (None, None),
+        disk: None,
     };
     Ok(build_fs(opened, &options, stats)?)
 }

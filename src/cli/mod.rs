@@ -6,6 +6,7 @@
 //! bad flag or `-o` option alike); as mount(8)'s helper, mount(8)'s: 32 failure, 1 usage error.
 
 mod args;
+mod cache;
 mod extract;
 mod helper;
 mod inspect;
@@ -22,8 +23,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 pub use args::{
-    BadDuration, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs, RemoteArgs, StatsArgs,
-    UmountArgs,
+    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs,
+    RemoteArgs, StatsArgs, UmountArgs,
 };
 pub use options::{ConfigError, MountConfig};
 pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, EXIT_OK, EXIT_USAGE};
@@ -35,6 +36,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Umount(args) => umount::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Stats(args) => stats::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Extract(args) => extract::run_extract(args),
         Command::Cat(args) => extract::run_cat(args),
         Command::InstallHelper(args) => helper::install(args),

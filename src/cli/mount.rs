@@ -7,6 +7,7 @@ use crate::checkpoint;
 use crate::cli::args::MountArgs;
 use crate::cli::options::MountConfig;
 use crate::cli::report::Failure;
+use crate::engine::disk::DiskCache;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging};
@@ -25,7 +26,13 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     let stats = Arc::new(Stats::default());
     let opened = checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?)?;
     check_mount_point(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
-    let (fs_options, serve_options) = (config.fs_options(), config.serve_options());
+    let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());
+    if let Some(dir) = &config.cache_dir {
+        // Checked here, before forking: a directory others could write to is refused in one line.
+        let disk =
+            DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;
+        fs_options.disk = Some(Arc::new(disk));
+    }
     let fsname = if checkpoint::is_url(&config.source) {
         crate::source::http::display_name(&config.source)
     } else {

@@ -229,6 +229,10 @@ pub struct MountConfig {
     pub allow_root: bool,
     /// `-d`/`--debug`: foreground with debug logging.
     pub debug: bool,
+    /// The disk cache directory (`--cache-dir`), if any.
+    pub cache_dir: Option<PathBuf>,
+    /// Its bound in bytes (`--cache-dir-size`); `None`: the default.
+    pub cache_dir_size: Option<u64>,
 }
 
 /// Parses an octal mask (`022`, `0077`, `7`).
@@ -269,6 +273,8 @@ impl MountConfig {
         owner.gid = o.gid.unwrap_or(owner.gid);
         let (umask, fmask, dmask) = (o.umask, o.fmask, o.dmask);
         let allow_root = o.allow_root.unwrap_or(false);
+        a.cache_dir = a.cache_dir.or(o.cache_dir);
+        a.cache_dir_size = a.cache_dir_size.or(o.cache_dir_size);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -291,6 +297,8 @@ impl MountConfig {
             Some(other) => return Err(ConfigError::Layout(other.to_string())),
         };
         Ok(MountConfig {
+            cache_dir: a.cache_dir,
+            cache_dir_size: a.cache_dir_size,
             layout,
             views: Views { npy: a.npy, as_f32 },
             checkpoint_files: !a.no_checkpoint_file,
@@ -310,7 +318,8 @@ impl MountConfig {
         })
     }
 
-    /// What the filesystem shows and how it reads, owned by who mounts.
+    /// What the filesystem shows and how it reads, owned by who mounts (with no disk cache: the
+    /// caller opens `cache_dir`, which checks the directory, and sets it).
     pub fn fs_options(&self) -> FsOptions {
         FsOptions {
             engine: self.engine.clone(),
@@ -319,6 +328,7 @@ impl MountConfig {
             owner: self.owner,
             perms: self.perms,
             checkpoint_files: self.checkpoint_files,
+            disk: None,
         }
     }
 
@@ -390,6 +400,8 @@ struct DashO {
     fmask: Option<u16>,
     dmask: Option<u16>,
     allow_root: Option<bool>,
+    cache_dir: Option<PathBuf>,
+    cache_dir_size: Option<u64>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -418,6 +430,8 @@ const KNOWN_OPTIONS: &[&str] = &[
     "dmask",
     "allow_root",
     "read_only",
+    "cache_dir",
+    "cache_dir_size",
 ];
 
 impl DashO {
@@ -469,6 +483,8 @@ impl DashO {
                 "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "allow_root" => o.allow_root = switch()?,
                 "read_only" => {}
+                "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
+                "cache_dir_size" => o.cache_dir_size = size()?,
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => {

@@ -43,6 +43,9 @@ fn dash_o_options_map_to_flags_and_flags_win() {
     let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
     assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
     assert!(c.checkpoint_files && c.fs_options().checkpoint_files);
+    assert_eq!((c.cache_dir, c.cache_dir_size), (None, None));
+    let c = MountConfig::from_args(args(&["cache_dir=/var/cache/stfs,cache-dir-size=2G"])).unwrap();
+    assert_eq!((c.cache_dir, c.cache_dir_size), (Some(PathBuf::from("/var/cache/stfs")), Some(2 << 30)));
     for hide in ["no_checkpoint_file", "no-checkpoint-file=yes", "checkpoint_file=no"] {
         assert!(!MountConfig::from_args(args(&[hide])).unwrap().checkpoint_files, "{hide}");
     }

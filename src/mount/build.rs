@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::checkpoint::Checkpoint;
+use crate::engine::disk::DiskCache;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::stats::Stats;
@@ -48,12 +49,14 @@ pub struct FsOptions {
     /// Permission bits of files and of directories (`-o fmask`/`dmask`/`umask`); `None`: the read
     /// bits of the backing files.
     pub perms: (Option<u16>, Option<u16>),
+    /// The disk tier below the engine's cache (`--cache-dir`), opened and checked by the caller.
+    pub disk: Option<Arc<DiskCache>>,
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
 /// backing files are (the read bits common to all local shards), and dated by the newest shard.
 pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
-    let engine = Engine::new(options.engine.clone(), stats);
+    let engine = Engine::with_disk_cache(options.engine.clone(), options.disk.clone(), stats);
     let mut shards = Vec::new();
     let mut newest = SystemTime::UNIX_EPOCH;
     let mut read_bits = 0o444;
@@ -104,6 +107,7 @@ mod tests {
             owner: Owner { uid: 1234, gid: 5678 },
             checkpoint_files: true,
             perms: (None, None),
+            disk: None,
         };
         let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
         let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();

@@ -88,6 +88,12 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
+    /// The URL as given, query string included (two objects told apart by their query must not
+    /// share cached blocks); for the disk cache's key only, never printed.
+    pub fn identity_url(&self) -> String {
+        self.uri.to_string()
+    }
+
     /// Validates the URL and the options and prepares the shared agent configuration.
     pub fn new(url: &str, options: &HttpOptions) -> Result<Remote, HttpError> {
         let uri = parse_http_url(url).map_err(HttpError::BadUrl)?;

@@ -90,6 +90,19 @@ impl Source for HttpSource {
         self.pin.size
     }
 
+    /// The URL with the pinned size, ETag and Last-Modified. Cacheable only with a strong ETag or
+    /// a Last-Modified: a weak ETag alone does not promise the same bytes, and a size alone does
+    /// not tell versions apart.
+    fn cache_identity(&self) -> Option<String> {
+        let pin = &self.pin;
+        let strong = pin.etag.as_deref().is_some_and(|e| !e.starts_with("W/"));
+        if !strong && pin.last_modified.is_none() {
+            return None;
+        }
+        let (etag, modified) = (pin.etag.as_deref().unwrap_or("-"), pin.last_modified.as_deref().unwrap_or("-"));
+        Some(format!("http:{}\nsize={}\netag={etag}\nlast-modified={modified}", self.remote.identity_url(), pin.size))
+    }
+
     fn name(&self) -> &str {
         &self.remote.name
     }
