@@ -175,6 +175,7 @@ mod tests {
         ]);
         siblings.push(Sibling { path: "huge.txt".into(), size: Some(SMALL_FILE_LIMIT + 1) });
         siblings.push(Sibling { path: "unknown.json".into(), size: None });
+        siblings.push(Sibling { path: format!("{}.json", "x".repeat(NAME_MAX)), size: Some(1) });
         let names: Vec<String> = small_files(&siblings, None).into_iter().map(|(_, n)| n).collect();
         assert_eq!(names, ["config.json", "tokenizer.json"]);
         assert_eq!(small_files(&siblings, Some("sub")), [("sub/config.json".to_string(), "config.json".to_string())]);
