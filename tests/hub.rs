@@ -2,8 +2,9 @@
 //! (`api/models/ORG/REPO/revision/REV` JSON, `ORG/REPO/resolve/SHA/PATH` files), reached through
 //! `HF_ENDPOINT`: single-file, sharded (index, and several files without one) and folder
 //! checkpoints, resolve URLs redirected to a "CDN" path, the revision pinned at mount time, the
-//! token (variable and file) required by a private repository and never shown, and one-line
-//! refusals. Skips when nginx is missing (fails under `CI=true`).
+//! token (variable and file) required by a private repository and never shown, one-line
+//! refusals, and the repository's small files (configs, tokenizers) served beside the checkpoint
+//! as a model directory. Skips when nginx is missing (fails under `CI=true`).
 
 mod common;
 #[path = "common/nginx.rs"]
@@ -81,10 +82,18 @@ impl Hub {
     }
 
     fn mount(&self, spec: &str, extra: &[(&str, &str)]) -> HubMount {
+        self.mount_with(spec, &[], extra)
+    }
+
+    /// [`Hub::mount`] with more arguments to `stfs mount`.
+    fn mount_with(&self, spec: &str, args: &[&str], extra: &[(&str, &str)]) -> HubMount {
         let dir = workdir();
         let path = dir.path().join("m");
         std::fs::create_dir(&path).unwrap();
-        let out = self.stfs(&["mount", "--block-size", "64K", spec, path.to_str().unwrap()], extra);
+        let mut all = vec!["mount", "--block-size", "64K"];
+        all.extend_from_slice(args);
+        all.extend([spec, path.to_str().unwrap()]);
+        let out = self.stfs(&all, extra);
         let guard = HubMount { _dir: dir, path };
         assert!(out.status.success(), "stfs mount {spec} failed: {}", String::from_utf8_lossy(&out.stderr));
         assert!(is_mounted(&guard.path));
@@ -217,7 +226,8 @@ fn several_files_without_an_index_and_a_folder_mount_as_shards() {
     let files = [
         ("part-b.safetensors", two),
         ("part-a.safetensors", one),
-        ("unet/config.json", small("{}")),
+        ("README.md", small("root")),
+        ("unet/config.json", small("{\"unet\": 1}")),
         ("unet/diffusion_pytorch_model.safetensors", unet),
     ];
     hub.publish("org/several", SHA_B, &["v1"], &files);
@@ -225,8 +235,90 @@ fn several_files_without_an_index_and_a_folder_mount_as_shards() {
     assert_exact(&m, &first);
     assert_exact(&m, &second);
     assert!(!m.path.join("conv.weight").exists());
+    assert_eq!(m.read("README.md"), b"root");
+    assert!(!m.path.join("config.json").exists(), "a subfolder's files stay out of the root's mount");
+    // A folder's mount is that folder as a model directory: its own files, not the root's.
     let m = hub.mount("hf://org/several@v1/unet", &[]);
     assert_exact(&m, &third);
+    assert_eq!(m.read("config.json"), b"{\"unet\": 1}");
+    assert!(!m.path.join("README.md").exists());
+    // A file named in a folder brings that folder's files too.
+    let m = hub.mount("hf://org/several@v1/unet/diffusion_pytorch_model.safetensors", &[]);
+    assert_eq!(m.read("config.json"), b"{\"unet\": 1}");
+}
+
+#[test]
+fn a_repo_mount_is_a_model_directory() {
+    let hub = hub_or_skip!();
+    // A tensor named like a config file: the repository's file keeps the name, the tensor is escaped.
+    let (one, first) = checkpoint(&["config.json", "a.weight"], 30);
+    let (two, second) = checkpoint(&["b.weight"], 40);
+    let weight_map = serde_json::json!({"weight_map": {
+        "config.json": "model-00001-of-00002.safetensors",
+        "a.weight": "model-00001-of-00002.safetensors",
+        "b.weight": "model-00002-of-00002.safetensors"}});
+    let config = small(r#"{"model_type": "llama", "hidden_size": 64}"#);
+    let tokenizer = small(r#"{"version": "1.0", "model": {"type": "BPE"}}"#);
+    let big = vec![b' '; (32 << 20) + 1];
+    let files = [
+        ("model.safetensors.index.json", weight_map.to_string().into_bytes()),
+        ("model-00001-of-00002.safetensors", one),
+        ("model-00002-of-00002.safetensors", two),
+        ("config.json", config.clone()),
+        ("generation_config.json", small(r#"{"max_length": 20}"#)),
+        ("tokenizer.json", tokenizer.clone()),
+        (".gitattributes", small("*.bin filter=lfs")),
+        ("pytorch_model.bin", small("pickled weights")),
+        ("big.txt", big),
+        ("onnx/model.json", small("{}")),
+    ];
+    hub.publish("org/llm", SHA_A, &["main"], &files);
+    let m = hub.mount("hf://org/llm", &[]);
+    assert_exact(&m, &second);
+    assert!(m.read("%63onfig.json") == first[0].data && m.read("a.weight") == first[1].data);
+    // Byte for byte from the pinned commit; weights in other formats, dotfiles, files over the
+    // limit and subfolders' files are not served, nor fetched.
+    assert_eq!(m.read("config.json"), config);
+    assert_eq!(m.read("tokenizer.json"), tokenizer);
+    assert_eq!(m.read("generation_config.json"), small(r#"{"max_length": 20}"#));
+    for absent in [".gitattributes", "pytorch_model.bin", "big.txt", "onnx", "model.json"] {
+        assert!(!m.path.join(absent).exists(), "{absent} is served");
+    }
+    let log = hub.nginx.log();
+    for unfetched in [".gitattributes", "pytorch_model.bin", "big.txt", "onnx/"] {
+        assert!(log.iter().all(|l| !l.request.contains(&format!("/{unfetched}"))), "{unfetched} fetched: {log:?}");
+    }
+    assert!(log.iter().any(|l| l.request.contains(&format!("/org/llm/resolve/{SHA_A}/config.json"))));
+    // metadata.json lists them apart from the checkpoint's own files, and readdir shows them.
+    let doc: serde_json::Value = serde_json::from_slice(&m.read("metadata.json")).unwrap();
+    let listed: Vec<(&str, u64)> = doc["repo_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["size"].as_u64().unwrap()))
+        .collect();
+    let sizes = [config.len() as u64, 18, tokenizer.len() as u64];
+    assert_eq!(listed, [("config.json", sizes[0]), ("generation_config.json", sizes[1]), ("tokenizer.json", sizes[2])]);
+    assert_eq!(doc["checkpoint_files"].as_array().unwrap().len(), 3);
+    assert_eq!(doc["tensors"]["config.json"]["path"], "%63onfig.json");
+    let names: Vec<String> =
+        std::fs::read_dir(&m.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(names.contains(&"tokenizer.json".to_string()), "{names:?}");
+    // inspect --json is the mount's metadata.json.
+    let out = hub.stfs(&["inspect", "--json", "hf://org/llm"], &[]);
+    let inspected: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(inspected["repo_files"], doc["repo_files"]);
+    drop(m);
+
+    // -o no_checkpoint_file: tensors only, and nothing else fetched.
+    let before = hub.nginx.log().len();
+    let m = hub.mount_with("hf://org/llm", &["-o", "no_checkpoint_file"], &[]);
+    assert!(!m.path.join("tokenizer.json").exists() && !m.path.join("model.safetensors.index.json").exists());
+    assert!(m.read("config.json") == first[0].data, "the tensor takes its plain name back");
+    let doc: serde_json::Value = serde_json::from_slice(&m.read("metadata.json")).unwrap();
+    assert_eq!(doc["repo_files"], serde_json::json!([]));
+    let log = hub.nginx.log();
+    assert!(log[before..].iter().all(|l| !l.request.contains("/tokenizer.json")), "{log:?}");
 }
 
 #[test]
@@ -253,12 +345,14 @@ fn the_revision_is_pinned_at_mount_time() {
 fn a_private_repo_needs_the_token_which_is_never_shown() {
     let hub = hub_or_skip!();
     let (bytes, tensors) = checkpoint(&["secret.weight"], 20);
-    hub.publish("private/model", SHA_A, &["main"], &[("model.safetensors", bytes)]);
+    let files = [("model.safetensors", bytes), ("config.json", small("{\"private\": true}"))];
+    hub.publish("private/model", SHA_A, &["main"], &files);
     let err = hub.refused("hf://private/model", &[], "repository not found");
     assert!(err.contains("HF_TOKEN"), "{err}");
     hub.refused("hf://private/model", &[("HF_TOKEN", "hf_wrong")], "the token was refused");
     let m = hub.mount("hf://private/model", &[("HF_TOKEN", TOKEN)]);
     assert_exact(&m, &tensors);
+    assert_eq!(m.read("config.json"), b"{\"private\": true}", "small files are fetched with the token");
     let metadata = std::fs::read_to_string(m.path.join("metadata.json")).unwrap();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!metadata.contains(TOKEN) && !mounts.contains(TOKEN));
@@ -285,6 +379,13 @@ fn missing_repos_revisions_and_checkpoints_are_refused_with_one_line() {
     let (bytes, _) = checkpoint(&["w"], 1);
     hub.publish("org/broken", SHA_A, &["main"], &[("model.safetensors", bytes[..100].to_vec())]);
     hub.refused("hf://org/broken", &[], "hf://org/broken/model.safetensors:");
+    // A small file listed but not served fails the mount (the model directory would be
+    // incomplete); inspecting, which has no use for it, does not fetch it.
+    let (bytes, _) = checkpoint(&["w"], 1);
+    hub.publish("org/lost", SHA_A, &["main"], &[("model.safetensors", bytes), ("config.json", small("{}"))]);
+    std::fs::remove_file(hub.nginx.root.join(format!("org/lost/resolve/{SHA_A}/config.json"))).unwrap();
+    hub.refused("hf://org/lost", &[], "hf://org/lost/config.json: hub API: the file answered HTTP 404");
+    assert!(hub.stfs(&["inspect", "hf://org/lost"], &[]).status.success());
     let out = hub.stfs(&["inspect", "hf://org/nope"], &[]);
     assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stderr).lines().count()), (Some(1), 1));
 }

@@ -1,11 +1,12 @@
 //! `hf://ORG/REPO[@REVISION][/PATH]` to opened shards: the revision pinned to its commit through
 //! the hub's API, the checkpoint chosen among the repository's files, every shard opened at
-//! `{endpoint}/{repo}/resolve/{sha}/{path}`.
+//! `{endpoint}/{repo}/resolve/{sha}/{path}`, and the small files beside it (configs, tokenizers)
+//! fetched whole from the same commit when asked for.
 
 use std::sync::Arc;
 
 use super::error::{OpenError, OpenProblem};
-use super::shard::{checked, open_all, open_source, Checkpoint, IndexFile, OpenedShard};
+use super::shard::{checked, in_parallel, open_all, open_source, Checkpoint, OpenedShard, RootFile};
 use super::OpenOptions;
 use crate::format::index;
 use crate::source::http::{HttpOptions, HttpSource};
@@ -14,6 +15,9 @@ use crate::source::Source;
 
 /// Largest index file read (as for an index URL).
 const MAX_INDEX_SIZE: u64 = 64 << 20;
+
+/// Small files fetched at once, at most.
+const PARALLEL_FETCHES: usize = 4;
 
 /// A repository at a pinned commit, and how to reach its files.
 pub struct HubRepo {
@@ -42,8 +46,15 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
     log::info!("{shown}: revision {} is commit {}; checkpoint {choice:?}", repo.spec.revision, repo.info.sha);
     let http = shard_options(&repo, &options.http);
     let open_one = |path: &String| open_file(&repo, path, &http);
-    let checkpoint = match choice {
-        Choice::Single(path) => Checkpoint { shards: vec![open_one(&path)?], index_files: Vec::new() },
+    let folder = match &choice {
+        Choice::Single(path) | Choice::Index(path) => folder_of(path),
+        Choice::Shards(paths) => paths.first().and_then(|p| folder_of(p)),
+    }
+    .map(str::to_string);
+    let mut checkpoint = match choice {
+        Choice::Single(path) => {
+            Checkpoint { shards: vec![open_one(&path)?], index_files: Vec::new(), repo_files: Vec::new() }
+        }
         Choice::Shards(paths) => {
             let opened = open_all(&paths, open_one)?;
             checked(&shown, opened, None, Vec::new())?
@@ -51,15 +62,38 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
         Choice::Index(path) => {
             let bytes = fetch_index(&repo, &path, &http)?;
             let index = index::parse_index(&bytes).map_err(|e| OpenError::new(format!("{shown}/{path}"), e))?;
-            let folder = path.rsplit_once('/').map(|(folder, _)| folder);
+            let folder = folder_of(&path);
             let paths: Vec<String> =
                 index.shards.iter().map(|f| folder.map_or(f.clone(), |d| format!("{d}/{f}"))).collect();
             let opened = open_all(&paths, open_one)?;
-            let index_file = super::shard::file_name(&path).map(|name| IndexFile { name, bytes });
+            let index_file = super::shard::file_name(&path).map(|name| RootFile { name, bytes });
             checked(&shown, opened, Some(&index), index_file.into_iter().collect())?
         }
     };
+    if options.repo_files {
+        checkpoint.repo_files = fetch_small_files(&repo, folder.as_deref())?;
+    }
     Ok((checkpoint, repo))
+}
+
+/// The folder a file of the repository is in (`None`: the root).
+fn folder_of(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(folder, _)| folder)
+}
+
+/// The small files of `folder` ([`hub::small_files`]) at the pinned commit, fetched whole, a few
+/// at once, within the opening's deadline. One that cannot be fetched fails the open: a model
+/// directory missing its `config.json` would fail later, in the loader, and less clearly.
+fn fetch_small_files(repo: &HubRepo, folder: Option<&str>) -> Result<Vec<RootFile>, OpenError> {
+    let wanted = hub::small_files(&repo.info.siblings, folder);
+    log::debug!("{}: fetching {} small files", repo.spec.shown(), wanted.len());
+    in_parallel(&wanted, PARALLEL_FETCHES, |(path, name)| {
+        let bytes = repo
+            .client
+            .fetch_file(&repo.spec.repo, &repo.info.sha, path, hub::SMALL_FILE_LIMIT)
+            .map_err(|e| OpenError::new(format!("{}/{path}", repo.spec.shown()), e))?;
+        Ok(RootFile { name: name.clone(), bytes })
+    })
 }
 
 /// Resolves the revision to its commit with the token and endpoint from `env` (an explicit

@@ -19,4 +19,4 @@ mod shard;
 pub use error::{OpenError, OpenProblem};
 pub use hub::{open_hub_with, HubRepo};
 pub use open::{is_url, open, OpenOptions};
-pub use shard::{file_name, open_file, open_source, Checkpoint, IndexFile, OpenedShard};
+pub use shard::{file_name, open_file, open_source, Checkpoint, OpenedShard, RootFile};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
-use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, IndexFile, OpenedShard};
+use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
 use crate::format::index;
 use crate::source::http::{display_name, HttpOptions, HttpSource};
 use crate::source::Source;
@@ -17,6 +17,10 @@ use crate::source::Source;
 pub struct OpenOptions {
     /// Headers, token, timeouts and the counters for `http://` and `https://` sources.
     pub http: HttpOptions,
+    /// For an `hf://` name, also fetch the repository's small files (configs, tokenizers) into
+    /// [`Checkpoint::repo_files`]: a mount serves them (`stfs mount` asks, unless
+    /// `-o no_checkpoint_file`); inspecting or extracting has no use for them.
+    pub repo_files: bool,
 }
 
 /// Whether `spec` names a remote object (an `http(s)://` URL or an `hf://` repository).
@@ -53,7 +57,7 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
 }
 
 fn single(shard: OpenedShard) -> Checkpoint {
-    Checkpoint { shards: vec![shard], index_files: Vec::new() }
+    Checkpoint { shards: vec![shard], index_files: Vec::new(), repo_files: Vec::new() }
 }
 
 /// Every `*.safetensors` file of `dir`, in name order, as one checkpoint; its
@@ -76,7 +80,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
         let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_INDEX_SIZE as u64);
         match std::fs::read(path) {
             Ok(bytes) if small => {
-                index_files.extend(file_name(&path.display().to_string()).map(|name| IndexFile { name, bytes }))
+                index_files.extend(file_name(&path.display().to_string()).map(|name| RootFile { name, bytes }))
             }
             _ => log::warn!("{}: not re-served (unreadable or over {MAX_INDEX_SIZE} bytes)", path.display()),
         }
@@ -94,7 +98,7 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
     let opened = open_all(&files, |f| open_file(f))?;
-    let index_files = file_name(&name).map(|name| IndexFile { name, bytes }).into_iter().collect();
+    let index_files = file_name(&name).map(|name| RootFile { name, bytes }).into_iter().collect();
     checked(&name, opened, Some(&index), index_files)
 }
 
@@ -128,7 +132,7 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     };
     let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
     let opened = open_all(&urls, |url| open_url(url, options))?;
-    let index_files = file_name(url).map(|name| IndexFile { name, bytes }).into_iter().collect();
+    let index_files = file_name(url).map(|name| RootFile { name, bytes }).into_iter().collect();
     checked(&shown, opened, Some(&index), index_files)
 }
 

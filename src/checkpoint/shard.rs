@@ -25,12 +25,17 @@ pub struct Checkpoint {
     pub shards: Vec<OpenedShard>,
     /// The index files that came with it (the `*.index.json` named, or those in a directory of
     /// shards), read whole at open: a mount re-serves them beside the shards.
-    pub index_files: Vec<IndexFile>,
+    pub index_files: Vec<RootFile>,
+    /// The small files of an `hf://` repository (or folder) a loader wants beside the checkpoint
+    /// (`config.json`, tokenizer files), fetched whole at open when
+    /// [`OpenOptions::repo_files`](super::OpenOptions::repo_files) asks for them.
+    pub repo_files: Vec<RootFile>,
 }
 
-/// An index file of a checkpoint, as read at open.
+/// A small file served in a mount's root as it was read at open: an index file, or a file of the
+/// repository.
 #[derive(Debug, Clone)]
-pub struct IndexFile {
+pub struct RootFile {
     /// Its file name (the last segment of its path or URL).
     pub name: String,
     /// Its bytes.
@@ -103,28 +108,39 @@ pub(super) fn open_all<T: Sync>(
     shards: &[T],
     open: impl Fn(&T) -> Result<OpenedShard, OpenError> + Sync,
 ) -> Result<Vec<OpenedShard>, OpenError> {
+    in_parallel(shards, PARALLEL_SHARD_OPENS, open)
+}
+
+/// `work` done on every item on up to `threads` threads, the results in the items' order. On
+/// failure, the error of the first failing item (in that order) among those tried; no new item is
+/// started after a failure.
+pub(super) fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    work: impl Fn(&T) -> Result<R, OpenError> + Sync,
+) -> Result<Vec<R>, OpenError> {
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let results: Vec<Mutex<Option<Result<OpenedShard, OpenError>>>> = shards.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<Result<R, OpenError>>>> = items.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
-        for _ in 0..PARALLEL_SHARD_OPENS.min(shards.len()) {
+        for _ in 0..threads.min(items.len()) {
             scope.spawn(|| {
                 while !failed.load(Relaxed) {
                     let i = next.fetch_add(1, Relaxed);
-                    let Some(shard) = shards.get(i) else { break };
-                    let result = open(shard);
+                    let Some(item) = items.get(i) else { break };
+                    let result = work(item);
                     failed.fetch_or(result.is_err(), Relaxed);
                     *lock(&results[i]) = Some(result);
                 }
             });
         }
     });
-    // Shards are claimed in order and every claimed one finishes, so one left untried comes after
+    // Items are claimed in order and every claimed one finishes, so one left untried comes after
     // a failed one, and collecting in order stops at the first failure before reaching it.
     (1..)
         .zip(results)
         .map(|(n, r)| {
-            lock(&r).take().unwrap_or_else(|| Err(OpenError::new(format!("shard {n}"), OpenProblem::NotOpened)))
+            lock(&r).take().unwrap_or_else(|| Err(OpenError::new(format!("item {n}"), OpenProblem::NotOpened)))
         })
         .collect()
 }
@@ -135,12 +151,12 @@ pub(super) fn checked(
     name: &str,
     opened: Vec<OpenedShard>,
     index: Option<&Index>,
-    index_files: Vec<IndexFile>,
+    index_files: Vec<RootFile>,
 ) -> Result<Checkpoint, OpenError> {
     let names: Vec<String> = opened.iter().map(|s| s.source.name().to_string()).collect();
     let headers: Vec<&Header> = opened.iter().map(|s| &s.header).collect();
     check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
-    Ok(Checkpoint { shards: opened, index_files })
+    Ok(Checkpoint { shards: opened, index_files, repo_files: Vec::new() })
 }
 
 #[cfg(test)]

@@ -141,10 +141,10 @@ pub struct MountArgs {
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
     #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
     pub layout: Option<String>,
-    /// Do not re-serve the checkpoint's own files (each shard, the *.index.json) in the root. By
-    /// default they are there under their own names, byte for byte, for loaders that open the
-    /// .safetensors file (safe_open, from_pretrained): same blocks, cache and readahead as the
-    /// tensor files.
+    /// Do not re-serve the checkpoint's own files (each shard, the *.index.json) in the root, nor
+    /// an hf:// repository's small files (config.json, tokenizer files). By default they are there
+    /// under their own names, byte for byte, for loaders that open the .safetensors file
+    /// (safe_open, from_pretrained): same blocks, cache and readahead as the tensor files.
     #[arg(long)]
     pub no_checkpoint_file: bool,
     /// Remote checkpoints.

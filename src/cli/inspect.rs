@@ -3,14 +3,15 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use crate::checkpoint;
+use crate::checkpoint::{self, OpenOptions};
 use crate::cli::args::InspectArgs;
 use crate::cli::report::{print_out, Failure};
-use crate::tree::namespace::{IndexFile, Layout, Namespace, Shard, Views};
+use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
 pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
-    let options = args.remote.open_options(Default::default())?;
+    // An hf:// repository's small files are listed in metadata.json, so `--json` fetches them.
+    let options = OpenOptions { repo_files: args.json, ..args.remote.open_options(Default::default())? };
     let opened = checkpoint::open(&args.source, &options)?;
     let shards = opened
         .shards
@@ -22,9 +23,9 @@ pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
         })
         .collect();
     // As a default mount shows it, so `--json` is the mount's metadata.json.
-    let index_files = opened.index_files.into_iter().map(|f| IndexFile { name: f.name, bytes: f.bytes.into() });
-    let ns = Namespace::build(shards, index_files.collect(), Layout::Flat, Views::default())
-        .map_err(|e| Failure::at(&args.source, e))?;
+    let files = crate::mount::build::root_files(opened.index_files, opened.repo_files);
+    let ns =
+        Namespace::build(shards, files, Layout::Flat, Views::default()).map_err(|e| Failure::at(&args.source, e))?;
     if args.json {
         let json = crate::tree::metadata::render(&ns);
         return print_out(&String::from_utf8_lossy(&json));

@@ -24,7 +24,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         std::path::absolute(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
-    let opened = checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?)?;
+    let opened = checkpoint::open(&config.source, &config.open_options(stats.clone())?)?;
     check_mount_point(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
     let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());
     if let Some(dir) = &config.cache_dir {

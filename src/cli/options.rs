@@ -244,6 +244,12 @@ fn parse_mask(key: &str, value: &str) -> Result<u16, ConfigError> {
 }
 
 impl MountConfig {
+    /// The checkpoint-opening options of a mount, counting into `stats`: an `hf://` repository's
+    /// small files come along unless `-o no_checkpoint_file` hides every file but tensors.
+    pub fn open_options(&self, stats: Arc<Stats>) -> Result<OpenOptions, ConfigError> {
+        Ok(OpenOptions { repo_files: self.checkpoint_files, ..self.remote.open_options(stats)? })
+    }
+
     /// Applies `-o` options under the explicit flags: a flag wins over the same `-o` option, and of
     /// a repeated `-o` option the last wins (as in mount(8) and libfuse).
     pub fn from_args(args: MountArgs) -> Result<MountConfig, ConfigError> {
@@ -368,7 +374,7 @@ impl RemoteArgs {
             http.connect_timeout = timeout;
             http.read_timeout = timeout;
         }
-        Ok(OpenOptions { http })
+        Ok(OpenOptions { http, repo_files: false })
     }
 }
 

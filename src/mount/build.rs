@@ -11,7 +11,7 @@ use crate::engine::disk::DiskCache;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::stats::Stats;
-use crate::tree::namespace::{AttrBase, IndexFile, Layout, NameClash, Namespace, Shard, Views};
+use crate::tree::namespace::{AttrBase, Layout, NameClash, Namespace, RootFile, RootKind, Shard, Views};
 
 /// Whose files they are: the owner and group every file and directory shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +43,8 @@ pub struct FsOptions {
     pub views: Views,
     /// Owner of every file.
     pub owner: Owner,
-    /// Re-serve the checkpoint's own files (every shard, the index) in the root, through the
-    /// engine (`-o no_checkpoint_file` turns this off).
+    /// Re-serve the checkpoint's own files (every shard, the index; shards through the engine) and
+    /// an `hf://` repository's small files in the root (`-o no_checkpoint_file` turns this off).
     pub checkpoint_files: bool,
     /// Permission bits of files and of directories (`-o fmask`/`dmask`/`umask`); `None`: the read
     /// bits of the backing files.
@@ -72,15 +72,27 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
         let source = engine.add_source(s.source);
         shards.push(Shard { source, name, header: s.header, file });
     }
-    let index_files = if options.checkpoint_files { checkpoint.index_files } else { Vec::new() };
-    let index_files = index_files.into_iter().map(|f| IndexFile { name: f.name, bytes: f.bytes.into() }).collect();
-    let ns = Namespace::build(shards, index_files, options.layout, options.views)?;
+    let files =
+        if options.checkpoint_files { root_files(checkpoint.index_files, checkpoint.repo_files) } else { Vec::new() };
+    let ns = Namespace::build(shards, files, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
     let (file_perm, dir_perm) = (options.perms.0.unwrap_or(file_perm), options.perms.1.unwrap_or(dir_perm));
     let Owner { uid, gid } = options.owner;
     let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
     let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
     Ok(Arc::new(Fs::new(ns, engine, base)))
+}
+
+/// The small files a checkpoint came with, as the namespace serves them in the root: its index
+/// files, then the repository's files.
+pub fn root_files(
+    index_files: Vec<crate::checkpoint::RootFile>,
+    repo_files: Vec<crate::checkpoint::RootFile>,
+) -> Vec<RootFile> {
+    let tagged =
+        |kind: RootKind| move |f: crate::checkpoint::RootFile| RootFile { name: f.name, bytes: f.bytes.into(), kind };
+    let index = index_files.into_iter().map(tagged(RootKind::Index));
+    index.chain(repo_files.into_iter().map(tagged(RootKind::Repo))).collect()
 }
 
 #[cfg(test)]

@@ -17,18 +17,20 @@
 //!                        "npy_path": "name.npy" } },    // only under -o npy
 //!   "files": { PATH: NAME },          // every served tensor path back to its tensor name
 //!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
-//!                           "shard": I } ] }              // root; "shard" absent for an index
+//!                           "shard": I } ],               // root; "shard" absent for an index
+//!   "repo_files": [ { "path": NAME, "size": N } ] }       // an hf:// repository's small files
 //! ```
 //!
-//! `checkpoint_files` is empty under `-o no_checkpoint_file` (and absent before this field was
-//! added: readers should treat a missing one as empty).
+//! `checkpoint_files` and `repo_files` are empty under `-o no_checkpoint_file`, `repo_files` for
+//! anything but an `hf://` name (and each is absent before it was added: readers should treat a
+//! missing one as empty).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::format::Dtype;
-use crate::tree::namespace::Namespace;
+use crate::tree::namespace::{Namespace, ServedFile};
 
 /// Version of the schema above; bumped on incompatible changes.
 pub const METADATA_VERSION: u64 = 1;
@@ -41,6 +43,7 @@ struct Doc<'a> {
     tensors: BTreeMap<&'a str, TensorDoc<'a>>,
     files: BTreeMap<&'a str, &'a str>,
     checkpoint_files: Vec<ServedDoc<'a>>,
+    repo_files: Vec<ServedDoc<'a>>,
 }
 
 #[derive(Serialize)]
@@ -119,10 +122,15 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
         [only] => only.header.metadata.as_ref(),
         _ => None,
     };
-    let checkpoint_files =
-        ns.served_files().iter().map(|f| ServedDoc { path: &f.name, size: f.size, shard: f.shard }).collect();
-    let doc = Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files, checkpoint_files };
+    let (checkpoint_files, repo_files) = (served(ns.served_files()), served(ns.repo_files()));
+    let doc =
+        Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files, checkpoint_files, repo_files };
     write_one_entry_per_line(&doc)
+}
+
+/// metadata.json's entries for files served in the root.
+fn served(files: &[ServedFile]) -> Vec<ServedDoc<'_>> {
+    files.iter().map(|f| ServedDoc { path: &f.name, size: f.size, shard: f.shard }).collect()
 }
 
 /// Writes the document with one line per shard, tensor and file (each entry compact): readable
@@ -155,12 +163,14 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
     map(&mut out, &doc.tensors);
     out.extend_from_slice(b",\n  \"files\": ");
     map(&mut out, &doc.files);
-    out.extend_from_slice(b",\n  \"checkpoint_files\": [");
-    for (i, file) in doc.checkpoint_files.iter().enumerate() {
-        out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
-        compact(&mut out, file);
+    for (key, list) in [("checkpoint_files", &doc.checkpoint_files), ("repo_files", &doc.repo_files)] {
+        let _ = write!(out, ",\n  \"{key}\": [");
+        for (i, file) in list.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+            compact(&mut out, file);
+        }
+        out.extend_from_slice(if list.is_empty() { b"]" } else { b"\n  ]" });
     }
-    out.extend_from_slice(if doc.checkpoint_files.is_empty() { b"]" } else { b"\n  ]" });
     out.extend_from_slice(b"\n}\n");
     out
 }

@@ -6,8 +6,9 @@
 //!    is (no Unicode normalisation: names that differ in bytes stay different files).
 //! 2. The empty name becomes `%` (a lone `%` cannot come out of rule 1).
 //! 3. `.` and `..`, and names that collide with a reserved name of the mount root
-//!    (`metadata.json`, `.stfs`), get their first byte escaped too: `.` becomes `%2E`,
-//!    `..` becomes `%2E.`, `metadata.json` becomes `%6Detadata.json`.
+//!    (`metadata.json`, `.stfs`, and the files served beside the tensors: the checkpoint's own,
+//!    an `hf://` repository's `config.json` and the like), get their first byte escaped too: `.`
+//!    becomes `%2E`, `..` becomes `%2E.`, `metadata.json` becomes `%6Detadata.json`.
 //! 4. A result longer than 255 bytes (NAME_MAX), counting the extension a view adds (`.npy`), is
 //!    cut at a character boundary to 200 bytes and given the suffix `%~` plus 16 hex digits of a
 //!    hash of the full name, then the view's extension; `%~` cannot come out of the other rules, so

@@ -2,8 +2,8 @@
 //! tensors are laid out into it (`lay_out`; `build.rs` adds metadata.json). Pure data.
 //!
 //! Inode numbers are assigned in a fixed order (root, reserved files, the checkpoint's own files,
-//! then tensors in shard and offset order), so the same checkpoint gets the same numbers on every
-//! mount.
+//! the repository's small files, then tensors in shard and offset order), so the same checkpoint
+//! gets the same numbers on every mount.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,8 +25,8 @@ pub const METADATA_NAME: &str = "metadata.json";
 pub const CONTROL_DIR: &str = ".stfs";
 /// Name of the live counters file inside [`CONTROL_DIR`].
 pub const STATS_NAME: &str = "stats.json";
-/// Names no tensor file may take in the root (nor may the checkpoint's own files, which take the
-/// next places: a tensor file never takes theirs either).
+/// Names no tensor file may take in the root (nor may the checkpoint's own files and the
+/// repository's small files, which take the next places: a tensor file never takes theirs either).
 pub const RESERVED: &[&str] = &[METADATA_NAME, CONTROL_DIR];
 /// In tree layout, the file name a tensor takes inside the directory of the same name.
 pub const SELF_NAME: &str = "%self";
@@ -64,16 +64,28 @@ pub struct Shard {
     pub file: Option<String>,
 }
 
-/// A small file of the checkpoint re-served in the root as it was read (an `*.index.json`).
+/// A small file served in the root as it was read at open.
 #[derive(Debug, Clone)]
-pub struct IndexFile {
+pub struct RootFile {
     /// Its name in the root.
     pub name: String,
     /// Its bytes.
     pub bytes: Arc<[u8]>,
+    /// What it is.
+    pub kind: RootKind,
 }
 
-/// A checkpoint file served in the root, for metadata.json.
+/// What a [`RootFile`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootKind {
+    /// An `*.index.json` of the checkpoint (listed in metadata.json's `checkpoint_files`).
+    Index,
+    /// A small file of the repository beside the checkpoint, `config.json`, tokenizer files
+    /// (listed in metadata.json's `repo_files`).
+    Repo,
+}
+
+/// A checkpoint or repository file served in the root, for metadata.json.
 #[derive(Debug, Clone)]
 pub struct ServedFile {
     /// Its name in the root.
@@ -206,6 +218,8 @@ pub struct Namespace {
     shard_tensors: Vec<Range<usize>>,
     /// The checkpoint's own files served in the root.
     served: Vec<ServedFile>,
+    /// The repository's small files served in the root.
+    repo_served: Vec<ServedFile>,
 }
 
 impl Namespace {
@@ -215,7 +229,7 @@ impl Namespace {
     /// the kept shards' `header.tensors` are empty.
     pub(super) fn lay_out(
         mut shards: Vec<Shard>,
-        index_files: Vec<IndexFile>,
+        root_files: Vec<RootFile>,
         layout: Layout,
         views: Views,
     ) -> Result<Namespace, NameClash> {
@@ -225,12 +239,13 @@ impl Namespace {
             shards: Vec::new(),
             shard_tensors: Vec::new(),
             served: Vec::new(),
+            repo_served: Vec::new(),
         };
         ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
         ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
         let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
         ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
-        let reserved = ns.add_checkpoint_files(&mut shards, index_files);
+        let reserved = ns.add_checkpoint_files(&mut shards, root_files);
         let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
 
         for (shard_index, shard) in shards.iter_mut().enumerate() {
@@ -290,9 +305,10 @@ impl Namespace {
     }
 
     /// Adds the checkpoint's own files to the root: each shard that has a [`Shard::file`] name,
-    /// then the index files. A name already taken (a reserved one, or an earlier file's) is left
-    /// out: that shard is not re-served. Returns every name tensors may not take in the root.
-    fn add_checkpoint_files(&mut self, shards: &mut [Shard], index_files: Vec<IndexFile>) -> Vec<String> {
+    /// then the index files, then the repository's files. A name already taken (a reserved one, or
+    /// an earlier file's) is left out: that file is not served. Returns every name tensors may not
+    /// take in the root.
+    fn add_checkpoint_files(&mut self, shards: &mut [Shard], root_files: Vec<RootFile>) -> Vec<String> {
         let mut reserved: Vec<String> = RESERVED.iter().map(|r| r.to_string()).collect();
         let mut claim = |name: &Option<String>| match name {
             Some(n) if !reserved.contains(n) => {
@@ -300,7 +316,7 @@ impl Namespace {
                 true
             }
             Some(n) => {
-                log::warn!("checkpoint file {n:?} is not re-served: the name is taken");
+                log::warn!("file {n:?} is not served: the name is taken");
                 false
             }
             None => false,
@@ -315,11 +331,17 @@ impl Namespace {
             self.add_file(ROOT_INO, name.clone(), Content::Checkpoint(i), size);
             self.served.push(ServedFile { name, shard: Some(i), size });
         }
-        for file in index_files {
+        let (index_files, repo_files): (Vec<_>, Vec<_>) =
+            root_files.into_iter().partition(|f| f.kind == RootKind::Index);
+        for file in index_files.into_iter().chain(repo_files) {
             if claim(&Some(file.name.clone())) {
                 let size = file.bytes.len() as u64;
                 self.add_file(ROOT_INO, file.name.clone(), Content::Bytes(file.bytes), size);
-                self.served.push(ServedFile { name: file.name, shard: None, size });
+                let served = ServedFile { name: file.name, shard: None, size };
+                match file.kind {
+                    RootKind::Index => self.served.push(served),
+                    RootKind::Repo => self.repo_served.push(served),
+                }
             }
         }
         reserved
@@ -357,6 +379,11 @@ impl Namespace {
     /// The checkpoint's own files served in the root, shards first.
     pub fn served_files(&self) -> &[ServedFile] {
         &self.served
+    }
+
+    /// The repository's small files served in the root, in name order.
+    pub fn repo_files(&self) -> &[ServedFile] {
+        &self.repo_served
     }
 
     /// Adds the file for one tensor under its escaped path (`reserved`: the names it may not take

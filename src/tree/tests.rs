@@ -136,9 +136,10 @@ fn metadata_json_is_rendered_into_the_root() {
 fn checkpoint_files_take_their_names_before_tensors() {
     let mut s = shard(&["a", "m.safetensors", "metadata.json"]);
     s.file = Some("m.safetensors".into());
-    let index = IndexFile { name: "m.safetensors.index.json".into(), bytes: b"{}".to_vec().into() };
+    let index =
+        RootFile { name: "m.safetensors.index.json".into(), bytes: b"{}".to_vec().into(), kind: RootKind::Index };
     // An index file under a name already taken is left out.
-    let taken = IndexFile { name: "m.safetensors".into(), bytes: b"{}".to_vec().into() };
+    let taken = RootFile { name: "m.safetensors".into(), bytes: b"{}".to_vec().into(), kind: RootKind::Index };
     let ns = Namespace::build(vec![s], vec![index, taken], Layout::Flat, Views::default()).unwrap();
     let root = ns.dir(ROOT_INO).unwrap();
     let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
@@ -163,6 +164,28 @@ fn checkpoint_files_take_their_names_before_tensors() {
     assert_eq!(doc["checkpoint_files"][0], serde_json::json!({"path": "m.safetensors", "size": file_len, "shard": 0}));
     assert_eq!(doc["checkpoint_files"][1], serde_json::json!({"path": "m.safetensors.index.json", "size": 2}));
     assert_eq!(doc["files"].as_object().unwrap().len(), 3, "files maps tensor files only");
+}
+
+#[test]
+fn repo_files_take_their_names_before_tensors_and_are_listed_apart() {
+    let repo =
+        |name: &str, bytes: &[u8]| RootFile { name: name.into(), bytes: bytes.to_vec().into(), kind: RootKind::Repo };
+    let index =
+        RootFile { name: "m.safetensors.index.json".into(), bytes: b"{}".to_vec().into(), kind: RootKind::Index };
+    // Given before the index: the index still takes its place first.
+    let files = vec![repo("config.json", b"{\"a\": 1}"), repo("metadata.json", b"no"), index];
+    let ns = Namespace::build(vec![shard(&["config.json", "w"])], files, Layout::Flat, Views::default()).unwrap();
+    let root = ns.dir(ROOT_INO).unwrap();
+    let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["%63onfig.json", ".stfs", "config.json", "m.safetensors.index.json", "metadata.json", "w"]);
+    let config = ns.node(root.get("config.json").unwrap()).unwrap();
+    assert!(matches!(&config.kind, NodeKind::File { content: Content::Bytes(b), size: 8 } if &b[..] == b"{\"a\": 1}"));
+    let doc: serde_json::Value = serde_json::from_slice(&metadata::render(&ns)).unwrap();
+    // A repository file named metadata.json is not served: stfs's own keeps the name.
+    assert_eq!(doc["repo_files"], serde_json::json!([{"path": "config.json", "size": 8}]));
+    assert_eq!(doc["checkpoint_files"], serde_json::json!([{"path": "m.safetensors.index.json", "size": 2}]));
+    assert_eq!(doc["tensors"]["config.json"]["path"], "%63onfig.json");
+    assert!(doc["stfs_metadata_version"] == 1);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (`GET {endpoint}/api/models/{repo}/revision/{revision}`), and small files fetched whole.
 
 use std::io::Read;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use ureq::config::RedirectAuthHeaders;
@@ -58,6 +58,9 @@ pub struct HubClient {
     token: Option<Secret>,
     headers: Vec<(HeaderName, HeaderValue)>,
     agent: Agent,
+    /// The opening's deadline ([`HttpOptions::deadline`]): every request, retries included, ends by
+    /// then.
+    deadline: Option<Instant>,
 }
 
 impl HubClient {
@@ -79,7 +82,7 @@ impl HubClient {
             .proxy(proxy)
             .timeout_connect(Some(options.connect_timeout))
             .timeout_per_read(Some(options.read_timeout))
-            .timeout_global(Some(options.request_timeout.min(Duration::from_secs(120))))
+            .timeout_global(Some(global_timeout(options)))
             .tls_config(ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build())
             .build();
         let mut headers = Vec::new();
@@ -90,7 +93,8 @@ impl HubClient {
             value.set_sensitive(true);
             headers.push((name, value));
         }
-        Ok(HubClient { endpoint: endpoint.to_string(), token, headers, agent: Agent::new_with_config(config) })
+        let agent = Agent::new_with_config(config);
+        Ok(HubClient { endpoint: endpoint.to_string(), token, headers, agent, deadline: options.deadline })
     }
 
     /// Whether a token is sent.
@@ -126,11 +130,11 @@ impl HubClient {
         format!("{}/{repo}/resolve/{sha}/{}", self.endpoint, encode_path(path))
     }
 
-    /// The whole of a file of at most `limit` bytes at commit `sha`.
+    /// The whole of a file of at most `limit` bytes at commit `sha` (a longer one is an error).
     pub fn fetch_file(&self, repo: &str, sha: &str, path: &str, limit: u64) -> Result<Vec<u8>, HubError> {
         let (status, _, body) = self.get(&self.resolve_url(repo, sha, path), limit)?;
         if status != 200 {
-            return Err(HubError::Api(format!("{path}: HTTP {status}")));
+            return Err(HubError::Api(format!("the file answered HTTP {status}")));
         }
         Ok(body)
     }
@@ -161,20 +165,28 @@ impl HubClient {
 
     /// One GET with retries of transient failures: status, `X-Error-Code`, and a body of at most
     /// `limit` bytes (longer is an error). Messages name no URL (a mirror's may carry a signature).
+    /// No retry starts after the deadline.
     fn get(&self, url: &str, limit: u64) -> Result<(u16, Option<String>, Vec<u8>), HubError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let delay = Duration::from_millis(200 << attempt);
+            let in_time = self.deadline.is_none_or(|d| Instant::now() + delay < d);
             match self.get_once(url, limit) {
-                Ok((status, ..)) if matches!(status, 429 | 500 | 502 | 503 | 504) && attempt < API_ATTEMPTS => {}
-                Err(HubError::Transport(_)) if attempt < API_ATTEMPTS => {}
+                Ok((status, ..))
+                    if matches!(status, 429 | 500 | 502 | 503 | 504) && attempt < API_ATTEMPTS && in_time => {}
+                Err(HubError::Transport(_)) if attempt < API_ATTEMPTS && in_time => {}
                 other => return other,
             }
-            std::thread::sleep(Duration::from_millis(200 << attempt));
+            std::thread::sleep(delay);
         }
     }
 
     fn get_once(&self, url: &str, limit: u64) -> Result<(u16, Option<String>, Vec<u8>), HubError> {
+        let remaining = self.deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if remaining.is_some_and(|r| r.is_zero()) {
+            return Err(HubError::Transport("no answer within the timeout (--timeout)".to_string()));
+        }
         let mut request = Request::get(url);
         for (name, value) in &self.headers {
             request = request.header(name, value);
@@ -186,6 +198,14 @@ impl HubClient {
             request = request.header(AUTHORIZATION, value);
         }
         let request = request.body(()).map_err(|_| HubError::Api("bad request".to_string()))?;
+        // The whole exchange, body included, ends by the deadline.
+        let request = match remaining {
+            Some(remaining) => {
+                let limit = remaining.min(self.agent.config().timeouts().global.unwrap_or(remaining));
+                self.agent.configure_request(request).timeout_global(Some(limit)).build()
+            }
+            None => request,
+        };
         let response = self.agent.run(request).map_err(|e| HubError::Transport(transport_detail(e)))?;
         let status = response.status().as_u16();
         let code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -197,6 +217,11 @@ impl HubClient {
         }
         Ok((status, code, body))
     }
+}
+
+/// The longest one exchange with the API may take.
+fn global_timeout(options: &HttpOptions) -> Duration {
+    options.request_timeout.min(Duration::from_secs(120))
 }
 
 /// A transport error's wording without any URL.

@@ -90,9 +90,13 @@ const WEIGHT_EXTENSIONS: [&str; 15] = [
     "safetensors",
 ];
 
+/// Longest file name Linux accepts (NAME_MAX): a longer one could not be served.
+const NAME_MAX: usize = 255;
+
 /// The small files of `folder` (the root when `None`) a loader wants beside the checkpoint: its own
 /// files (not its subfolders') of known size up to [`SMALL_FILE_LIMIT`], no weights (any format),
-/// no git metadata, and not more than [`SMALL_FILES_TOTAL`] bytes together (smallest first).
+/// no dotfiles (`.gitattributes`), no index of shards (the checkpoint brings its own), names within
+/// NAME_MAX, and not more than [`SMALL_FILES_TOTAL`] bytes together (smallest first).
 /// Returns `(path in the repository, name in the folder)` pairs in name order.
 pub fn small_files(siblings: &[Sibling], folder: Option<&str>) -> Vec<(String, String)> {
     let prefix = folder.map_or(String::new(), |f| format!("{f}/"));
@@ -104,6 +108,7 @@ pub fn small_files(siblings: &[Sibling], folder: Option<&str>) -> Vec<(String, S
             let extension = name.rsplit_once('.').map_or("", |(_, e)| e);
             let wanted = !name.contains('/')
                 && !name.starts_with('.')
+                && name.len() <= NAME_MAX
                 && size <= SMALL_FILE_LIMIT
                 && !WEIGHT_EXTENSIONS.contains(&extension)
                 && !name.ends_with(".safetensors.index.json");
@@ -170,6 +175,7 @@ mod tests {
         ]);
         siblings.push(Sibling { path: "huge.txt".into(), size: Some(SMALL_FILE_LIMIT + 1) });
         siblings.push(Sibling { path: "unknown.json".into(), size: None });
+        siblings.push(Sibling { path: format!("{}.json", "x".repeat(NAME_MAX)), size: Some(1) });
         let names: Vec<String> = small_files(&siblings, None).into_iter().map(|(_, n)| n).collect();
         assert_eq!(names, ["config.json", "tokenizer.json"]);
         assert_eq!(small_files(&siblings, Some("sub")), [("sub/config.json".to_string(), "config.json".to_string())]);
