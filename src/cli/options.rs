@@ -229,6 +229,8 @@ pub struct MountConfig {
     pub allow_root: bool,
     /// `-d`/`--debug`: foreground with debug logging.
     pub debug: bool,
+    /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
+    pub auto_unmount: bool,
 }
 
 /// Parses an octal mask (`022`, `0077`, `7`).
@@ -264,6 +266,7 @@ impl MountConfig {
         a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
         a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
         a.debug |= o.debug.unwrap_or(false);
+        a.auto_unmount |= o.auto_unmount.unwrap_or(false);
         let mut owner = Owner::of_process();
         owner.uid = o.uid.unwrap_or(owner.uid);
         owner.gid = o.gid.unwrap_or(owner.gid);
@@ -299,6 +302,7 @@ impl MountConfig {
             mountpoint: a.mountpoint,
             foreground: a.foreground || a.debug,
             debug: a.debug,
+            auto_unmount: a.auto_unmount,
             owner,
             perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
             allow_root,
@@ -390,6 +394,7 @@ struct DashO {
     fmask: Option<u16>,
     dmask: Option<u16>,
     allow_root: Option<bool>,
+    auto_unmount: Option<bool>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -418,6 +423,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "dmask",
     "allow_root",
     "read_only",
+    "auto_unmount",
 ];
 
 impl DashO {
@@ -468,6 +474,7 @@ impl DashO {
                 "fmask" => o.fmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "allow_root" => o.allow_root = switch()?,
+                "auto_unmount" => o.auto_unmount = switch()?,
                 "read_only" => {}
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
