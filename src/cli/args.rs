@@ -22,7 +22,7 @@ Examples:
 Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error (a bad
 flag or -o option); as mount(8)'s helper mount.fuse.stfs: 32 failure, 1 usage error.
 Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in
-the background).";
+the background, else warnings and errors to syslog as stfs[PID]).";
 
 /// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
 #[derive(Parser, Debug)]
@@ -119,9 +119,14 @@ pub struct MountArgs {
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
     #[arg(long)]
     pub allow_other: bool,
-    /// Where the background daemon writes its log [default: discarded].
+    /// Where the background daemon writes its log [default: warnings and errors to syslog, as
+    /// stfs[PID]].
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+    /// Unmount if the daemon dies (killed, crashed): a small watcher process detaches the mount
+    /// [default: off, a stale mount stays until `stfs umount`].
+    #[arg(long)]
+    pub auto_unmount: bool,
     /// Threads answering FUSE requests [default: 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
@@ -336,7 +341,7 @@ the same -o option, and of a repeated -o option the last wins):
   layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, uid=N, gid=N (owner of
   every file), umask=M, fmask=M, dmask=M (octal: mode bits removed from files,
-  directories), allow_root
+  directories), allow_root, auto_unmount
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to

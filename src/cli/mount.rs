@@ -10,10 +10,11 @@ use crate::cli::report::Failure;
 use crate::engine::disk::DiskCache;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
-use crate::mount::logging::{init_debug_logging, init_logging};
+use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::mountpoint::check_mount_point;
-use crate::mount::session::serve;
+use crate::mount::session::{serve, ServeError};
 use crate::mount::signals::block_signals;
+use crate::mount::watcher::{spawn_watcher, AutoUnmount};
 use crate::stats::Stats;
 
 /// Runs `stfs mount`.
@@ -39,15 +40,13 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         std::path::absolute(&config.source).map_or(config.source.clone(), |p| p.display().to_string())
     };
     if config.foreground {
-        if config.debug {
-            init_debug_logging();
-        } else {
-            init_logging(None);
-        }
+        let init = || if config.debug { init_debug_logging() } else { init_logging(None) };
+        let watcher = watch(&config, init)?;
+        init();
         log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
         block_signals();
         let fs = build_fs(opened, &fs_options, stats)?;
-        serve(fs, &fsname, &serve_options, |_| {})?;
+        serve(fs, &fsname, &serve_options, watcher, |_| {})?;
         return Ok(ExitCode::SUCCESS);
     }
     let readiness = match daemon::daemonize(config.log_file.as_deref())? {
@@ -56,7 +55,16 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         Role::Child(readiness) => readiness,
     };
     // From here on we are the daemon: errors go to the parent through the readiness pipe.
-    init_logging(config.log_file.as_deref());
+    let init = || if config.log_file.is_some() { init_logging(config.log_file.as_deref()) } else { init_syslog() };
+    let watcher = watch(&config, init);
+    init();
+    let watcher = match watcher {
+        Ok(w) => w,
+        Err(e) => {
+            readiness.failed(&e);
+            return Err(e.into());
+        }
+    };
     block_signals();
     let fs = match build_fs(opened, &fs_options, stats) {
         Ok(fs) => fs,
@@ -66,7 +74,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         }
     };
     let mut readiness = Some(readiness);
-    let result = serve(fs, &fsname, &serve_options, |r| {
+    let result = serve(fs, &fsname, &serve_options, watcher, |r| {
         if let Some(p) = readiness.take() {
             match r {
                 Ok(()) => p.ready(),
@@ -81,4 +89,15 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
             Err(e.into())
         }
     }
+}
+
+/// With `--auto-unmount`, forks the watcher that detaches the mount if this process dies (before
+/// any thread starts); `init` sets up the watcher's logging.
+fn watch(config: &MountConfig, init: impl FnOnce()) -> Result<Option<AutoUnmount>, ServeError> {
+    if !config.auto_unmount {
+        return Ok(None);
+    }
+    spawn_watcher(&config.mountpoint, init)
+        .map(Some)
+        .map_err(|error| ServeError::Thread { purpose: "auto_unmount watcher", error })
 }

@@ -233,6 +233,8 @@ pub struct MountConfig {
     pub cache_dir: Option<PathBuf>,
     /// Its bound in bytes (`--cache-dir-size`); `None`: the default.
     pub cache_dir_size: Option<u64>,
+    /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
+    pub auto_unmount: bool,
 }
 
 /// Parses an octal mask (`022`, `0077`, `7`).
@@ -274,6 +276,7 @@ impl MountConfig {
         a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
         a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
         a.debug |= o.debug.unwrap_or(false);
+        a.auto_unmount |= o.auto_unmount.unwrap_or(false);
         let mut owner = Owner::of_process();
         owner.uid = o.uid.unwrap_or(owner.uid);
         owner.gid = o.gid.unwrap_or(owner.gid);
@@ -313,6 +316,7 @@ impl MountConfig {
             mountpoint: a.mountpoint,
             foreground: a.foreground || a.debug,
             debug: a.debug,
+            auto_unmount: a.auto_unmount,
             owner,
             perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
             allow_root,
@@ -408,6 +412,7 @@ struct DashO {
     allow_root: Option<bool>,
     cache_dir: Option<PathBuf>,
     cache_dir_size: Option<u64>,
+    auto_unmount: Option<bool>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -438,6 +443,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "read_only",
     "cache_dir",
     "cache_dir_size",
+    "auto_unmount",
 ];
 
 impl DashO {
@@ -488,6 +494,7 @@ impl DashO {
                 "fmask" => o.fmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "allow_root" => o.allow_root = switch()?,
+                "auto_unmount" => o.auto_unmount = switch()?,
                 "read_only" => {}
                 "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
                 "cache_dir_size" => o.cache_dir_size = size()?,

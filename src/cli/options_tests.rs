@@ -85,6 +85,13 @@ fn ownership_masks_and_conventions() {
     let mut a = args(&[]);
     (a.debug, a.read_only) = (true, true);
     assert!(MountConfig::from_args(a).unwrap().foreground);
+    // auto_unmount is off unless asked for, by -o or by --auto-unmount.
+    assert!(!MountConfig::from_args(args(&[])).unwrap().auto_unmount);
+    assert!(MountConfig::from_args(args(&["auto_unmount"])).unwrap().auto_unmount);
+    assert!(!MountConfig::from_args(args(&["auto_unmount,auto_unmount=0"])).unwrap().auto_unmount);
+    let mut a = args(&[]);
+    a.auto_unmount = true;
+    assert!(MountConfig::from_args(a).unwrap().auto_unmount);
 }
 
 #[test]

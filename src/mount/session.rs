@@ -15,6 +15,7 @@ use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
 use crate::mount::mountpoint::{self, MountPointError};
 use crate::mount::signals::wait_for_signal;
+use crate::mount::watcher::AutoUnmount;
 use crate::util::describe_io;
 
 /// How long to wait for the new mount to answer its first request.
@@ -125,12 +126,13 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
 }
 
 /// Mounts `fs`, calls `on_ready` once the mount answers (with the error if it never does), and
-/// serves until unmounted or signalled. Signals must already be blocked
-/// (see [`crate::mount::signals::block_signals`]).
+/// serves until unmounted or signalled; `watcher` is armed once the mount answers. Signals must
+/// already be blocked (see [`crate::mount::signals::block_signals`]).
 pub fn serve(
     fs: Arc<Fs>,
     fsname: &str,
     options: &ServeOptions,
+    mut watcher: Option<AutoUnmount>,
     on_ready: impl FnOnce(Result<(), &ServeError>),
 ) -> Result<(), ServeError> {
     let mp = options.mountpoint.clone();
@@ -154,6 +156,9 @@ pub fn serve(
                 if let Err(e) = mountpoint::set_kernel_readahead(&mp, options.kernel_readahead_kb) {
                     info!("kernel readahead left at its default: {e}");
                 }
+            }
+            if let Some(w) = watcher.as_mut() {
+                w.arm();
             }
             info!("mounted {} on {}", fsname, mp.display());
             on_ready(Ok(()));
