@@ -63,7 +63,7 @@ def test_shell_example(sample_mount, reference):
 def test_readme_memmap_example(sample_mount, reference):
     """The README's np.memmap example takes dtype and shape from metadata.json and reads the tensor."""
     text = open(os.path.join(ROOT, "README.md")).read()
-    block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "np.memmap" in b)
+    block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "np.memmap(" in b)
     scope = {}
     exec(block.replace('"/mnt/model"', repr(sample_mount)), scope)
     a = scope["a"]
