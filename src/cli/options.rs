@@ -2,7 +2,7 @@
 //! and the remote options into the checkpoint's [`OpenOptions`]: the "high" arguments.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::checkpoint::OpenOptions;
@@ -30,11 +30,45 @@ pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 10;
 pub const DEFAULT_REMOTE_BLOCK_SIZE: u64 = 4 << 20;
 /// Default cache size.
 pub const DEFAULT_CACHE_SIZE: u64 = 512 << 20;
-/// Default FUSE threads: enough for the kernel's parallel readahead and several readers.
+/// Most FUSE threads by default: enough for the kernel's parallel readahead and several readers.
 pub const DEFAULT_THREADS: u32 = 16;
-/// Default readahead threads: one stream with all eight prefetch lanes busy, or several sharing
-/// them (they mostly wait on storage, so more threads than cores is the point).
+/// Most readahead threads by default: one stream with all eight prefetch lanes busy, or several
+/// sharing them (a remote source's lanes mostly wait on the network, so it always gets these).
 pub const DEFAULT_IO_THREADS: u32 = 8;
+
+/// CPUs this process may run on (1 if unknown).
+fn cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// Default FUSE threads for `source`: for a file on a local filesystem twice the CPUs, 4 to
+/// [`DEFAULT_THREADS`]: a local read is CPU work (the kernel's copy into the reply), so threads
+/// beyond the CPUs only add wake-ups and lock waits (docs/benchmarks.md). For a URL or a file on a
+/// network or FUSE filesystem [`DEFAULT_THREADS`]: a request there may wait on the storage.
+pub fn default_threads(source: &str) -> u32 {
+    if waits_on_storage(source) {
+        DEFAULT_THREADS
+    } else {
+        cpus().saturating_mul(2).clamp(4, DEFAULT_THREADS)
+    }
+}
+
+/// Whether `source` is a URL or a path on a network or FUSE filesystem.
+fn waits_on_storage(source: &str) -> bool {
+    crate::checkpoint::is_url(source) || crate::source::on_remote_filesystem(Path::new(source))
+}
+
+/// Default readahead threads for `source`: for a file on a local filesystem one per CPU, 2 to
+/// [`DEFAULT_IO_THREADS`] (its lanes only ask the kernel to read ahead: CPU work, no waiting); for a
+/// URL or a file on a network or FUSE filesystem [`DEFAULT_IO_THREADS`], whose lanes wait on the
+/// storage (each lane one handle's bandwidth).
+pub fn default_io_threads(source: &str) -> u32 {
+    if waits_on_storage(source) {
+        DEFAULT_IO_THREADS
+    } else {
+        cpus().clamp(2, DEFAULT_IO_THREADS)
+    }
+}
 /// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).
 pub const DEFAULT_KERNEL_READAHEAD_KB: u32 = 1024;
 /// Smallest and largest block sizes accepted.
@@ -232,6 +266,7 @@ impl MountConfig {
                     a.kernel_readahead_kb = a.kernel_readahead_kb.or(Some(parse_count(key, need()?, 0, 1 << 20)?))
                 }
                 "npy" => a.npy |= flag_value(value)?,
+                "no_map" => a.no_map |= flag_value(value)?,
                 "as" => a.as_dtype = a.as_dtype.or(Some(need()?.to_string())),
                 "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
                 "header" => a.remote.headers.push(need()?.to_string()),
@@ -257,8 +292,13 @@ impl MountConfig {
         if cache_size < 2 * block_size {
             return Err(ConfigError::CacheSize { size: cache_size, least: 2 * block_size });
         }
-        let engine =
-            EngineConfig { block_size, cache_size, io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize };
+        let threads = a.threads.unwrap_or_else(|| default_threads(&a.source));
+        let engine = EngineConfig {
+            block_size,
+            cache_size,
+            io_threads: a.io_threads.unwrap_or_else(|| default_io_threads(&a.source)) as usize,
+            map_files: !a.no_map,
+        };
         let as_f32 = match a.as_dtype.as_deref() {
             None => false,
             Some(d) if d.eq_ignore_ascii_case("f32") => true,
@@ -279,7 +319,7 @@ impl MountConfig {
             engine,
             allow_other: a.allow_other,
             log_file: a.log_file,
-            threads: a.threads.unwrap_or(DEFAULT_THREADS),
+            threads,
             kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
         })
     }
@@ -341,7 +381,8 @@ pub fn default_engine(source: &str) -> EngineConfig {
     EngineConfig {
         block_size: default_block_size(source),
         cache_size: DEFAULT_CACHE_SIZE,
-        io_threads: DEFAULT_IO_THREADS as usize,
+        io_threads: default_io_threads(source) as usize,
+        map_files: true,
     }
 }
 
@@ -368,7 +409,7 @@ mod tests {
     fn defaults() {
         let c = MountConfig::from_args(args(&[])).unwrap();
         assert_eq!((c.engine.block_size, c.engine.cache_size), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE));
-        assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (DEFAULT_THREADS, 1024, false));
+        assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (default_threads(&c.source), 1024, false));
         for url in ["http://host/m.safetensors", "https://host/repo/model.safetensors.index.json"] {
             let c = MountConfig::from_args(MountArgs { source: url.into(), ..args(&[]) }).unwrap();
             assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
@@ -382,7 +423,7 @@ mod tests {
         let e = default_engine("m.safetensors");
         assert_eq!(
             (e.block_size, e.cache_size, e.io_threads),
-            (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize)
+            (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, default_io_threads("m.safetensors") as usize)
         );
         let explicit = MountArgs { source: "https://host/m.safetensors".into(), ..args(&["block_size=64K"]) };
         assert_eq!(MountConfig::from_args(explicit).unwrap().engine.block_size, 64 << 10);

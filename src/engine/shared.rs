@@ -3,7 +3,7 @@
 //! [`SourceEntry`], one registered source with its streams and spare descriptors.
 
 use std::io;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::cache::BlockCache;
@@ -12,7 +12,7 @@ use super::readahead::ReadaheadConfig;
 use super::spares::Spares;
 use super::stream::Streams;
 use super::tuning::EngineConfig;
-use crate::source::{Source, SourceId};
+use crate::source::{Mapping, Source, SourceId};
 use crate::stats::Stats;
 
 /// The state every job of the engine uses.
@@ -40,13 +40,32 @@ pub(crate) struct SourceEntry {
     pub(crate) streams: Streams,
     /// Its idle descriptors, for reads outside a confirmed stream.
     pub(crate) spares: Spares,
+    /// Whether the kernel's reads are served from the source's mapping (`EngineConfig::map_files`
+    /// and the source has one); its prefetch lanes then advise instead of loading blocks.
+    pub(crate) mapped: bool,
+    /// Reply bytes copied from the mapping since its page-table entries were last dropped.
+    pub(crate) mapped_since_release: AtomicU64,
 }
 
 impl SourceEntry {
     /// Registers `source` as `id`, with streams tuned by `readahead`.
-    pub(crate) fn new(id: SourceId, source: Arc<dyn Source>, readahead: ReadaheadConfig) -> SourceEntry {
+    pub(crate) fn new(id: SourceId, source: Arc<dyn Source>, readahead: ReadaheadConfig, map: bool) -> SourceEntry {
         let len = source.len();
-        SourceEntry { id, source, len, streams: Streams::new(readahead, id, len), spares: Spares::default() }
+        let mapped = map && source.mapping().is_some_and(|m| m.len() == len);
+        SourceEntry {
+            id,
+            source,
+            len,
+            streams: Streams::new(readahead, id, len, mapped),
+            spares: Spares::default(),
+            mapped,
+            mapped_since_release: AtomicU64::new(0),
+        }
+    }
+
+    /// The mapping the kernel's reads are served from, if they are.
+    pub(crate) fn mapping(&self) -> Option<&Mapping> {
+        self.source.mapping().filter(|_| self.mapped)
     }
 
     /// Length of block `block`: a whole block, except the last one of the source.
