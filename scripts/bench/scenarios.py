@@ -158,7 +158,7 @@ def scenario_read(bench):
     if floor:
         res.note(f"fresh-memory floor: writing the tensors' bytes once into never-touched memory (what a fresh "
                  f"FUSE read does to the kernel's page cache) runs at {statistics.median(floor):.2f}x local cat "
-                 f"speed [{min(floor):.2f}-{max(floor):.2f}]: no FUSE filesystem's fresh read can beat that here")
+                 f"speed [{min(floor):.2f}-{max(floor):.2f}] (not a bound: the limit row beats it; see the limit row)")
     if not bench.stfs:
         res.note("stfs binary not found: stfs rows not measured")
     if not bench.limitfs:
