@@ -159,9 +159,11 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // The reply is written from inside the read, so bytes go from the cached block to the kernel.
+        // The reply is written from inside the read, so bytes go from the cached block (or the
+        // backing file's mapping) to the kernel; fuser hands the slice to `writev` as it is, and
+        // nothing here reads it (the contract of `read_for_kernel`).
         let mut reply = Some(reply);
-        let sent = self.fs.read_with(ino.0, offset, size, |data| {
+        let sent = self.fs.read_for_kernel(ino.0, offset, size, |data| {
             if let Some(reply) = reply.take() {
                 reply.data(data);
             }

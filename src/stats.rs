@@ -20,10 +20,17 @@ pub struct Stats {
     pub cache_misses: AtomicU64,
     /// Lookups that waited for a load another thread had started (single flight).
     pub single_flight_waits: AtomicU64,
-    /// Backing reads issued (one per block load).
+    /// Backing reads issued: one per block load, and one per prefetch chunk of a mapped source
+    /// (the kernel is asked to read it into the page cache).
     pub backing_reads: AtomicU64,
-    /// Bytes read from the backing source.
+    /// Bytes read from the backing source (or asked of it, for a mapped source's prefetch).
     pub backing_read_bytes: AtomicU64,
+    /// Replies the kernel copied straight from a source's mapping (no block, no user-space copy).
+    pub mapped_reads: AtomicU64,
+    /// Bytes of those replies.
+    pub mapped_read_bytes: AtomicU64,
+    /// Times the daemon dropped its page-table entries of a mapping to bound its resident set.
+    pub mapping_releases: AtomicU64,
     /// Backing reads that failed.
     pub backing_errors: AtomicU64,
     /// Bytes loaded by readahead rather than on demand.
@@ -131,6 +138,9 @@ impl Stats {
             "backing_reads": g(&self.backing_reads),
             "backing_read_bytes": g(&self.backing_read_bytes),
             "backing_errors": g(&self.backing_errors),
+            "mapped_reads": g(&self.mapped_reads),
+            "mapped_read_bytes": g(&self.mapped_read_bytes),
+            "mapping_releases": g(&self.mapping_releases),
             "prefetched_bytes": g(&self.prefetched_bytes),
             "prefetch_unused_bytes": g(&self.prefetch_unused_bytes),
             "evictions": g(&self.evictions),

@@ -207,13 +207,16 @@ fn stats_file_and_command_report_counters() {
     std::fs::read(served_path(&m, &tensors[0].name)).unwrap();
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
-    assert!(doc["fuse_reads"].as_u64().unwrap() > 0);
-    assert!(doc["backing_read_bytes"].as_u64().unwrap() >= tensors[0].data.len() as u64);
-    assert!(doc["peak_resident_bytes"].as_u64().unwrap() <= 256 << 10);
+    let n = |key: &str| doc[key].as_u64().unwrap();
+    assert!(n("fuse_reads") > 0);
+    // A local file is served from its mapping (the kernel copies the replies) unless blocks are
+    // loaded; either way every byte read is counted.
+    assert!(n("mapped_read_bytes") >= tensors[0].data.len() as u64, "{doc}");
+    assert!(n("peak_resident_bytes") <= 256 << 10);
     let out = stfs(&["stats", m.path.to_str().unwrap()]);
     assert!(out.status.success());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(doc["cache_misses"].as_u64().unwrap() > 0);
+    assert!(doc["mapped_reads"].as_u64().unwrap() > 0);
 }
 
 #[test]

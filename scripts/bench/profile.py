@@ -294,7 +294,8 @@ def main():
             s = summary["stfs_stats"]
             print("-- stfs stats: " + ", ".join(f"{k}={s.get(k)}" for k in (
                 "fuse_reads", "fuse_read_bytes", "backing_reads", "backing_read_bytes", "cache_hits",
-                "cache_misses", "single_flight_waits", "prefetched_bytes", "peak_resident_bytes")))
+                "cache_misses", "single_flight_waits", "prefetched_bytes", "peak_resident_bytes",
+                "mapped_reads", "mapped_read_bytes", "mapping_releases")))
         if "limit_stats" in summary:
             print(f"-- limitfs counters: {json.dumps(summary['limit_stats'])}")
         with open(os.path.join(run_dir, "summary.json"), "w") as f:

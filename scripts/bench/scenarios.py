@@ -132,9 +132,11 @@ def scenario_read(bench):
                     if not verified:
                         verify_same_bytes(m.path, ckpt, res, "stfs")
                         verified = True
-    res.ratio_check("(a) stfs fresh vs squashfuse fresh (speed-up)", "squashfuse fresh", "stfs fresh", 2.0)
+    # Issue 14's targets: (a) >= 1.2x squashfuse and within 1.15x of the limit row; (b) >= squashfuse's re-read.
+    res.ratio_check("(a) stfs fresh vs squashfuse fresh (speed-up)", "squashfuse fresh", "stfs fresh", 1.2)
     res.ratio_check("(a) stfs fresh vs local cat (fraction of local speed)", "local cat", "stfs fresh", 0.3)
     res.ratio_check("(b) stfs re-read vs local cat (fraction of local speed)", "local cat", "stfs re-read", 0.75)
+    res.ratio_check("(b) stfs re-read vs squashfuse re-read (speed-up)", "squashfuse re-read", "stfs re-read", 1.0)
     # Issue 14: stfs's fresh read within 1.15x of the limit row's time, i.e. >= 1/1.15 of its speed.
     res.ratio_check("(a) stfs fresh vs limit row (fraction of the limit's speed)", "limit fresh", "stfs fresh",
                     round(1 / 1.15, 3))
@@ -156,7 +158,7 @@ def scenario_read(bench):
     if floor:
         res.note(f"fresh-memory floor: writing the tensors' bytes once into never-touched memory (what a fresh "
                  f"FUSE read does to the kernel's page cache) runs at {statistics.median(floor):.2f}x local cat "
-                 f"speed [{min(floor):.2f}-{max(floor):.2f}]: no FUSE filesystem's fresh read can beat that here")
+                 f"speed [{min(floor):.2f}-{max(floor):.2f}] (not a bound: the limit row beats it; see the limit row)")
     if not bench.stfs:
         res.note("stfs binary not found: stfs rows not measured")
     if not bench.limitfs:
@@ -291,7 +293,7 @@ def scenario_random(bench):
             with context as m:
                 _, seconds = run_load("rand", m.path, ckpt["checkpoint"], count=count, seed=42 + rep)
                 res.add(f"{variant} fresh", seconds / count * 1e6, "us")
-    res.ratio_check("(f) stfs vs squashfuse, first touch (speed-up)", "squashfuse fresh", "stfs fresh", 1.0)
+    res.ratio_check("(f) stfs vs squashfuse, first touch (speed-up)", "squashfuse fresh", "stfs fresh", 1.2)
     ratio_note(res, "(f) stfs vs limit row (fraction of the limit's speed)", "limit fresh", "stfs fresh")
     ratio_note(res, "(f) squashfuse vs limit row (fraction of the limit's speed)", "limit fresh", "squashfuse fresh")
     ratio_note(res, "(f) mmap-reply vs squashfuse (speed-up)", "squashfuse fresh", "mmap-reply fresh")

@@ -127,12 +127,18 @@ pub struct MountArgs {
     /// [default: off, a stale mount stays until `stfs umount`].
     #[arg(long)]
     pub auto_unmount: bool,
-    /// Threads answering FUSE requests [default: 16].
+    /// Threads answering FUSE requests [default: twice the CPUs, 4 to 16, for a local file; 16 for a
+    /// URL or a file on a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
-    /// Background threads doing readahead [default: 8].
+    /// Background threads doing readahead [default: the CPUs, 2 to 8, for a local file; 8 for a URL
+    /// or a file on a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub io_threads: Option<u32>,
+    /// Read local files through the block cache too, instead of replying to the kernel straight
+    /// from a read-only mapping of the file (the default on local filesystems).
+    #[arg(long)]
+    pub no_map: bool,
     /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
     #[arg(long, value_name = "KIB")]
     pub kernel_readahead_kb: Option<u32>,

@@ -2,7 +2,7 @@
 //! and the remote options into the checkpoint's [`OpenOptions`]: the "high" arguments.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,11 +31,45 @@ pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 10;
 pub const DEFAULT_REMOTE_BLOCK_SIZE: u64 = 4 << 20;
 /// Default cache size.
 pub const DEFAULT_CACHE_SIZE: u64 = 512 << 20;
-/// Default FUSE threads: enough for the kernel's parallel readahead and several readers.
+/// Most FUSE threads by default: enough for the kernel's parallel readahead and several readers.
 pub const DEFAULT_THREADS: u32 = 16;
-/// Default readahead threads: one stream with all eight prefetch lanes busy, or several sharing
-/// them (they mostly wait on storage, so more threads than cores is the point).
+/// Most readahead threads by default: one stream with all eight prefetch lanes busy, or several
+/// sharing them (a remote source's lanes mostly wait on the network, so it always gets these).
 pub const DEFAULT_IO_THREADS: u32 = 8;
+
+/// CPUs this process may run on (1 if unknown).
+fn cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// Default FUSE threads for `source`: for a file on a local filesystem twice the CPUs, 4 to
+/// [`DEFAULT_THREADS`]: a local read is CPU work (the kernel's copy into the reply), so threads
+/// beyond the CPUs only add wake-ups and lock waits (docs/benchmarks.md). For a URL or a file on a
+/// network or FUSE filesystem [`DEFAULT_THREADS`]: a request there may wait on the storage.
+pub fn default_threads(source: &str) -> u32 {
+    if waits_on_storage(source) {
+        DEFAULT_THREADS
+    } else {
+        cpus().saturating_mul(2).clamp(4, DEFAULT_THREADS)
+    }
+}
+
+/// Whether `source` is a URL or a path on a network or FUSE filesystem.
+fn waits_on_storage(source: &str) -> bool {
+    crate::checkpoint::is_url(source) || crate::source::on_remote_filesystem(Path::new(source))
+}
+
+/// Default readahead threads for `source`: for a file on a local filesystem one per CPU, 2 to
+/// [`DEFAULT_IO_THREADS`] (its lanes only ask the kernel to read ahead: CPU work, no waiting); for a
+/// URL or a file on a network or FUSE filesystem [`DEFAULT_IO_THREADS`], whose lanes wait on the
+/// storage (each lane one handle's bandwidth).
+pub fn default_io_threads(source: &str) -> u32 {
+    if waits_on_storage(source) {
+        DEFAULT_IO_THREADS
+    } else {
+        cpus().clamp(2, DEFAULT_IO_THREADS)
+    }
+}
 /// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).
 pub const DEFAULT_KERNEL_READAHEAD_KB: u32 = 1024;
 /// Smallest and largest block sizes accepted.
@@ -284,6 +318,7 @@ impl MountConfig {
         let allow_root = o.allow_root.unwrap_or(false);
         a.cache_dir = a.cache_dir.or(o.cache_dir);
         a.cache_dir_size = a.cache_dir_size.or(o.cache_dir_size);
+        a.no_map |= o.no_map.unwrap_or(false);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -293,8 +328,13 @@ impl MountConfig {
         if cache_size < 2 * block_size {
             return Err(ConfigError::CacheSize { size: cache_size, least: 2 * block_size });
         }
-        let engine =
-            EngineConfig { block_size, cache_size, io_threads: a.io_threads.unwrap_or(DEFAULT_IO_THREADS) as usize };
+        let threads = a.threads.unwrap_or_else(|| default_threads(&a.source));
+        let engine = EngineConfig {
+            block_size,
+            cache_size,
+            io_threads: a.io_threads.unwrap_or_else(|| default_io_threads(&a.source)) as usize,
+            map_files: !a.no_map,
+        };
         let as_f32 = match a.as_dtype.as_deref() {
             None => false,
             Some(d) if d.eq_ignore_ascii_case("f32") => true,
@@ -323,7 +363,7 @@ impl MountConfig {
             engine,
             allow_other: a.allow_other,
             log_file: a.log_file,
-            threads: a.threads.unwrap_or(DEFAULT_THREADS),
+            threads,
             kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
         })
     }
@@ -413,6 +453,7 @@ struct DashO {
     cache_dir: Option<PathBuf>,
     cache_dir_size: Option<u64>,
     auto_unmount: Option<bool>,
+    no_map: Option<bool>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -444,6 +485,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "cache_dir",
     "cache_dir_size",
     "auto_unmount",
+    "no_map",
 ];
 
 impl DashO {
@@ -495,6 +537,7 @@ impl DashO {
                 "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "allow_root" => o.allow_root = switch()?,
                 "auto_unmount" => o.auto_unmount = switch()?,
+                "no_map" => o.no_map = switch()?,
                 "read_only" => {}
                 "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
                 "cache_dir_size" => o.cache_dir_size = size()?,
@@ -527,7 +570,8 @@ pub fn default_engine(source: &str) -> EngineConfig {
     EngineConfig {
         block_size: default_block_size(source),
         cache_size: DEFAULT_CACHE_SIZE,
-        io_threads: DEFAULT_IO_THREADS as usize,
+        io_threads: default_io_threads(source) as usize,
+        map_files: true,
     }
 }
 

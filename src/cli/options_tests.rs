@@ -15,7 +15,7 @@ fn args(options: &[&str]) -> MountArgs {
 fn defaults() {
     let c = MountConfig::from_args(args(&[])).unwrap();
     assert_eq!((c.engine.block_size, c.engine.cache_size), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE));
-    assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (DEFAULT_THREADS, 1024, false));
+    assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (default_threads(&c.source), 1024, false));
     for url in ["http://host/m.safetensors", "https://host/repo/model.safetensors.index.json"] {
         let c = MountConfig::from_args(MountArgs { source: url.into(), ..args(&[]) }).unwrap();
         assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
@@ -29,7 +29,7 @@ fn defaults() {
     let e = default_engine("m.safetensors");
     assert_eq!(
         (e.block_size, e.cache_size, e.io_threads),
-        (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize)
+        (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, default_io_threads("m.safetensors") as usize)
     );
     let explicit = MountArgs { source: "https://host/m.safetensors".into(), ..args(&["block_size=64K"]) };
     assert_eq!(MountConfig::from_args(explicit).unwrap().engine.block_size, 64 << 10);

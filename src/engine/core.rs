@@ -1,11 +1,12 @@
 //! [`Engine`]: registers sources and answers reads of their byte ranges. It owns the threads (the
 //! prefetch lanes' I/O pool, the warming thread) and hands each read to its stream (`stream`) and
-//! then to its on-demand loads (`demand`).
+//! then to its on-demand loads (`demand`), or, for a read the kernel copies of a mapped source,
+//! to the source's mapping ([`Engine::read_for_kernel`]).
 
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use super::cache::BlockCache;
@@ -15,10 +16,10 @@ use super::error::ReadError;
 use super::prefetch::Prefetcher;
 use super::readahead::ReadaheadConfig;
 use super::shared::{Shared, SourceEntry};
-use super::tuning::{EngineConfig, MAX_BLOCK_SIZE};
+use super::tuning::{mapped_resident_bytes, EngineConfig, MAX_BLOCK_SIZE};
 use crate::source::{Source, SourceId};
 use crate::stats::Stats;
-use crate::util::{read, write};
+use crate::util::{lock, read, write};
 
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
@@ -28,8 +29,9 @@ pub struct Engine {
     /// The registered sources, by id.
     sources: RwLock<Vec<Arc<SourceEntry>>>,
     prefetcher: Prefetcher,
-    /// Keeps a few block buffers faulted in ahead of need ([`BlockCache::keep_warm`]).
-    warmer: Option<JoinHandle<()>>,
+    /// Keeps a few block buffers faulted in ahead of need ([`BlockCache::keep_warm`]); started
+    /// with the first source whose reads use blocks (a mapped source's replies use none).
+    warmer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Engine {
@@ -69,12 +71,7 @@ impl Engine {
         let io_threads = config.io_threads;
         let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false), disk });
         let prefetcher = Prefetcher::start(&shared, io_threads);
-        let warm_shared = Arc::clone(&shared);
-        let warmer = std::thread::Builder::new()
-            .name("stfs-warm".into())
-            .spawn(move || warm_shared.cache.keep_warm(warm_shared.config.block_size, &warm_shared.stopping))
-            .map_err(|e| log::warn!("no thread to keep spare buffers warm: {e}"))
-            .ok();
+        let warmer = Mutex::new(None);
         Arc::new(Engine { shared, readahead, sources: RwLock::new(Vec::new()), prefetcher, warmer })
     }
 
@@ -85,8 +82,28 @@ impl Engine {
         let id = sources.len();
         let bs = self.shared.config.block_size;
         let disk_key = self.shared.disk.as_ref().and(source.cache_identity()).map(|i| ObjectKey::new(&i, bs));
-        sources.push(Arc::new(SourceEntry::new(id, source, self.readahead.clone(), disk_key)));
+        // A source cached on disk takes the block path: its blocks are what the disk tier holds.
+        let map = self.shared.config.map_files && disk_key.is_none();
+        let entry = SourceEntry::new(id, source, self.readahead.clone(), disk_key, map);
+        if !entry.mapped {
+            self.start_warmer();
+        }
+        sources.push(Arc::new(entry));
         id
+    }
+
+    /// Starts the thread that keeps spare block buffers warm, once.
+    fn start_warmer(&self) {
+        let mut warmer = lock(&self.warmer);
+        if warmer.is_some() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        *warmer = std::thread::Builder::new()
+            .name("stfs-warm".into())
+            .spawn(move || shared.cache.keep_warm(shared.config.block_size, &shared.stopping))
+            .map_err(|e| log::warn!("no thread to keep spare buffers warm: {e}"))
+            .ok();
     }
 
     /// Reads `len` bytes at absolute `offset` of `source`, clipped at its end (empty past it).
@@ -134,7 +151,56 @@ impl Engine {
             entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
                 self.prefetcher.submit(&entry, io, lane)
             });
+        // A mapped source's lanes advise rather than load blocks: this read loads its own run of
+        // cold blocks in one backing read, as a read outside any stream does.
+        let stream = stream.filter(|_| !entry.mapped);
         Demand { shared, entry: &entry, stream: stream.as_deref() }.serve(offset, end, consume)
+    }
+
+    /// [`Engine::read_in`] for a reply the kernel copies: `to_kernel` must pass the bytes to a
+    /// system call (`writev` to the FUSE device) and never read them itself. For a source served
+    /// from its mapping (a local file, unless `map_files` is off) they are then a slice of the
+    /// mapping, handed over after the source's pin check: no block, no copy in user space, and a
+    /// file truncated under the mapping makes the kernel's copy fail (EIO for the reader), never
+    /// SIGBUS here. The read still goes to its stream, whose prefetch lanes ask the kernel to read
+    /// the window ahead in large aligned chunks. Other sources go through [`Engine::read_in`].
+    pub fn read_for_kernel<R>(
+        &self,
+        source: SourceId,
+        extent: Range<u64>,
+        offset: u64,
+        len: usize,
+        to_kernel: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ReadError> {
+        let Some(entry) = self.entry(source).filter(|e| e.mapped) else {
+            return self.read_in(source, extent, offset, len, to_kernel);
+        };
+        let Some(mapping) = entry.mapping() else {
+            return self.read_in(source, extent, offset, len, to_kernel);
+        };
+        let end = offset.saturating_add(len as u64).min(entry.len);
+        if offset >= end {
+            return Ok(to_kernel(&[]));
+        }
+        let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
+        let shared = &*self.shared;
+        entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
+            self.prefetcher.submit(&entry, io, lane)
+        });
+        let reply = mapping.to_kernel(offset..end, to_kernel).map_err(|e| {
+            Stats::add(&shared.stats.backing_errors, 1);
+            entry.error(offset, e)
+        })?;
+        let stats = &shared.stats;
+        Stats::add(&stats.mapped_reads, 1);
+        Stats::add(&stats.mapped_read_bytes, end - offset);
+        let since = entry.mapped_since_release.fetch_add(end - offset, Relaxed) + (end - offset);
+        if since >= mapped_resident_bytes(shared.config.cache_size) {
+            entry.mapped_since_release.store(0, Relaxed);
+            mapping.release();
+            Stats::add(&stats.mapping_releases, 1);
+        }
+        Ok(reply)
     }
 
     /// The configuration in force.
@@ -165,7 +231,7 @@ impl Drop for Engine {
         // Queued jobs end at their next block; the pool then joins its threads as it is dropped.
         self.shared.stopping.store(true, Relaxed);
         self.shared.cache.wake_warmer();
-        if let Some(warmer) = self.warmer.take() {
+        if let Some(warmer) = lock(&self.warmer).take() {
             let _ = warmer.join();
         }
     }

@@ -17,8 +17,19 @@
 //!    chunks of its pending blocks in order and loads each run of missing ones in one backing read
 //!    on its own descriptor, publishing each block as it lands.
 //!
+//! The mapped path ([`Engine::read_for_kernel`], `core`): a read whose reply only goes to the
+//! kernel (a raw tensor through FUSE) of a source with a [`Mapping`](crate::source::Mapping) (a
+//! file on a local filesystem, unless `EngineConfig::map_files` is off) takes steps 1 and 2 as
+//! above, then skips 3: after the source's pin check it hands the caller a slice of the mapping,
+//! which fuser passes to `writev`, so the kernel copies straight from the file's page cache. Its
+//! stream's lanes (step 4) claim the same aligned chunks but only ask the kernel to read each one
+//! (`POSIX_FADV_WILLNEED`), counted as backing reads; the daemon drops its page-table entries for
+//! the mapping every `mapped_resident_bytes` of replies. Reads that need the bytes in user space
+//! (the `.npy` and F32 views, `stfs extract`) take the block path for every source.
+//!
 //! Every load goes through `backing` (one read of whole blocks, counted), which asks the disk
-//! tier (`disk`, with `--cache-dir`) first and fetches only the blocks it lacks. The cache's budget
+//! tier (`disk`, with `--cache-dir`; a source it caches takes the block path, never the mapping)
+//! first and fetches only the blocks it lacks. The cache's budget
 //! counts blocks being loaded and spare buffers, and `cache::warm` keeps a few spares faulted in.
 //! `shared` holds what the jobs share, `tuning` every constant with its reason, `error` the
 //! [`ReadError`] a failed read returns.

@@ -16,6 +16,7 @@ use super::pool::IoPool;
 use super::shared::{Shared, SourceEntry};
 use super::stream::{Descriptor, StreamIo};
 use super::tuning::JOB_QUEUE_LEN;
+use crate::source::Mapping;
 use crate::stats::Stats;
 use crate::util::lock;
 
@@ -47,12 +48,16 @@ impl Prefetcher {
 }
 
 /// Runs one lane of a stream's prefetch: claims chunks of the pending blocks in order and loads
-/// each run of missing blocks in one read on the lane's own descriptor.
+/// each run of missing blocks in one read on the lane's own descriptor (or, for a source served
+/// from its mapping, asks the kernel to read the chunk into the page cache).
 fn run_lane(shared: &Shared, job: &Job) {
     let bs = shared.config.block_size;
     let Some(lane) = job.stream.lanes.get(job.lane) else {
         return;
     };
+    if let Some(mapping) = job.source.mapping() {
+        return advise_lane(shared, job, mapping);
+    }
     while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
         let mut run: Vec<LoadTicket<'_>> = Vec::new();
         let mut run_start = chunk.start;
@@ -80,6 +85,30 @@ fn run_lane(shared: &Shared, job: &Job) {
             }
         }
         load_run(shared, job, lane, run_start, run);
+    }
+}
+
+/// A mapped source's lane: each chunk it claims (whole aligned blocks, 1 to 8 MiB) becomes one
+/// `POSIX_FADV_WILLNEED` of that byte range, so the storage below reads it in large requests ahead
+/// of the reader while the reader's replies are copied by the kernel straight from the page cache.
+/// Nothing is cached in the engine, so nothing is refused; blocks the stream has passed are skipped.
+fn advise_lane(shared: &Shared, job: &Job, mapping: &Mapping) {
+    let bs = shared.config.block_size;
+    while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
+        let first = chunk.start.max(job.stream.behind());
+        if first >= chunk.end {
+            continue;
+        }
+        let start = first.saturating_mul(bs);
+        let end = chunk.end.saturating_mul(bs).min(job.source.len);
+        if start >= end {
+            continue;
+        }
+        mapping.will_need(start..end);
+        let stats = &shared.stats;
+        Stats::add(&stats.backing_reads, 1);
+        Stats::add(&stats.backing_read_bytes, end - start);
+        Stats::add(&stats.prefetched_bytes, end - start);
     }
 }
 

@@ -3,7 +3,7 @@
 //! [`SourceEntry`], one registered source with its streams and spare descriptors.
 
 use std::io;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::cache::BlockCache;
@@ -13,7 +13,7 @@ use super::readahead::ReadaheadConfig;
 use super::spares::Spares;
 use super::stream::Streams;
 use super::tuning::EngineConfig;
-use crate::source::{Source, SourceId};
+use crate::source::{Mapping, Source, SourceId};
 use crate::stats::Stats;
 
 /// The state every job of the engine uses.
@@ -45,20 +45,40 @@ pub(crate) struct SourceEntry {
     pub(crate) spares: Spares,
     /// What its blocks are stored under in the disk tier; `None`: not cached on disk.
     pub(crate) disk_key: Option<ObjectKey>,
+    /// Whether the kernel's reads are served from the source's mapping (`EngineConfig::map_files`
+    /// and the source has one); its prefetch lanes then advise instead of loading blocks.
+    pub(crate) mapped: bool,
+    /// Reply bytes copied from the mapping since its page-table entries were last dropped.
+    pub(crate) mapped_since_release: AtomicU64,
 }
 
 impl SourceEntry {
     /// Registers `source` as `id`, with streams tuned by `readahead`, its blocks stored on disk
-    /// under `disk_key` if given.
+    /// under `disk_key` if given, served from its mapping if `map` and it has one.
     pub(crate) fn new(
         id: SourceId,
         source: Arc<dyn Source>,
         readahead: ReadaheadConfig,
         disk_key: Option<ObjectKey>,
+        map: bool,
     ) -> SourceEntry {
         let len = source.len();
-        let streams = Streams::new(readahead, id, len);
-        SourceEntry { id, source, len, streams, spares: Spares::default(), disk_key }
+        let mapped = map && source.mapping().is_some_and(|m| m.len() == len);
+        SourceEntry {
+            id,
+            source,
+            len,
+            streams: Streams::new(readahead, id, len, mapped),
+            spares: Spares::default(),
+            disk_key,
+            mapped,
+            mapped_since_release: AtomicU64::new(0),
+        }
+    }
+
+    /// The mapping the kernel's reads are served from, if they are.
+    pub(crate) fn mapping(&self) -> Option<&Mapping> {
+        self.source.mapping().filter(|_| self.mapped)
     }
 
     /// Length of block `block`: a whole block, except the last one of the source.

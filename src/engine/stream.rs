@@ -38,6 +38,8 @@ pub(crate) struct Streams {
     source: SourceId,
     /// The source's length in bytes.
     len: u64,
+    /// Whether the source is served from its mapping: no cached blocks to recycle behind a stream.
+    mapped: bool,
     table: Mutex<Table>,
 }
 
@@ -58,10 +60,11 @@ struct Stream {
 impl Streams {
     /// An empty table for source `source` of `len` bytes (a block size of 0 is taken as 1, and at
     /// least one stream is tracked).
-    pub(crate) fn new(mut config: ReadaheadConfig, source: SourceId, len: u64) -> Streams {
+    /// `mapped`: the source is served from its mapping, so passed blocks are not recycled.
+    pub(crate) fn new(mut config: ReadaheadConfig, source: SourceId, len: u64, mapped: bool) -> Streams {
         config.block_size = config.block_size.max(1);
         config.max_streams = config.max_streams.max(1);
-        Streams { config, source, len, table: Mutex::new(Table { streams: Vec::new(), clock: 0 }) }
+        Streams { config, source, len, mapped, table: Mutex::new(Table { streams: Vec::new(), clock: 0 }) }
     }
 
     /// Everything the read of `range` (not empty, inside the source) of a file spanning `extent`
@@ -100,8 +103,10 @@ impl Streams {
         if !decision.consumed.is_empty() {
             stream.io.left_behind(decision.consumed.end);
         }
-        for block in decision.consumed.clone() {
-            cache.recycle((self.source, block));
+        if !self.mapped {
+            for block in decision.consumed.clone() {
+                cache.recycle((self.source, block));
+            }
         }
         let io = Arc::clone(&stream.io);
         let after = table.totals(bs);
@@ -297,6 +302,11 @@ impl StreamIo {
         self.behind.fetch_max(block, Relaxed);
     }
 
+    /// The first block the stream has not left behind.
+    pub(crate) fn behind(&self) -> u64 {
+        self.behind.load(Relaxed)
+    }
+
     /// Whether the stream has left `block` behind (prefetching it would be wasted).
     pub(crate) fn is_behind(&self, block: u64) -> bool {
         block < self.behind.load(Relaxed)
@@ -336,7 +346,7 @@ mod tests {
             initial_window_blocks: 1,
             file_start_window_blocks: 4,
         };
-        Streams::new(config, 0, 100 * BS)
+        Streams::new(config, 0, 100 * BS, false)
     }
 
     /// What one read decided: (stream, sequential, prefetch).

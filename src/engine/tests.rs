@@ -16,7 +16,7 @@ use crate::util::test_support::eventually;
 
 fn engine(block_size: u64, cache_size: u64, io_threads: usize) -> (Arc<Engine>, Arc<Stats>) {
     let stats = Arc::new(Stats::default());
-    let config = EngineConfig { block_size, cache_size, io_threads };
+    let config = EngineConfig { block_size, cache_size, io_threads, map_files: true };
     let mut readahead = ReadaheadConfig::new(block_size, cache_size);
     // Slack scaled to the small test blocks, so that random tests look random.
     (readahead.back_slack, readahead.forward_slack) = (block_size / 2, 2 * block_size);
@@ -134,7 +134,7 @@ fn prefetch_coalesces_neighbouring_blocks_into_chunk_reads_on_several_lanes() {
     let mut readahead = ReadaheadConfig::new(bs, 1 << 30);
     readahead.max_window_blocks = LANES as u64 * chunk_blocks;
     let stats = Arc::new(Stats::default());
-    let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4 };
+    let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4, map_files: true };
     let engine = Engine::with_readahead(config, readahead, Arc::clone(&stats));
     let id = engine.add_source(Arc::new(Arc::clone(&source)));
     let mut offset = 0;
@@ -301,4 +301,58 @@ fn local_file_changed_after_open_fails_reads() {
         let err = engine.read(id, 30_000, 100).unwrap_err();
         assert!(err.to_string().contains("changed since mount"), "{change}: {err}");
     }
+}
+
+/// A local file of `len` patterned bytes, opened as a source (mapped: the tests' temp directory is
+/// on a local filesystem).
+fn local_file(len: usize) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>, Arc<crate::source::LocalFile>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let file = Arc::new(crate::source::LocalFile::open(&path).unwrap());
+    (dir, path, bytes, file)
+}
+
+#[test]
+fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_advises_ahead() {
+    use crate::source::Source;
+    let (_dir, _path, bytes, file) = local_file(3 << 20);
+    assert!(file.mapping().is_some(), "a file on a local filesystem is mapped");
+    let (engine, stats) = engine(64 << 10, 16 << 20, 2);
+    let id = engine.add_source(file);
+    let len = bytes.len() as u64;
+    // A reader going through the file from its first byte, as `cat` does.
+    for offset in (0..len).step_by(128 << 10) {
+        let got = engine.read_for_kernel(id, 0..len, offset, 128 << 10, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, &bytes[offset as usize..(offset + (128 << 10)).min(len) as usize]);
+    }
+    assert_eq!(counter(&stats.mapped_reads), len / (128 << 10));
+    assert_eq!(counter(&stats.mapped_read_bytes), len);
+    assert_eq!((counter(&stats.cache_misses), counter(&stats.peak_resident_bytes)), (0, 0), "no block was loaded");
+    // The lanes asked the kernel for the window ahead in aligned chunks, each byte at most once.
+    eventually("the lanes advised", || counter(&stats.backing_reads) > 0);
+    assert!(counter(&stats.backing_read_bytes) <= len, "{}", counter(&stats.backing_read_bytes));
+    // Reads the user-space views make still go through blocks.
+    assert_eq!(engine.read(id, 5, 10).unwrap(), &bytes[5..15]);
+    assert!(counter(&stats.cache_misses) > 0);
+}
+
+#[test]
+fn a_changed_file_fails_reads_for_the_kernel_and_map_files_off_uses_blocks() {
+    let (_dir, path, bytes, file) = local_file(1 << 20);
+    let stats = Arc::new(Stats::default());
+    let config = EngineConfig { block_size: 64 << 10, cache_size: 4 << 20, io_threads: 1, map_files: false };
+    let blocks = Engine::new(config, Arc::clone(&stats));
+    let on_blocks = blocks.add_source(Arc::clone(&file) as Arc<dyn crate::source::Source>);
+    let got = blocks.read_for_kernel(on_blocks, 0..1 << 20, 100, 1000, <[u8]>::to_vec).unwrap();
+    assert_eq!(got, &bytes[100..1100]);
+    assert_eq!((counter(&stats.mapped_reads), counter(&stats.cache_misses)), (0, 1), "map_files off: blocks");
+
+    let (engine, stats) = engine(64 << 10, 4 << 20, 1);
+    let id = engine.add_source(file);
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(1000).unwrap();
+    let err = engine.read_for_kernel(id, 0..1 << 20, 4096, 4096, <[u8]>::to_vec).unwrap_err();
+    assert!(err.to_string().contains("size"), "{err}");
+    assert_eq!((counter(&stats.mapped_reads), counter(&stats.backing_errors)), (0, 1));
 }

@@ -15,6 +15,11 @@ pub struct EngineConfig {
     pub cache_size: u64,
     /// Background I/O threads used for readahead.
     pub io_threads: usize,
+    /// Serve reads the kernel copies (raw tensor files through FUSE) of a source that has a
+    /// [`Mapping`](crate::source::Mapping) (a file on a local filesystem) straight from it, instead
+    /// of through cache blocks. The switch for anything that needs every read to go through the
+    /// block path (a disk cache tier): false keeps local files on blocks, as remote sources are.
+    pub map_files: bool,
 }
 
 // ---- Reads and loads ----------------------------------------------------------------------------
@@ -33,6 +38,22 @@ pub const JOIN_BUFFER_KEEP_BYTES: usize = 4 << 20;
 /// Idle descriptors kept per source for reads outside a confirmed stream: enough for the FUSE
 /// threads reading at once, few enough that closed streams do not pile up open files.
 pub const SPARE_DESCRIPTORS: usize = 8;
+
+/// Bytes of a mapped source's replies after which the daemon drops its page-table entries for the
+/// mapping ([`Mapping::release`](crate::source::Mapping::release)): every page the kernel copied
+/// from stays mapped, so counted in the daemon's resident set, until then. An eighth of the cache
+/// budget (which the mapped path does not otherwise use), between 8 and 64 MiB: a few dozen drops
+/// per GiB read, each cheap, and the daemon stays within its cache size.
+pub const fn mapped_resident_bytes(cache_size: u64) -> u64 {
+    let eighth = cache_size / 8;
+    if eighth < 8 << 20 {
+        8 << 20
+    } else if eighth > 64 << 20 {
+        64 << 20
+    } else {
+        eighth
+    }
+}
 
 // ---- Prefetch -----------------------------------------------------------------------------------
 

@@ -201,6 +201,31 @@ impl Fs {
     /// Like [`Fs::read`], but hands the bytes to `reply` instead of returning a copy: a raw tensor
     /// range inside one cached block reaches `reply` without any copy in between.
     pub fn read_with<R>(&self, ino: Ino, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
+        self.read_dispatch(ino, offset, size, false, reply)
+    }
+
+    /// Like [`Fs::read_with`] for a `reply` that hands the bytes to the kernel (`writev` to the
+    /// FUSE device) and **never reads them itself**: a raw tensor of a local file is then handed
+    /// over as a slice of the file's mapping ([`Engine::read_for_kernel`]), which a truncation of
+    /// the file would turn into SIGBUS for a user-space read (the kernel's copy fails with EIO).
+    pub fn read_for_kernel<R>(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        reply: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, FsError> {
+        self.read_dispatch(ino, offset, size, true, reply)
+    }
+
+    fn read_dispatch<R>(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        to_kernel: bool,
+        reply: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, FsError> {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::File { content, size: file_size } = &node.kind else { return Err(FsError::IsDir) };
         let mut sent = 0;
@@ -213,7 +238,8 @@ impl Fs {
             Stats::add(&stats.fuse_read_bytes, data.len() as u64);
             reply(data)
         };
-        let result = read::read_content(&self.ns, &self.engine, &self.control, content, offset, size, counted);
+        let source = read::Source { ns: &self.ns, engine: &self.engine, control: &self.control, to_kernel };
+        let result = source.read_content(content, offset, size, counted);
         match &result {
             Ok(_) => debug_assert!(matches!(content, Content::Stats) || sent as u64 <= *file_size),
             Err(_) => Stats::add(&stats.read_errors, 1),

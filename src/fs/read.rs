@@ -2,8 +2,10 @@
 //! its backing source read through the engine; a `.npy` file is a synthesized header followed by
 //! the same bytes; an `as=f32` file maps output bytes back to whole source elements and converts
 //! them; a re-served checkpoint file is its whole source read through the engine; `metadata.json`,
-//! index files and `stats.json` are bytes held in memory. Every range is clipped to the
-//! file: a read at or past its end is empty.
+//! index files and `stats.json` are bytes held in memory. Every range is clipped to the file: a read
+//! at or past its end is empty. Only a raw read (a tensor file, the checkpoint file) whose reply goes
+//! straight to the kernel may be served from the source's mapping; the views read their bytes in
+//! user space, so they always go through the engine's blocks.
 
 use crate::engine::Engine;
 use crate::fs::control::StatsFile;
@@ -11,27 +13,55 @@ use crate::fs::error::FsError;
 use crate::tree::namespace::{Content, Namespace, Tensor};
 use crate::views::f32::{convert_to_f32, converted_len, source_byte_range, source_range_for};
 
-/// Hands up to `size` bytes of `content` at `offset` to `reply` (short only at end of file).
-pub(crate) fn read_content<R>(
-    ns: &Namespace,
+/// Where a read's bytes come from, and whether its reply only goes to the kernel.
+pub(crate) struct Source<'a> {
+    pub(crate) ns: &'a Namespace,
+    pub(crate) engine: &'a Engine,
+    pub(crate) control: &'a StatsFile,
+    /// The reply hands the bytes to a system call and never reads them (the FUSE adapter): a raw
+    /// tensor may then be a slice of the source's mapping ([`Engine::read_for_kernel`]).
+    pub(crate) to_kernel: bool,
+}
+
+impl Source<'_> {
+    /// Hands up to `size` bytes of `content` at `offset` to `reply` (short only at end of file).
+    pub(crate) fn read_content<R>(
+        &self,
+        content: &Content,
+        offset: u64,
+        size: u32,
+        reply: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, FsError> {
+        let (ns, engine, control) = (self.ns, self.engine, self.control);
+        let tensor = |i: usize| ns.tensors().get(i).ok_or(FsError::NotFound);
+        match content {
+            Content::Tensor(i) if self.to_kernel => read_tensor_for_kernel(engine, tensor(*i)?, offset, size, reply),
+            Content::Tensor(i) => read_tensor(engine, tensor(*i)?, offset, size, reply),
+            Content::Npy { tensor: i, header } => {
+                read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(&v))
+            }
+            Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(&v)),
+            Content::Checkpoint(s) => read_checkpoint(ns, engine, self.to_kernel, *s, offset, size, reply),
+            Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size))),
+            Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size))),
+        }
+    }
+}
+
+/// [`read_tensor`] for a reply that only hands the bytes to the kernel: straight from the
+/// source's mapping where it has one.
+fn read_tensor_for_kernel<R>(
     engine: &Engine,
-    control: &StatsFile,
-    content: &Content,
+    t: &Tensor,
     offset: u64,
     size: u32,
     reply: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, FsError> {
-    let tensor = |i: usize| ns.tensors().get(i).ok_or(FsError::NotFound);
-    match content {
-        Content::Tensor(i) => read_tensor(engine, tensor(*i)?, offset, size, reply),
-        Content::Npy { tensor: i, header } => {
-            read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(&v))
-        }
-        Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(&v)),
-        Content::Checkpoint(s) => read_checkpoint(ns, engine, *s, offset, size, reply),
-        Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size))),
-        Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size))),
+    if offset >= t.len {
+        return Ok(reply(&[]));
     }
+    let n = (t.len - offset).min(u64::from(size)) as usize;
+    engine.read_for_kernel(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
 }
 
 /// Bytes `[offset, offset+size)` of tensor `t`, clipped to its length, handed to `reply`: a range
@@ -52,10 +82,12 @@ fn read_tensor<R>(
 
 /// Bytes `[offset, offset+size)` of shard `shard`'s whole file, handed to `reply`. The engine is
 /// told which tensor (or the header) the read is in, so readahead treats it as it treats a read of
-/// that tensor's file, and both share blocks and streams.
+/// that tensor's file, and both share blocks and streams; a reply to the kernel may come from the
+/// source's mapping, as a tensor file's does.
 fn read_checkpoint<R>(
     ns: &Namespace,
     engine: &Engine,
+    to_kernel: bool,
     shard: usize,
     offset: u64,
     size: u32,
@@ -68,7 +100,12 @@ fn read_checkpoint<R>(
     }
     let n = (len - offset).min(u64::from(size));
     let extent = ns.checkpoint_extent(shard, offset..offset + n);
-    engine.read_in(s.source, extent, offset, n as usize, reply).map_err(FsError::Read)
+    let result = if to_kernel {
+        engine.read_for_kernel(s.source, extent, offset, n as usize, reply)
+    } else {
+        engine.read_in(s.source, extent, offset, n as usize, reply)
+    };
+    result.map_err(FsError::Read)
 }
 
 /// Bytes `[offset, offset+size)` of tensor `t` converted to F32: the whole source elements that

@@ -49,8 +49,10 @@ fn fixture(views: Views) -> (Fs, Tensors, Arc<std::sync::atomic::AtomicBool>) {
     ];
     let bytes = Arc::new(crate::format::writer::serialize(&tensors, None).unwrap());
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine =
-        Engine::new(EngineConfig { block_size: 64, cache_size: 256, io_threads: 1 }, Arc::new(Stats::default()));
+    let engine = Engine::new(
+        EngineConfig { block_size: 64, cache_size: 256, io_threads: 1, map_files: true },
+        Arc::new(Stats::default()),
+    );
     let source = engine.add_source(Arc::new(MemSource { bytes: bytes.clone(), fail: fail.clone() }));
     let mut stream = MemStream(bytes.clone(), fail.clone());
     let header =

@@ -113,7 +113,12 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
         let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
         let options = FsOptions {
-            engine: crate::engine::EngineConfig { block_size: 4096, cache_size: 1 << 20, io_threads: 1 },
+            engine: crate::engine::EngineConfig {
+                block_size: 4096,
+                cache_size: 1 << 20,
+                io_threads: 1,
+                map_files: true,
+            },
             layout: Layout::Tree,
             views: Views { npy: true, as_f32: false },
             owner: Owner { uid: 1234, gid: 5678 },

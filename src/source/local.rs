@@ -1,5 +1,6 @@
 //! A local file as a source: pinned by its identity at open, checked before every read, read with
-//! `pread`/`preadv` on a descriptor per stream.
+//! `pread`/`preadv` on a descriptor per stream, and (on a local filesystem) mapped, so the engine
+//! can reply from its page cache with no copy in user space ([`Mapping`]).
 
 use std::fs::{File, Metadata};
 use std::io;
@@ -7,6 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::mapped::Mapping;
 use super::{read_in_pieces, Source, SourceReader};
 
 /// How much of a long read a local file stream reads per `preadv` in
@@ -48,6 +50,8 @@ pub struct LocalFile {
     path: PathBuf,
     name: String,
     pinned: Identity,
+    /// The whole file mapped, unless it is empty or on a network or FUSE filesystem ([`mappable`]).
+    mapping: Option<Mapping>,
 }
 
 impl LocalFile {
@@ -60,7 +64,15 @@ impl LocalFile {
         let file = File::open(path)?;
         let meta = file.metadata()?;
         check_regular(&meta)?;
-        Ok(LocalFile { path: path.to_path_buf(), name, pinned: Identity::of(&meta) })
+        let pinned = Identity::of(&meta);
+        let mapping = if mappable(&file) {
+            let (mapped, path) = (file.try_clone()?, path.to_path_buf());
+            let checked = file;
+            Mapping::new(mapped, pinned.size, Box::new(move || check_unchanged(&checked, &path, pinned)))
+        } else {
+            None
+        };
+        Ok(LocalFile { path: path.to_path_buf(), name, pinned, mapping })
     }
 
     /// The backing file's modification time (for the mount's attributes).
@@ -99,6 +111,10 @@ impl Source for LocalFile {
         &self.name
     }
 
+    fn mapping(&self) -> Option<&Mapping> {
+        self.mapping.as_ref()
+    }
+
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
         let file = File::open(&self.path)?;
         // The engine already reads whole blocks and prefetches on its own; kernel readahead on
@@ -120,33 +136,85 @@ struct LocalStream {
 }
 
 impl LocalStream {
-    /// One fstat of our descriptor (catches writes and truncation) and one stat of the path (catches
-    /// a rename over it or a delete). Blocks are MiBs, so two syscalls per read cost nothing visible.
     fn check_unchanged(&self) -> io::Result<()> {
-        let ours = Identity::of(&self.file.metadata()?);
-        let pinned = self.pinned;
-        if ours.dev != pinned.dev || ours.ino != pinned.ino {
-            return Err(changed("the path was replaced before this descriptor was opened".into()));
-        }
-        if ours.size != pinned.size {
-            return Err(changed(format!("size {} -> {}", pinned.size, ours.size)));
-        }
-        if (ours.mtime_sec, ours.mtime_nsec) != (pinned.mtime_sec, pinned.mtime_nsec) {
-            return Err(changed("modification time changed".into()));
-        }
-        match std::fs::metadata(&self.path) {
-            Ok(now) if now.dev() == pinned.dev && now.ino() == pinned.ino => {}
-            Ok(_) => return Err(changed("the path now names a different file".into())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(changed("the file was deleted".into())),
-            Err(e) => return Err(e),
-        }
-        // Checked last: deleting or renaming over the file moves it too, and those have their
-        // own, more specific messages above.
-        if (ours.ctime_sec, ours.ctime_nsec) != (pinned.ctime_sec, pinned.ctime_nsec) {
-            return Err(changed("change time moved (rewritten, or its metadata changed)".into()));
-        }
-        Ok(())
+        check_unchanged(&self.file, &self.path, self.pinned)
     }
+}
+
+/// Whether `file` is the one `pinned` at `path`: one fstat of the descriptor (catches writes and
+/// truncation) and one stat of the path (catches a rename over it or a delete). Two syscalls per
+/// read (a block run, or one FUSE request on the mapped path) cost nothing visible.
+fn check_unchanged(file: &File, path: &Path, pinned: Identity) -> io::Result<()> {
+    let ours = Identity::of(&file.metadata()?);
+    if ours.dev != pinned.dev || ours.ino != pinned.ino {
+        return Err(changed("the path was replaced before this descriptor was opened".into()));
+    }
+    if ours.size != pinned.size {
+        return Err(changed(format!("size {} -> {}", pinned.size, ours.size)));
+    }
+    if (ours.mtime_sec, ours.mtime_nsec) != (pinned.mtime_sec, pinned.mtime_nsec) {
+        return Err(changed("modification time changed".into()));
+    }
+    match std::fs::metadata(path) {
+        Ok(now) if now.dev() == pinned.dev && now.ino() == pinned.ino => {}
+        Ok(_) => return Err(changed("the path now names a different file".into())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(changed("the file was deleted".into())),
+        Err(e) => return Err(e),
+    }
+    // Checked last: deleting or renaming over the file moves it too, and those have their own,
+    // more specific messages above.
+    if (ours.ctime_sec, ours.ctime_nsec) != (pinned.ctime_sec, pinned.ctime_nsec) {
+        return Err(changed("change time moved (rewritten, or its metadata changed)".into()));
+    }
+    Ok(())
+}
+
+/// Whether a file is worth serving from a mapping: yes on a local filesystem (its page cache is
+/// the file's, and `POSIX_FADV_WILLNEED` makes the disk see large reads), no on a network or FUSE
+/// filesystem. There the page cache is not ours to rely on (FUSE without `keep_cache` drops a
+/// file's pages at every open, and stfs opens a descriptor per prefetch lane; NFS revalidates at
+/// open), and the block path controls the size and order of every request the storage sees.
+fn mappable(file: &File) -> bool {
+    // SAFETY: fstatfs fills the struct we pass for a descriptor we own.
+    statfs_kind(|st| unsafe { libc::fstatfs(std::os::fd::AsRawFd::as_raw_fd(file), st) }).is_some_and(is_local_kind)
+}
+
+/// Whether `path` (a file or directory) is on a network or FUSE filesystem, whose storage serves
+/// each request with latency (false if unknown).
+pub fn on_remote_filesystem(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statfs fills the struct we pass; the path is a valid C string.
+    statfs_kind(|st| unsafe { libc::statfs(c_path.as_ptr(), st) }).is_some_and(|kind| !is_local_kind(kind))
+}
+
+/// The filesystem type `call` reports into a `statfs` struct, if it succeeds.
+fn statfs_kind(call: impl FnOnce(&mut libc::statfs) -> libc::c_int) -> Option<i64> {
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if call(&mut st) != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, other widths elsewhere
+    Some(st.f_type as i64)
+}
+
+/// Whether a filesystem type (statfs `f_type`) is a local one: not a network or FUSE filesystem.
+fn is_local_kind(kind: i64) -> bool {
+    const NOT_LOCAL: &[i64] = &[
+        0x6573_5546, // FUSE
+        0x6969,      // NFS
+        0x517B,      // SMB
+        0xFF53_4D42, // CIFS
+        0xFE53_4D42, // SMB2
+        0x00C3_6400, // Ceph
+        0x0102_1997, // 9P
+        0x5346_414F, // AFS
+        0x0BD0_0BD0, // Lustre
+        0x0116_1970, // GFS2
+        0x7461_636F, // OCFS2
+    ];
+    !NOT_LOCAL.contains(&kind)
 }
 
 impl LocalStream {

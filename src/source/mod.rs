@@ -6,15 +6,18 @@
 //! looks sequential to the storage below. A reader refuses to read once the source has changed.
 //!
 //! This file holds the two traits and the helpers their implementations share; `local` holds
-//! [`LocalFile`], and [`http`] the remote source.
+//! [`LocalFile`], `mapped` the [`Mapping`] a local file offers for replies only the kernel reads,
+//! and [`http`] the remote source.
 
 use std::io;
 
 pub mod http;
 pub mod hub;
 mod local;
+mod mapped;
 
-pub use local::{LocalFile, LOCAL_PIECE_BYTES};
+pub use local::{on_remote_filesystem, LocalFile, LOCAL_PIECE_BYTES};
+pub use mapped::Mapping;
 
 /// Identifies a source among those one engine reads (an index into its table).
 pub type SourceId = usize;
@@ -31,6 +34,12 @@ pub trait Source: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Opens a new independent reader with its own descriptor or connection.
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>>;
+    /// The whole source mapped read-only, for replies the kernel copies straight from its page
+    /// cache ([`Mapping::to_kernel`] checks the pin first). `None` (the default): read only through
+    /// [`SourceReader`]s, into blocks (a remote object, or a file on a network filesystem).
+    fn mapping(&self) -> Option<&Mapping> {
+        None
+    }
     /// When the object was last modified, if known (for the mount's timestamps).
     fn modified(&self) -> Option<std::time::SystemTime> {
         None
