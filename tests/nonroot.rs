@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use common::users::*;
-use common::wedge::{listed, process_gone, run_bounded_unmount, Stopped};
+use common::wedge::{listed, process_gone, run_bounded_unmount, Holder, Stopped};
 use common::*;
 use stfs::format::Dtype;
 
@@ -72,32 +71,6 @@ impl Drop for Unmount {
     }
 }
 
-/// A process of nobody's holding `path` open until killed.
-struct Holder(Child);
-
-impl Holder {
-    fn open(path: &std::path::Path) -> Holder {
-        let mut child = as_nobody("sh")
-            .args(["-c", "exec 3<\"$1\" && echo open && exec sleep 120", "sh"])
-            .arg(path)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn holder");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-        let holder = Holder(child);
-        assert_eq!(line.trim(), "open", "the holder could not open {}", path.display());
-        holder
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_user_is_told_a_mount_is_busy_and_detaches_it_lazily() {
     if !nonroot_tools() {
@@ -107,7 +80,7 @@ fn a_user_is_told_a_mount_is_busy_and_detaches_it_lazily() {
     let fixture = NobodyFixture::new(&tensors());
     let m = NobodyMount::new(&fixture);
     let pid = daemon_pid(&m.path).expect("daemon pid");
-    let holder = Holder::open(&m.path.join("w"));
+    let holder = Holder::open(as_nobody("sh"), &m.path.join("w"));
     let out = umount_as_nobody(&[], &m.path);
     let err = assert_one_line_failure(&out, "busy umount as nobody");
     assert!(err.contains("busy") && err.contains("--lazy"), "{err}");

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::wedge::{listed, mount_entry, process_gone, run_bounded_unmount, Stopped};
+use common::wedge::{listed, mount_entry, process_gone, run_bounded_unmount, Holder, Stopped};
 use common::*;
 use stfs::format::Dtype;
 
@@ -156,7 +156,7 @@ fn busy_mount_with_a_stopped_daemon_is_reported_busy_then_detached_within_2s() {
     let (_dir, file, tensor) = checkpoint();
     let m = Mount::new(&file, &[]);
     let pid = daemon_pid(&m.path).expect("daemon pid");
-    let mut open = std::fs::File::open(m.file("w")).unwrap();
+    let holder = Holder::open(Command::new("sh"), &m.file("w"));
     let stopped = Stopped::new(pid);
     let mut cmd = umount_cmd(&[], None);
     cmd.arg(&m.path);
@@ -171,10 +171,7 @@ fn busy_mount_with_a_stopped_daemon_is_reported_busy_then_detached_within_2s() {
     assert!(!listed(&m.path), "the lazy umount left the mount listed");
     drop(stopped);
     // The open reader still gets its bytes once the daemon runs again.
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut open, &mut bytes).unwrap();
-    assert_eq!(bytes, tensor.data);
-    drop(open);
+    assert_eq!(holder.read_all(), tensor.data);
     assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit after the last close");
 }
 

@@ -1,12 +1,14 @@
 //! A wedged daemon for the unmount tests: stop an stfs daemon with SIGSTOP (and always continue it
-//! again), run a command with a time limit, and read /proc/self/mountinfo without touching the mount.
+//! again), run a command with a time limit, read /proc/self/mountinfo without touching the mount,
+//! and hold a file of a mount open in a process other than the test's own.
 
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{wait_until, TIMEOUT};
+use super::{wait_output, wait_until, TIMEOUT};
 
 /// One line of /proc/self/mountinfo.
 #[derive(Debug, Clone)]
@@ -90,7 +92,7 @@ impl Stopped {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
         };
-        assert!(wait_until(TIMEOUT, || state() == Some('T')), "daemon {pid} did not stop");
+        assert!(wait_until(TIMEOUT, || matches!(state(), Some('T' | 't'))), "daemon {pid} did not stop");
         stopped
     }
 }
@@ -145,4 +147,50 @@ pub fn run_bounded_unmount(cmd: &mut Command, what: &str) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// A process holding a file open (as its descriptor 3) until told to read it, or killed.
+///
+/// Files on a mount whose daemon a test stops are held here, never in the test process: every
+/// child the test starts would close its copy of the descriptor on exec, and that close sends a
+/// FLUSH that waits, uninterruptibly, for the stopped daemon.
+pub struct Holder {
+    child: Option<Child>,
+}
+
+impl Holder {
+    /// Opens `path` in a new `shell` (a `sh` command, perhaps run as another user).
+    pub fn open(mut shell: Command, path: &Path) -> Holder {
+        let child = shell
+            .args(["-c", "exec 3<\"$1\" || exit 1; echo open; read _ && exec cat <&3", "sh"])
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the holder");
+        let mut holder = Holder { child: Some(child) };
+        let mut line = String::new();
+        let stdout = holder.child.as_mut().and_then(|c| c.stdout.as_mut()).expect("holder stdout");
+        BufReader::new(stdout).read_line(&mut line).expect("read from the holder");
+        assert_eq!(line.trim(), "open", "the holder could not open {}", path.display());
+        holder
+    }
+
+    /// Reads the whole file through the held descriptor and returns its bytes.
+    pub fn read_all(mut self) -> Vec<u8> {
+        let mut child = self.child.take().expect("holder child");
+        child.stdin.take().expect("holder stdin").write_all(b"\n").expect("tell the holder to read");
+        let out = wait_output(child, TIMEOUT);
+        assert!(out.status.success(), "the holder's read failed");
+        out.stdout
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
