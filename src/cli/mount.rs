@@ -12,7 +12,7 @@ use crate::mount::access::check_can_mount;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
-use crate::mount::mountpoint::check_mount_point;
+use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
 use crate::mount::session::{serve, ServeError};
 use crate::mount::signals::block_signals;
 use crate::mount::watcher::{spawn_watcher, AutoUnmount};
@@ -104,9 +104,12 @@ fn watch(config: &MountConfig, init: impl FnOnce()) -> Result<Option<AutoUnmount
 }
 
 /// Checks, before anything is mounted, that `mountpoint` is a directory with nothing mounted on it,
-/// and that this user can mount FUSE.
-pub fn check_place(mountpoint: &std::path::Path, _checkpoint: &checkpoint::Checkpoint) -> Result<(), Failure> {
+/// that a mount there would not hide a file of `checkpoint`, and that this user can mount FUSE.
+pub fn check_place(mountpoint: &std::path::Path, checkpoint: &checkpoint::Checkpoint) -> Result<(), Failure> {
     let at = |e| Failure::at(mountpoint.display(), e);
     check_mount_point(mountpoint).map_err(at)?;
+    // Local shards are named by absolute path; remote ones by URL.
+    let files = checkpoint.shards.iter().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
+    check_not_hiding(mountpoint, files).map_err(at)?;
     check_can_mount().map_err(|e| Failure::at(mountpoint.display(), e))
 }

@@ -1,4 +1,4 @@
-//! Mount points: checks before mounting (an empty place, found from mountinfo), mounting
+//! Mount points: checks before mounting (nothing there, nothing of the checkpoint under it), mounting
 //! FUSE as `fuse.stfs` with mount(2), the daemon's own unmount with umount2(2), and the kernel's
 //! readahead knob. `stfs umount` is [`crate::mount::unmount`].
 
@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::mount::bounded::{self, Outcome};
@@ -35,6 +35,11 @@ pub enum MountPointError {
     Busy,
     /// The path holds a NUL byte, which no system call takes.
     NulInPath,
+    /// The mount would hide a file of the checkpoint it serves: the file is under the mount point.
+    HidesCheckpoint {
+        /// The file, by its canonical path.
+        file: PathBuf,
+    },
     /// Any other failure of the system call.
     Io(io::Error),
 }
@@ -51,6 +56,12 @@ impl std::fmt::Display for MountPointError {
             MountPointError::NotMounted => f.write_str("not a mount point"),
             MountPointError::Busy => f.write_str("mount is busy (files are open); close them or use --lazy"),
             MountPointError::NulInPath => f.write_str("path contains NUL"),
+            MountPointError::HidesCheckpoint { file } => write!(
+                f,
+                "mounting here would hide {}, which the mount reads from; choose a mount point that does not \
+                 contain it",
+                file.display()
+            ),
             MountPointError::Io(e) => f.write_str(&crate::util::describe_io(e)),
         }
     }
@@ -87,6 +98,24 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
     };
     if !meta.is_dir() {
         return Err(MountPointError::NotADirectory);
+    }
+    Ok(())
+}
+
+/// Checks that mounting on `path` hides none of `files`, the checkpoint's local files: a file under
+/// the mount point (at any depth, or through a symbolic link) would be replaced by the mount's own
+/// tree, and every read of it would fail. So would a symbolic link under the mount point that names
+/// a file elsewhere, since the daemon looks the file up again by the name it was given. Call after
+/// [`check_mount_point`] (nothing is mounted there, so resolving it asks no daemon).
+pub fn check_not_hiding<'a>(path: &Path, files: impl IntoIterator<Item = &'a Path>) -> Result<(), MountPointError> {
+    let mount_point = fs::canonicalize(path).map_err(MountPointError::Io)?;
+    for file in files {
+        let real = fs::canonicalize(file).ok();
+        let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let named = file.file_name().and_then(|name| Some(fs::canonicalize(parent).ok()?.join(name)));
+        if let Some(file) = [real, named].into_iter().flatten().find(|f| f.starts_with(&mount_point)) {
+            return Err(MountPointError::HidesCheckpoint { file });
+        }
     }
     Ok(())
 }
@@ -197,5 +226,33 @@ mod tests {
         assert!(matches!(unmount_own(dir.path(), false), Err(MountPointError::NotMounted)));
         let nul = Path::new(std::ffi::OsStr::from_bytes(b"/a\0b"));
         assert_eq!(unmount_own(nul, false).unwrap_err().to_string(), "path contains NUL");
+    }
+
+    #[test]
+    fn a_mount_point_over_the_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, other) = (dir.path().join("d"), dir.path().join("other"));
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::create_dir(&other).unwrap();
+        let file = d.join("m.safetensors");
+        fs::write(&file, b"x").unwrap();
+        let link = other.join("link.safetensors");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let canonical = fs::canonicalize(&file).unwrap();
+        for (mp, named) in [(&d, &file), (&dir.path().to_path_buf(), &file), (&d, &link)] {
+            match check_not_hiding(mp, [named.as_path()]) {
+                Err(MountPointError::HidesCheckpoint { file }) => assert_eq!(file, canonical),
+                other => panic!("{} over {}: {other:?}", mp.display(), named.display()),
+            }
+        }
+        // A link under the mount point to a file elsewhere: the daemon looks the file up by the link.
+        match check_not_hiding(&other, [link.as_path()]) {
+            Err(MountPointError::HidesCheckpoint { file }) => {
+                assert_eq!(file, fs::canonicalize(&other).unwrap().join("link.safetensors"))
+            }
+            other => panic!("a link under the mount point: {other:?}"),
+        }
+        assert!(check_not_hiding(&other, [file.as_path()]).is_ok());
+        assert!(check_not_hiding(&d.join("sub"), [file.as_path()]).is_ok());
     }
 }
