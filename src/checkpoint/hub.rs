@@ -61,7 +61,8 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
         }
         Choice::Index(path) => {
             let bytes = fetch_index(&repo, &path, &http)?;
-            let index = index::parse_index(&bytes).map_err(|e| OpenError::new(format!("{shown}/{path}"), e))?;
+            let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(format!("{shown}/{path}"), e))?;
+            index.merge_spellings(index::without_dot_segments);
             let folder = folder_of(&path);
             let paths: Vec<String> =
                 index.shards.iter().map(|f| folder.map_or(f.clone(), |d| format!("{d}/{f}"))).collect();

@@ -94,8 +94,14 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
 fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, e))?;
-    let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
+    let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
+    // One file named two ways (`a.safetensors`, `./a.safetensors`, a symbolic link to it) is one
+    // shard: compared by canonical path, or, for a file that is not there, by its lexical one.
+    index.merge_spellings(|f| {
+        let lexical = std::path::absolute(dir.join(index::without_dot_segments(f))).unwrap_or_else(|_| dir.join(f));
+        std::fs::canonicalize(&lexical).unwrap_or(lexical)
+    });
     let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
     let opened = open_all(&files, |f| open_file(f))?;
     let index_files = file_name(&name).map(|name| RootFile { name, bytes }).into_iter().collect();
@@ -125,7 +131,8 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     let mut bytes = vec![0; len];
     let mut reader = source.open_reader().map_err(|e| OpenError::new(&shown, e))?;
     reader.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, e))?;
-    let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
+    let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
+    index.merge_spellings(index::without_dot_segments);
     let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {
         Some(i) => &url[..=i],
         None => url,

@@ -146,14 +146,23 @@ pub(super) fn in_parallel<T: Sync, R: Send>(
 }
 
 /// The opened shards as one checkpoint, once their tensor names are unique and, for an index, each
-/// tensor is where the index says; `name` (the directory or index) is named in messages.
+/// tensor is where the index says; `name` (the directory or index) is named in messages, and a
+/// shard the index spells several ways is named with every spelling.
 pub(super) fn checked(
     name: &str,
     opened: Vec<OpenedShard>,
     index: Option<&Index>,
     index_files: Vec<RootFile>,
 ) -> Result<Checkpoint, OpenError> {
-    let names: Vec<String> = opened.iter().map(|s| s.source.name().to_string()).collect();
+    let names: Vec<String> = (0..)
+        .zip(&opened)
+        .map(|(i, s)| match index.map(|index| index.spellings(i)) {
+            Some(spellings) if spellings.len() > 1 => {
+                format!("{} (listed as {})", s.source.name(), spellings.join(" and "))
+            }
+            _ => s.source.name().to_string(),
+        })
+        .collect();
     let headers: Vec<&Header> = opened.iter().map(|s| &s.header).collect();
     check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
     Ok(Checkpoint { shards: opened, index_files, repo_files: Vec::new() })

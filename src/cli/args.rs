@@ -41,7 +41,7 @@ pub enum Command {
     #[command(after_help = MOUNT_HELP, display_name = "stfs")]
     Mount(MountArgs),
     /// Unmount an stfs mount; also clears a stale mount left by a killed daemon.
-    #[command(alias = "unmount", display_name = "stfs")]
+    #[command(alias = "unmount", after_help = UMOUNT_HELP, display_name = "stfs")]
     Umount(UmountArgs),
     /// Print the tensor table of a checkpoint without mounting it.
     #[command(
@@ -353,11 +353,28 @@ the same -o option, and of a repeated -o option the last wins):
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to
 whole bytes). Durations: 30s, 500ms.
 
+Nothing may be mounted on the mount point, and no file of the checkpoint may be
+under it. A user who is not root needs read-write access to /dev/fuse and
+fusermount3 (package fuse3); when either is missing, the error says which and
+what to do.
+
 Examples:
   stfs mount model.safetensors /mnt/model
   stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
   stfs mount --cache-dir /var/cache/stfs https://host/model.safetensors /mnt/model
   stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts";
+
+/// Extra help for `stfs umount`.
+const UMOUNT_HELP: &str = "\
+Only stfs mounts (type fuse.stfs) are unmounted; anything else mounted there is
+named and left alone. What is mounted is read from /proc/self/mountinfo without
+touching the mount, so this returns within 2 s even when the daemon is stopped
+or hung. As root it calls umount2(2); as another user it runs `fusermount3 -u`
+(package fuse3), which unmounts only that user's own mounts.
+
+Examples:
+  stfs umount /mnt/model
+  stfs umount --lazy /mnt/model     # files are still open: detach now";
 
 /// Extra help for `stfs extract`.
 const EXTRACT_HELP: &str = "\

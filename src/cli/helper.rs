@@ -190,9 +190,8 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
     if call.fake {
         let config = MountConfig::from_args(args)?;
         let stats = Arc::new(crate::stats::Stats::default());
-        crate::checkpoint::open(&config.source, &config.open_options(stats)?)?;
-        crate::mount::mountpoint::check_mount_point(&config.mountpoint)
-            .map_err(|e| Failure::at(config.mountpoint.display(), e))?;
+        let opened = crate::checkpoint::open(&config.source, &config.open_options(stats)?)?;
+        crate::cli::mount::check_place(&config.mountpoint, &opened)?;
         return Ok(ExitCode::SUCCESS);
     }
     crate::cli::mount::run(args)

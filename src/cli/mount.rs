@@ -8,10 +8,11 @@ use crate::cli::args::MountArgs;
 use crate::cli::options::MountConfig;
 use crate::cli::report::Failure;
 use crate::engine::disk::DiskCache;
+use crate::mount::access::check_can_mount;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
-use crate::mount::mountpoint::check_mount_point;
+use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
 use crate::mount::session::{serve, ServeError};
 use crate::mount::signals::block_signals;
 use crate::mount::watcher::{spawn_watcher, AutoUnmount};
@@ -26,7 +27,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
     let opened = checkpoint::open(&config.source, &config.open_options(stats.clone())?)?;
-    check_mount_point(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
+    check_place(&config.mountpoint, &opened)?;
     let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());
     if let Some(dir) = &config.cache_dir {
         // Checked here, before forking: a directory others could write to is refused in one line.
@@ -100,4 +101,15 @@ fn watch(config: &MountConfig, init: impl FnOnce()) -> Result<Option<AutoUnmount
     spawn_watcher(&config.mountpoint, init)
         .map(Some)
         .map_err(|error| ServeError::Thread { purpose: "auto_unmount watcher", error })
+}
+
+/// Checks, before anything is mounted, that `mountpoint` is a directory with nothing mounted on it,
+/// that a mount there would not hide a file of `checkpoint`, and that this user can mount FUSE.
+pub fn check_place(mountpoint: &std::path::Path, checkpoint: &checkpoint::Checkpoint) -> Result<(), Failure> {
+    let at = |e| Failure::at(mountpoint.display(), e);
+    check_mount_point(mountpoint).map_err(at)?;
+    // Local shards are named by absolute path; remote ones by URL.
+    let files = checkpoint.shards.iter().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
+    check_not_hiding(mountpoint, files).map_err(at)?;
+    check_can_mount().map_err(|e| Failure::at(mountpoint.display(), e))
 }

@@ -1,8 +1,10 @@
 //! Sharded checkpoints: the `model.safetensors.index.json` format (transformers' `weight_map`) and
 //! the rules that make several shards one namespace.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::hash::Hash;
 
 use serde::Deserialize;
 
@@ -15,6 +17,48 @@ pub struct Index {
     pub shards: Vec<String>,
     /// Tensor name to shard file name.
     pub weight_map: BTreeMap<String, String>,
+    /// Other spellings the weight map uses for a file in `shards` (by position there), as
+    /// [`Index::merge_spellings`] found them: `./a.safetensors` for `a.safetensors`.
+    pub aliases: BTreeMap<String, usize>,
+}
+
+impl Index {
+    /// Makes shard names that `file_of` maps to one file one shard: the first spelling (in sorted
+    /// order) stays in `shards` and the others become its aliases. `file_of` gives the file a name
+    /// stands for: its canonical path, or a URL without `./` segments.
+    pub fn merge_spellings<K: Eq + Hash>(&mut self, file_of: impl Fn(&str) -> K) {
+        let mut first: HashMap<K, usize> = HashMap::new();
+        let mut kept = Vec::with_capacity(self.shards.len());
+        for name in std::mem::take(&mut self.shards) {
+            match first.entry(file_of(&name)) {
+                Entry::Occupied(e) => {
+                    self.aliases.insert(name, *e.get());
+                }
+                Entry::Vacant(e) => {
+                    e.insert(kept.len());
+                    kept.push(name);
+                }
+            }
+        }
+        self.shards = kept;
+    }
+
+    /// The position in `shards` of the file the weight map calls `file`, by any of its spellings.
+    pub fn shard_of(&self, file: &str) -> Option<usize> {
+        self.shards.iter().position(|s| s == file).or_else(|| self.aliases.get(file).copied())
+    }
+
+    /// Every spelling of shard `i`: its name in `shards`, then its aliases.
+    pub fn spellings(&self, i: usize) -> Vec<&str> {
+        let aliases = self.aliases.iter().filter(|(_, &j)| j == i).map(|(name, _)| name.as_str());
+        self.shards.get(i).map(String::as_str).into_iter().chain(aliases).collect()
+    }
+}
+
+/// A shard name with its `.` segments dropped (`./a/./b.safetensors` is `a/b.safetensors`): the
+/// lexical part of telling two spellings of one file apart, which is all a URL allows.
+pub fn without_dot_segments(name: &str) -> String {
+    name.split('/').filter(|c| *c != ".").collect::<Vec<_>>().join("/")
 }
 
 #[derive(Deserialize)]
@@ -129,11 +173,12 @@ pub fn parse_index(bytes: &[u8]) -> Result<Index, IndexError> {
         }
     }
     shards.sort();
-    Ok(Index { shards, weight_map: raw.weight_map })
+    Ok(Index { shards, weight_map: raw.weight_map, aliases: BTreeMap::new() })
 }
 
 /// Checks that tensor names are unique across shards and, for an index, that every tensor it names
-/// is in the shard it names. `names[i]` is how shard `i` is called in messages.
+/// is in the shard it names (by any of its spellings). `names[i]` is how shard `i` is called in
+/// messages.
 pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>) -> Result<(), ShardError> {
     let mut owner: HashMap<&str, usize> = HashMap::new();
     for (i, h) in headers.iter().enumerate() {
@@ -150,7 +195,7 @@ pub fn check_shards(names: &[String], headers: &[&Header], index: Option<&Index>
     }
     if let Some(index) = index {
         for (tensor, file) in &index.weight_map {
-            let Some(shard) = index.shards.iter().position(|s| s == file) else { continue };
+            let Some(shard) = index.shard_of(file) else { continue };
             match owner.get(tensor.as_str()) {
                 Some(&i) if i == shard => {}
                 Some(&i) => {
@@ -218,5 +263,22 @@ mod tests {
         let err = check_shards(&names, &[&h1, &h2], Some(&missing)).unwrap_err();
         assert_eq!(err, ShardError::MissingTensor { tensor: "zzz".into(), listed: "s1".into() });
         assert_eq!(err.to_string(), r#"the index names tensor "zzz" in s1, which does not hold it"#);
+    }
+
+    #[test]
+    fn one_file_under_two_spellings_is_one_shard() {
+        let map =
+            r#"{"weight_map":{"w":"a.safetensors","v":"./a.safetensors","u":"b.safetensors","x":"./b.safetensors"}}"#;
+        let mut idx = parse_index(map.as_bytes()).unwrap();
+        assert_eq!(idx.shards, ["./a.safetensors", "./b.safetensors", "a.safetensors", "b.safetensors"]);
+        idx.merge_spellings(without_dot_segments);
+        assert_eq!(idx.shards, ["./a.safetensors", "./b.safetensors"]);
+        assert_eq!((idx.shard_of("a.safetensors"), idx.shard_of("./b.safetensors")), (Some(0), Some(1)));
+        assert_eq!(idx.spellings(0), ["./a.safetensors", "a.safetensors"]);
+        assert_eq!(idx.shard_of("c.safetensors"), None);
+        assert_eq!(without_dot_segments("./x/./y.safetensors"), "x/y.safetensors");
+        let names = vec!["A".to_string(), "B".to_string()];
+        let (a, b) = (header(&["w", "v"]), header(&["u", "x"]));
+        assert_eq!(check_shards(&names, &[&a, &b], Some(&idx)), Ok(()));
     }
 }

@@ -1,15 +1,21 @@
 //! A mount's lifetime: building the filesystem ([`build`]), the FUSE session and its readiness
 //! ([`session`]), the signals that end it ([`signals`]), going to the background ([`daemon`]), the
 //! mount point itself ([`mountpoint`]), where the log goes ([`logging`], [`syslog`]) and the
-//! `auto_unmount` watcher ([`watcher`]).
+//! `auto_unmount` watcher ([`watcher`]); what a user needs to mount ([`access`]), what is mounted
+//! where ([`mountinfo`]), and `stfs umount` ([`unmount`]), whose system calls have deadlines
+//! ([`bounded`]).
 //!
 //! Nothing here prints: every failure is a typed error that `cli` reports as one line.
 
+pub mod access;
+pub mod bounded;
 pub mod build;
 pub mod daemon;
 pub mod logging;
+pub mod mountinfo;
 pub mod mountpoint;
 pub mod session;
 pub mod signals;
 pub mod syslog;
+pub mod unmount;
 pub mod watcher;

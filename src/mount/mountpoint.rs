@@ -1,5 +1,6 @@
-//! Mount points: checks before mounting, mounting FUSE as `fuse.stfs` with mount(2), unmounting with
-//! umount2(2), and the kernel's readahead knob.
+//! Mount points: checks before mounting (nothing there, nothing of the checkpoint under it), mounting
+//! FUSE as `fuse.stfs` with mount(2), the daemon's own unmount with umount2(2), and the kernel's
+//! readahead knob. `stfs umount` is [`crate::mount::unmount`].
 
 use std::ffi::CString;
 use std::fs;
@@ -7,10 +8,15 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-/// The filesystem type stfs mounts as: what mount(8), findmnt, df -T and fstab's type field show.
-pub const FS_TYPE: &str = "fuse.stfs";
+use crate::mount::bounded::{self, Outcome};
+use crate::mount::mountinfo;
+pub use crate::mount::mountinfo::FS_TYPE;
+
+/// The most `stfs mount` waits to learn whether a FUSE mount already at its mount point is stale.
+const STALE_PROBE_LIMIT: Duration = Duration::from_millis(500);
 
 /// Why a directory cannot be mounted on, or unmounted.
 #[derive(Debug)]
@@ -29,6 +35,11 @@ pub enum MountPointError {
     Busy,
     /// The path holds a NUL byte, which no system call takes.
     NulInPath,
+    /// The mount would hide a file of the checkpoint it serves: the file is under the mount point.
+    HidesCheckpoint {
+        /// The file, by its canonical path.
+        file: PathBuf,
+    },
     /// Any other failure of the system call.
     Io(io::Error),
 }
@@ -45,6 +56,12 @@ impl std::fmt::Display for MountPointError {
             MountPointError::NotMounted => f.write_str("not a mount point"),
             MountPointError::Busy => f.write_str("mount is busy (files are open); close them or use --lazy"),
             MountPointError::NulInPath => f.write_str("path contains NUL"),
+            MountPointError::HidesCheckpoint { file } => write!(
+                f,
+                "mounting here would hide {}, which the mount reads from; choose a mount point that does not \
+                 contain it",
+                file.display()
+            ),
             MountPointError::Io(e) => f.write_str(&crate::util::describe_io(e)),
         }
     }
@@ -60,22 +77,45 @@ impl std::error::Error for MountPointError {
 }
 
 /// Checks that `path` is an existing directory with nothing mounted on it. A non-empty directory
-/// is accepted, as FUSE 3 tools do: its contents are hidden while mounted.
+/// is accepted, as FUSE 3 tools do: its contents are hidden while mounted. What is mounted there is
+/// read from mountinfo, so a mount whose daemon does not answer cannot hold this check; a FUSE mount
+/// found there is asked (for at most half a second) whether its daemon is gone, to say "stale".
 pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
-    if is_stale(path) {
-        return Err(MountPointError::Stale);
+    let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => MountPointError::Missing,
+        _ => MountPointError::Io(e),
+    })?;
+    if let Some(entry) = top {
+        let deadline = Instant::now() + STALE_PROBE_LIMIT;
+        let stale = entry.fs_type.starts_with("fuse")
+            && matches!(bounded::statfs(&at, deadline), Ok(Outcome::Returned(libc::ENOTCONN)));
+        return Err(if stale { MountPointError::Stale } else { MountPointError::AlreadyMounted });
     }
-    let meta = match fs::metadata(path) {
+    let meta = match fs::metadata(&at) {
         Ok(m) => m,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountPointError::Stale),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MountPointError::Missing),
         Err(e) => return Err(MountPointError::Io(e)),
     };
     if !meta.is_dir() {
         return Err(MountPointError::NotADirectory);
     }
-    if is_mount_point(path) {
-        return Err(MountPointError::AlreadyMounted);
+    Ok(())
+}
+
+/// Checks that mounting on `path` hides none of `files`, the checkpoint's local files: a file under
+/// the mount point (at any depth, or through a symbolic link) would be replaced by the mount's own
+/// tree, and every read of it would fail. So would a symbolic link under the mount point that names
+/// a file elsewhere, since the daemon looks the file up again by the name it was given. Call after
+/// [`check_mount_point`] (nothing is mounted there, so resolving it asks no daemon).
+pub fn check_not_hiding<'a>(path: &Path, files: impl IntoIterator<Item = &'a Path>) -> Result<(), MountPointError> {
+    let mount_point = fs::canonicalize(path).map_err(MountPointError::Io)?;
+    for file in files {
+        let real = fs::canonicalize(file).ok();
+        let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let named = file.file_name().and_then(|name| Some(fs::canonicalize(parent).ok()?.join(name)));
+        if let Some(file) = [real, named].into_iter().flatten().find(|f| f.starts_with(&mount_point)) {
+            return Err(MountPointError::HidesCheckpoint { file });
+        }
     }
     Ok(())
 }
@@ -92,47 +132,16 @@ pub fn is_stale(path: &Path) -> bool {
     rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
-/// Whether `path` is listed as a mount point in /proc/self/mountinfo.
+/// Whether `path` is listed as a mount point in /proc/self/mountinfo (found without asking the
+/// mount anything: see [`mountinfo::locate`]).
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(canonical) = fs::canonicalize(path).or_else(|_| std::path::absolute(path)) else { return false };
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return false };
-    info.lines()
-        .any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(canonical.as_os_str().as_bytes()))
+    mountinfo::locate(path).is_ok_and(|(_, top)| top.is_some())
 }
 
 /// The mount ID and type of the topmost mount on `path` (absolute, without symlinks), read from
 /// /proc/self/mountinfo alone: a dead FUSE mount is found without touching it.
 pub fn topmost_mount(path: &Path) -> Option<(u64, String)> {
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let on_path = |line: &str| {
-        let fields: Vec<&str> = line.splitn(6, ' ').collect();
-        let fs_type = line.split(" - ").nth(1)?.split(' ').next()?;
-        let here = unescape_mountinfo(fields.get(4)?) == path.as_os_str().as_bytes();
-        here.then(|| Some((fields[0].parse().ok()?, fs_type.to_string()))).flatten()
-    };
-    info.lines().rev().find_map(on_path)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal =
-            b.get(i + 1..i + 4).and_then(|o| std::str::from_utf8(o).ok()).and_then(|o| u8::from_str_radix(o, 8).ok());
-        match (b[i], octal) {
-            (b'\\', Some(v)) => {
-                out.push(v);
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    out
+    mountinfo::mounts().into_iter().rev().find(|m| m.mount_point == path).map(|m| (m.id, m.fs_type))
 }
 
 /// Mounts an empty FUSE filesystem of type [`FS_TYPE`] named `fsname` on `path` with mount(2),
@@ -169,12 +178,12 @@ pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Op
     }
 }
 
-/// Unmounts `path` with umount2(2); `lazy` detaches it even while files are open (MNT_DETACH).
-/// A stale mount (its daemon killed) is always detached, since nobody can be served there anyway.
-pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountPointError> {
-    let stale = is_stale(path);
+/// Unmounts the daemon's own mount at `path` with umount2(2); `lazy` detaches it even while files
+/// are open (MNT_DETACH). Only for the daemon, whose own threads answer the mount: `stfs umount`
+/// uses [`crate::mount::unmount::unmount`], which touches nothing and is bounded in time.
+pub fn unmount_own(path: &Path, lazy: bool) -> Result<(), MountPointError> {
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::NulInPath)?;
-    let flags = if lazy || stale { libc::MNT_DETACH } else { 0 };
+    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
     let rc = unsafe { libc::umount2(c_path.as_ptr(), flags) };
     if rc == 0 {
@@ -202,13 +211,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mountinfo_octal_escapes_are_decoded() {
-        assert_eq!(unescape_mountinfo(r"/mnt/a\040b\134c"), b"/mnt/a b\\c");
-        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
-        assert_eq!(unescape_mountinfo(r"/trailing\04"), b"/trailing\\04");
-    }
-
-    #[test]
     fn mount_point_checks() {
         let dir = tempfile::tempdir().unwrap();
         assert!(check_mount_point(dir.path()).is_ok());
@@ -220,8 +222,37 @@ mod tests {
         assert_eq!(topmost_mount(Path::new("/proc")).map(|(_, t)| t).as_deref(), Some("proc"));
         assert_eq!(topmost_mount(dir.path()), None);
         assert!(matches!(check_mount_point(Path::new("/proc")), Err(MountPointError::AlreadyMounted)));
-        assert!(matches!(unmount(dir.path(), false), Err(MountPointError::NotMounted)));
+        assert!(matches!(check_mount_point(&dir.path().join("a/b")), Err(MountPointError::Missing)));
+        assert!(matches!(unmount_own(dir.path(), false), Err(MountPointError::NotMounted)));
         let nul = Path::new(std::ffi::OsStr::from_bytes(b"/a\0b"));
-        assert_eq!(unmount(nul, false).unwrap_err().to_string(), "path contains NUL");
+        assert_eq!(unmount_own(nul, false).unwrap_err().to_string(), "path contains NUL");
+    }
+
+    #[test]
+    fn a_mount_point_over_the_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, other) = (dir.path().join("d"), dir.path().join("other"));
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::create_dir(&other).unwrap();
+        let file = d.join("m.safetensors");
+        fs::write(&file, b"x").unwrap();
+        let link = other.join("link.safetensors");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let canonical = fs::canonicalize(&file).unwrap();
+        for (mp, named) in [(&d, &file), (&dir.path().to_path_buf(), &file), (&d, &link)] {
+            match check_not_hiding(mp, [named.as_path()]) {
+                Err(MountPointError::HidesCheckpoint { file }) => assert_eq!(file, canonical),
+                other => panic!("{} over {}: {other:?}", mp.display(), named.display()),
+            }
+        }
+        // A link under the mount point to a file elsewhere: the daemon looks the file up by the link.
+        match check_not_hiding(&other, [link.as_path()]) {
+            Err(MountPointError::HidesCheckpoint { file }) => {
+                assert_eq!(file, fs::canonicalize(&other).unwrap().join("link.safetensors"))
+            }
+            other => panic!("a link under the mount point: {other:?}"),
+        }
+        assert!(check_not_hiding(&other, [file.as_path()]).is_ok());
+        assert!(check_not_hiding(&d.join("sub"), [file.as_path()]).is_ok());
     }
 }

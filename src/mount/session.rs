@@ -176,14 +176,14 @@ pub fn serve(
             info!("signal {signal}: unmounting {}", signal_mp.display());
             if let Err(e) = unmounter.unmount() {
                 warn!("unmount failed ({e}); detaching lazily");
-                let _ = mountpoint::unmount(&signal_mp, true);
+                let _ = mountpoint::unmount_own(&signal_mp, true);
             }
         })
         .map_err(|error| ServeError::Thread { purpose: "signal thread", error })?;
     let result = runner.join().map_err(|_| ServeError::Panicked);
     if own_mount && mountpoint::is_stale(&mp) {
         // The session ended without an unmount (its descriptor is closed): detach the dead mount.
-        let _ = mountpoint::unmount(&mp, true);
+        let _ = mountpoint::unmount_own(&mp, true);
     }
     let result = result?;
     info!("unmounted {}; final counters: {}", mp.display(), fs.stats().to_json());
@@ -200,7 +200,7 @@ fn not_ready(on_ready: impl FnOnce(Result<(), &ServeError>), e: ServeError) -> S
 enum Unmounter {
     /// fuser mounted it (through fusermount, for a user who may not call mount(2)).
     Fuser(fuser::SessionUnmounter),
-    /// stfs mounted it with mount(2), as [`mountpoint::FS_TYPE`].
+    /// stfs mounted it with mount(2), as [`crate::mount::mountinfo::FS_TYPE`].
     Own(PathBuf),
 }
 
@@ -208,7 +208,7 @@ impl Unmounter {
     fn unmount(&mut self) -> Result<(), MountPointError> {
         match self {
             Unmounter::Fuser(unmounter) => unmounter.unmount().map_err(MountPointError::Io),
-            Unmounter::Own(mp) => match mountpoint::unmount(mp, false) {
+            Unmounter::Own(mp) => match mountpoint::unmount_own(mp, false) {
                 Ok(()) | Err(MountPointError::NotMounted) => Ok(()),
                 Err(e) => Err(e),
             },
@@ -235,7 +235,7 @@ fn open_session(
         Ok(session) => Ok((session, Unmounter::Own(mp.clone()))),
         Err(e) => {
             // The handshake failed: the mount must not outlive this error.
-            let _ = mountpoint::unmount(mp, true);
+            let _ = mountpoint::unmount_own(mp, true);
             Err(e)
         }
     }

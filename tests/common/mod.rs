@@ -15,6 +15,8 @@ use stfs::format::Dtype;
 
 pub mod faultfs;
 pub mod tools;
+pub mod users;
+pub mod wedge;
 pub use tools::tool_missing;
 
 /// The binary under test.

@@ -1,0 +1,207 @@
+//! `stfs umount` as root: it unmounts only stfs mounts, decides from /proc/self/mountinfo without
+//! touching the mount, and returns within 2 s whatever the daemon does (here: stopped with SIGSTOP).
+
+mod common;
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::wedge::{listed, mount_entry, process_gone, run_bounded_unmount, Holder, Stopped};
+use common::*;
+use stfs::format::Dtype;
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Unmounts `path` when dropped (umount2, then a lazy detach), whatever the test did.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if listed(&self.0) {
+            force_unmount(&self.0);
+        }
+    }
+}
+
+/// A checkpoint of one tensor in a fresh directory.
+fn checkpoint() -> (tempfile::TempDir, PathBuf, T) {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensor = T::new("w", Dtype::F32, &[1000]);
+    write_checkpoint(&file, std::slice::from_ref(&tensor), None);
+    (dir, file, tensor)
+}
+
+/// `stfs umount ARGS...` as a command, run from `cwd` when given.
+fn umount_cmd(args: &[&str], cwd: Option<&Path>) -> Command {
+    let mut cmd = Command::new(STFS);
+    cmd.arg("umount").args(args);
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    cmd
+}
+
+/// One line `stfs: ...` on stderr, exit status 1.
+fn assert_one_line_failure(out: &Output, what: &str) -> String {
+    let err = stderr_of(out);
+    assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+    assert_eq!(err.lines().count(), 1, "{what}: expected one line, got {err:?}");
+    assert!(err.starts_with("stfs: "), "{what}: {err}");
+    err
+}
+
+fn mount_tmpfs(path: &Path) {
+    let c = |s: &[u8]| CString::new(s).unwrap();
+    let (source, target, fs_type, data) = (c(b"tmpfs"), c(path.as_os_str().as_bytes()), c(b"tmpfs"), c(b"size=1m"));
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), 0, data.as_ptr().cast()) };
+    assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn umount_refuses_a_tmpfs_and_leaves_it_mounted() {
+    let dir = workdir();
+    let target = dir.path().join("t");
+    std::fs::create_dir(&target).unwrap();
+    let _guard = Unmount(target.clone());
+    mount_tmpfs(&target);
+    std::fs::write(target.join("keep"), b"still here").unwrap();
+    for args in [vec!["umount"], vec!["umount", "-l"], vec!["umount", "--lazy"]] {
+        let mut args = args.clone();
+        args.push(target.to_str().unwrap());
+        let out = stfs(&args);
+        let err = assert_one_line_failure(&out, &format!("{args:?}"));
+        assert!(err.contains("not an stfs mount"), "{args:?}: {err}");
+        assert!(err.contains("tmpfs"), "{args:?} must say what is mounted there: {err}");
+        assert_eq!(mount_entry(&target).map(|m| m.fs_type).as_deref(), Some("tmpfs"), "{args:?} unmounted the tmpfs");
+        assert_eq!(std::fs::read(target.join("keep")).unwrap(), b"still here");
+    }
+}
+
+#[test]
+fn umount_refuses_another_fuse_filesystem() {
+    for (tool, install) in
+        [("mksquashfs", "apt-get install squashfs-tools"), ("squashfuse", "apt-get install squashfuse")]
+    {
+        if Command::new(tool).arg("-version").output().is_err() {
+            return tool_missing(tool, install);
+        }
+    }
+    let dir = workdir();
+    let content = dir.path().join("content");
+    std::fs::create_dir(&content).unwrap();
+    std::fs::write(content.join("f"), b"squashed").unwrap();
+    let image = dir.path().join("img.squashfs");
+    let out = Command::new("mksquashfs").arg(&content).arg(&image).args(["-quiet", "-no-progress"]).output().unwrap();
+    assert!(out.status.success(), "mksquashfs: {}", stderr_of(&out));
+    let target = dir.path().join("sq");
+    std::fs::create_dir(&target).unwrap();
+    let _guard = Unmount(target.clone());
+    let out = Command::new("squashfuse").arg(&image).arg(&target).output().unwrap();
+    assert!(out.status.success(), "squashfuse: {}", stderr_of(&out));
+    assert!(wait_until(TIMEOUT, || listed(&target)));
+    let fs_type = mount_entry(&target).unwrap().fs_type;
+    for lazy in [false, true] {
+        let args: Vec<&str> = if lazy { vec!["umount", "-l"] } else { vec!["umount"] };
+        let out = stfs(&[&args[..], &[target.to_str().unwrap()]].concat());
+        let err = assert_one_line_failure(&out, &format!("{args:?}"));
+        assert!(err.contains("not an stfs mount") && err.contains(&fs_type), "{args:?}: {err}");
+        assert!(listed(&target), "{args:?} unmounted the {fs_type} mount");
+    }
+    assert_eq!(std::fs::read(target.join("f")).unwrap(), b"squashed");
+}
+
+#[test]
+fn umount_of_what_is_not_mounted_says_so() {
+    let dir = workdir();
+    let out = stfs(&["umount", dir.path().to_str().unwrap()]);
+    assert!(assert_one_line_failure(&out, "plain directory").contains("not a mount point"));
+    let out = stfs(&["umount", dir.path().join("missing").to_str().unwrap()]);
+    assert!(assert_one_line_failure(&out, "missing path").contains("does not exist"));
+}
+
+/// Mounts a checkpoint, stops its daemon with SIGSTOP, and runs `stfs umount EXTRA... MP`: it must
+/// return within 2 s having unmounted; once continued, the daemon exits.
+fn unmount_a_stopped_daemon(extra: &[&str]) {
+    let (_dir, file, _) = checkpoint();
+    let m = Mount::new(&file, &[]);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    let stopped = Stopped::new(pid);
+    let mut cmd = umount_cmd(extra, None);
+    cmd.arg(&m.path);
+    let out = run_bounded_unmount(&mut cmd, &format!("stfs umount {extra:?} with a stopped daemon"));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!listed(&m.path), "stfs umount exited 0 but the mount is still listed");
+    drop(stopped);
+    assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit once continued");
+}
+
+#[test]
+fn umount_returns_within_2s_when_the_daemon_is_stopped() {
+    unmount_a_stopped_daemon(&[]);
+}
+
+#[test]
+fn lazy_umount_returns_within_2s_when_the_daemon_is_stopped() {
+    unmount_a_stopped_daemon(&["-l"]);
+}
+
+#[test]
+fn busy_mount_with_a_stopped_daemon_is_reported_busy_then_detached_within_2s() {
+    let (_dir, file, tensor) = checkpoint();
+    let m = Mount::new(&file, &[]);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    let holder = Holder::open(Command::new("sh"), &m.file("w"));
+    let stopped = Stopped::new(pid);
+    let mut cmd = umount_cmd(&[], None);
+    cmd.arg(&m.path);
+    let out = run_bounded_unmount(&mut cmd, "stfs umount of a busy mount with a stopped daemon");
+    let err = assert_one_line_failure(&out, "busy");
+    assert!(err.contains("busy"), "{err}");
+    assert!(listed(&m.path), "a busy umount must leave the mount");
+    let mut cmd = umount_cmd(&["--lazy"], None);
+    cmd.arg(&m.path);
+    let out = run_bounded_unmount(&mut cmd, "stfs umount --lazy of a busy mount with a stopped daemon");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!listed(&m.path), "the lazy umount left the mount listed");
+    drop(stopped);
+    // The open reader still gets its bytes once the daemon runs again.
+    assert_eq!(holder.read_all(), tensor.data);
+    assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit after the last close");
+}
+
+#[test]
+fn umount_finds_the_mount_by_relative_symlinked_and_escaped_paths_without_touching_it() {
+    let (dir, file, _) = checkpoint();
+    let link = dir.path().join("link");
+    // Mount point names; how `stfs umount` names each (and the directory it runs in) is below.
+    for name in ["rel", "slash", "sym", "a b\\c\td"] {
+        let mp = dir.path().join(name);
+        std::fs::create_dir(&mp).unwrap();
+        let _guard = Unmount(mp.clone());
+        let out = stfs(&["mount", file.to_str().unwrap(), mp.to_str().unwrap()]);
+        assert!(out.status.success(), "mount on {name:?}: {}", stderr_of(&out));
+        assert!(listed(&mp), "{name:?} is not listed after mounting");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&mp, &link).unwrap();
+        let pid = daemon_pid(&mp).expect("daemon pid");
+        let stopped = Stopped::new(pid);
+        let (arg, cwd) = match name {
+            "rel" => ("./rel".to_string(), Some(dir.path())),
+            "slash" => (format!("{}/", mp.display()), None),
+            "sym" => (link.display().to_string(), None),
+            _ => (mp.display().to_string(), None),
+        };
+        let mut cmd = umount_cmd(&[&arg], cwd);
+        let out = run_bounded_unmount(&mut cmd, &format!("stfs umount {arg:?} with a stopped daemon"));
+        assert!(out.status.success(), "stfs umount {arg:?}: {}", stderr_of(&out));
+        assert!(!listed(&mp), "stfs umount {arg:?} left {name:?} mounted");
+        drop(stopped);
+        assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon of {name:?} did not exit");
+    }
+}
