@@ -47,27 +47,9 @@ pub struct RootFile {
 pub fn file_name(path_or_url: &str) -> Option<String> {
     let path = path_or_url.split(['?', '#']).next().unwrap_or(path_or_url);
     let last = path.rsplit('/').next().unwrap_or(path);
-    let decoded = if super::is_url(path_or_url) { percent_decode(last) } else { None };
+    let decoded = if super::is_url(path_or_url) { crate::util::percent_decode(last) } else { None };
     let name = decoded.filter(|d| !d.contains(['/', '\0'])).unwrap_or_else(|| last.to_string());
     (!name.is_empty() && name != "." && name != "..").then_some(name)
-}
-
-/// `%XX` escapes decoded; `None` when one is malformed or the result is not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Opens and validates a single safetensors file.

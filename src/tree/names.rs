@@ -85,21 +85,7 @@ pub fn unescape(file_name: &str) -> Option<String> {
     if file_name == "%" {
         return Some(String::new());
     }
-    let bytes = file_name.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    crate::util::percent_decode(file_name)
 }
 
 /// 64-bit FNV-1a: a stable, dependency-free hash for the long-name suffix (not for security; a

@@ -43,6 +43,25 @@ pub fn wait_while<'a, T>(
     condvar.wait_timeout_while(guard, timeout, waiting).unwrap_or_else(PoisonError::into_inner).0
 }
 
+/// `%XX` escapes decoded (URLs, tensor file names, hub revisions); `None` when one is malformed or
+/// the result is not UTF-8.
+pub fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// An I/O error as a short lower-case phrase ("no such file or directory").
 pub fn describe_io(e: &std::io::Error) -> String {
     let text = e.to_string();

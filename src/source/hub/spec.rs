@@ -35,7 +35,9 @@ impl HubSpec {
         let repo_rev = parts.next().unwrap_or_default();
         let path = parts.next().map(|p| p.trim_matches('/')).filter(|p| !p.is_empty());
         let (repo, revision) = match repo_rev.split_once('@') {
-            Some((repo, revision)) => (repo, percent_decode(revision).ok_or_else(|| format!("bad revision: {usage}"))?),
+            Some((repo, revision)) => {
+                (repo, crate::util::percent_decode(revision).ok_or_else(|| format!("bad revision: {usage}"))?)
+            }
             None => (repo_rev, DEFAULT_REVISION.to_string()),
         };
         if !valid_name(org) || !valid_name(repo) {
@@ -79,24 +81,6 @@ fn valid_name(name: &str) -> bool {
         && name != "."
         && name != ".."
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-}
-
-/// Decodes `%XX` escapes; `None` for a malformed escape or bytes that are not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Percent-encodes one URL path segment (everything but unreserved characters), `/` included.
