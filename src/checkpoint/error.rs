@@ -40,6 +40,8 @@ pub enum OpenProblem {
         /// The largest length read.
         limit: usize,
     },
+    /// A `scheme://` name of no known source kind.
+    UnknownScheme(String),
     /// A shard was never tried because an earlier one failed (not reported in practice: the
     /// earlier failure is).
     NotOpened,
@@ -54,7 +56,10 @@ impl OpenError {
 
 impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.problem)
+        // A remote source's error names its object already: say it once.
+        let problem = self.problem.to_string();
+        let problem = problem.strip_prefix(&format!("{}: ", self.path)).unwrap_or(&problem);
+        write!(f, "{}: {problem}", self.path)
     }
 }
 
@@ -76,6 +81,9 @@ impl fmt::Display for OpenProblem {
             OpenProblem::NoShardFiles => f.write_str("directory holds no *.safetensors files"),
             OpenProblem::IndexTooLarge { len, limit } => write!(f, "index of {len} bytes is over the limit of {limit}"),
             OpenProblem::NotOpened => f.write_str("was not opened"),
+            OpenProblem::UnknownScheme(scheme) => {
+                write!(f, "unknown scheme {scheme}:// (stfs reads local paths, http://, https://, s3:// and gs://)")
+            }
         }
     }
 }
@@ -88,7 +96,10 @@ impl std::error::Error for OpenProblem {
             OpenProblem::Http(error) => Some(error),
             OpenProblem::Index(error) => Some(error),
             OpenProblem::Shards(error) => Some(error),
-            OpenProblem::NoShardFiles | OpenProblem::IndexTooLarge { .. } | OpenProblem::NotOpened => None,
+            OpenProblem::NoShardFiles
+            | OpenProblem::IndexTooLarge { .. }
+            | OpenProblem::NotOpened
+            | OpenProblem::UnknownScheme(_) => None,
         }
     }
 }

@@ -8,19 +8,32 @@ use std::sync::Arc;
 use super::error::{OpenError, OpenProblem};
 use super::shard::{checked, open_all, open_file, open_source, Checkpoint, OpenedShard};
 use crate::format::index;
-use crate::source::http::{display_name, HttpOptions, HttpSource};
+use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
+use crate::source::object::{self, ObjectOptions};
 use crate::source::Source;
 
 /// How to reach remote checkpoints.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
-    /// Headers, token, timeouts and the counters for `http://` and `https://` sources.
+    /// Headers, token, timeouts and the counters for `http://` and `https://` sources (and the
+    /// object stores read through them).
     pub http: HttpOptions,
+    /// Endpoint, region and credential settings of `s3://` and `gs://` sources.
+    pub object: ObjectOptions,
 }
 
-/// Whether `spec` names a remote object.
+/// Whether `spec` names a remote object (`http(s)://`, `s3://`, `gs://`).
 pub fn is_url(spec: &str) -> bool {
-    spec.starts_with("http://") || spec.starts_with("https://")
+    spec.starts_with("http://") || spec.starts_with("https://") || object::is_object_url(spec)
+}
+
+/// The scheme of a `scheme://...` name no source kind handles, if `spec` is one and no such
+/// local path exists.
+fn unknown_scheme(spec: &str) -> Option<&str> {
+    let (scheme, _) = spec.split_once("://")?;
+    let plausible = scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
+    (plausible && !is_url(spec) && !Path::new(spec).exists()).then_some(scheme)
 }
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
@@ -32,6 +45,9 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
         } else {
             open_url(spec, options).map(single)
         };
+    }
+    if let Some(scheme) = unknown_scheme(spec) {
+        return Err(OpenError::new(spec, OpenProblem::UnknownScheme(scheme.to_string())));
     }
     let path = Path::new(spec);
     if path.is_dir() {
@@ -76,8 +92,16 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
 
 /// A single remote safetensors object.
 fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
-    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(display_name(url), e))?;
+    let source = open_remote(url, options).map_err(|e| OpenError::new(display_name(url), e))?;
     open_source(Arc::new(source))
+}
+
+/// The remote object `url` names, by scheme: an object store's, or a plain URL.
+fn open_remote(url: &str, options: &OpenOptions) -> Result<HttpSource, HttpError> {
+    if object::is_object_url(url) {
+        return object::open(url, &options.http, &options.object);
+    }
+    HttpSource::open(url, options.http.clone())
 }
 
 /// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
@@ -86,7 +110,7 @@ const MAX_INDEX_SIZE: usize = 64 << 20;
 /// A remote index whose shards are resolved relative to its URL.
 fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
     let shown = display_name(url);
-    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(&shown, e))?;
+    let source = open_remote(url, options).map_err(|e| OpenError::new(&shown, e))?;
     let len = usize::try_from(source.len()).unwrap_or(usize::MAX);
     if len > MAX_INDEX_SIZE {
         return Err(OpenError::new(&shown, OpenProblem::IndexTooLarge { len, limit: MAX_INDEX_SIZE }));
@@ -95,7 +119,9 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     let mut reader = source.open_reader().map_err(|e| OpenError::new(&shown, e))?;
     reader.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, e))?;
     let index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
-    let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {
+    // An object store's key may hold '?' or '#': only a URL has a query to drop.
+    let path = if object::is_object_url(url) { url } else { url_path(url) };
+    let base = match Some(path).and_then(|u| u.rfind('/')) {
         Some(i) => &url[..=i],
         None => url,
     };
@@ -105,6 +131,9 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
 }
 
 fn url_path(url: &str) -> &str {
+    if object::is_object_url(url) {
+        return url;
+    }
     url.split(['?', '#']).next().unwrap_or(url)
 }
 

@@ -118,7 +118,7 @@ pub struct MountArgs {
     pub remote: RemoteArgs,
 }
 
-/// Options for `http://` and `https://` checkpoints.
+/// Options for `http://`, `https://`, `s3://` and `gs://` checkpoints.
 #[derive(Args, Debug, Default, Clone)]
 #[command(next_help_heading = "Remote checkpoints")]
 pub struct RemoteArgs {
@@ -137,6 +137,16 @@ pub struct RemoteArgs {
     /// Limit for connecting and for each wait on the socket (`500ms`, `10s`) [default: 10s, 30s].
     #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
     pub http_timeout: Option<Duration>,
+    /// s3:// and gs://: the store's endpoint (an S3-compatible store, addressed path-style, or a GCS
+    /// emulator) [default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST].
+    #[arg(long, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// s3:// and gs://: send anonymous requests (public buckets), look for no credentials.
+    #[arg(long)]
+    pub no_sign_request: bool,
+    /// s3://: the bucket's region [default: AWS_REGION, the profile's, else found from the store].
+    #[arg(long, value_name = "REGION")]
+    pub region: Option<String>,
 }
 
 /// A duration that [`parse_duration`] could not read.

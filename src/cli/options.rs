@@ -11,6 +11,7 @@ use crate::engine::EngineConfig;
 use crate::mount::build::{FsOptions, Owner};
 use crate::mount::session::ServeOptions;
 use crate::source::http::{HttpError, HttpOptions};
+use crate::source::object::ObjectOptions;
 use crate::stats::Stats;
 use crate::tree::namespace::{Layout, Views};
 use crate::util::size::{format_size, parse_size};
@@ -243,6 +244,9 @@ impl MountConfig {
                     a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(duration(need()?)?))
                 }
                 "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(duration(need()?)?)),
+                "endpoint_url" => a.remote.endpoint_url = a.remote.endpoint_url.or(Some(need()?.to_string())),
+                "region" => a.remote.region = a.remote.region.or(Some(need()?.to_string())),
+                "no_sign_request" => a.remote.no_sign_request |= flag_value(value)?,
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => return Err(ConfigError::Unknown { key: key.to_string() }),
@@ -321,7 +325,11 @@ impl RemoteArgs {
             http.connect_timeout = timeout;
             http.read_timeout = timeout;
         }
-        Ok(OpenOptions { http })
+        let mut object = ObjectOptions::default();
+        object.endpoint_url = self.endpoint_url.clone();
+        object.no_sign_request = self.no_sign_request;
+        object.region = self.region.clone();
+        Ok(OpenOptions { http, object })
     }
 }
 

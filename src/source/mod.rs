@@ -6,12 +6,14 @@
 //! looks sequential to the storage below. A reader refuses to read once the source has changed.
 //!
 //! This file holds the two traits and the helpers their implementations share; `local` holds
-//! [`LocalFile`], and [`http`] the remote source.
+//! [`LocalFile`], [`http`] the remote source, and [`object`] the object stores (`s3://`, `gs://`)
+//! read through it.
 
 use std::io;
 
 pub mod http;
 mod local;
+pub mod object;
 
 pub use local::{LocalFile, LOCAL_PIECE_BYTES};
 
