@@ -71,7 +71,7 @@ Examples:
 #[derive(Args, Debug, Default, Clone)]
 pub struct MountArgs {
     /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, or an
-    /// http(s):// URL of a file or an index.
+    /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index.
     pub source: String,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
@@ -261,14 +261,17 @@ pub struct StatsArgs {
 const MOUNT_HELP: &str = "\
 Mount options (-o, comma-separated; each long flag works as -o name=value):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree,
+  endpoint_url=URL, region=REGION, no_sign_request
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
 Sizes: 4096, 512K, 64M, 2G.
 
 Examples:
   stfs mount model.safetensors /mnt/model
   stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
-  stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts";
+  stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts
+  stfs mount s3://bucket/llama/model.safetensors.index.json /mnt/llama   # AWS credential chain
+  stfs mount gs://bucket/model.safetensors /mnt/model                    # Google ADC";
 
 /// Extra help for `stfs extract`.
 const EXTRACT_HELP: &str = "\

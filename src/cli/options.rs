@@ -404,6 +404,12 @@ mod tests {
         assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
         let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
         assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
+        let c = MountConfig::from_args(args(&["endpoint_url=http://h:9000,region=eu-west-1,no_sign_request"])).unwrap();
+        let object = c.remote.open_options(Default::default()).unwrap().object;
+        assert_eq!(object.endpoint_url.as_deref(), Some("http://h:9000"));
+        assert_eq!((object.region.as_deref(), object.no_sign_request), (Some("eu-west-1"), true));
+        assert_eq!(default_block_size("s3://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
+        assert_eq!(default_block_size("gs://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
         let mut a = args(&["cache_size=1G"]);
         a.cache_size = Some(64 << 20);
         assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);

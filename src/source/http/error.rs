@@ -203,6 +203,7 @@ impl fmt::Display for Refusal {
             },
             _ if status == 404 => format!("not found ({})", self.message),
             _ if matches!(status, 401 | 403) => format!("access denied ({})", self.message),
+            _ if self.message.is_empty() => "refused".to_string(),
             _ => self.message.clone(),
         };
         if code.is_empty() {

@@ -185,4 +185,19 @@ mod tests {
         assert!(authorization.starts_with("AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature="), "{authorization}");
         assert!(!format!("{:?}", headers).contains("wJalrXUtnFEMI"));
     }
+
+    /// What signing adds to each request (the read path's only credential work):
+    /// `cargo test --release --lib sigv4_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn sigv4_cost() {
+        let credentials = Credentials::new("AKIAIOSFODNN7EXAMPLE", "secret", Some("token".into()), None, "test");
+        let uri: Uri = "http://127.0.0.1:9000/bucket/dir/model.safetensors".parse().unwrap();
+        let rounds = 20_000;
+        let started = std::time::Instant::now();
+        for _ in 0..rounds {
+            std::hint::black_box(sign_get(&uri, &credentials, "us-east-1", SystemTime::now()).unwrap());
+        }
+        println!("SigV4 per request: {:.1} us", started.elapsed().as_secs_f64() * 1e6 / rounds as f64);
+    }
 }
