@@ -237,12 +237,32 @@ fn profile_file_credentials() {
     assert_all_exact(&m, &mixed_tensors());
 }
 
+/// `secs` since the epoch as RFC 3339 (`2024-01-01T00:00:00Z`).
+fn rfc3339(secs: u64) -> String {
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
 #[test]
-fn instance_metadata_credentials_through_imdsv2() {
+fn instance_metadata_credentials_through_imdsv2_are_fetched_again_before_expiry() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     let server = s3_or_skip!();
     let home = workdir();
-    write_checkpoint(&server.object("m.safetensors"), &mixed_tensors(), None);
-    let imds = TinyHttp::start(|request| {
+    write_checkpoint(&server.object("m.safetensors"), &fixture(), None);
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&fetches);
+    let imds = TinyHttp::start(move |request| {
         const TOKEN: &str = "imds-session-token";
         match (request.method.as_str(), request.target.as_str()) {
             ("PUT", "/latest/api/token") => {
@@ -253,7 +273,10 @@ fn instance_metadata_credentials_through_imdsv2() {
             }
             ("GET", "/latest/meta-data/iam/security-credentials/") => Response::new(200, "stfs-role"),
             ("GET", "/latest/meta-data/iam/security-credentials/stfs-role") => {
-                let expires = "2999-01-01T00:00:00Z";
+                counted.fetch_add(1, Ordering::SeqCst);
+                // Expiring within the refresh margin: every signature fetches them again.
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+                let expires = rfc3339(now + 120);
                 let body = format!(
                     r#"{{"Code":"Success","Type":"AWS-HMAC","AccessKeyId":"{ACCESS_KEY}","SecretAccessKey":"{SECRET_KEY}","Token":"session-token","Expiration":"{expires}","LastUpdated":"2024-01-01T00:00:00Z"}}"#
                 );
@@ -268,7 +291,10 @@ fn instance_metadata_credentials_through_imdsv2() {
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url()),
     ];
     let m = S3Mount::new(&format!("s3://{BUCKET}/m.safetensors"), home.path(), &vars);
-    assert_all_exact(&m, &mixed_tensors());
+    let at_mount = fetches.load(Ordering::SeqCst);
+    assert_all_exact(&m, &fixture());
+    // The daemon (forked after the first fetch) fetched them again on its own runtime.
+    assert!(fetches.load(Ordering::SeqCst) > at_mount, "credentials were not fetched again");
 }
 
 #[test]
