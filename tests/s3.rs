@@ -292,6 +292,8 @@ fn instance_metadata_credentials_through_imdsv2_are_fetched_again_before_expiry(
     ];
     let m = S3Mount::new(&format!("s3://{BUCKET}/m.safetensors"), home.path(), &vars);
     let at_mount = fetches.load(Ordering::SeqCst);
+    // Fetches inside the margin are at least 10 s apart (the daemon inherits the mount's last one).
+    std::thread::sleep(std::time::Duration::from_secs(11));
     assert_all_exact(&m, &fixture());
     // The daemon (forked after the first fetch) fetched them again on its own runtime.
     assert!(fetches.load(Ordering::SeqCst) > at_mount, "credentials were not fetched again");
@@ -330,11 +332,14 @@ fn an_object_replaced_while_mounted_gives_eio() {
     let tensors = fixture();
     write_checkpoint(&server.object("m.safetensors"), &tensors, None);
     let m = S3Mount::new(&format!("s3://{BUCKET}/m.safetensors"), home.path(), &env_keys(&server, SECRET_KEY));
+    // Read before: the middle of another tensor (a read from a tensor's first byte would prefetch
+    // the rest of it, and the kernel reads ahead inside a file, so the checked one stays untouched).
+    let first = tensors.iter().find(|t| t.name == "big.0.weight").unwrap();
+    let mut middle = vec![0; 1000];
+    std::fs::File::open(m.tensor(&first.name)).unwrap().read_exact_at(&mut middle, 400_000).unwrap();
+    assert_eq!(middle, first.data[400_000..401_000]);
     let big = tensors.last().unwrap();
     let file = std::fs::File::open(m.tensor(&big.name)).unwrap();
-    let mut head = vec![0; 1000];
-    file.read_exact_at(&mut head, 0).unwrap();
-    assert_eq!(head, big.data[..1000]);
     // Same size, other bytes: only the version pin can tell.
     let mut replaced = std::fs::read(server.object("m.safetensors")).unwrap();
     let end = replaced.len();

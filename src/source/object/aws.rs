@@ -4,7 +4,7 @@
 //! they expire, so a mount outlives its temporary credentials.
 
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use aws_config::default_provider::credentials::DefaultCredentialsChain;
 use aws_config::{BehaviorVersion, Region};
@@ -17,6 +17,9 @@ use crate::util::lock;
 
 /// Credentials are fetched again when they expire within this long.
 const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
+/// Least time between two fetches while the chain keeps handing out credentials inside the margin
+/// (instance metadata serves the old ones until it rotates them), unless they have expired.
+const REFRESH_PAUSE: Duration = Duration::from_secs(10);
 
 /// What the AWS chain said at open time, and the credentials it gave (none for unsigned requests).
 pub(crate) struct AwsSession {
@@ -56,7 +59,9 @@ impl AwsSession {
             None if no_sign_request => None,
             None => return Err(auth_error(no_credentials_message())),
             Some(Err(error)) => return Err(auth_error(describe(&error))),
-            Some(Ok(credentials)) => Some(CredentialCache { region: region.clone(), current: Mutex::new(credentials) }),
+            Some(Ok(credentials)) => {
+                Some(CredentialCache { region: region.clone(), current: Mutex::new((credentials, None)) })
+            }
         };
         Ok(AwsSession { region, endpoint_url, credentials })
     }
@@ -65,19 +70,23 @@ impl AwsSession {
 /// The current credentials, fetched again from the chain shortly before they expire.
 pub(crate) struct CredentialCache {
     region: Option<String>,
-    current: Mutex<Credentials>,
+    /// The credentials and when they were last fetched again (none since the first fetch).
+    current: Mutex<(Credentials, Option<Instant>)>,
 }
 
 impl CredentialCache {
     /// Credentials valid for at least a few more minutes (or the old ones, while still valid, if a
     /// refresh fails). The error holds no secret.
     pub fn get(&self) -> Result<Credentials, String> {
-        let mut current = lock(&self.current);
+        let mut guard = lock(&self.current);
+        let (current, last_fetch) = &mut *guard;
         let expires = current.expiry();
         let now = SystemTime::now();
-        if expires.is_none_or(|at| at > now + REFRESH_BEFORE) {
+        let paused = last_fetch.is_some_and(|at| at.elapsed() < REFRESH_PAUSE) && expires.is_some_and(|at| at > now);
+        if expires.is_none_or(|at| at > now + REFRESH_BEFORE) || paused {
             return Ok(current.clone());
         }
+        *last_fetch = Some(Instant::now());
         log::info!("AWS credentials expire soon; fetching them again");
         let region = self.region.clone();
         let fresh = block_on(async move {
