@@ -8,6 +8,12 @@
  * (fstat) is the element count times 4. pread reads any range without seeking, so several threads
  * could share one descriptor. Prints the size, the element count, the sum of all elements and the
  * elements FIRST..FIRST+COUNT-1 (default 0 and 4).
+ *
+ * Only float32 is summed: the tensor's dtype and shape come from the mount's extended attributes
+ * user.safetensors.dtype and user.safetensors.shape (metadata.json's `dtype` and `shape`). The file
+ * is float32 if the dtype is F32, or if it is a float type served converted by `--as f32`; either
+ * way its size must be 4 bytes per element. Anything else (BF16, integers, a .npy view with its
+ * header, a file off the mount) is refused with exit status 1 rather than summed into nonsense.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* Large reads: the mount serves them from whole cached blocks. A multiple of 4, so no float is split. */
@@ -47,6 +54,59 @@ static float float_le(const unsigned char *p) {
     return f;
 }
 
+/* Reads a text extended attribute into buf (NUL-terminated); -1 with errno set if absent. */
+static int text_xattr(const char *path, const char *name, char *buf, size_t size) {
+    ssize_t n = getxattr(path, name, buf, size - 1);
+    if (n < 0)
+        return -1;
+    buf[n] = '\0';
+    return 0;
+}
+
+/* The element count of a shape such as "[2,3]" ("[]" is a scalar: 1); -1 if it does not parse. */
+static long long elements_of(const char *shape) {
+    long long n = 1;
+    const char *p = shape;
+    if (*p++ != '[')
+        return -1;
+    while (*p && *p != ']') {
+        char *end;
+        long long dim = strtoll(p, &end, 10);
+        if (end == p || dim < 0)
+            return -1;
+        n *= dim;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return *p == ']' ? n : -1;
+}
+
+/* Whether `--as f32` serves this dtype converted to float32 (the float types other than F32). */
+static int converted_by_as_f32(const char *dtype) {
+    static const char *floats[] = {"BF16", "F16", "F64", "F4", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
+        if (strcmp(dtype, floats[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* Refuses (message, 0) a file that is not float32 data; 1 if it is. */
+static int check_float32(const char *path, long long size) {
+    char dtype[64], shape[4096];
+    if (text_xattr(path, "user.safetensors.dtype", dtype, sizeof dtype) != 0 ||
+        text_xattr(path, "user.safetensors.shape", shape, sizeof shape) != 0) {
+        fprintf(stderr, "%s: no user.safetensors.dtype/shape attributes (%s): not a tensor file of an stfs mount\n",
+                path, strerror(errno));
+        return 0;
+    }
+    long long elements = elements_of(shape);
+    if (elements < 0 || (strcmp(dtype, "F32") != 0 && !converted_by_as_f32(dtype)) || size != 4 * elements) {
+        fprintf(stderr, "%s: dtype %s, shape %s, %lld bytes: not float32 data (only F32 tensors, or floats under --as f32)\n",
+                path, dtype, shape, size);
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || argc > 4) {
         fprintf(stderr, "usage: %s TENSOR_FILE [FIRST [COUNT]]\n", argv[0]);
@@ -60,10 +120,8 @@ int main(int argc, char **argv) {
         perror(argv[1]);
         return 1;
     }
-    if (st.st_size % 4 != 0) {
-        fprintf(stderr, "%s: %lld bytes is not a whole number of float32\n", argv[1], (long long)st.st_size);
+    if (!check_float32(argv[1], (long long)st.st_size))
         return 1;
-    }
     long long elements = st.st_size / 4;
     unsigned char *buf = malloc(CHUNK);
     if (!buf) {

@@ -35,6 +35,12 @@ echo "dd slice: ok"
 # cmp: each tensor file is exactly the bytes at its absolute offset in the checkpoint. The table of
 # `stfs inspect` ends each row with BYTES and OFFSET; the name is the first column.
 if [ -n "$checkpoint" ]; then
+  if ! command -v "$stfs" >/dev/null; then
+    echo "$0: \`$stfs\` not found: install stfs (cargo install --path .) or set STFS=/path/to/stfs" >&2
+    exit 1
+  fi
+  # Run inspect on its own first: a failure inside the loop's input would go unnoticed.
+  table=$("$stfs" inspect "$checkpoint")
   checked=0
   while read -r name rest; do
     set -- $rest
@@ -43,6 +49,10 @@ if [ -n "$checkpoint" ]; then
     [ "$(stat -c %s "$mp/$name")" -eq "$bytes" ]
     cmp -n "$bytes" -i "$offset:0" "$checkpoint" "$mp/$name"
     checked=$((checked + 1))
-  done < <("$stfs" inspect "$checkpoint" | sed -e 1d -e '$d')
+  done < <(printf '%s\n' "$table" | sed -e 1d -e '$d')
+  if [ "$checked" -eq 0 ]; then
+    echo "$0: \`$stfs inspect\` listed no tensors in $checkpoint" >&2
+    exit 1
+  fi
   echo "cmp against checkpoint: $checked tensors ok"
 fi

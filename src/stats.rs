@@ -53,6 +53,24 @@ pub struct Stats {
     /// How many attempts took how long: one bucket per bound of [`HTTP_LATENCY_BOUNDS_MS`], plus
     /// one for the rest.
     pub http_latency_buckets: [AtomicU64; HTTP_LATENCY_BOUNDS_MS.len() + 1],
+    /// Blocks found, verified, in the disk cache (`--cache-dir`): no store request.
+    pub disk_cache_hits: AtomicU64,
+    /// Bytes of those blocks.
+    pub disk_cache_hit_bytes: AtomicU64,
+    /// Blocks looked up in the disk cache and not there (or not whole): read from the store.
+    pub disk_cache_misses: AtomicU64,
+    /// Bytes written to the disk cache (block files, headers included).
+    pub disk_cache_written_bytes: AtomicU64,
+    /// Block files this mount evicted from the disk cache to keep it within its bound.
+    pub disk_cache_evictions: AtomicU64,
+    /// Disk cache writes or reads that failed (disk full, read-only directory, I/O error).
+    pub disk_cache_errors: AtomicU64,
+    /// Block files that failed their checksum or length check: removed and fetched again.
+    pub disk_cache_corrupt: AtomicU64,
+    /// Bytes the disk cache holds, as this mount last counted them (gauge).
+    pub disk_cache_bytes: AtomicU64,
+    /// The disk cache's bound in bytes (0: no disk cache).
+    pub disk_cache_limit: AtomicU64,
 }
 
 /// Exclusive upper bounds, in milliseconds, of the HTTP latency histogram's buckets: from a
@@ -126,6 +144,15 @@ impl Stats {
             "http_request_micros": g(&self.http_request_micros),
             "http_request_max_micros": g(&self.http_request_max_micros),
             "http_request_latency_ms": self.latency_json(),
+            "disk_cache_hits": g(&self.disk_cache_hits),
+            "disk_cache_hit_bytes": g(&self.disk_cache_hit_bytes),
+            "disk_cache_misses": g(&self.disk_cache_misses),
+            "disk_cache_written_bytes": g(&self.disk_cache_written_bytes),
+            "disk_cache_evictions": g(&self.disk_cache_evictions),
+            "disk_cache_errors": g(&self.disk_cache_errors),
+            "disk_cache_corrupt": g(&self.disk_cache_corrupt),
+            "disk_cache_bytes": g(&self.disk_cache_bytes),
+            "disk_cache_limit": g(&self.disk_cache_limit),
         })
     }
 }
@@ -148,5 +175,18 @@ mod tests {
         assert_eq!(histogram.as_object().map(|m| m.len()), Some(HTTP_LATENCY_BOUNDS_MS.len() + 1));
         assert_eq!(json["http_request_max_micros"], 7_000_000);
         assert_eq!(json["http_request_micros"], 500 + 3_000 + 19_999 + 20_000 + 7_000_000);
+    }
+
+    #[test]
+    fn latency_buckets_print_in_numeric_order() {
+        // `stfs stats` prints the document as rendered: the buckets must read <1, <5, <20, ...
+        let text = serde_json::to_string(&Stats::default().to_json()).unwrap();
+        let at = |key: &str| text.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("{key} in {text}"));
+        let mut keys: Vec<String> = HTTP_LATENCY_BOUNDS_MS.iter().map(|b| format!("<{b}")).collect();
+        keys.push(format!(">={}", HTTP_LATENCY_BOUNDS_MS[HTTP_LATENCY_BOUNDS_MS.len() - 1]));
+        let places: Vec<usize> = keys.iter().map(|k| at(k)).collect();
+        assert!(places.windows(2).all(|w| w[0] < w[1]), "{text}");
+        // The counters keep the order they are declared in, too.
+        assert!(at("fuse_reads") < at("cache_hits") && at("cache_hits") < at("http_requests"), "{text}");
     }
 }

@@ -98,8 +98,9 @@ fn usage_errors_exit_2() {
         let out = stfs(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr_of(&out));
     }
+    // A bad `-o` option is a usage error too (tests/options.rs has the rest).
     let out = stfs(&["mount", "-o", "bogus_opt=1", "a", "b"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("unknown mount option `bogus_opt`"));
     let out = stfs(&["--version"]);
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));

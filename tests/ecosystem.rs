@@ -147,10 +147,19 @@ fn mount8_and_fstab_run_the_helper() {
     assert_serves(&mp.path, &tensors[..2]);
     force_unmount(&mp.path);
 
-    // An unknown option is refused by name, and nothing is mounted.
+    // An unknown option is refused by name, with the closest one suggested, as a usage error
+    // (mount(8) passes on its helper's status: 1), and nothing is mounted.
     let out = run("mount", &["-t", "fuse.stfs", s(&file), s(&mp.path), "-o", "ro,cache_sise=1G"]);
-    assert!(!out.status.success());
-    assert!(stderr_of(&out).contains("unknown mount option `cache_sise`"), "{}", stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("unknown mount option `cache_sise`; did you mean `cache_size`?"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(!is_mounted(&mp.path));
+    // A mount that fails exits with mount(8)'s own code for it, 32.
+    let out = run("mount", &["-t", "fuse.stfs", s(&dir.path().join("gone.safetensors")), s(&mp.path)]);
+    assert_eq!(out.status.code(), Some(32), "{}", stderr_of(&out));
     assert!(!is_mounted(&mp.path));
 
     // mount -f (fake) checks and mounts nothing; a bad source fails even then.
@@ -339,4 +348,35 @@ fn man_pages_match_the_command_line() {
         let old = std::fs::read(committed.join(&page)).unwrap();
         assert!(fresh == old, "docs/man/{page} is out of date: run `cargo run --example gen_man`");
     }
+}
+
+/// Every man page has EXIT STATUS, ENVIRONMENT and SEE ALSO, refers only to pages that exist, and
+/// the synopsis names option values (`-o OPT[,OPT...]`); every subcommand's `-V` names the program.
+#[test]
+fn man_pages_are_complete_and_versions_name_stfs() {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/man");
+    let pages = listing(&committed);
+    for page in &pages {
+        let text = std::fs::read_to_string(committed.join(page)).unwrap();
+        for section in [".SH \"EXIT STATUS\"", ".SH ENVIRONMENT", ".SH \"SEE ALSO\""] {
+            assert!(text.contains(section), "{page} lacks {section}");
+        }
+        // Every stfs-NAME(1) it mentions has a page.
+        for (at, _) in text.match_indices("stfs\\-") {
+            let rest = &text[at..];
+            if let Some(end) = rest.find("(1)").filter(|&end| end < 40) {
+                let name = rest[..end].replace("\\fR", "").replace("\\-", "-");
+                assert!(pages.contains(&format!("{name}.1")), "{page} refers to {name}(1)");
+            }
+        }
+    }
+    let mount = std::fs::read_to_string(committed.join("stfs-mount.1")).unwrap();
+    let synopsis = mount.split(".SH SYNOPSIS").nth(1).unwrap().lines().nth(1).unwrap();
+    assert!(synopsis.contains("[\\fB\\-o\\fR \\fIOPT[,OPT...]\\fR]"), "{synopsis}");
+    for sub in ["mount", "umount", "inspect", "stats", "extract", "cat", "install-helper"] {
+        let out = stfs(&[sub, "-V"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("stfs {}\n", env!("CARGO_PKG_VERSION")), "{sub}");
+    }
+    let help = String::from_utf8(stfs(&["install-helper", "--help"]).stdout).unwrap();
+    assert!(help.contains("The options are those of `stfs mount`"), "{help}");
 }

@@ -268,7 +268,7 @@ fn a_hung_backing_store_blocks_only_the_reads_that_need_it() {
     });
     assert!(wait_until(Duration::from_secs(10), || quick.is_finished()), "a hung store blocked the whole mount");
     let (names, meta, stats, first) = quick.join().unwrap();
-    assert!(names == tensors.len() + 2 && meta > 0 && stats > 0);
+    assert!(names == tensors.len() + 3 && meta > 0 && stats > 0, "every tensor, metadata.json, .stfs, the checkpoint");
     assert_eq!(first, tensors[0].data, "cached data is still served");
     // Once the store answers again, the held read completes with the right bytes.
     fault.hang_reads.store(false, std::sync::atomic::Ordering::SeqCst);

@@ -233,3 +233,27 @@ fn a_generation_replaced_between_reads_is_refused() {
     force_unmount(mp.path());
     result.unwrap();
 }
+
+/// An endpoint that accepts the connection and never answers: the mount fails within `--timeout`,
+/// in one line naming the object once.
+#[test]
+fn a_silent_endpoint_fails_the_mount_within_the_timeout() {
+    let home = workdir();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let mp = workdir();
+    let url = "gs://models/m.safetensors";
+    let args = ["mount", "--timeout", "2s", "--no-sign-request", "--endpoint-url", &endpoint, url];
+    let args = [&args[..], &[mp.path().to_str().unwrap()]].concat();
+    let started = std::time::Instant::now();
+    let out = run(&args, home.path(), &[]);
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < std::time::Duration::from_secs(12), "took {took:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with(&format!("stfs: {url}: timed out after 2 s")), "{err}");
+    assert_eq!(err.matches(url).count(), 1, "{err}");
+    assert!(!is_mounted(mp.path()));
+    drop(silent);
+}

@@ -54,7 +54,7 @@ fn ls_and_stat_show_one_file_per_tensor() {
     names.sort();
     let mut expected: Vec<String> =
         tensors.iter().map(|t| stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED)).collect();
-    expected.extend(["metadata.json".to_string(), ".stfs".to_string()]);
+    expected.extend(["metadata.json", ".stfs", "model.safetensors"].map(String::from));
     expected.sort();
     assert_eq!(names, expected);
     let backing = std::fs::metadata(dir.path().join("model.safetensors")).unwrap();

@@ -153,6 +153,12 @@ fn a_sharded_index_url_mounts_its_shards() {
     for shard in ["model-00001-of-00002", "model-00002-of-00002"] {
         assert!(requested.iter().any(|r| r.contains(&format!("/repo/{shard}.safetensors"))), "{requested:?}");
     }
+    // The shards and the index, re-served under the last segment of their URLs, byte for byte.
+    for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    {
+        let want = std::fs::read(nginx.root.join("repo").join(name)).unwrap();
+        assert!(std::fs::read(m.file(name)).unwrap() == want, "{name}");
+    }
 }
 
 #[test]

@@ -166,7 +166,8 @@ fn assert_refused(url: &str, home: &Path, vars: &[(&str, String)], needle: &str)
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with("stfs: ") && err.contains(url) && err.contains(needle), "{err}");
+    assert!(err.starts_with(&format!("stfs: {url}: ")) && err.contains(needle), "{err}");
+    assert_eq!(err.matches(url).count(), 1, "the object is named once: {err}");
     assert!(!err.contains(SECRET_KEY), "{err}");
     assert!(!is_mounted(dir.path()));
 }
@@ -215,6 +216,30 @@ fn wrong_secret_and_missing_objects_are_refused_in_one_line() {
     let none = [("AWS_ENDPOINT_URL", server.endpoint())];
     assert_refused(&url, home.path(), &none, "no AWS credentials found (tried: the environment");
     assert_refused("s4://b/m.safetensors", home.path(), &good, "unknown scheme s4://");
+}
+
+/// A store that accepts the connection and never answers: the mount fails within `--timeout`,
+/// in one line naming the object once (no s3s-fs needed).
+#[test]
+fn a_silent_store_fails_the_mount_within_the_timeout() {
+    let home = workdir();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let dir = workdir();
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let args = ["mount", &url, dir.path().to_str().unwrap(), "--timeout", "2s", "--no-sign-request"];
+    let args = [&args[..], &["--region", "us-east-1", "--endpoint-url", &endpoint]].concat();
+    let started = std::time::Instant::now();
+    let out = run(&args, home.path(), &[]);
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(12), "took {took:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with(&format!("stfs: {url}: timed out after 2 s")), "{err}");
+    assert_eq!(err.matches(&url).count(), 1, "{err}");
+    assert!(!is_mounted(dir.path()));
+    drop(silent);
 }
 
 #[test]

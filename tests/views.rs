@@ -108,13 +108,16 @@ fn f32_view_converts_and_keeps_f32_untouched() {
     std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 1001).unwrap();
     assert_eq!(&buf, &want[1001..1008]);
     assert_eq!(std::fs::read(m.file("f32")).unwrap(), tensors[0].data);
-    let i8_as_f32: Vec<u8> = tensors[1].data.iter().flat_map(|b| (*b as i8 as f32).to_le_bytes()).collect();
-    assert_eq!(std::fs::read(m.file("i8")).unwrap(), i8_as_f32);
+    // Integers are not floats: --as f32 serves them as they are (issue 15: an I64 became F32).
+    assert_eq!(std::fs::read(m.file("i8")).unwrap(), tensors[1].data);
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.file("metadata.json")).unwrap()).unwrap();
-    assert_eq!(
-        (doc["tensors"]["bf16"]["dtype"].as_str(), doc["tensors"]["bf16"]["served_dtype"].as_str()),
-        (Some("BF16"), Some("F32"))
-    );
+    let served = |name: &str| {
+        let t = &doc["tensors"][name];
+        (t["dtype"].as_str().unwrap(), t["served_dtype"].as_str().unwrap(), t["served_byte_len"].as_u64().unwrap())
+    };
+    assert_eq!(served("bf16"), ("BF16", "F32", 4000));
+    assert_eq!(served("i8"), ("I8", "I8", 5));
+    assert_eq!(served("f32"), ("F32", "F32", 68));
 }
 
 #[test]
@@ -136,8 +139,10 @@ fn tree_layout_makes_directories() {
     assert!(std::fs::metadata(m.file("model/layers")).unwrap().is_dir());
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(m.file("metadata.json")).unwrap()).unwrap();
     assert_eq!(doc["files"]["model/layers/0/mlp/%self"], "model.layers.0.mlp");
-    let mut found: Vec<String> =
-        walk(&m.path).into_iter().filter(|p| !p.starts_with(".stfs") && p != "metadata.json").collect();
+    let mut found: Vec<String> = walk(&m.path)
+        .into_iter()
+        .filter(|p| !p.starts_with(".stfs") && p != "metadata.json" && p != "m.safetensors")
+        .collect();
     found.sort();
     assert_eq!(
         found,

@@ -95,6 +95,7 @@ class Mounted:
         self.path = path
         self.pid = pid
         self.mount_seconds = mount_seconds
+        self.stats = None
 
 
 @contextlib.contextmanager
@@ -128,6 +129,46 @@ def slowfs(binary, src_dir, bandwidth_mbps, latency_ms):
                 proc.terminate()  # slowfs unmounts itself on SIGTERM
             _stop_process(proc)
             force_unmount(mnt)
+
+
+# Extra arguments for every limitfs mount (run.py --limit-opts).
+LIMITFS_EXTRA_ARGS = []
+
+
+@contextlib.contextmanager
+def limitfs(binary, checkpoint, extra_args=()):
+    """Mounts examples/limitfs presenting the tensor files of `checkpoint` (names and sizes; every
+    read answered from one pre-faulted buffer, stfs's kernel settings): the limit row. With
+    extra_args ["--backing"], reads are answered from an mmap of `checkpoint` instead.
+
+    The yielded Mounted gets `.stats` (the server's READ counters) once the context has exited.
+    """
+    with temp_mountpoint("limit") as mnt:
+        stats_file = mnt.rstrip("/") + ".stats.json"
+        cmd = [binary, mnt, "--like", checkpoint, "--stats-file", stats_file] + list(extra_args) + LIMITFS_EXTRA_ARGS
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        mounted = None
+        try:
+            line = _read_line_with_timeout(proc, MOUNT_TIMEOUT_S)
+            if line.strip() != "ready":
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+                raise RuntimeError(f"limitfs did not start: {line!r} "
+                                   f"{proc.stderr.read().strip() if proc.poll() is not None else ''}")
+            mounted = Mounted(mnt, proc.pid, time.perf_counter() - started)
+            yield mounted
+        finally:
+            if proc.poll() is None:
+                proc.terminate()  # limitfs unmounts itself on SIGTERM
+            _stop_process(proc)
+            force_unmount(mnt)
+            with contextlib.suppress(OSError, ValueError):
+                with open(stats_file) as f:
+                    if mounted is not None:
+                        mounted.stats = json.load(f)
+            with contextlib.suppress(OSError):
+                os.unlink(stats_file)
 
 
 def _read_line_with_timeout(proc, timeout):

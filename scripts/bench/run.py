@@ -8,6 +8,10 @@ Scenarios (select with --only, e.g. --only a,c):
   d  memory: stream 4x the cache size through stfs; daemon VmHWM
   e  scale: 20,000-tensor checkpoint: stfs mount time and `ls -l`
   f  first-touch random 4 KiB reads, fresh mount: stfs vs squashfuse
+  g  the checkpoint re-served: safe_open on MNT/model.safetensors vs on slowfs directly; (i) file order,
+     (ii) 4 workers forked after safe_open (scripts/bench/reserved.py)
+(a) and (f) also measure the limit row: examples/limitfs, a FUSE server answering every read from one
+pre-faulted buffer with stfs's kernel settings (what the kernel's FUSE path costs by itself).
 Needs root (mounts). Without an stfs binary the stfs rows are skipped and the references still run.
 Method and targets: docs/benchmarks.md.
 """
@@ -30,11 +34,12 @@ import checkpoint  # noqa: E402
 import mounts  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
+import reserved  # noqa: E402,F401  (registers scenario g)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="a,b,c,d,e,f", help="comma-separated scenarios (default: all)")
+    p.add_argument("--only", default="a,b,c,d,e,f,g", help="comma-separated scenarios (default: all)")
     p.add_argument("--reps", type=int, help="repetitions per variant (default 10; --quick: 2)")
     p.add_argument("--size-mb", type=int, help="main checkpoint size in MiB (default 1024; --quick: 16)")
     p.add_argument("--slow-size-mb", type=int, help="checkpoint size for (c) (default: --size-mb)")
@@ -49,6 +54,15 @@ def parse_args():
     p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"), help="stfs binary")
     p.add_argument("--slowfs", default=os.path.join(REPO, "target", "release", "examples", "slowfs"),
                    help="slowfs binary (built with cargo if missing)")
+    p.add_argument("--limitfs", default=os.path.join(REPO, "target", "release", "examples", "limitfs"),
+                   help="limitfs binary for the limit row of (a) and (f) (built with cargo if missing; "
+                        "the row is skipped if that fails)")
+    p.add_argument("--limit-opts", default="", metavar="ARGS",
+                   help="extra arguments for every limitfs mount, e.g. \"--threads 4\" (default: stfs's defaults)")
+    p.add_argument("--no-limit", action="store_true", help="skip the limit row")
+    p.add_argument("--mmap-row", action="store_true",
+                   help="also measure limitfs --backing in (a) and (f): reads answered from an mmap of the "
+                        "checkpoint (a prototype of replying straight from the backing file's page cache)")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built and cached")
     p.add_argument("--json", metavar="OUT", help="also write all raw figures as JSON")
     args = p.parse_args()
@@ -73,6 +87,13 @@ def ensure_tools(args):
     if "c" in args.only and not os.path.exists(args.slowfs):
         print("building slowfs (cargo build --release --example slowfs)", flush=True)
         subprocess.run(["cargo", "build", "--release", "--example", "slowfs"], cwd=REPO, check=True, timeout=1800)
+    if {"a", "b", "f"} & set(args.only) and not args.no_limit and not os.path.exists(args.limitfs):
+        print("building limitfs (cargo build --release --example limitfs)", flush=True)
+        try:
+            subprocess.run(["cargo", "build", "--release", "--example", "limitfs"], cwd=REPO, check=True,
+                           timeout=1800)
+        except (OSError, subprocess.SubprocessError) as err:
+            print(f"limitfs not built ({err}): the limit row is skipped", flush=True)
 
 
 class Bench:
@@ -83,6 +104,7 @@ class Bench:
         self.reps = args.reps
         self.slowfs = args.slowfs
         self.stfs = args.stfs if os.access(args.stfs, os.X_OK) else None
+        self.limitfs = None if args.no_limit or not os.access(args.limitfs, os.X_OK) else args.limitfs
         self.ckpt = None
         self.slow_ckpt = None
         self.scale_ckpt = None
@@ -110,8 +132,11 @@ def main():
         sys.exit("run.py needs root (it mounts FUSE filesystems and squashfs images)")
     ensure_tools(args)
     mounts.STFS_EXTRA_ARGS = shlex.split(args.stfs_opts)
+    mounts.LIMITFS_EXTRA_ARGS = shlex.split(args.limit_opts)
     bench = Bench(args)
     print(f"stfs: {bench.stfs or 'not found at ' + args.stfs + ' (stfs rows skipped)'}", flush=True)
+    if {"a", "b", "f"} & set(args.only):
+        print(f"limitfs: {bench.limitfs or 'not used (limit row skipped)'}", flush=True)
     os.makedirs(args.workdir, exist_ok=True)
     needs_main = {"a", "b", "d", "f"} & set(args.only) or ("c" in args.only and not args.slow_size_mb)
     started = time.perf_counter()

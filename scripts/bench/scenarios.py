@@ -70,13 +70,32 @@ def verify_same_bytes(mount_dir, ckpt, results, label):
     results.note(f"{label}: sampled tensor files are byte-identical to the local copies")
 
 
+def ratio_note(res, label, slower, faster):
+    """Notes the median [min-max] of the paired ratios slower/faster (speed of `faster` relative to
+    `slower`), for rows that have no target."""
+    ratios = res.paired_ratios(slower, faster)
+    if ratios:
+        res.note(f"{label}: {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] (n={len(ratios)})")
+
+
+def _limit_reads(stats):
+    """`READ requests / MiB replied` of limitfs counters, for a note."""
+    if not stats or not stats.get("fuse_reads"):
+        return None
+    return stats["fuse_reads"], stats["fuse_read_bytes"]
+
+
 def scenario_read(bench):
-    """(a) fresh-mount full read and (b) second read of the same mount, stfs vs squashfuse vs local cat."""
+    """(a) fresh-mount full read and (b) second read of the same mount, stfs vs squashfuse vs local cat,
+    with the limit row (examples/limitfs: every read answered from one buffer, stfs's kernel settings)."""
     ckpt = bench.ckpt
     res = Results("a+b", f"read every tensor once ({ckpt['data_bytes'] / 2**20:.0f} MiB, "
                          f"{len(ckpt['header'])} tensors), backing file in page cache")
     local = tensor_paths(ckpt["tensors_dir"], ckpt)
-    variants = ["squashfuse", "local", "floor"] + (["stfs"] if bench.stfs else [])
+    variants = (["squashfuse", "local", "floor"] + (["limit"] if bench.limitfs else [])
+                + (["mmap"] if bench.limitfs and bench.args.mmap_row else []) + (["stfs"] if bench.stfs else []))
+    limit_requests = None
+    verified_mmap = False
     verified = False
     for rep in range(bench.reps):
         for variant in rotated(variants, rep):
@@ -90,6 +109,20 @@ def scenario_read(bench):
                 with mounts.squashfuse(ckpt["squashfs"]) as m:
                     res.add("squashfuse fresh", cat_files(tensor_paths(m.path, ckpt)))
                     res.add("squashfuse re-read", cat_files(tensor_paths(m.path, ckpt)))
+            elif variant == "limit":
+                # Nothing to warm: limitfs has no backing file (it reads the checkpoint's header only).
+                with mounts.limitfs(bench.limitfs, ckpt["checkpoint"]) as m:
+                    res.add("limit fresh", cat_files(tensor_paths(m.path, ckpt)))
+                    res.add("limit re-read", cat_files(tensor_paths(m.path, ckpt)))
+                limit_requests = _limit_reads(m.stats) or limit_requests
+            elif variant == "mmap":
+                mounts.warm_page_cache([ckpt["checkpoint"]])
+                with mounts.limitfs(bench.limitfs, ckpt["checkpoint"], ["--backing"]) as m:
+                    res.add("mmap-reply fresh", cat_files(tensor_paths(m.path, ckpt)))
+                    res.add("mmap-reply re-read", cat_files(tensor_paths(m.path, ckpt)))
+                    if not verified_mmap:
+                        verify_same_bytes(m.path, ckpt, res, "mmap-reply")
+                        verified_mmap = True
             else:
                 mounts.warm_page_cache([ckpt["checkpoint"]])
                 with mounts.stfs(bench.stfs, ckpt["checkpoint"]) as m:
@@ -102,6 +135,23 @@ def scenario_read(bench):
     res.ratio_check("(a) stfs fresh vs squashfuse fresh (speed-up)", "squashfuse fresh", "stfs fresh", 2.0)
     res.ratio_check("(a) stfs fresh vs local cat (fraction of local speed)", "local cat", "stfs fresh", 0.3)
     res.ratio_check("(b) stfs re-read vs local cat (fraction of local speed)", "local cat", "stfs re-read", 0.75)
+    # Issue 14: stfs's fresh read within 1.15x of the limit row's time, i.e. >= 1/1.15 of its speed.
+    res.ratio_check("(a) stfs fresh vs limit row (fraction of the limit's speed)", "limit fresh", "stfs fresh",
+                    round(1 / 1.15, 3))
+    ratio_note(res, "(a) squashfuse fresh vs limit row (fraction of the limit's speed)", "limit fresh",
+               "squashfuse fresh")
+    ratio_note(res, "(a) limit row vs fresh-memory floor (fraction of the floor's speed)", "fresh-memory floor",
+               "limit fresh")
+    ratio_note(res, "(b) stfs re-read vs limit re-read (fraction of the limit's speed)", "limit re-read",
+               "stfs re-read")
+    ratio_note(res, "(a) mmap-reply fresh vs limit row (fraction of the limit's speed)", "limit fresh",
+               "mmap-reply fresh")
+    ratio_note(res, "(a) mmap-reply fresh vs squashfuse fresh (speed-up)", "squashfuse fresh", "mmap-reply fresh")
+    if limit_requests:
+        reads, nbytes = limit_requests
+        res.note(f"limit row: {reads} READ requests for {nbytes / 2**20:.0f} MiB "
+                 f"({reads / (nbytes / 2**30):.0f} per GiB, {nbytes / reads / 1024:.0f} KiB average); "
+                 f"its bytes are a fixed pattern, so it is not byte-compared")
     floor = res.paired_ratios("local cat", "fresh-memory floor")
     if floor:
         res.note(f"fresh-memory floor: writing the tensors' bytes once into never-touched memory (what a fresh "
@@ -109,6 +159,8 @@ def scenario_read(bench):
                  f"speed [{min(floor):.2f}-{max(floor):.2f}]: no FUSE filesystem's fresh read can beat that here")
     if not bench.stfs:
         res.note("stfs binary not found: stfs rows not measured")
+    if not bench.limitfs:
+        res.note("limitfs not available: limit row not measured")
     return res
 
 
@@ -221,12 +273,18 @@ def scenario_random(bench):
     ckpt = bench.ckpt
     count = bench.args.rand_count
     res = Results("f", f"{count} random 4 KiB reads inside tensors, fresh mount (us per read, in-process)")
-    variants = ["squashfuse"] + (["stfs"] if bench.stfs else [])
+    variants = (["squashfuse"] + (["limit"] if bench.limitfs else [])
+                + (["mmap-reply"] if bench.limitfs and bench.args.mmap_row else []) + (["stfs"] if bench.stfs else []))
     for rep in range(bench.reps):
         for variant in rotated(variants, rep):
             if variant == "squashfuse":
                 mounts.warm_page_cache([ckpt["squashfs"]])
                 context = mounts.squashfuse(ckpt["squashfs"])
+            elif variant == "limit":
+                context = mounts.limitfs(bench.limitfs, ckpt["checkpoint"])
+            elif variant == "mmap-reply":
+                mounts.warm_page_cache([ckpt["checkpoint"]])
+                context = mounts.limitfs(bench.limitfs, ckpt["checkpoint"], ["--backing"])
             else:
                 mounts.warm_page_cache([ckpt["checkpoint"]])
                 context = mounts.stfs(bench.stfs, ckpt["checkpoint"])
@@ -234,6 +292,9 @@ def scenario_random(bench):
                 _, seconds = run_load("rand", m.path, ckpt["checkpoint"], count=count, seed=42 + rep)
                 res.add(f"{variant} fresh", seconds / count * 1e6, "us")
     res.ratio_check("(f) stfs vs squashfuse, first touch (speed-up)", "squashfuse fresh", "stfs fresh", 1.0)
+    ratio_note(res, "(f) stfs vs limit row (fraction of the limit's speed)", "limit fresh", "stfs fresh")
+    ratio_note(res, "(f) squashfuse vs limit row (fraction of the limit's speed)", "limit fresh", "squashfuse fresh")
+    ratio_note(res, "(f) mmap-reply vs squashfuse (speed-up)", "squashfuse fresh", "mmap-reply fresh")
     if not bench.stfs:
         res.note("stfs binary not found: stfs rows not measured")
     return res

@@ -7,6 +7,7 @@ use std::io;
 use crate::format::index::{IndexError, ShardError};
 use crate::format::FormatError;
 use crate::source::http::HttpError;
+use crate::source::hub::HubError;
 use crate::util::describe_io;
 
 /// A problem with the input, naming the file (or URL) it concerns: `PATH: problem` on one line.
@@ -29,6 +30,8 @@ pub enum OpenProblem {
     Http(HttpError),
     /// It is not a usable `*.index.json`.
     Index(IndexError),
+    /// An `hf://` repository could not be resolved to a checkpoint.
+    Hub(HubError),
     /// Its shards do not make one checkpoint.
     Shards(ShardError),
     /// A directory holds no `*.safetensors` file.
@@ -56,10 +59,7 @@ impl OpenError {
 
 impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // A remote source's error names its object already: say it once.
-        let problem = self.problem.to_string();
-        let problem = problem.strip_prefix(&format!("{}: ", self.path)).unwrap_or(&problem);
-        write!(f, "{}: {problem}", self.path)
+        write!(f, "{}: {}", self.path, self.problem)
     }
 }
 
@@ -77,12 +77,16 @@ impl fmt::Display for OpenProblem {
             OpenProblem::Format(error) => write!(f, "{error}"),
             OpenProblem::Http(error) => write!(f, "{error}"),
             OpenProblem::Index(error) => write!(f, "{error}"),
+            OpenProblem::Hub(error) => write!(f, "{error}"),
             OpenProblem::Shards(error) => write!(f, "{error}"),
             OpenProblem::NoShardFiles => f.write_str("directory holds no *.safetensors files"),
             OpenProblem::IndexTooLarge { len, limit } => write!(f, "index of {len} bytes is over the limit of {limit}"),
             OpenProblem::NotOpened => f.write_str("was not opened"),
             OpenProblem::UnknownScheme(scheme) => {
-                write!(f, "unknown scheme {scheme}:// (stfs reads local paths, http://, https://, s3:// and gs://)")
+                write!(
+                    f,
+                    "unknown scheme {scheme}:// (stfs reads local paths, http://, https://, hf://, s3:// and gs://)"
+                )
             }
         }
     }
@@ -95,6 +99,7 @@ impl std::error::Error for OpenProblem {
             OpenProblem::Format(error) => Some(error),
             OpenProblem::Http(error) => Some(error),
             OpenProblem::Index(error) => Some(error),
+            OpenProblem::Hub(error) => Some(error),
             OpenProblem::Shards(error) => Some(error),
             OpenProblem::NoShardFiles
             | OpenProblem::IndexTooLarge { .. }
@@ -131,5 +136,11 @@ impl From<IndexError> for OpenProblem {
 impl From<ShardError> for OpenProblem {
     fn from(error: ShardError) -> OpenProblem {
         OpenProblem::Shards(error)
+    }
+}
+
+impl From<HubError> for OpenProblem {
+    fn from(error: HubError) -> OpenProblem {
+        OpenProblem::Hub(error)
     }
 }

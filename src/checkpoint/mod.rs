@@ -6,14 +6,17 @@
 //! - `open`: [`open`], from a file, an index, a directory or a URL to shards; [`OpenOptions`];
 //! - `shard`: [`OpenedShard`] and [`Checkpoint`], opening shards (several at once) and the check
 //!   that they make one checkpoint;
+//! - `hub`: `hf://` names, through the hub's API, to shards at a pinned commit;
 //! - `error`: [`OpenError`] and its [`OpenProblem`].
 //!
 //! It does not import `tree`: the caller turns a [`Checkpoint`] into a namespace.
 
 mod error;
+mod hub;
 mod open;
 mod shard;
 
 pub use error::{OpenError, OpenProblem};
+pub use hub::{open_hub_with, HubRepo};
 pub use open::{is_url, open, OpenOptions};
-pub use shard::{open_file, open_source, Checkpoint, OpenedShard};
+pub use shard::{file_name, open_file, open_source, Checkpoint, OpenedShard, RootFile};

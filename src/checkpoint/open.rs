@@ -4,9 +4,10 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
-use super::shard::{checked, open_all, open_file, open_source, Checkpoint, OpenedShard};
+use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
 use crate::format::index;
 use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
 use crate::source::object::{self, ObjectOptions};
@@ -18,13 +19,21 @@ pub struct OpenOptions {
     /// Headers, token, timeouts and the counters for `http://` and `https://` sources (and the
     /// object stores read through them).
     pub http: HttpOptions,
+    /// For an `hf://` name, also fetch the repository's small files (configs, tokenizers) into
+    /// [`Checkpoint::repo_files`]: a mount serves them (`stfs mount` asks, unless
+    /// `-o no_checkpoint_file`); inspecting or extracting has no use for them.
+    pub repo_files: bool,
     /// Endpoint, region and credential settings of `s3://` and `gs://` sources.
     pub object: ObjectOptions,
 }
 
-/// Whether `spec` names a remote object (`http(s)://`, `s3://`, `gs://`).
+/// Whether `spec` names a remote object (an `http(s)://` URL, an `hf://` repository, or an
+/// `s3://` or `gs://` object).
 pub fn is_url(spec: &str) -> bool {
-    spec.starts_with("http://") || spec.starts_with("https://") || object::is_object_url(spec)
+    spec.starts_with("http://")
+        || spec.starts_with("https://")
+        || crate::source::hub::is_hub_spec(spec)
+        || object::is_object_url(spec)
 }
 
 /// The scheme of a `scheme://...` name no source kind handles, if `spec` is one and no such
@@ -37,13 +46,21 @@ fn unknown_scheme(spec: &str) -> Option<&str> {
 }
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
-/// `*.safetensors` shards, or an `http(s)://` URL of a file or of an index.
+/// `*.safetensors` shards, an `http(s)://` URL of a file or of an index, or an `hf://` repository.
+///
+/// A remote checkpoint is opened within one [`HttpOptions::timeout`], index and shards together:
+/// a server that stalls makes this fail in that time, not in one timeout per request.
 pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
     if is_url(spec) {
+        let mut options = options.clone();
+        options.http.deadline = Some(Instant::now() + options.http.timeout);
+        if crate::source::hub::is_hub_spec(spec) {
+            return super::hub::open_hub(spec, &options);
+        }
         return if url_path(spec).ends_with(".json") {
-            open_url_index(spec, options)
+            open_url_index(spec, &options)
         } else {
-            open_url(spec, options).map(single)
+            open_url(spec, &options).map(single)
         };
     }
     if let Some(scheme) = unknown_scheme(spec) {
@@ -60,23 +77,37 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
 }
 
 fn single(shard: OpenedShard) -> Checkpoint {
-    Checkpoint { shards: vec![shard] }
+    Checkpoint { shards: vec![shard], index_files: Vec::new(), repo_files: Vec::new() }
 }
 
-/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint.
+/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint; its
+/// `*.safetensors.index.json` files come along (read whole, to be re-served), unchecked.
 fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
-    let mut files: Vec<_> = std::fs::read_dir(dir)
+    let entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| OpenError::new(&name, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+        .filter(|p| p.is_file())
         .collect();
+    let mut files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
     files.sort();
     if files.is_empty() {
         return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
     }
+    let mut index_files = Vec::new();
+    for path in entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))) {
+        // Only re-served, never interpreted: one that cannot be read is left out, not an error.
+        let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_INDEX_SIZE as u64);
+        match std::fs::read(path) {
+            Ok(bytes) if small => {
+                index_files.extend(file_name(&path.display().to_string()).map(|name| RootFile { name, bytes }))
+            }
+            _ => log::warn!("{}: not re-served (unreadable or over {MAX_INDEX_SIZE} bytes)", path.display()),
+        }
+    }
+    index_files.sort_by(|a, b| a.name.cmp(&b.name));
     let shards = open_all(&files, |f| open_file(f))?;
-    checked(&name, shards, None)
+    checked(&name, shards, None, index_files)
 }
 
 /// The shards named by a local index file.
@@ -87,13 +118,16 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
     let opened = open_all(&files, |f| open_file(f))?;
-    checked(&name, opened, Some(&index))
+    let index_files = file_name(&name).map(|name| RootFile { name, bytes }).into_iter().collect();
+    checked(&name, opened, Some(&index), index_files)
 }
 
-/// A single remote safetensors object.
+/// A single remote safetensors object; its reads get their own timeouts once its header is in.
 fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
-    let source = open_remote(url, options).map_err(|e| OpenError::new(display_name(url), e))?;
-    open_source(Arc::new(source))
+    let source = Arc::new(open_remote(url, options).map_err(|e| OpenError::new(display_name(url), e))?);
+    let shard = open_source(Arc::clone(&source) as Arc<dyn Source>)?;
+    source.opened();
+    Ok(shard)
 }
 
 /// The remote object `url` names, by scheme: an object store's, or a plain URL.
@@ -127,7 +161,8 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     };
     let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
     let opened = open_all(&urls, |url| open_url(url, options))?;
-    checked(&shown, opened, Some(&index))
+    let index_files = file_name(url).map(|name| RootFile { name, bytes }).into_iter().collect();
+    checked(&shown, opened, Some(&index), index_files)
 }
 
 fn url_path(url: &str) -> &str {

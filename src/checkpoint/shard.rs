@@ -23,6 +23,51 @@ pub struct OpenedShard {
 pub struct Checkpoint {
     /// Shards in the order their tensors appear.
     pub shards: Vec<OpenedShard>,
+    /// The index files that came with it (the `*.index.json` named, or those in a directory of
+    /// shards), read whole at open: a mount re-serves them beside the shards.
+    pub index_files: Vec<RootFile>,
+    /// The small files of an `hf://` repository (or folder) a loader wants beside the checkpoint
+    /// (`config.json`, tokenizer files), fetched whole at open when
+    /// [`OpenOptions::repo_files`](super::OpenOptions::repo_files) asks for them.
+    pub repo_files: Vec<RootFile>,
+}
+
+/// A small file served in a mount's root as it was read at open: an index file, or a file of the
+/// repository.
+#[derive(Debug, Clone)]
+pub struct RootFile {
+    /// Its file name (the last segment of its path or URL).
+    pub name: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// The name a checkpoint file takes in a mount's root: the last segment of its path or URL (a
+/// URL's percent-escapes decoded when that gives a plain name), or `None` when there is none.
+pub fn file_name(path_or_url: &str) -> Option<String> {
+    let path = path_or_url.split(['?', '#']).next().unwrap_or(path_or_url);
+    let last = path.rsplit('/').next().unwrap_or(path);
+    let decoded = if super::is_url(path_or_url) { percent_decode(last) } else { None };
+    let name = decoded.filter(|d| !d.contains(['/', '\0'])).unwrap_or_else(|| last.to_string());
+    (!name.is_empty() && name != "." && name != "..").then_some(name)
+}
+
+/// `%XX` escapes decoded; `None` when one is malformed or the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Opens and validates a single safetensors file.
@@ -63,37 +108,70 @@ pub(super) fn open_all<T: Sync>(
     shards: &[T],
     open: impl Fn(&T) -> Result<OpenedShard, OpenError> + Sync,
 ) -> Result<Vec<OpenedShard>, OpenError> {
+    in_parallel(shards, PARALLEL_SHARD_OPENS, open)
+}
+
+/// `work` done on every item on up to `threads` threads, the results in the items' order. On
+/// failure, the error of the first failing item (in that order) among those tried; no new item is
+/// started after a failure.
+pub(super) fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    work: impl Fn(&T) -> Result<R, OpenError> + Sync,
+) -> Result<Vec<R>, OpenError> {
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let results: Vec<Mutex<Option<Result<OpenedShard, OpenError>>>> = shards.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<Result<R, OpenError>>>> = items.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
-        for _ in 0..PARALLEL_SHARD_OPENS.min(shards.len()) {
+        for _ in 0..threads.min(items.len()) {
             scope.spawn(|| {
                 while !failed.load(Relaxed) {
                     let i = next.fetch_add(1, Relaxed);
-                    let Some(shard) = shards.get(i) else { break };
-                    let result = open(shard);
+                    let Some(item) = items.get(i) else { break };
+                    let result = work(item);
                     failed.fetch_or(result.is_err(), Relaxed);
                     *lock(&results[i]) = Some(result);
                 }
             });
         }
     });
-    // Shards are claimed in order and every claimed one finishes, so one left untried comes after
+    // Items are claimed in order and every claimed one finishes, so one left untried comes after
     // a failed one, and collecting in order stops at the first failure before reaching it.
     (1..)
         .zip(results)
         .map(|(n, r)| {
-            lock(&r).take().unwrap_or_else(|| Err(OpenError::new(format!("shard {n}"), OpenProblem::NotOpened)))
+            lock(&r).take().unwrap_or_else(|| Err(OpenError::new(format!("item {n}"), OpenProblem::NotOpened)))
         })
         .collect()
 }
 
 /// The opened shards as one checkpoint, once their tensor names are unique and, for an index, each
 /// tensor is where the index says; `name` (the directory or index) is named in messages.
-pub(super) fn checked(name: &str, opened: Vec<OpenedShard>, index: Option<&Index>) -> Result<Checkpoint, OpenError> {
+pub(super) fn checked(
+    name: &str,
+    opened: Vec<OpenedShard>,
+    index: Option<&Index>,
+    index_files: Vec<RootFile>,
+) -> Result<Checkpoint, OpenError> {
     let names: Vec<String> = opened.iter().map(|s| s.source.name().to_string()).collect();
     let headers: Vec<&Header> = opened.iter().map(|s| &s.header).collect();
     check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
-    Ok(Checkpoint { shards: opened })
+    Ok(Checkpoint { shards: opened, index_files, repo_files: Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_name;
+
+    #[test]
+    fn file_names_are_the_last_segment() {
+        assert_eq!(file_name("/data/m/model.safetensors").as_deref(), Some("model.safetensors"));
+        assert_eq!(file_name("model.safetensors").as_deref(), Some("model.safetensors"));
+        assert_eq!(file_name("https://h/r/resolve/main/m.safetensors?x=1").as_deref(), Some("m.safetensors"));
+        assert_eq!(file_name("https://h/a/my%20model.safetensors#f").as_deref(), Some("my model.safetensors"));
+        // An escape that would make a path is kept escaped; no segment, no name.
+        assert_eq!(file_name("https://h/a%2Fb.safetensors").as_deref(), Some("a%2Fb.safetensors"));
+        assert_eq!(file_name("https://h/"), None);
+        assert_eq!(file_name("https://h/x/.."), None);
+    }
 }

@@ -19,8 +19,10 @@ Examples:
   stfs umount /mnt/model
   stfs install-helper && mount -t fuse.stfs model.safetensors /mnt/model -o ro,cache_size=1G
 
-Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error.
-Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in the background).";
+Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error (a bad
+flag or -o option); as mount(8)'s helper mount.fuse.stfs: 32 failure, 1 usage error.
+Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in
+the background, else warnings and errors to syslog as stfs[PID]).";
 
 /// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
 #[derive(Parser, Debug)]
@@ -31,35 +33,43 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
+/// The subcommands. Each has `display_name = "stfs"`, so `stfs mount -V` prints `stfs 0.1.0`
+/// (clap would say `stfs-mount 0.1.0`, a program that does not exist).
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Mount a checkpoint; returns once the mount answers (the daemon stays in the background).
-    #[command(after_help = MOUNT_HELP)]
+    #[command(after_help = MOUNT_HELP, display_name = "stfs")]
     Mount(MountArgs),
     /// Unmount an stfs mount; also clears a stale mount left by a killed daemon.
-    #[command(alias = "unmount")]
+    #[command(alias = "unmount", display_name = "stfs")]
     Umount(UmountArgs),
     /// Print the tensor table of a checkpoint without mounting it.
-    #[command(after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'")]
+    #[command(
+        after_help = "Example:\n  stfs inspect model.safetensors --json | jq '.tensors | length'",
+        display_name = "stfs"
+    )]
     Inspect(InspectArgs),
     /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
-    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits")]
+    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits", display_name = "stfs")]
     Stats(StatsArgs),
+    /// Show or empty a disk cache directory (`--cache-dir`).
+    #[command(after_help = CACHE_HELP, display_name = "stfs", disable_help_subcommand = true)]
+    Cache(CacheArgs),
     /// Write tensors to files (raw bytes, or .npy) without mounting: no /dev/fuse needed.
-    #[command(after_help = EXTRACT_HELP)]
+    #[command(after_help = EXTRACT_HELP, display_name = "stfs")]
     Extract(ExtractArgs),
     /// Write one tensor's bytes (raw, or .npy) to stdout without mounting.
-    #[command(after_help = CAT_HELP)]
+    #[command(after_help = CAT_HELP, display_name = "stfs")]
     Cat(CatArgs),
     /// Link /sbin/mount.fuse.stfs to this binary, so `mount -t fuse.stfs` and fstab lines work.
-    #[command(after_help = INSTALL_HELPER_HELP)]
+    #[command(after_help = INSTALL_HELPER_HELP, display_name = "stfs")]
     InstallHelper(InstallHelperArgs),
 }
 
 const INSTALL_HELPER_HELP: &str = "\
-mount(8) runs /sbin/mount.fuse.stfs SOURCE MOUNTPOINT -o OPTIONS for the type fuse.stfs; the options are
-those of `stfs mount` (`rw`, which mount(8) adds unless told `ro`, is ignored: the mount is read-only).
+mount(8) runs /sbin/mount.fuse.stfs SOURCE MOUNTPOINT -o OPTIONS for the type
+fuse.stfs. The options are those of `stfs mount`; `rw`, which mount(8) adds
+unless told `ro`, is ignored (the mount is read-only).
 
 Examples:
   stfs install-helper
@@ -70,14 +80,21 @@ Examples:
 /// Arguments of `stfs mount`. Every long option is also accepted as `-o name=value`.
 #[derive(Args, Debug, Default, Clone)]
 pub struct MountArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, or an
-    /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index.
+    /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, an
+    /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index, or a hub
+    /// repository hf://ORG/REPO[@REVISION][/PATH].
     pub source: String,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
     /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
     #[arg(short, long)]
     pub foreground: bool,
+    /// Foreground with debug logging (RUST_LOG=stfs=debug unless RUST_LOG is set), as sshfs -d.
+    #[arg(short, long)]
+    pub debug: bool,
+    /// Accepted for mount(8) habits and ignored, like `-o ro`: the mount is always read-only.
+    #[arg(long)]
+    pub read_only: bool,
     /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub options: Vec<String>,
@@ -89,12 +106,28 @@ pub struct MountArgs {
     /// URL].
     #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
     pub block_size: Option<u64>,
+    /// Keep whole blocks in this directory too, below the memory cache, so a later mount (after a
+    /// restart, or by another process) reads them from local disk instead of the store. Created
+    /// mode 0700 if missing; refused if another user owns it or may write to it. Shared safely by
+    /// any number of mounts [default: off].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Most bytes --cache-dir may hold; least recently used blocks are evicted past it [default:
+    /// 10% of the free space on its filesystem at mount time plus what it already holds, at most
+    /// 256G].
+    #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
+    pub cache_dir_size: Option<u64>,
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
     #[arg(long)]
     pub allow_other: bool,
-    /// Where the background daemon writes its log [default: discarded].
+    /// Where the background daemon writes its log [default: warnings and errors to syslog, as
+    /// stfs[PID]].
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+    /// Unmount if the daemon dies (killed, crashed): a small watcher process detaches the mount
+    /// [default: off, a stale mount stays until `stfs umount`].
+    #[arg(long)]
+    pub auto_unmount: bool,
     /// Threads answering FUSE requests [default: 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
@@ -107,12 +140,19 @@ pub struct MountArgs {
     /// Also show every tensor as NAME.npy (a NumPy header, then the raw bytes) for np.load.
     #[arg(long)]
     pub npy: bool,
-    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8 and F4 become F32.
+    /// Serve float tensors converted to this dtype (only `f32`): BF16, F16, F8, F4 and F64 become
+    /// F32; integer and bool tensors keep their bytes and dtype (metadata.json: `served_dtype`).
     #[arg(long = "as", value_name = "DTYPE", value_parser = ["f32"])]
     pub as_dtype: Option<String>,
     /// How names become paths: `flat` (one file per tensor in the root) or `tree` (split on `.`).
     #[arg(long, value_name = "LAYOUT", value_parser = ["flat", "tree"])]
     pub layout: Option<String>,
+    /// Do not re-serve the checkpoint's own files (each shard, the *.index.json) in the root, nor
+    /// an hf:// repository's small files (config.json, tokenizer files). By default they are there
+    /// under their own names, byte for byte, for loaders that open the .safetensors file
+    /// (safe_open, from_pretrained): same blocks, cache and readahead as the tensor files.
+    #[arg(long)]
+    pub no_checkpoint_file: bool,
     /// Remote checkpoints.
     #[command(flatten)]
     pub remote: RemoteArgs,
@@ -125,9 +165,14 @@ pub struct RemoteArgs {
     /// Send this header with every request (repeatable): `--header 'Authorization: Bearer ...'`.
     #[arg(long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
-    /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs).
+    /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs and hf://).
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
+    /// Give up on a server that does not answer, or answers too slowly, after this long (`45s`,
+    /// `500ms`), retries included: opening the checkpoint fails, a read from the mount gets EIO
+    /// [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
     /// Tries per request before a read fails (tests and benchmarks) [default: 5].
     #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub http_retries: Option<u32>,
@@ -176,6 +221,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {
     }
 }
 
+/// Parses a timeout: a [`parse_duration`] longer than zero.
+pub fn parse_timeout(text: &str) -> Result<Duration, BadDuration> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(BadDuration { text: text.to_string() }),
+        d => Ok(d),
+    }
+}
+
 /// Arguments of `stfs umount`.
 #[derive(Args, Debug)]
 pub struct UmountArgs {
@@ -189,7 +242,7 @@ pub struct UmountArgs {
 /// Arguments of `stfs inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, a URL, or hf://ORG/REPO.
     pub source: String,
     /// Print the same JSON document a mount serves as metadata.json.
     #[arg(long)]
@@ -202,7 +255,7 @@ pub struct InspectArgs {
 /// Arguments of `stfs extract`.
 #[derive(Args, Debug)]
 pub struct ExtractArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, a URL, or hf://ORG/REPO.
     pub source: String,
     /// Tensor names, as in the header (`stfs inspect` lists them).
     #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -224,7 +277,7 @@ pub struct ExtractArgs {
 /// Arguments of `stfs cat`.
 #[derive(Args, Debug)]
 pub struct CatArgs {
-    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, or a URL.
+    /// The checkpoint: a .safetensors file, a *.index.json, a directory of shards, a URL, or hf://ORG/REPO.
     pub source: String,
     /// The tensor's name, as in the header.
     pub tensor: String,
@@ -250,6 +303,39 @@ pub struct InstallHelperArgs {
     pub remove: bool,
 }
 
+/// Arguments of `stfs cache`.
+#[derive(Args, Debug)]
+pub struct CacheArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: CacheAction,
+}
+
+/// The `stfs cache` actions.
+#[derive(Subcommand, Debug)]
+pub enum CacheAction {
+    /// Print what a cache directory holds: blocks, bytes, sources, last use.
+    Info {
+        /// The cache directory.
+        dir: PathBuf,
+    },
+    /// Remove every cached block (mounts using the directory go on, fetching again).
+    Clear {
+        /// The cache directory.
+        dir: PathBuf,
+    },
+}
+
+const CACHE_HELP: &str = "\
+Actions:
+  info DIR    what a cache directory holds: blocks, bytes, sources, last use
+  clear DIR   remove every cached block
+
+Examples:
+  stfs mount --cache-dir ~/.cache/stfs https://host/model.safetensors /mnt/model
+  stfs cache info ~/.cache/stfs
+  stfs cache clear ~/.cache/stfs";
+
 /// Arguments of `stfs stats`.
 #[derive(Args, Debug)]
 pub struct StatsArgs {
@@ -259,23 +345,32 @@ pub struct StatsArgs {
 
 /// Extra help for `stfs mount`.
 const MOUNT_HELP: &str = "\
-Mount options (-o, comma-separated; each long flag works as -o name=value):
+Mount options (-o, comma-separated; each long flag works as -o name=value; a flag wins over
+the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, npy, as=f32, layout=flat|tree,
-  endpoint_url=URL, region=REGION, no_sign_request
-  ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options are accepted and ignored.
-Sizes: 4096, 512K, 64M, 2G.
+  kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
+  layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
+  no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, uid=N, gid=N (owner of
+  every file), umask=M, fmask=M, dmask=M (octal: mode bits removed from files,
+  directories), allow_root, auto_unmount, endpoint_url=URL, region=REGION,
+  no_sign_request
+  ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
+  are accepted and ignored.
+Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to
+whole bytes). Durations: 30s, 500ms.
 
 Examples:
   stfs mount model.safetensors /mnt/model
   stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
+  stfs mount --cache-dir /var/cache/stfs https://host/model.safetensors /mnt/model
   stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts
-  stfs mount s3://bucket/llama/model.safetensors.index.json /mnt/llama   # AWS credential chain
-  stfs mount gs://bucket/model.safetensors /mnt/model                    # Google ADC";
+  stfs mount s3://bucket/model.safetensors.index.json /mnt/m  # AWS chain
+  stfs mount gs://bucket/model.safetensors /mnt/m             # Google ADC";
 
 /// Extra help for `stfs extract`.
 const EXTRACT_HELP: &str = "\
-Files are named as a mount names them (`stfs inspect` lists the tensors); an existing file is replaced.
+Files are named as a mount names them (`stfs inspect` lists the tensors);
+an existing file is replaced.
 
 Examples:
   stfs extract model.safetensors lm_head.weight model.norm.weight -o out/
@@ -299,6 +394,24 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("soon").is_err() && parse_duration("99999999999999999s").is_err());
         assert_eq!(parse_duration("soon").unwrap_err().to_string(), "invalid duration `soon` (use e.g. 250ms or 3s)");
+        assert_eq!(parse_timeout("45s"), Ok(Duration::from_secs(45)));
+        assert!(parse_timeout("0s").is_err() && parse_timeout("0").is_err());
+    }
+
+    /// Help texts of at most 100 columns are never re-wrapped by clap (which wraps at 100 at most)
+    /// (a 103-column line came out as "the options\nare\nthose of").
+    #[test]
+    fn help_texts_fit_100_columns() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        cli.build();
+        for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
+            for text in [command.get_after_help(), command.get_before_help()].into_iter().flatten() {
+                for line in text.to_string().lines() {
+                    assert!(line.chars().count() <= 100, "{}: {line:?}", command.get_name());
+                }
+            }
+        }
     }
 
     #[test]

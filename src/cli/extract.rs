@@ -104,7 +104,10 @@ pub fn run_cat(args: CatArgs) -> Result<ExitCode, Failure> {
     }
 }
 
-/// Opens `source` as a mount would, without mounting: flat layout, with `.npy` views if asked.
+/// Opens `source` as a mount would, without mounting: flat layout, with `.npy` views if asked. The
+/// checkpoint's own files are in the tree, as in a default mount, so a tensor whose name collides
+/// with one is written under the name the mount gives it; they are never written themselves (the
+/// source is that file already).
 fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Failure> {
     let stats = Arc::new(Stats::default());
     let opened = checkpoint::open(source, &remote.open_options(stats.clone())?)?;
@@ -113,6 +116,9 @@ fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Fail
         layout: Layout::Flat,
         views: Views { npy, as_f32: false },
         owner: Owner::of_process(),
+        checkpoint_files: true,
+        perms: (None, None),
+        disk: None,
     };
     Ok(build_fs(opened, &options, stats)?)
 }

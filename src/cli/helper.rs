@@ -190,7 +190,7 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
     if call.fake {
         let config = MountConfig::from_args(args)?;
         let stats = Arc::new(crate::stats::Stats::default());
-        crate::checkpoint::open(&config.source, &config.remote.open_options(stats)?)?;
+        crate::checkpoint::open(&config.source, &config.open_options(stats)?)?;
         crate::mount::mountpoint::check_mount_point(&config.mountpoint)
             .map_err(|e| Failure::at(config.mountpoint.display(), e))?;
         return Ok(ExitCode::SUCCESS);

@@ -3,22 +3,29 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use crate::checkpoint;
+use crate::checkpoint::{self, OpenOptions};
 use crate::cli::args::InspectArgs;
 use crate::cli::report::{print_out, Failure};
 use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
 pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
-    let options = args.remote.open_options(Default::default())?;
+    // An hf:// repository's small files are listed in metadata.json, so `--json` fetches them.
+    let options = OpenOptions { repo_files: args.json, ..args.remote.open_options(Default::default())? };
     let opened = checkpoint::open(&args.source, &options)?;
     let shards = opened
         .shards
         .into_iter()
         .enumerate()
-        .map(|(i, s)| Shard { source: i, name: s.source.name().to_string(), header: s.header })
+        .map(|(i, s)| {
+            let name = s.source.name().to_string();
+            Shard { source: i, file: checkpoint::file_name(&name), name, header: s.header }
+        })
         .collect();
-    let ns = Namespace::build(shards, Layout::Flat, Views::default()).map_err(|e| Failure::at(&args.source, e))?;
+    // As a default mount shows it, so `--json` is the mount's metadata.json.
+    let files = crate::mount::build::root_files(opened.index_files, opened.repo_files);
+    let ns =
+        Namespace::build(shards, files, Layout::Flat, Views::default()).map_err(|e| Failure::at(&args.source, e))?;
     if args.json {
         let json = crate::tree::metadata::render(&ns);
         return print_out(&String::from_utf8_lossy(&json));

@@ -2,9 +2,11 @@
 //! status. The clap definitions are in `args`, their validation in `options`, and the one-line
 //! failure report in `report`; the subcommand modules use those and never this dispatch.
 //!
-//! Exit status: 0 success, 1 failure (bad input, mount or unmount failed, I/O), 2 usage error.
+//! Exit status: 0 success, 1 failure (bad input, mount or unmount failed, I/O), 2 usage error (a
+//! bad flag or `-o` option alike); as mount(8)'s helper, mount(8)'s: 32 failure, 1 usage error.
 
 mod args;
+mod cache;
 mod extract;
 mod helper;
 mod inspect;
@@ -21,11 +23,11 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 pub use args::{
-    BadDuration, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs, RemoteArgs, StatsArgs,
-    UmountArgs,
+    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs,
+    RemoteArgs, StatsArgs, UmountArgs,
 };
 pub use options::{ConfigError, MountConfig};
-pub use report::{Failure, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, EXIT_OK, EXIT_USAGE};
 
 /// Runs the parsed command line; errors are printed as one line prefixed with `stfs: `.
 pub fn run(cli: Cli) -> ExitCode {
@@ -34,6 +36,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Umount(args) => umount::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Stats(args) => stats::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Extract(args) => extract::run_extract(args),
         Command::Cat(args) => extract::run_cat(args),
         Command::InstallHelper(args) => helper::install(args),
@@ -49,8 +52,8 @@ pub fn run_args(args: Vec<OsString>) -> ExitCode {
     let names: Vec<&str> =
         command.get_subcommands().flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases())).collect();
     if helper::is_helper_call(&args, &names) {
-        let call = helper::parse(args.get(1..).unwrap_or_default()).map_err(Failure::new);
-        return report::finish(call.and_then(helper::run));
+        let call = helper::parse(args.get(1..).unwrap_or_default()).map_err(Failure::usage);
+        return report::finish_helper(call.and_then(helper::run));
     }
     run(Cli::parse_from(args))
 }

@@ -7,12 +7,14 @@ use crate::checkpoint;
 use crate::cli::args::MountArgs;
 use crate::cli::options::MountConfig;
 use crate::cli::report::Failure;
+use crate::engine::disk::DiskCache;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
-use crate::mount::logging::init_logging;
+use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::mountpoint::check_mount_point;
-use crate::mount::session::serve;
+use crate::mount::session::{serve, ServeError};
 use crate::mount::signals::block_signals;
+use crate::mount::watcher::{spawn_watcher, AutoUnmount};
 use crate::stats::Stats;
 
 /// Runs `stfs mount`.
@@ -23,19 +25,28 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         std::path::absolute(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
-    let opened = checkpoint::open(&config.source, &config.remote.open_options(stats.clone())?)?;
+    let opened = checkpoint::open(&config.source, &config.open_options(stats.clone())?)?;
     check_mount_point(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
-    let (fs_options, serve_options) = (config.fs_options(), config.serve_options());
+    let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());
+    if let Some(dir) = &config.cache_dir {
+        // Checked here, before forking: a directory others could write to is refused in one line.
+        let disk =
+            DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;
+        fs_options.disk = Some(Arc::new(disk));
+    }
     let fsname = if checkpoint::is_url(&config.source) {
         crate::source::http::display_name(&config.source)
     } else {
         std::path::absolute(&config.source).map_or(config.source.clone(), |p| p.display().to_string())
     };
     if config.foreground {
-        init_logging(None);
+        let init = || if config.debug { init_debug_logging() } else { init_logging(None) };
+        let watcher = watch(&config, init)?;
+        init();
+        log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
         block_signals();
         let fs = build_fs(opened, &fs_options, stats)?;
-        serve(fs, &fsname, &serve_options, |_| {})?;
+        serve(fs, &fsname, &serve_options, watcher, |_| {})?;
         return Ok(ExitCode::SUCCESS);
     }
     let readiness = match daemon::daemonize(config.log_file.as_deref())? {
@@ -44,7 +55,16 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         Role::Child(readiness) => readiness,
     };
     // From here on we are the daemon: errors go to the parent through the readiness pipe.
-    init_logging(config.log_file.as_deref());
+    let init = || if config.log_file.is_some() { init_logging(config.log_file.as_deref()) } else { init_syslog() };
+    let watcher = watch(&config, init);
+    init();
+    let watcher = match watcher {
+        Ok(w) => w,
+        Err(e) => {
+            readiness.failed(&e);
+            return Err(e.into());
+        }
+    };
     block_signals();
     let fs = match build_fs(opened, &fs_options, stats) {
         Ok(fs) => fs,
@@ -54,7 +74,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         }
     };
     let mut readiness = Some(readiness);
-    let result = serve(fs, &fsname, &serve_options, |r| {
+    let result = serve(fs, &fsname, &serve_options, watcher, |r| {
         if let Some(p) = readiness.take() {
             match r {
                 Ok(()) => p.ready(),
@@ -69,4 +89,15 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
             Err(e.into())
         }
     }
+}
+
+/// With `--auto-unmount`, forks the watcher that detaches the mount if this process dies (before
+/// any thread starts); `init` sets up the watcher's logging.
+fn watch(config: &MountConfig, init: impl FnOnce()) -> Result<Option<AutoUnmount>, ServeError> {
+    if !config.auto_unmount {
+        return Ok(None);
+    }
+    spawn_watcher(&config.mountpoint, init)
+        .map(Some)
+        .map_err(|error| ServeError::Thread { purpose: "auto_unmount watcher", error })
 }

@@ -4,9 +4,10 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::checkpoint::OpenOptions;
-use crate::cli::args::{parse_duration, BadDuration, MountArgs, RemoteArgs};
+use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MountArgs, RemoteArgs};
 use crate::engine::EngineConfig;
 use crate::mount::build::{FsOptions, Owner};
 use crate::mount::session::ServeOptions;
@@ -115,6 +116,8 @@ pub enum ConfigError {
     Unknown {
         /// The option.
         key: String,
+        /// The known option closest to it, if one is close.
+        suggestion: Option<&'static str>,
     },
     /// A block size that is not a power of two in range.
     BlockSize {
@@ -136,6 +139,13 @@ pub enum ConfigError {
     Header(HttpError),
     /// A `--token-env` whose variable is unset or empty.
     TokenEnv(HttpError),
+    /// A `umask`, `fmask` or `dmask` that is not an octal mode.
+    BadMask {
+        /// The option.
+        key: String,
+        /// The value given.
+        value: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -149,7 +159,12 @@ impl fmt::Display for ConfigError {
             ConfigError::BadSize(error) => error.fmt(f),
             ConfigError::BadDuration(e) => write!(f, "{e}"),
             ConfigError::ReadWrite => f.write_str("stfs mounts are read-only; option `rw` is not supported"),
-            ConfigError::Unknown { key } => write!(f, "unknown mount option `{key}` (see `stfs mount --help`)"),
+            ConfigError::Unknown { key, suggestion: Some(known) } => {
+                write!(f, "unknown mount option `{key}`; did you mean `{known}`? (see `stfs mount --help`)")
+            }
+            ConfigError::Unknown { key, suggestion: None } => {
+                write!(f, "unknown mount option `{key}` (see `stfs mount --help`)")
+            }
             ConfigError::BlockSize { size } => {
                 let (lo, hi) = BLOCK_SIZE_RANGE;
                 let (size, lo, hi) = (format_size(*size), format_size(lo), format_size(hi));
@@ -163,6 +178,9 @@ impl fmt::Display for ConfigError {
             ConfigError::Layout(l) => write!(f, "unknown layout `{l}` (use `flat` or `tree`)"),
             ConfigError::Header(e) => write!(f, "--header: {e}"),
             ConfigError::TokenEnv(e) => write!(f, "--token-env: {e}"),
+            ConfigError::BadMask { key, value } => {
+                write!(f, "mount option `{key}` needs an octal mode such as 022 or 0077, got `{value}`")
+            }
         }
     }
 }
@@ -200,58 +218,76 @@ pub struct MountConfig {
     pub layout: Layout,
     /// Extra views.
     pub views: Views,
+    /// Re-serve the checkpoint's own files in the root.
+    pub checkpoint_files: bool,
     /// Remote access options.
     pub remote: RemoteArgs,
+    /// Owner of every file (`-o uid=`, `gid=`; default: who mounts).
+    pub owner: Owner,
+    /// Permission bits of files and directories from `-o umask`/`fmask`/`dmask`.
+    pub perms: (Option<u16>, Option<u16>),
+    /// `-o allow_root`.
+    pub allow_root: bool,
+    /// `-d`/`--debug`: foreground with debug logging.
+    pub debug: bool,
+    /// The disk cache directory (`--cache-dir`), if any.
+    pub cache_dir: Option<PathBuf>,
+    /// Its bound in bytes (`--cache-dir-size`); `None`: the default.
+    pub cache_dir_size: Option<u64>,
+    /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
+    pub auto_unmount: bool,
+}
+
+/// Parses an octal mask (`022`, `0077`, `7`).
+fn parse_mask(key: &str, value: &str) -> Result<u16, ConfigError> {
+    match u16::from_str_radix(value, 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(ConfigError::BadMask { key: key.to_string(), value: value.to_string() }),
+    }
 }
 
 impl MountConfig {
-    /// Applies `-o` options under the explicit flags (a flag wins over the same `-o` option).
+    /// The checkpoint-opening options of a mount, counting into `stats`: an `hf://` repository's
+    /// small files come along unless `-o no_checkpoint_file` hides every file but tensors.
+    pub fn open_options(&self, stats: Arc<Stats>) -> Result<OpenOptions, ConfigError> {
+        Ok(OpenOptions { repo_files: self.checkpoint_files, ..self.remote.open_options(stats)? })
+    }
+
+    /// Applies `-o` options under the explicit flags: a flag wins over the same `-o` option, and of
+    /// a repeated `-o` option the last wins (as in mount(8) and libfuse).
     pub fn from_args(args: MountArgs) -> Result<MountConfig, ConfigError> {
-        let mut a = args.clone();
-        for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
-            let (key, value) = match opt.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (opt, None),
-            };
-            let need = || value.ok_or_else(|| ConfigError::NeedsValue { key: key.to_string() });
-            let flag_value = |v: Option<&str>| match v {
-                None | Some("true") | Some("yes") | Some("1") => Ok(true),
-                Some("false") | Some("no") | Some("0") => Ok(false),
-                Some(other) => Err(ConfigError::TakesNoValue { key: key.to_string(), value: other.to_string() }),
-            };
-            let size = |text: &str| parse_size(text).map_err(ConfigError::BadSize);
-            let duration = |text: &str| parse_duration(text).map_err(ConfigError::BadDuration);
-            match key.replace('-', "_").as_str() {
-                "cache_size" => a.cache_size = a.cache_size.or(Some(size(need()?)?)),
-                "block_size" => a.block_size = a.block_size.or(Some(size(need()?)?)),
-                "allow_other" => a.allow_other |= flag_value(value)?,
-                "foreground" => a.foreground |= flag_value(value)?,
-                "log_file" => a.log_file = a.log_file.or(Some(PathBuf::from(need()?))),
-                "threads" => a.threads = a.threads.or(Some(parse_count(key, need()?, 1, 256)?)),
-                "io_threads" => a.io_threads = a.io_threads.or(Some(parse_count(key, need()?, 1, 64)?)),
-                "kernel_readahead_kb" => {
-                    a.kernel_readahead_kb = a.kernel_readahead_kb.or(Some(parse_count(key, need()?, 0, 1 << 20)?))
-                }
-                "npy" => a.npy |= flag_value(value)?,
-                "as" => a.as_dtype = a.as_dtype.or(Some(need()?.to_string())),
-                "layout" => a.layout = a.layout.or(Some(need()?.to_string())),
-                "header" => a.remote.headers.push(need()?.to_string()),
-                "token_env" => a.remote.token_env = a.remote.token_env.or(Some(need()?.to_string())),
-                "http_retries" => {
-                    a.remote.http_retries = a.remote.http_retries.or(Some(parse_count(key, need()?, 1, 100)?))
-                }
-                "http_retry_delay" => {
-                    a.remote.http_retry_delay = a.remote.http_retry_delay.or(Some(duration(need()?)?))
-                }
-                "http_timeout" => a.remote.http_timeout = a.remote.http_timeout.or(Some(duration(need()?)?)),
-                "endpoint_url" => a.remote.endpoint_url = a.remote.endpoint_url.or(Some(need()?.to_string())),
-                "region" => a.remote.region = a.remote.region.or(Some(need()?.to_string())),
-                "no_sign_request" => a.remote.no_sign_request |= flag_value(value)?,
-                "rw" => return Err(ConfigError::ReadWrite),
-                k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
-                _ => return Err(ConfigError::Unknown { key: key.to_string() }),
-            }
-        }
+        let o = DashO::parse(&args.options)?;
+        let mut a = args;
+        a.cache_size = a.cache_size.or(o.cache_size);
+        a.block_size = a.block_size.or(o.block_size);
+        a.allow_other |= o.allow_other.unwrap_or(false);
+        a.foreground |= o.foreground.unwrap_or(false);
+        a.log_file = a.log_file.or(o.log_file);
+        a.threads = a.threads.or(o.threads);
+        a.io_threads = a.io_threads.or(o.io_threads);
+        a.kernel_readahead_kb = a.kernel_readahead_kb.or(o.kernel_readahead_kb);
+        a.npy |= o.npy.unwrap_or(false);
+        a.as_dtype = a.as_dtype.or(o.as_dtype);
+        a.layout = a.layout.or(o.layout);
+        a.remote.headers.extend(o.headers);
+        a.remote.token_env = a.remote.token_env.or(o.token_env);
+        a.remote.timeout = a.remote.timeout.or(o.timeout);
+        a.remote.http_retries = a.remote.http_retries.or(o.http_retries);
+        a.remote.http_retry_delay = a.remote.http_retry_delay.or(o.http_retry_delay);
+        a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
+        a.remote.endpoint_url = a.remote.endpoint_url.or(o.endpoint_url);
+        a.remote.region = a.remote.region.or(o.region);
+        a.remote.no_sign_request |= o.no_sign_request.unwrap_or(false);
+        a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
+        a.debug |= o.debug.unwrap_or(false);
+        a.auto_unmount |= o.auto_unmount.unwrap_or(false);
+        let mut owner = Owner::of_process();
+        owner.uid = o.uid.unwrap_or(owner.uid);
+        owner.gid = o.gid.unwrap_or(owner.gid);
+        let (umask, fmask, dmask) = (o.umask, o.fmask, o.dmask);
+        let allow_root = o.allow_root.unwrap_or(false);
+        a.cache_dir = a.cache_dir.or(o.cache_dir);
+        a.cache_dir_size = a.cache_dir_size.or(o.cache_dir_size);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -274,12 +310,20 @@ impl MountConfig {
             Some(other) => return Err(ConfigError::Layout(other.to_string())),
         };
         Ok(MountConfig {
+            cache_dir: a.cache_dir,
+            cache_dir_size: a.cache_dir_size,
             layout,
             views: Views { npy: a.npy, as_f32 },
+            checkpoint_files: !a.no_checkpoint_file,
             remote: a.remote,
             source: a.source,
             mountpoint: a.mountpoint,
-            foreground: a.foreground,
+            foreground: a.foreground || a.debug,
+            debug: a.debug,
+            auto_unmount: a.auto_unmount,
+            owner,
+            perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
+            allow_root,
             engine,
             allow_other: a.allow_other,
             log_file: a.log_file,
@@ -288,9 +332,18 @@ impl MountConfig {
         })
     }
 
-    /// What the filesystem shows and how it reads, owned by who mounts.
+    /// What the filesystem shows and how it reads, owned by who mounts (with no disk cache: the
+    /// caller opens `cache_dir`, which checks the directory, and sets it).
     pub fn fs_options(&self) -> FsOptions {
-        FsOptions { engine: self.engine.clone(), layout: self.layout, views: self.views, owner: Owner::of_process() }
+        FsOptions {
+            engine: self.engine.clone(),
+            layout: self.layout,
+            views: self.views,
+            owner: self.owner,
+            perms: self.perms,
+            checkpoint_files: self.checkpoint_files,
+            disk: None,
+        }
     }
 
     /// Where and how to mount.
@@ -299,6 +352,7 @@ impl MountConfig {
             mountpoint: self.mountpoint.clone(),
             threads: self.threads,
             allow_other: self.allow_other,
+            allow_root: self.allow_root,
             kernel_readahead_kb: self.kernel_readahead_kb,
         }
     }
@@ -321,6 +375,9 @@ impl RemoteArgs {
             http.retry.base_delay = delay;
             http.retry.max_delay = delay.saturating_mul(32).min(http.retry.max_delay);
         }
+        if let Some(timeout) = self.timeout {
+            http.timeout = timeout;
+        }
         if let Some(timeout) = self.http_timeout {
             http.connect_timeout = timeout;
             http.read_timeout = timeout;
@@ -329,7 +386,145 @@ impl RemoteArgs {
         object.endpoint_url = self.endpoint_url.clone();
         object.no_sign_request = self.no_sign_request;
         object.region = self.region.clone();
-        Ok(OpenOptions { http, object })
+        Ok(OpenOptions { http, repo_files: false, object })
+    }
+}
+
+/// The `-o` options of one command line, each the last value given.
+#[derive(Default)]
+struct DashO {
+    cache_size: Option<u64>,
+    block_size: Option<u64>,
+    allow_other: Option<bool>,
+    foreground: Option<bool>,
+    log_file: Option<PathBuf>,
+    threads: Option<u32>,
+    io_threads: Option<u32>,
+    kernel_readahead_kb: Option<u32>,
+    npy: Option<bool>,
+    as_dtype: Option<String>,
+    layout: Option<String>,
+    headers: Vec<String>,
+    token_env: Option<String>,
+    timeout: Option<Duration>,
+    http_retries: Option<u32>,
+    http_retry_delay: Option<Duration>,
+    http_timeout: Option<Duration>,
+    no_checkpoint_file: Option<bool>,
+    debug: Option<bool>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    umask: Option<u16>,
+    fmask: Option<u16>,
+    dmask: Option<u16>,
+    allow_root: Option<bool>,
+    cache_dir: Option<PathBuf>,
+    cache_dir_size: Option<u64>,
+    auto_unmount: Option<bool>,
+    endpoint_url: Option<String>,
+    region: Option<String>,
+    no_sign_request: Option<bool>,
+}
+
+/// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
+const KNOWN_OPTIONS: &[&str] = &[
+    "cache_size",
+    "block_size",
+    "allow_other",
+    "foreground",
+    "log_file",
+    "threads",
+    "io_threads",
+    "kernel_readahead_kb",
+    "npy",
+    "as",
+    "layout",
+    "header",
+    "token_env",
+    "timeout",
+    "no_checkpoint_file",
+    "checkpoint_file",
+    "debug",
+    "uid",
+    "gid",
+    "umask",
+    "fmask",
+    "dmask",
+    "allow_root",
+    "read_only",
+    "cache_dir",
+    "cache_dir_size",
+    "auto_unmount",
+    "endpoint_url",
+    "region",
+    "no_sign_request",
+];
+
+impl DashO {
+    /// Reads comma-separated `-o` arguments; a later value of an option replaces an earlier one
+    /// (`header` adds one more).
+    fn parse(options: &[String]) -> Result<DashO, ConfigError> {
+        let mut o = DashO::default();
+        for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = || value.ok_or_else(|| ConfigError::NeedsValue { key: key.to_string() });
+            let switch = || match value {
+                None | Some("true") | Some("yes") | Some("1") => Ok(Some(true)),
+                Some("false") | Some("no") | Some("0") => Ok(Some(false)),
+                Some(other) => Err(ConfigError::TakesNoValue { key: key.to_string(), value: other.to_string() }),
+            };
+            let size = || need().and_then(|text| parse_size(text).map_err(ConfigError::BadSize)).map(Some);
+            let duration = || need().and_then(|text| parse_duration(text).map_err(ConfigError::BadDuration)).map(Some);
+            let timeout = || need().and_then(|text| parse_timeout(text).map_err(ConfigError::BadDuration)).map(Some);
+            let count = |min, max| need().and_then(|text| parse_count(key, text, min, max)).map(Some);
+            let text = || need().map(|text| Some(text.to_string()));
+            match key.replace('-', "_").as_str() {
+                "cache_size" => o.cache_size = size()?,
+                "block_size" => o.block_size = size()?,
+                "allow_other" => o.allow_other = switch()?,
+                "foreground" => o.foreground = switch()?,
+                "log_file" => o.log_file = need().map(|p| Some(PathBuf::from(p)))?,
+                "threads" => o.threads = count(1, 256)?,
+                "io_threads" => o.io_threads = count(1, 64)?,
+                "kernel_readahead_kb" => o.kernel_readahead_kb = count(0, 1 << 20)?,
+                "npy" => o.npy = switch()?,
+                "as" => o.as_dtype = text()?,
+                "layout" => o.layout = text()?,
+                "header" => o.headers.push(need()?.to_string()),
+                "token_env" => o.token_env = text()?,
+                "timeout" => o.timeout = timeout()?,
+                "http_retries" => o.http_retries = count(1, 100)?,
+                "http_retry_delay" => o.http_retry_delay = duration()?,
+                "http_timeout" => o.http_timeout = duration()?,
+                "no_checkpoint_file" => o.no_checkpoint_file = switch()?,
+                "checkpoint_file" => o.no_checkpoint_file = switch()?.map(|shown| !shown),
+                "debug" => o.debug = switch()?,
+                "uid" => o.uid = count(0, u32::MAX - 1)?,
+                "gid" => o.gid = count(0, u32::MAX - 1)?,
+                "umask" => o.umask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
+                "fmask" => o.fmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
+                "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
+                "allow_root" => o.allow_root = switch()?,
+                "auto_unmount" => o.auto_unmount = switch()?,
+                "read_only" => {}
+                "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
+                "cache_dir_size" => o.cache_dir_size = size()?,
+                "endpoint_url" => o.endpoint_url = text()?,
+                "region" => o.region = text()?,
+                "no_sign_request" => o.no_sign_request = switch()?,
+                "rw" => return Err(ConfigError::ReadWrite),
+                k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
+                _ => {
+                    let candidates = KNOWN_OPTIONS.iter().chain(IGNORED_OPTIONS).copied();
+                    let suggestion = crate::util::suggest::closest(key, candidates);
+                    return Err(ConfigError::Unknown { key: key.to_string(), suggestion });
+                }
+            }
+        }
+        Ok(o)
     }
 }
 
@@ -361,97 +556,5 @@ fn parse_count(key: &str, value: &str, min: u32, max: u32) -> Result<u32, Config
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::cli::options::*;
-
-    fn args(options: &[&str]) -> MountArgs {
-        MountArgs {
-            source: "m.safetensors".into(),
-            options: options.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn defaults() {
-        let c = MountConfig::from_args(args(&[])).unwrap();
-        assert_eq!((c.engine.block_size, c.engine.cache_size), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE));
-        assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (DEFAULT_THREADS, 1024, false));
-        for url in ["http://host/m.safetensors", "https://host/repo/model.safetensors.index.json"] {
-            let c = MountConfig::from_args(MountArgs { source: url.into(), ..args(&[]) }).unwrap();
-            assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
-            // extract and cat read through the same engine settings as a mount with no options.
-            let e = default_engine(url);
-            assert_eq!(
-                (e.block_size, e.cache_size, e.io_threads),
-                (c.engine.block_size, c.engine.cache_size, c.engine.io_threads)
-            );
-        }
-        let e = default_engine("m.safetensors");
-        assert_eq!(
-            (e.block_size, e.cache_size, e.io_threads),
-            (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE, DEFAULT_IO_THREADS as usize)
-        );
-        let explicit = MountArgs { source: "https://host/m.safetensors".into(), ..args(&["block_size=64K"]) };
-        assert_eq!(MountConfig::from_args(explicit).unwrap().engine.block_size, 64 << 10);
-    }
-
-    #[test]
-    fn dash_o_options_map_to_flags_and_flags_win() {
-        let c =
-            MountConfig::from_args(args(&["ro,cache_size=1G,block-size=4M", "allow_other,nosuid,x-systemd.automount"]))
-                .unwrap();
-        assert_eq!((c.engine.cache_size, c.engine.block_size, c.allow_other), (1 << 30, 4 << 20, true));
-        let c = MountConfig::from_args(args(&["npy,as=f32,layout=tree"])).unwrap();
-        assert_eq!((c.views, c.layout), (Views { npy: true, as_f32: true }, Layout::Tree));
-        let c = MountConfig::from_args(args(&["endpoint_url=http://h:9000,region=eu-west-1,no_sign_request"])).unwrap();
-        let object = c.remote.open_options(Default::default()).unwrap().object;
-        assert_eq!(object.endpoint_url.as_deref(), Some("http://h:9000"));
-        assert_eq!((object.region.as_deref(), object.no_sign_request), (Some("eu-west-1"), true));
-        assert_eq!(default_block_size("s3://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
-        assert_eq!(default_block_size("gs://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
-        let mut a = args(&["cache_size=1G"]);
-        a.cache_size = Some(64 << 20);
-        assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
-    }
-
-    #[test]
-    fn bad_options_name_the_option() {
-        for (opts, needle) in [
-            (&["bogus=1"][..], "unknown mount option `bogus`"),
-            (&["rw"][..], "read-only"),
-            (&["cache_size"][..], "needs a value"),
-            (&["cache_size=lots"][..], "invalid size"),
-            (&["block_size=3M"][..], "power of two"),
-            (&["block_size=8M,cache_size=8M"][..], "at least two blocks"),
-            (&["threads=0"][..], "whole number"),
-            (&["allow_other=maybe"][..], "takes no value"),
-            (&["as=f16"][..], "only `f32`"),
-            (&["layout=deep"][..], "unknown layout"),
-        ] {
-            let e = MountConfig::from_args(args(opts)).unwrap_err().to_string();
-            assert!(e.contains(needle), "{opts:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn hidden_http_knobs_reach_the_options() {
-        use std::time::Duration;
-        let remote = RemoteArgs {
-            http_retries: Some(2),
-            http_retry_delay: Some(Duration::from_millis(10)),
-            http_timeout: Some(Duration::from_secs(1)),
-            ..Default::default()
-        };
-        let http = remote.open_options(Default::default()).unwrap().http;
-        assert_eq!(
-            (http.retry.attempts, http.retry.base_delay, http.retry.max_delay),
-            (2, Duration::from_millis(10), Duration::from_millis(320))
-        );
-        assert_eq!((http.connect_timeout, http.read_timeout), (Duration::from_secs(1), Duration::from_secs(1)));
-        let bad = RemoteArgs { headers: vec!["no colon".into()], ..Default::default() };
-        let e = bad.open_options(Default::default()).unwrap_err();
-        assert!(e.to_string().starts_with("--header: "), "{e}");
-        assert!(std::error::Error::source(&e).is_some());
-    }
-}
+#[path = "options_tests.rs"]
+mod tests;

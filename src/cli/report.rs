@@ -12,8 +12,12 @@ use crate::util::describe_io;
 pub const EXIT_OK: u8 = 0;
 /// Exit status for a runtime failure (bad file, mount or unmount failed, I/O error).
 pub const EXIT_FAILURE: u8 = 1;
-/// Exit status for a usage error (clap's own code).
+/// Exit status for a usage error (clap's own code): a bad flag or `-o` option alike.
 pub const EXIT_USAGE: u8 = 2;
+/// Exit status of mount(8)'s helper for a mount that failed: mount(8)'s own code.
+pub const EXIT_HELPER_FAILURE: u8 = 32;
+/// Exit status of mount(8)'s helper for a usage error, as other helpers give.
+pub const EXIT_HELPER_USAGE: u8 = 1;
 
 /// Why a command failed: what it concerns (a path, a URL, an option; none when the problem names
 /// it itself) and the typed error, which stays reachable through [`Error::source`].
@@ -21,17 +25,29 @@ pub const EXIT_USAGE: u8 = 2;
 pub struct Failure {
     context: Option<String>,
     problem: Box<dyn Error + Send + Sync + 'static>,
+    /// A mistake in the command line (exit 2) rather than a failure to do what it asked (exit 1).
+    usage: bool,
 }
 
 impl Failure {
     /// A failure whose problem says all (an [`crate::checkpoint::OpenError`] names its file).
     pub fn new(problem: impl Into<Box<dyn Error + Send + Sync + 'static>>) -> Failure {
-        Failure { context: None, problem: problem.into() }
+        Failure { context: None, problem: problem.into(), usage: false }
+    }
+
+    /// A mistake in the command line: a bad option or argument.
+    pub fn usage(problem: impl Into<Box<dyn Error + Send + Sync + 'static>>) -> Failure {
+        Failure { usage: true, ..Failure::new(problem) }
     }
 
     /// A failure concerning `context`: printed `context: problem`.
     pub fn at(context: impl fmt::Display, problem: impl Into<Box<dyn Error + Send + Sync + 'static>>) -> Failure {
-        Failure { context: Some(context.to_string()), problem: problem.into() }
+        Failure { context: Some(context.to_string()), problem: problem.into(), usage: false }
+    }
+
+    /// Whether this is a usage error.
+    pub fn is_usage(&self) -> bool {
+        self.usage
     }
 
     /// An I/O failure concerning `context`, worded as a short lower-case phrase
@@ -67,9 +83,15 @@ macro_rules! failure_from {
     };
 }
 
+/// A bad flag or `-o` option is a usage error, exit 2, whichever way it was given.
+impl From<crate::cli::options::ConfigError> for Failure {
+    fn from(e: crate::cli::options::ConfigError) -> Failure {
+        Failure::usage(e)
+    }
+}
+
 failure_from!(
     crate::checkpoint::OpenError,
-    crate::cli::options::ConfigError,
     crate::mount::daemon::DaemonError,
     crate::mount::session::ServeError,
     crate::tree::namespace::NameClash,
@@ -91,13 +113,24 @@ impl Error for Described {
     }
 }
 
-/// Turns a command's result into its exit status, printing a failure as one `stfs: ` line.
+/// Turns a command's result into its exit status, printing a failure as one `stfs: ` line: 1 for
+/// a failure, 2 for a usage error.
 pub fn finish(result: Result<ExitCode, Failure>) -> ExitCode {
+    finish_with(result, EXIT_FAILURE, EXIT_USAGE)
+}
+
+/// [`finish`] for mount(8)'s helper, with mount(8)'s codes: 32 for a failed mount, 1 for a usage
+/// error.
+pub fn finish_helper(result: Result<ExitCode, Failure>) -> ExitCode {
+    finish_with(result, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE)
+}
+
+fn finish_with(result: Result<ExitCode, Failure>, failed: u8, usage: u8) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(failure) => {
             eprintln!("stfs: {failure}");
-            ExitCode::from(EXIT_FAILURE)
+            ExitCode::from(if failure.usage { usage } else { failed })
         }
     }
 }

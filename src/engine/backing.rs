@@ -1,5 +1,6 @@
 //! The backing read: one read of whole blocks from a source through a descriptor, counted and
-//! logged. Every load, on demand or prefetched, goes through [`read_blocks`].
+//! logged. Every load, on demand or prefetched, goes through [`read_blocks`], which asks the disk
+//! tier first when the mount has one (`disk`): blocks it holds cost no store request.
 
 use std::io;
 
@@ -23,8 +24,28 @@ pub(crate) fn buffers<'a, 't: 'a>(
 /// One backing read of blocks `first..first + buffers.len()` of `entry` into `buffers` through
 /// `descriptor` (opened first if it is `None`), handing each to `landed`, in block order, as soon
 /// as the source has filled it ([`SourceReader::read_blocks_at`]); on an error the rest are
-/// dropped, and so is the descriptor (it may be broken, e.g. a dropped connection).
+/// dropped, and so is the descriptor (it may be broken, e.g. a dropped connection). With a disk
+/// tier, blocks found there land from it and only each run of the others is read from the store
+/// (and stored on disk as it lands).
 pub(crate) fn read_blocks(
+    shared: &Shared,
+    entry: &SourceEntry,
+    first: u64,
+    buffers: Vec<Vec<u8>>,
+    descriptor: &mut Option<Box<dyn SourceReader>>,
+    landed: &mut dyn FnMut(Vec<u8>),
+) -> io::Result<()> {
+    if let (Some(disk), Some(key)) = (&shared.disk, &entry.disk_key) {
+        let mut store = |first, buffers, landed: &mut dyn FnMut(Vec<u8>)| {
+            read_store(shared, entry, first, buffers, descriptor, landed)
+        };
+        return disk.read_through(key, first, buffers, &mut store, landed);
+    }
+    read_store(shared, entry, first, buffers, descriptor, landed)
+}
+
+/// [`read_blocks`] from the store itself: one read through `descriptor`.
+fn read_store(
     shared: &Shared,
     entry: &SourceEntry,
     first: u64,

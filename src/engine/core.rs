@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 
 use super::cache::BlockCache;
 use super::demand::Demand;
+use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
 use super::prefetch::Prefetcher;
 use super::readahead::ReadaheadConfig;
@@ -35,15 +36,30 @@ impl Engine {
     /// Creates an engine that records its counters in `stats`. A block size of 0 is taken as 1 and
     /// one above 1 GiB as 1 GiB; with `io_threads == 0` nothing is prefetched.
     pub fn new(config: EngineConfig, stats: Arc<Stats>) -> Arc<Engine> {
-        let mut config = config;
-        config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
-        let readahead = ReadaheadConfig::new(config.block_size, config.cache_size);
-        Engine::with_readahead(config, readahead, stats)
+        Engine::with_disk_cache(config, None, stats)
     }
 
     /// Like [`Engine::new`] with explicit readahead tuning (its block size is replaced by the
     /// engine's).
-    pub fn with_readahead(mut config: EngineConfig, mut readahead: ReadaheadConfig, stats: Arc<Stats>) -> Arc<Engine> {
+    pub fn with_readahead(config: EngineConfig, readahead: ReadaheadConfig, stats: Arc<Stats>) -> Arc<Engine> {
+        Engine::build(config, readahead, None, stats)
+    }
+
+    /// Like [`Engine::new`], with a disk tier below the cache: every load of a source that has a
+    /// [`Source::cache_identity`] reads the blocks `disk` holds from it and stores the others.
+    pub fn with_disk_cache(config: EngineConfig, disk: Option<Arc<DiskCache>>, stats: Arc<Stats>) -> Arc<Engine> {
+        let mut config = config;
+        config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
+        let readahead = ReadaheadConfig::new(config.block_size, config.cache_size);
+        Engine::build(config, readahead, disk, stats)
+    }
+
+    fn build(
+        mut config: EngineConfig,
+        mut readahead: ReadaheadConfig,
+        disk: Option<Arc<DiskCache>>,
+        stats: Arc<Stats>,
+    ) -> Arc<Engine> {
         config.block_size = config.block_size.clamp(1, MAX_BLOCK_SIZE);
         readahead.block_size = config.block_size;
         if config.io_threads == 0 {
@@ -51,7 +67,7 @@ impl Engine {
         }
         let cache = BlockCache::new(config.cache_size, Arc::clone(&stats));
         let io_threads = config.io_threads;
-        let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false) });
+        let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false), disk });
         let prefetcher = Prefetcher::start(&shared, io_threads);
         let warm_shared = Arc::clone(&shared);
         let warmer = std::thread::Builder::new()
@@ -67,7 +83,9 @@ impl Engine {
         // Poisoning is ignored, as `crate::util::lock` does: the table is only ever appended to.
         let mut sources = write(&self.sources);
         let id = sources.len();
-        sources.push(Arc::new(SourceEntry::new(id, source, self.readahead.clone())));
+        let bs = self.shared.config.block_size;
+        let disk_key = self.shared.disk.as_ref().and(source.cache_identity()).map(|i| ObjectKey::new(&i, bs));
+        sources.push(Arc::new(SourceEntry::new(id, source, self.readahead.clone(), disk_key)));
         id
     }
 

@@ -17,7 +17,8 @@
 //!    chunks of its pending blocks in order and loads each run of missing ones in one backing read
 //!    on its own descriptor, publishing each block as it lands.
 //!
-//! Every load goes through `backing` (one read of whole blocks, counted). The cache's budget
+//! Every load goes through `backing` (one read of whole blocks, counted), which asks the disk
+//! tier (`disk`, with `--cache-dir`) first and fetches only the blocks it lacks. The cache's budget
 //! counts blocks being loaded and spare buffers, and `cache::warm` keeps a few spares faulted in.
 //! `shared` holds what the jobs share, `tuning` every constant with its reason, `error` the
 //! [`ReadError`] a failed read returns.
@@ -26,6 +27,7 @@ mod backing;
 pub mod cache;
 mod core;
 mod demand;
+pub mod disk;
 mod error;
 mod pool;
 mod prefetch;

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::cache::BlockCache;
+use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
 use super::readahead::ReadaheadConfig;
 use super::spares::Spares;
@@ -26,6 +27,8 @@ pub(crate) struct Shared {
     /// Set when the engine is dropped: prefetch jobs end at their next block, the warming thread
     /// at its next wake-up.
     pub(crate) stopping: AtomicBool,
+    /// The disk tier below the cache (`--cache-dir`), if any.
+    pub(crate) disk: Option<Arc<DiskCache>>,
 }
 
 /// One registered source as the engine holds it.
@@ -40,13 +43,22 @@ pub(crate) struct SourceEntry {
     pub(crate) streams: Streams,
     /// Its idle descriptors, for reads outside a confirmed stream.
     pub(crate) spares: Spares,
+    /// What its blocks are stored under in the disk tier; `None`: not cached on disk.
+    pub(crate) disk_key: Option<ObjectKey>,
 }
 
 impl SourceEntry {
-    /// Registers `source` as `id`, with streams tuned by `readahead`.
-    pub(crate) fn new(id: SourceId, source: Arc<dyn Source>, readahead: ReadaheadConfig) -> SourceEntry {
+    /// Registers `source` as `id`, with streams tuned by `readahead`, its blocks stored on disk
+    /// under `disk_key` if given.
+    pub(crate) fn new(
+        id: SourceId,
+        source: Arc<dyn Source>,
+        readahead: ReadaheadConfig,
+        disk_key: Option<ObjectKey>,
+    ) -> SourceEntry {
         let len = source.len();
-        SourceEntry { id, source, len, streams: Streams::new(readahead, id, len), spares: Spares::default() }
+        let streams = Streams::new(readahead, id, len);
+        SourceEntry { id, source, len, streams, spares: Spares::default(), disk_key }
     }
 
     /// Length of block `block`: a whole block, except the last one of the source.

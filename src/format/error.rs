@@ -5,6 +5,7 @@ use std::fmt;
 use std::io;
 
 use super::escape::Printable;
+use super::foreign::PyTorchFormat;
 use super::header::N_LEN;
 
 /// Every way a file can fail to be a valid safetensors file; one variant per rule.
@@ -29,6 +30,12 @@ pub enum FormatError {
         declared: u64,
         /// Length of the file in bytes.
         file_len: u64,
+    },
+    /// The file is not a safetensors file but a PyTorch checkpoint: its first bytes, which make no
+    /// header length, are those of a `torch.save` zip archive or pickle.
+    PyTorch {
+        /// Which kind of PyTorch file.
+        format: PyTorchFormat,
     },
     /// The header bytes are not UTF-8.
     InvalidUtf8 {
@@ -113,14 +120,25 @@ impl fmt::Display for FormatError {
         use FormatError::*;
         match self {
             HeaderTooSmall { file_len } => {
-                write!(f, "file is {file_len} bytes, too small for the {N_LEN}-byte header length")
+                write!(
+                    f,
+                    "not a safetensors file: it is {file_len} bytes, too small for the {N_LEN}-byte header length"
+                )
             }
             HeaderTooLarge { declared, limit } => {
-                write!(f, "header length {declared} is over the limit of {limit} bytes")
+                write!(f, "not a safetensors file: header length {declared} is over the limit of {limit} bytes")
             }
-            HeaderLengthPastEnd { declared, file_len } => {
-                write!(f, "header length {declared} runs past the end of the file ({file_len} bytes)")
-            }
+            HeaderLengthPastEnd { declared, file_len } => write!(
+                f,
+                "not a safetensors file, or a truncated one: header length {declared} runs past the end of the \
+                 file ({file_len} bytes)"
+            ),
+            PyTorch { format } => write!(
+                f,
+                "not a safetensors file: it looks like a PyTorch checkpoint ({format}); convert it with \
+                 safetensors' conversion tools, e.g. `safetensors.torch.save_file(torch.load(path, \
+                 weights_only=True), \"model.safetensors\")`"
+            ),
             InvalidUtf8 { error } => write!(f, "invalid UTF-8 in header: {error}"),
             InvalidJson { message } => write!(f, "invalid JSON in header: {message}"),
             OffsetReversed { tensor, begin, end } => {

@@ -11,12 +11,14 @@
 //! - `parse`: [`read_header`] and [`parse_header`], the fast serde path and the reference's shapes;
 //! - `validate`: the reference crate's rules, in its order;
 //! - `error`: [`FormatError`]; `escape`: how untrusted names are shown in messages;
+//! - `foreign`: [`PyTorchFormat`], the PyTorch checkpoints told apart from a broken header;
 //! - [`index`]: `*.index.json` files and the checks that make several shards one checkpoint;
 //! - [`writer`]: files in the reference writer's layout (tests, the sample).
 
 mod dtype;
 mod error;
 mod escape;
+mod foreign;
 mod header;
 pub mod index;
 mod parse;
@@ -27,5 +29,6 @@ pub mod writer;
 
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::FormatError;
+pub use foreign::PyTorchFormat;
 pub use header::{Header, TensorInfo, MAX_HEADER_SIZE, N_LEN};
 pub use parse::{parse_header, read_header};

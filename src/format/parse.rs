@@ -11,6 +11,7 @@ use std::io;
 use super::dtype::Dtype;
 use super::error::FormatError;
 use super::escape::write_escaped;
+use super::foreign::PyTorchFormat;
 use super::header::{Header, TensorInfo, N_LEN};
 use super::validate::{check_data_end, check_header_len, validate_tensors};
 
@@ -174,7 +175,10 @@ pub fn read_header(
     read_exact_at(&mut prefix, 0).map_err(|error| FormatError::Io { offset: 0, len: N_LEN, error })?;
     let declared = u64::from_le_bytes(prefix);
     // Both checks come before the allocation, so a hostile prefix cannot make us reserve memory.
-    check_header_len(declared, file_len)?;
+    check_header_len(declared, file_len).map_err(|error| match PyTorchFormat::sniff(&prefix) {
+        Some(format) => FormatError::PyTorch { format },
+        None => error,
+    })?;
     // declared <= MAX_HEADER_SIZE, which fits in usize on every target.
     let mut json = vec![0u8; declared as usize];
     read_exact_at(&mut json, N_LEN).map_err(|error| FormatError::Io { offset: N_LEN, len: declared, error })?;

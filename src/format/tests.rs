@@ -474,3 +474,19 @@ proptest! {
         let _ = parse_file(&bytes);
     }
 }
+
+#[test]
+fn pytorch_checkpoints_are_named_only_when_the_length_is_refused() {
+    let mut zip = b"PK\x03\x04\x14\x00\x00\x00".to_vec();
+    zip.resize(300, 0);
+    assert!(matches!(parse_file(&zip), Err(FormatError::PyTorch { format: PyTorchFormat::Zip })));
+    let mut pickle = vec![0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46];
+    pickle.resize(300, b'.');
+    let err = parse_file(&pickle).unwrap_err();
+    assert!(err.to_string().starts_with("not a safetensors file: it looks like a PyTorch checkpoint"), "{err}");
+    // A 640-byte header's length prefix is `80 02 00 ...`, a protocol 2 pickle's start: still valid.
+    let json = format!("{{\"__metadata__\":{{\"pad\":\"{}\"}}}}", "x".repeat(640 - 27));
+    assert_eq!(json.len(), 640);
+    let header = parse_file(&file(json.as_bytes(), 0)).unwrap();
+    assert_eq!(header.header_len, 640);
+}

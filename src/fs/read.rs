@@ -1,7 +1,8 @@
 //! The read dispatch: the bytes of each kind of file at an offset. A raw tensor file is a range of
 //! its backing source read through the engine; a `.npy` file is a synthesized header followed by
 //! the same bytes; an `as=f32` file maps output bytes back to whole source elements and converts
-//! them; `metadata.json` and `stats.json` are bytes held in memory. Every range is clipped to the
+//! them; a re-served checkpoint file is its whole source read through the engine; `metadata.json`,
+//! index files and `stats.json` are bytes held in memory. Every range is clipped to the
 //! file: a read at or past its end is empty.
 
 use crate::engine::Engine;
@@ -27,6 +28,7 @@ pub(crate) fn read_content<R>(
             read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(&v))
         }
         Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(&v)),
+        Content::Checkpoint(s) => read_checkpoint(ns, engine, *s, offset, size, reply),
         Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size))),
         Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size))),
     }
@@ -46,6 +48,27 @@ fn read_tensor<R>(
     }
     let n = (t.len - offset).min(u64::from(size)) as usize;
     engine.read_in(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
+}
+
+/// Bytes `[offset, offset+size)` of shard `shard`'s whole file, handed to `reply`. The engine is
+/// told which tensor (or the header) the read is in, so readahead treats it as it treats a read of
+/// that tensor's file, and both share blocks and streams.
+fn read_checkpoint<R>(
+    ns: &Namespace,
+    engine: &Engine,
+    shard: usize,
+    offset: u64,
+    size: u32,
+    reply: impl FnOnce(&[u8]) -> R,
+) -> Result<R, FsError> {
+    let s = ns.shards().get(shard).ok_or(FsError::NotFound)?;
+    let len = s.header.file_len;
+    if offset >= len {
+        return Ok(reply(&[]));
+    }
+    let n = (len - offset).min(u64::from(size));
+    let extent = ns.checkpoint_extent(shard, offset..offset + n);
+    engine.read_in(s.source, extent, offset, n as usize, reply).map_err(FsError::Read)
 }
 
 /// Bytes `[offset, offset+size)` of tensor `t` converted to F32: the whole source elements that

@@ -55,8 +55,13 @@ fn fixture(views: Views) -> (Fs, Tensors, Arc<std::sync::atomic::AtomicBool>) {
     let mut stream = MemStream(bytes.clone(), fail.clone());
     let header =
         crate::format::read_header(|buf, offset| stream.read_exact_at(buf, offset), bytes.len() as u64).unwrap();
-    let ns =
-        Namespace::build(vec![Shard { source, name: "mem.safetensors".into(), header }], Layout::Flat, views).unwrap();
+    let ns = Namespace::build(
+        vec![Shard { source, name: "mem.safetensors".into(), header, file: None }],
+        Vec::new(),
+        Layout::Flat,
+        views,
+    )
+    .unwrap();
     let base =
         AttrBase { uid: 7, gid: 8, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
     (Fs::new(ns, engine, base), tensors, fail)

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::checkpoint::Checkpoint;
+use crate::engine::disk::DiskCache;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::stats::Stats;
-use crate::tree::namespace::{AttrBase, Layout, NameClash, Namespace, Shard, Views};
+use crate::tree::namespace::{AttrBase, Layout, NameClash, Namespace, RootFile, RootKind, Shard, Views};
 
 /// Whose files they are: the owner and group every file and directory shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,12 +43,20 @@ pub struct FsOptions {
     pub views: Views,
     /// Owner of every file.
     pub owner: Owner,
+    /// Re-serve the checkpoint's own files (every shard, the index; shards through the engine) and
+    /// an `hf://` repository's small files in the root (`-o no_checkpoint_file` turns this off).
+    pub checkpoint_files: bool,
+    /// Permission bits of files and of directories (`-o fmask`/`dmask`/`umask`); `None`: the read
+    /// bits of the backing files.
+    pub perms: (Option<u16>, Option<u16>),
+    /// The disk tier below the engine's cache (`--cache-dir`), opened and checked by the caller.
+    pub disk: Option<Arc<DiskCache>>,
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
 /// backing files are (the read bits common to all local shards), and dated by the newest shard.
 pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
-    let engine = Engine::new(options.engine.clone(), stats);
+    let engine = Engine::with_disk_cache(options.engine.clone(), options.disk.clone(), stats);
     let mut shards = Vec::new();
     let mut newest = SystemTime::UNIX_EPOCH;
     let mut read_bits = 0o444;
@@ -59,15 +68,31 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
             }
         }
         let name = s.source.name().to_string();
+        let file = if options.checkpoint_files { crate::checkpoint::file_name(&name) } else { None };
         let source = engine.add_source(s.source);
-        shards.push(Shard { source, name, header: s.header });
+        shards.push(Shard { source, name, header: s.header, file });
     }
-    let ns = Namespace::build(shards, options.layout, options.views)?;
+    let files =
+        if options.checkpoint_files { root_files(checkpoint.index_files, checkpoint.repo_files) } else { Vec::new() };
+    let ns = Namespace::build(shards, files, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
+    let (file_perm, dir_perm) = (options.perms.0.unwrap_or(file_perm), options.perms.1.unwrap_or(dir_perm));
     let Owner { uid, gid } = options.owner;
     let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
     let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
     Ok(Arc::new(Fs::new(ns, engine, base)))
+}
+
+/// The small files a checkpoint came with, as the namespace serves them in the root: its index
+/// files, then the repository's files.
+pub fn root_files(
+    index_files: Vec<crate::checkpoint::RootFile>,
+    repo_files: Vec<crate::checkpoint::RootFile>,
+) -> Vec<RootFile> {
+    let tagged =
+        |kind: RootKind| move |f: crate::checkpoint::RootFile| RootFile { name: f.name, bytes: f.bytes.into(), kind };
+    let index = index_files.into_iter().map(tagged(RootKind::Index));
+    index.chain(repo_files.into_iter().map(tagged(RootKind::Repo))).collect()
 }
 
 #[cfg(test)]
@@ -92,6 +117,9 @@ mod tests {
             layout: Layout::Tree,
             views: Views { npy: true, as_f32: false },
             owner: Owner { uid: 1234, gid: 5678 },
+            checkpoint_files: true,
+            perms: (None, None),
+            disk: None,
         };
         let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
         let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();
@@ -100,5 +128,8 @@ mod tests {
         assert_eq!((b.uid, b.gid, b.perm, b.size, b.blksize), (1234, 5678, 0o440, 3, 4096));
         assert_eq!(fs.read(b.ino, 0, 10).unwrap(), [1, 2, 3]);
         assert!(fs.lookup(a.ino, "b.npy".as_ref()).is_ok());
+        // The checkpoint itself is served, byte for byte.
+        let whole = fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap();
+        assert_eq!(fs.read(whole.ino, 0, 1 << 20).unwrap(), std::fs::read(&path).unwrap());
     }
 }

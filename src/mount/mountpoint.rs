@@ -100,6 +100,19 @@ pub fn is_mount_point(path: &Path) -> bool {
         .any(|line| line.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(canonical.as_os_str().as_bytes()))
 }
 
+/// The mount ID and type of the topmost mount on `path` (absolute, without symlinks), read from
+/// /proc/self/mountinfo alone: a dead FUSE mount is found without touching it.
+pub fn topmost_mount(path: &Path) -> Option<(u64, String)> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let on_path = |line: &str| {
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        let fs_type = line.split(" - ").nth(1)?.split(' ').next()?;
+        let here = unescape_mountinfo(fields.get(4)?) == path.as_os_str().as_bytes();
+        here.then(|| Some((fields[0].parse().ok()?, fs_type.to_string()))).flatten()
+    };
+    info.lines().rev().find_map(on_path)
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
 fn unescape_mountinfo(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
@@ -204,6 +217,8 @@ mod tests {
         fs::write(&file, b"x").unwrap();
         assert!(matches!(check_mount_point(&file), Err(MountPointError::NotADirectory)));
         assert!(is_mount_point(Path::new("/proc")));
+        assert_eq!(topmost_mount(Path::new("/proc")).map(|(_, t)| t).as_deref(), Some("proc"));
+        assert_eq!(topmost_mount(dir.path()), None);
         assert!(matches!(check_mount_point(Path::new("/proc")), Err(MountPointError::AlreadyMounted)));
         assert!(matches!(unmount(dir.path(), false), Err(MountPointError::NotMounted)));
         let nul = Path::new(std::ffi::OsStr::from_bytes(b"/a\0b"));

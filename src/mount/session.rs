@@ -15,6 +15,7 @@ use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
 use crate::mount::mountpoint::{self, MountPointError};
 use crate::mount::signals::wait_for_signal;
+use crate::mount::watcher::AutoUnmount;
 use crate::util::describe_io;
 
 /// How long to wait for the new mount to answer its first request.
@@ -29,6 +30,8 @@ pub struct ServeOptions {
     pub threads: u32,
     /// Let other users in (with default_permissions).
     pub allow_other: bool,
+    /// Let root in besides the owner (`-o allow_root`; with default_permissions).
+    pub allow_root: bool,
     /// Kernel readahead to set after mounting, in KiB (0: leave alone).
     pub kernel_readahead_kb: u32,
 }
@@ -109,6 +112,10 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
     if options.allow_other {
         config.acl = SessionACL::All;
         config.mount_options.push(MountOption::DefaultPermissions);
+    } else if options.allow_root {
+        // The kernel lets everyone in (allow_other); fuser answers only root and the owner.
+        config.acl = SessionACL::RootAndOwner;
+        config.mount_options.push(MountOption::DefaultPermissions);
     }
     config.n_threads = Some(options.threads as usize);
     // One /dev/fuse descriptor per thread spreads requests without a shared-queue bottleneck; it
@@ -119,12 +126,13 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
 }
 
 /// Mounts `fs`, calls `on_ready` once the mount answers (with the error if it never does), and
-/// serves until unmounted or signalled. Signals must already be blocked
-/// (see [`crate::mount::signals::block_signals`]).
+/// serves until unmounted or signalled; `watcher` is armed once the mount answers. Signals must
+/// already be blocked (see [`crate::mount::signals::block_signals`]).
 pub fn serve(
     fs: Arc<Fs>,
     fsname: &str,
     options: &ServeOptions,
+    mut watcher: Option<AutoUnmount>,
     on_ready: impl FnOnce(Result<(), &ServeError>),
 ) -> Result<(), ServeError> {
     let mp = options.mountpoint.clone();
@@ -148,6 +156,9 @@ pub fn serve(
                 if let Err(e) = mountpoint::set_kernel_readahead(&mp, options.kernel_readahead_kb) {
                     info!("kernel readahead left at its default: {e}");
                 }
+            }
+            if let Some(w) = watcher.as_mut() {
+                w.arm();
             }
             info!("mounted {} on {}", fsname, mp.display());
             on_ready(Ok(()));
@@ -214,7 +225,8 @@ fn open_session(
     config: &Config,
 ) -> io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
-    let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other)? else {
+    let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root)?
+    else {
         let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;
         let unmounter = Unmounter::Fuser(session.unmount_callable());
         return Ok((session, unmounter));

@@ -85,6 +85,16 @@ impl Source for LocalFile {
         self.pinned.size
     }
 
+    /// Device, inode, size, mtime and ctime (nanoseconds): what pins the file, so an in-place
+    /// rewrite with its mtime set back still changes the identity (the ctime moves).
+    fn cache_identity(&self) -> Option<String> {
+        let p = &self.pinned;
+        Some(format!(
+            "file:dev={}:ino={}:size={}:mtime={}.{:09}:ctime={}.{:09}",
+            p.dev, p.ino, p.size, p.mtime_sec, p.mtime_nsec, p.ctime_sec, p.ctime_nsec
+        ))
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

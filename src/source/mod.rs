@@ -12,6 +12,7 @@
 use std::io;
 
 pub mod http;
+pub mod hub;
 mod local;
 pub mod object;
 
@@ -34,6 +35,14 @@ pub trait Source: Send + Sync + 'static {
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>>;
     /// When the object was last modified, if known (for the mount's timestamps).
     fn modified(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+    /// What names these exact bytes across processes and restarts, for the disk cache
+    /// (`--cache-dir`): a text that changes whenever the object's bytes may have (a local file's
+    /// device, inode, size, mtime and ctime; a URL with its ETag or Last-Modified and size). Blocks
+    /// are stored under a hash of it, so it is never shown and may hold a signed URL. `None` (the
+    /// default) means "not cacheable": the source is always read from its store.
+    fn cache_identity(&self) -> Option<String> {
         None
     }
 }

@@ -12,17 +12,25 @@
 //!                        "offset": N,                   // absolute offset in the shard file
 //!                        "shard": I,                    // index into "shards"
 //!                        "path": "escaped/file/name",
-//!                        "served_dtype": "F32", "served_byte_len": N,   // only under -o as=f32
-//!                        "npy_path": "name.npy" } },                    // only under -o npy
-//!   "files": { PATH: NAME } }         // every served tensor path back to its tensor name
+//!                        "served_dtype": "F32",         // the dtype the file at `path` serves
+//!                        "served_byte_len": N,          // its size (the converted size under as=f32)
+//!                        "npy_path": "name.npy" } },    // only under -o npy
+//!   "files": { PATH: NAME },          // every served tensor path back to its tensor name
+//!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
+//!                           "shard": I } ],               // root; "shard" absent for an index
+//!   "repo_files": [ { "path": NAME, "size": N } ] }       // an hf:// repository's small files
 //! ```
+//!
+//! `checkpoint_files` and `repo_files` are empty under `-o no_checkpoint_file`, `repo_files` for
+//! anything but an `hf://` name (and each is absent before it was added: readers should treat a
+//! missing one as empty).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::format::Dtype;
-use crate::tree::namespace::Namespace;
+use crate::tree::namespace::{Namespace, ServedFile};
 
 /// Version of the schema above; bumped on incompatible changes.
 pub const METADATA_VERSION: u64 = 1;
@@ -34,6 +42,16 @@ struct Doc<'a> {
     metadata: Option<&'a BTreeMap<String, String>>,
     tensors: BTreeMap<&'a str, TensorDoc<'a>>,
     files: BTreeMap<&'a str, &'a str>,
+    checkpoint_files: Vec<ServedDoc<'a>>,
+    repo_files: Vec<ServedDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct ServedDoc<'a> {
+    path: &'a str,
+    size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -56,10 +74,8 @@ struct TensorDoc<'a> {
     offset: u64,
     shard: usize,
     path: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    served_dtype: Option<Dtype>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    served_byte_len: Option<u64>,
+    served_dtype: Dtype,
+    served_byte_len: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     npy_path: Option<&'a str>,
 }
@@ -82,7 +98,6 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
     let mut files = BTreeMap::new();
     for t in ns.tensors() {
         let relative = t.start - ns.shards()[t.shard].header.data_start();
-        let converted = t.served_dtype != t.dtype;
         tensors.insert(
             t.name.as_str(),
             TensorDoc {
@@ -93,8 +108,8 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
                 offset: t.start,
                 shard: t.shard,
                 path: &t.path,
-                served_dtype: converted.then_some(t.served_dtype),
-                served_byte_len: converted.then_some(t.served_len),
+                served_dtype: t.served_dtype,
+                served_byte_len: t.served_len,
                 npy_path: t.npy_path.as_deref(),
             },
         );
@@ -107,8 +122,15 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
         [only] => only.header.metadata.as_ref(),
         _ => None,
     };
-    let doc = Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files };
+    let (checkpoint_files, repo_files) = (served(ns.served_files()), served(ns.repo_files()));
+    let doc =
+        Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files, checkpoint_files, repo_files };
     write_one_entry_per_line(&doc)
+}
+
+/// metadata.json's entries for files served in the root.
+fn served(files: &[ServedFile]) -> Vec<ServedDoc<'_>> {
+    files.iter().map(|f| ServedDoc { path: &f.name, size: f.size, shard: f.shard }).collect()
 }
 
 /// Writes the document with one line per shard, tensor and file (each entry compact): readable
@@ -141,6 +163,14 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
     map(&mut out, &doc.tensors);
     out.extend_from_slice(b",\n  \"files\": ");
     map(&mut out, &doc.files);
+    for (key, list) in [("checkpoint_files", &doc.checkpoint_files), ("repo_files", &doc.repo_files)] {
+        let _ = write!(out, ",\n  \"{key}\": [");
+        for (i, file) in list.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+            compact(&mut out, file);
+        }
+        out.extend_from_slice(if list.is_empty() { b"]" } else { b"\n  ]" });
+    }
     out.extend_from_slice(b"\n}\n");
     out
 }

@@ -6,11 +6,14 @@
 //!    is (no Unicode normalisation: names that differ in bytes stay different files).
 //! 2. The empty name becomes `%` (a lone `%` cannot come out of rule 1).
 //! 3. `.` and `..`, and names that collide with a reserved name of the mount root
-//!    (`metadata.json`, `.stfs`), get their first byte escaped too: `.` becomes `%2E`,
-//!    `..` becomes `%2E.`, `metadata.json` becomes `%6Detadata.json`.
-//! 4. A result longer than 255 bytes (NAME_MAX) is cut at a character boundary to 200 bytes and
-//!    given the suffix `%~` plus 16 hex digits of a hash of the full name; `%~` cannot come out of
-//!    the other rules, so a shortened name never equals an escaped one.
+//!    (`metadata.json`, `.stfs`, and the files served beside the tensors: the checkpoint's own,
+//!    an `hf://` repository's `config.json` and the like), get their first byte escaped too: `.`
+//!    becomes `%2E`, `..` becomes `%2E.`, `metadata.json` becomes `%6Detadata.json`.
+//! 4. A result longer than 255 bytes (NAME_MAX), counting the extension a view adds (`.npy`), is
+//!    cut at a character boundary to 200 bytes and given the suffix `%~` plus 16 hex digits of a
+//!    hash of the full name, then the view's extension; `%~` cannot come out of the other rules, so
+//!    a shortened name never equals an escaped one. So every name of every view and layout fits
+//!    NAME_MAX ([`escape_view`]; the tree layout escapes each component by the same rules).
 //!
 //! Rules 1-3 are undone by [`unescape`]; for rule 4, metadata.json maps every file to its tensor.
 
@@ -21,6 +24,43 @@ const LONG_NAME_KEEP: usize = 200;
 
 /// Escapes a tensor name into a file name, given the names reserved in the directory it lives in.
 pub fn escape(name: &str, reserved: &[&str]) -> String {
+    shorten(escape_unbounded(name, reserved), name, 0)
+}
+
+/// The name of a view's file: [`escape`]'s name with `extension` (`.npy`, or `""` for the raw file)
+/// appended, the whole within [`NAME_MAX`] (rule 4 counts the extension). With `guard`, a name
+/// that itself ends in `guard` has that dot escaped (`x.npy` becomes `x%2Enpy`), so a raw file
+/// never looks like a view's file.
+pub fn escape_view(name: &str, reserved: &[&str], extension: &str, guard: Option<&str>) -> String {
+    let mut out = escape_unbounded(name, reserved);
+    if let Some(ext) = guard.and_then(|g| g.strip_prefix('.').map(|rest| (g, rest))) {
+        if out.ends_with(ext.0) {
+            out.truncate(out.len() - ext.0.len());
+            out.push_str("%2E");
+            out.push_str(ext.1);
+        }
+    }
+    let mut out = shorten(out, name, extension.len());
+    out.push_str(extension);
+    out
+}
+
+/// Rule 4: `out` (the escaped form of `name`) cut and hashed if it and `extra` more bytes would
+/// not fit [`NAME_MAX`].
+fn shorten(out: String, name: &str, extra: usize) -> String {
+    if out.len() + extra <= NAME_MAX {
+        return out;
+    }
+    // `%~` and 16 hex digits.
+    let mut cut = LONG_NAME_KEEP.min(NAME_MAX.saturating_sub(extra + 18));
+    while !out.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}%~{:016x}", &out[..cut], fnv1a64(name.as_bytes()))
+}
+
+/// Rules 1-3 of the module doc.
+fn escape_unbounded(name: &str, reserved: &[&str]) -> String {
     if name.is_empty() {
         return "%".to_string();
     }
@@ -36,13 +76,6 @@ pub fn escape(name: &str, reserved: &[&str]) -> String {
     if out == "." || out == ".." || reserved.contains(&out.as_str()) {
         let first = out.as_bytes()[0];
         out = format!("%{first:02X}{}", &out[1..]);
-    }
-    if out.len() > NAME_MAX {
-        let mut cut = LONG_NAME_KEEP;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out = format!("{}%~{:016x}", &out[..cut], fnv1a64(name.as_bytes()));
     }
     out
 }

@@ -1,11 +1,13 @@
 //! The virtual tree: inodes, names, attributes and contents of every file a mount shows, and how
 //! tensors are laid out into it (`lay_out`; `build.rs` adds metadata.json). Pure data.
 //!
-//! Inode numbers are assigned in a fixed order (root, reserved files, then tensors in shard and offset
-//! order), so the same checkpoint gets the same numbers on every mount.
+//! Inode numbers are assigned in a fixed order (root, reserved files, the checkpoint's own files,
+//! the repository's small files, then tensors in shard and offset order), so the same checkpoint
+//! gets the same numbers on every mount.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -23,7 +25,8 @@ pub const METADATA_NAME: &str = "metadata.json";
 pub const CONTROL_DIR: &str = ".stfs";
 /// Name of the live counters file inside [`CONTROL_DIR`].
 pub const STATS_NAME: &str = "stats.json";
-/// Names no tensor file may take in the root.
+/// Names no tensor file may take in the root (nor may the checkpoint's own files and the
+/// repository's small files, which take the next places: a tensor file never takes theirs either).
 pub const RESERVED: &[&str] = &[METADATA_NAME, CONTROL_DIR];
 /// In tree layout, the file name a tensor takes inside the directory of the same name.
 pub const SELF_NAME: &str = "%self";
@@ -43,7 +46,8 @@ pub enum Layout {
 pub struct Views {
     /// Also show `NAME.npy`: a NumPy header followed by the tensor's bytes.
     pub npy: bool,
-    /// Serve float tensors (BF16, F16, F8, F4, F64, and integers) converted to little-endian F32.
+    /// Serve float tensors (BF16, F16, F8, F4, F64) converted to little-endian F32; integer and
+    /// bool tensors keep their bytes ([`crate::views::f32::served_as_f32`]).
     pub as_f32: bool,
 }
 
@@ -56,6 +60,40 @@ pub struct Shard {
     pub name: String,
     /// The validated header.
     pub header: Header,
+    /// The name the shard file itself is re-served under in the root, if it is.
+    pub file: Option<String>,
+}
+
+/// A small file served in the root as it was read at open.
+#[derive(Debug, Clone)]
+pub struct RootFile {
+    /// Its name in the root.
+    pub name: String,
+    /// Its bytes.
+    pub bytes: Arc<[u8]>,
+    /// What it is.
+    pub kind: RootKind,
+}
+
+/// What a [`RootFile`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootKind {
+    /// An `*.index.json` of the checkpoint (listed in metadata.json's `checkpoint_files`).
+    Index,
+    /// A small file of the repository beside the checkpoint, `config.json`, tokenizer files
+    /// (listed in metadata.json's `repo_files`).
+    Repo,
+}
+
+/// A checkpoint or repository file served in the root, for metadata.json.
+#[derive(Debug, Clone)]
+pub struct ServedFile {
+    /// Its name in the root.
+    pub name: String,
+    /// The shard it is, or `None` for an index file.
+    pub shard: Option<usize>,
+    /// Its size.
+    pub size: u64,
 }
 
 /// One tensor, resolved to its bytes in a backing source.
@@ -77,7 +115,7 @@ pub struct Tensor {
     pub len: u64,
     /// Path of its file, relative to the mount root.
     pub path: String,
-    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for convertible types.
+    /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for float types.
     pub served_dtype: Dtype,
     /// The size of its file: `len`, or the converted size.
     pub served_len: u64,
@@ -99,6 +137,8 @@ pub enum Content {
     },
     /// Tensor `i` converted element by element to little-endian F32 (`-o as=f32`).
     F32(usize),
+    /// The whole file of shard `i`, byte for byte.
+    Checkpoint(usize),
     /// Fixed bytes built at mount time (metadata.json).
     Bytes(Arc<[u8]>),
     /// The live counters, rendered when the file is opened.
@@ -174,6 +214,12 @@ pub struct Namespace {
     nodes: Vec<Node>,
     tensors: Vec<Tensor>,
     shards: Vec<Shard>,
+    /// For each shard, the range of [`Namespace::tensors`] it holds.
+    shard_tensors: Vec<Range<usize>>,
+    /// The checkpoint's own files served in the root.
+    served: Vec<ServedFile>,
+    /// The repository's small files served in the root.
+    repo_served: Vec<ServedFile>,
 }
 
 impl Namespace {
@@ -181,31 +227,40 @@ impl Namespace {
     /// it). Tensor names are unique across shards (checked by the caller). Each shard's tensor list
     /// is moved into [`Namespace::tensors`] (not copied: a header may hold a million entries), so
     /// the kept shards' `header.tensors` are empty.
-    pub(super) fn lay_out(mut shards: Vec<Shard>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
-        let mut ns = Namespace { nodes: Vec::new(), tensors: Vec::new(), shards: Vec::new() };
+    pub(super) fn lay_out(
+        mut shards: Vec<Shard>,
+        root_files: Vec<RootFile>,
+        layout: Layout,
+        views: Views,
+    ) -> Result<Namespace, NameClash> {
+        let mut ns = Namespace {
+            nodes: Vec::new(),
+            tensors: Vec::new(),
+            shards: Vec::new(),
+            shard_tensors: Vec::new(),
+            served: Vec::new(),
+            repo_served: Vec::new(),
+        };
         ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
         ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
         let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
         ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
+        let reserved = ns.add_checkpoint_files(&mut shards, root_files);
+        let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
 
         for (shard_index, shard) in shards.iter_mut().enumerate() {
+            let first = ns.tensors.len();
             for info in std::mem::take(&mut shard.header.tensors) {
                 let i = ns.tensors.len();
                 let start = shard.header.data_start() + info.data_offsets.0;
                 let len = info.byte_len();
                 let elements = info.shape.iter().product::<u64>();
                 let (content, served_len) = match crate::views::f32::converted_len(info.dtype, elements) {
-                    Some(n)
-                        if views.as_f32
-                            && info.dtype != Dtype::F32
-                            && crate::views::f32::f32_convertible(info.dtype) =>
-                    {
-                        (Content::F32(i), n)
-                    }
+                    Some(n) if views.as_f32 && crate::views::f32::served_as_f32(info.dtype) => (Content::F32(i), n),
                     _ => (Content::Tensor(i), len),
                 };
                 let content_kind = content.clone();
-                let path = ns.place(layout, views, &info.name, content, served_len, "")?;
+                let path = ns.place(&reserved, layout, views, &info.name, content, served_len, "")?;
                 let npy_header =
                     if views.npy { crate::views::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
                 ns.tensors.push(Tensor {
@@ -226,11 +281,12 @@ impl Namespace {
                     let size = header.len() as u64 + len;
                     let content = Content::Npy { tensor: i, header: header.into() };
                     let name = std::mem::take(&mut ns.tensors[i].name);
-                    let placed = ns.place(layout, views, &name, content, size, ".npy");
+                    let placed = ns.place(&reserved, layout, views, &name, content, size, ".npy");
                     ns.tensors[i].name = name;
                     ns.tensors[i].npy_path = Some(placed?);
                 }
             }
+            ns.shard_tensors.push(first..ns.tensors.len());
         }
         for node in &mut ns.nodes {
             if let NodeKind::Dir(d) = &mut node.kind {
@@ -248,9 +304,94 @@ impl Namespace {
         self.nodes[(ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
     }
 
-    /// Adds the file for one tensor under its escaped path; returns the path.
+    /// Adds the checkpoint's own files to the root: each shard that has a [`Shard::file`] name,
+    /// then the index files, then the repository's files. A name already taken (a reserved one, or
+    /// an earlier file's) is left out: that file is not served. Returns every name tensors may not
+    /// take in the root.
+    fn add_checkpoint_files(&mut self, shards: &mut [Shard], root_files: Vec<RootFile>) -> Vec<String> {
+        let mut reserved: Vec<String> = RESERVED.iter().map(|r| r.to_string()).collect();
+        let mut claim = |name: &Option<String>| match name {
+            Some(n) if !reserved.contains(n) => {
+                reserved.push(n.clone());
+                true
+            }
+            Some(n) => {
+                log::warn!("file {n:?} is not served: the name is taken");
+                false
+            }
+            None => false,
+        };
+        for (i, shard) in shards.iter_mut().enumerate() {
+            if !claim(&shard.file) {
+                shard.file = None;
+                continue;
+            }
+            let name = shard.file.clone().unwrap_or_default();
+            let size = shard.header.file_len;
+            self.add_file(ROOT_INO, name.clone(), Content::Checkpoint(i), size);
+            self.served.push(ServedFile { name, shard: Some(i), size });
+        }
+        let (index_files, repo_files): (Vec<_>, Vec<_>) =
+            root_files.into_iter().partition(|f| f.kind == RootKind::Index);
+        for file in index_files.into_iter().chain(repo_files) {
+            if claim(&Some(file.name.clone())) {
+                let size = file.bytes.len() as u64;
+                self.add_file(ROOT_INO, file.name.clone(), Content::Bytes(file.bytes), size);
+                let served = ServedFile { name: file.name, shard: None, size };
+                match file.kind {
+                    RootKind::Index => self.served.push(served),
+                    RootKind::Repo => self.repo_served.push(served),
+                }
+            }
+        }
+        reserved
+    }
+
+    /// The byte range within shard `shard`'s file that a read of `range` of the re-served file is
+    /// in, as the engine's readahead wants it (`extent` of [`crate::engine::Engine::read_in`]): the
+    /// tensor the read is in, or the header before the first tensor. A read that takes in a
+    /// tensor's first byte reads that tensor from its start, as a reader of its tensor file does
+    /// at offset 0: its range then starts where the read does (the last such tensor, if several).
+    pub fn checkpoint_extent(&self, shard: usize, range: Range<u64>) -> Range<u64> {
+        let (Some(s), Some(indices)) = (self.shards.get(shard), self.shard_tensors.get(shard)) else {
+            return 0..u64::MAX;
+        };
+        let tensors = &self.tensors[indices.clone()];
+        let data_start = s.header.data_start();
+        // The last non-empty tensor starting before the read's end.
+        let mut i = tensors.partition_point(|t| t.start < range.end);
+        while i > 0 && tensors[i - 1].len == 0 {
+            i -= 1;
+        }
+        let Some(t) = i.checked_sub(1).map(|i| &tensors[i]) else {
+            return 0..data_start;
+        };
+        let end = t.start + t.len;
+        if t.start >= range.start {
+            range.start..end
+        } else if range.start < end {
+            t.start..end
+        } else {
+            end..s.header.file_len.max(end)
+        }
+    }
+
+    /// The checkpoint's own files served in the root, shards first.
+    pub fn served_files(&self) -> &[ServedFile] {
+        &self.served
+    }
+
+    /// The repository's small files served in the root, in name order.
+    pub fn repo_files(&self) -> &[ServedFile] {
+        &self.repo_served
+    }
+
+    /// Adds the file for one tensor under its escaped path (`reserved`: the names it may not take
+    /// in the root); returns the path.
+    #[allow(clippy::too_many_arguments)]
     fn place(
         &mut self,
+        reserved_in_root: &[&str],
         layout: Layout,
         views: Views,
         name: &str,
@@ -270,7 +411,7 @@ impl Namespace {
         let mut dir = ROOT_INO;
         let mut path = String::new();
         for part in dirs {
-            let reserved = if dir == ROOT_INO { RESERVED } else { &[] };
+            let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
             let file_name = names::escape(part, reserved);
             path.push_str(&file_name);
             path.push('/');
@@ -281,14 +422,10 @@ impl Namespace {
                 None => self.add_dir(dir, file_name),
             };
         }
-        let reserved = if dir == ROOT_INO { RESERVED } else { &[] };
-        let mut file_name = names::escape(leaf, reserved);
-        if views.npy && suffix.is_empty() && file_name.ends_with(".npy") {
-            // With the .npy view on, a raw file may not end in `.npy`: escape that dot (`x%2Enpy`).
-            file_name.truncate(file_name.len() - 4);
-            file_name.push_str("%2Enpy");
-        }
-        file_name.push_str(suffix);
+        let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
+        // With the .npy view on, a raw file may not end in `.npy`: that dot is escaped (`x%2Enpy`).
+        let guard = (views.npy && suffix.is_empty()).then_some(".npy");
+        let file_name = names::escape_view(leaf, reserved, suffix, guard);
         if let Some(existing) = self.dir(dir).and_then(|d| d.get(&file_name)) {
             if layout == Layout::Tree && self.dir(existing).is_some() {
                 // A directory of this name exists: the tensor lives inside it.

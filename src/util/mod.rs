@@ -1,6 +1,8 @@
-//! Small helpers every layer may use: one locking policy, the wording of I/O errors, sizes.
+//! Small helpers every layer may use: one locking policy, the wording of I/O errors, sizes, and
+//! the "did you mean" of a misspelt name.
 
 pub mod size;
+pub mod suggest;
 #[cfg(test)]
 pub(crate) mod test_support;
 

@@ -1,4 +1,5 @@
-//! Human-readable byte sizes: `4096`, `512K`, `64M`, `2G`, `1T` (binary multiples; `KiB`/`KB`/`k` alike).
+//! Human-readable byte sizes: `4096`, `512K`, `64M`, `1.5G`, `1T` (binary multiples; `KiB`/`KB`/`k`
+//! alike; a decimal fraction is rounded down to whole bytes).
 
 use std::fmt;
 
@@ -46,14 +47,19 @@ impl fmt::Display for SizeError {
 
 impl std::error::Error for SizeError {}
 
-/// Parses a size; the suffix is a power of 1024.
+/// Parses a size; the suffix is a power of 1024. The number may have a decimal fraction (`1.5G`
+/// is 1536M), and the size is rounded down to whole bytes (`1.3K` is 1331).
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits);
-    if number.is_empty() {
+    let whole_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (whole, rest) = t.split_at(whole_end);
+    if whole.is_empty() {
         return Err(SizeError::NotANumber { text: text.to_string() });
     }
+    // A fraction is a dot followed by at least one digit; anything else after the dot is the unit.
+    let fraction_len = rest.strip_prefix('.').map_or(0, |r| r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len()));
+    let (fraction, suffix) =
+        if fraction_len > 0 { (&rest[1..=fraction_len], &rest[1 + fraction_len..]) } else { ("", rest) };
     let shift = match suffix.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
         "" => 0,
         "K" => 10,
@@ -62,8 +68,17 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         "T" => 40,
         _ => return Err(SizeError::UnknownUnit { text: text.to_string(), unit: suffix.to_string() }),
     };
-    let n: u64 = number.parse().map_err(|_| SizeError::NumberTooLarge { text: text.to_string() })?;
-    n.checked_mul(1u64 << shift).ok_or_else(|| SizeError::TooLarge { text: text.to_string() })
+    let n: u64 = whole.parse().map_err(|_| SizeError::NumberTooLarge { text: text.to_string() })?;
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(|| SizeError::TooLarge { text: text.to_string() })?;
+    // Digits past the 19th cannot change a size below 2^40 * 10 by a byte: drop them, so the
+    // arithmetic stays within u128.
+    let fraction = &fraction[..fraction.len().min(19)];
+    let numerator: u128 = if fraction.is_empty() { 0 } else { fraction.parse().unwrap_or(0) };
+    let part = (numerator << shift) / 10u128.pow(fraction.len() as u32);
+    u64::try_from(part)
+        .ok()
+        .and_then(|part| bytes.checked_add(part))
+        .ok_or_else(|| SizeError::TooLarge { text: text.to_string() })
 }
 
 /// Formats a byte count with the largest exact binary unit (`8M`, `1536K`, `100`).
@@ -93,7 +108,19 @@ mod tests {
         ] {
             assert_eq!(parse_size(text), Ok(n), "{text}");
         }
-        for bad in ["", "M", "12Q", "-1", "1.5G", "99999999999999999999", "20000000T"] {
+        for (text, n) in [
+            ("1.5G", 1536 << 20),
+            ("0.75M", 768 << 10),
+            ("1.3K", 1331),
+            ("2.5", 2),
+            ("1.0000000000000000000000001T", 1 << 40),
+            ("0.5MiB", 512 << 10),
+        ] {
+            assert_eq!(parse_size(text), Ok(n), "{text}");
+        }
+        for bad in
+            ["", "M", "12Q", "-1", "1.5.2G", ".5G", "1.G", "1,5G", "99999999999999999999", "20000000T", "16777216.5T"]
+        {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
         let refused = |text: &str| parse_size(text).unwrap_err().to_string();

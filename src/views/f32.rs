@@ -77,6 +77,25 @@ fn source_bits(dtype: Dtype) -> Option<u64> {
     }
 }
 
+/// Whether `-o as=f32` serves a tensor of `dtype` converted: the float dtypes other than F32 (BF16,
+/// F16, the F8 family, F4, F64). Integer and BOOL tensors keep their raw bytes and dtype: their
+/// values are not floats, an I64 or U32 above 2^24 would not survive the trip, and code reading an
+/// index or a mask expects its own dtype. (They still convert with [`convert_to_f32`].)
+pub fn served_as_f32(dtype: Dtype) -> bool {
+    matches!(
+        dtype,
+        Dtype::BF16
+            | Dtype::F16
+            | Dtype::F64
+            | Dtype::F4
+            | Dtype::F8_E5M2
+            | Dtype::F8_E4M3
+            | Dtype::F8_E8M0
+            | Dtype::F8_E4M3FNUZ
+            | Dtype::F8_E5M2FNUZ
+    )
+}
+
 /// Whether `dtype` has an `as=f32` view (see the module table).
 pub fn f32_convertible(dtype: Dtype) -> bool {
     source_bits(dtype).is_some()
@@ -360,6 +379,17 @@ mod tests {
         let mut out = Vec::new();
         convert_to_f32(Dtype::F32, &src, &mut out).unwrap();
         assert_eq!(out, src);
+    }
+
+    #[test]
+    fn only_floats_are_served_converted() {
+        for dtype in Dtype::ALL {
+            let name = dtype.name();
+            let float = name.starts_with("BF") || (name.starts_with('F') && dtype != Dtype::F32);
+            let unpacked = !matches!(dtype, Dtype::F6_E2M3 | Dtype::F6_E3M2);
+            assert_eq!(served_as_f32(dtype), float && unpacked, "{dtype:?}");
+            assert!(!served_as_f32(dtype) || f32_convertible(dtype), "{dtype:?}");
+        }
     }
 
     #[test]

@@ -126,12 +126,19 @@ impl Mount {
     /// `stfs mount SOURCE MP EXTRA...` in the default (background) mode; the command must exit 0
     /// and, by contract, the mount must answer as soon as it has.
     pub fn new(source: &Path, extra: &[&str]) -> Mount {
+        Mount::with_env(source, extra, &[])
+    }
+
+    /// [`Mount::new`] with extra environment variables for `stfs mount` (and so for its daemon).
+    pub fn with_env(source: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Mount {
         let dir = tempfile::Builder::new().prefix("stfs-mnt-").tempdir().expect("mount dir");
         let path = dir.path().join("m");
         std::fs::create_dir(&path).unwrap();
         let mut args = vec!["mount", source.to_str().unwrap(), path.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let out = stfs(&args);
+        let mut command = Command::new(STFS);
+        command.args(&args).envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped());
+        let out = wait_output(command.stderr(Stdio::piped()).spawn().expect("spawn stfs"), TIMEOUT);
         let guard = Mount { _dir: dir, path };
         assert!(out.status.success(), "stfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
         assert!(is_mounted(&guard.path), "stfs mount returned 0 but nothing is mounted");
@@ -198,9 +205,23 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// Pid of the stfs daemon serving `mp`, found by its command line in /proc.
 pub fn daemon_pid(mp: &Path) -> Option<i32> {
+    stfs_process(mp, |comm| comm != "stfs-watch")
+}
+
+/// Pid of the `auto_unmount` watcher of the mount on `mp` (its name is stfs-watch).
+pub fn watcher_pid(mp: &Path) -> Option<i32> {
+    stfs_process(mp, |comm| comm == "stfs-watch")
+}
+
+/// A process of the stfs binary whose command line names `mp` and whose name (comm) `comm_ok` takes.
+fn stfs_process(mp: &Path, comm_ok: impl Fn(&str) -> bool) -> Option<i32> {
     let want = mp.to_str()?;
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        if !comm_ok(comm.trim_end()) {
+            return None;
+        }
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
         (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.contains(&want.as_bytes())).then_some(pid)

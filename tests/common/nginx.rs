@@ -65,6 +65,16 @@ impl Nginx {
 
     /// [`Nginx::start`], also serving the directory over HTTPS with `(certificate, key)` (PEM files).
     pub fn start_with_tls(tls: Option<(&Path, &Path)>) -> Option<Nginx> {
+        Nginx::start_configured(tls, "")
+    }
+
+    /// [`Nginx::start`] with `directives` added to the plain-HTTP server block (`location`s,
+    /// `default_type`, ...).
+    pub fn start_with_directives(directives: &str) -> Option<Nginx> {
+        Nginx::start_configured(None, directives)
+    }
+
+    fn start_configured(tls: Option<(&Path, &Path)>, directives: &str) -> Option<Nginx> {
         let program = find_nginx()?;
         let dir = tempfile::Builder::new().prefix("stfs-nginx-").tempdir().unwrap();
         let d = dir.path().display();
@@ -91,7 +101,7 @@ impl Nginx {
                     client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;
                     uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
                     keepalive_requests 100000;
-                    server {{ listen 127.0.0.1:{port}; root {d}/www; }}
+                    server {{ listen 127.0.0.1:{port}; root {d}/www; {directives} }}
                     {tls_server} }}"
         );
         std::fs::write(dir.path().join("nginx.conf"), config).unwrap();

@@ -60,6 +60,28 @@ def test_shell_example(sample_mount, reference):
     assert f"cmp against checkpoint: {len(reference)} tensors ok" in out
 
 
+def test_readme_memmap_example(sample_mount, reference):
+    """The README's np.memmap example takes dtype and shape from metadata.json and reads the tensor."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "np.memmap(" in b)
+    scope = {}
+    exec(block.replace('"/mnt/model"', repr(sample_mount)), scope)
+    a = scope["a"]
+    want = reference["lm_head.weight"]
+    assert a.dtype == want.dtype and a.shape == want.shape and np.array_equal(a, want)
+    del a, scope
+
+
+def test_shell_example_fails_without_stfs(sample_mount):
+    # Before: "0 tensors ok" and exit 0 when the binary was not there.
+    for missing in ["/nonexistent/stfs", "stfs-not-installed"]:
+        out = subprocess.run(["bash", os.path.join(EXAMPLES, "shell.sh"), sample_mount, SAMPLE],
+                             env={**os.environ, "STFS": missing}, capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.returncode != 0, out
+        assert "tensors ok" not in out.stdout, out.stdout
+        assert "not found" in out.stderr, out.stderr
+
+
 def test_numpy_example(sample_mount, reference):
     out = run(["python3", os.path.join(EXAMPLES, "numpy_load.py"), sample_mount])
     sums = sums_by_tensor(out)
@@ -106,6 +128,19 @@ def test_c_example(sample_mount, reference, tmp_path):
         assert math.isclose(float(m.group(3)), ref_sum(array), rel_tol=1e-9, abs_tol=1e-9), name
         values = [float(x) for x in out.splitlines()[1].split(":", 1)[1].split()]
         assert np.array_equal(np.array(values, dtype=np.float32), flat[first : first + 3]), out
+    # What it cannot sum as float32 is refused: BF16 bytes, a .npy view (its header), a file off the mount.
+    bf16 = next(name for name, a in reference.items() if a.dtype != np.float32)
+    f32 = next(name for name, a in reference.items() if a.dtype == np.float32)
+    plain = tmp_path / "plain"
+    shutil.copyfile(os.path.join(sample_mount, f32), plain)
+    for path in [os.path.join(sample_mount, bf16), os.path.join(sample_mount, f32 + ".npy"), str(plain)]:
+        out = subprocess.run([str(binary), path], capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.returncode == 1 and out.stdout == "", (path, out)
+        assert "not float32" in out.stderr or "not a tensor file" in out.stderr, out.stderr
+    # Under --as f32 a BF16 tensor's file is float32, and is summed.
+    with mounted(SAMPLE, "--as", "f32") as mp:
+        out = run([str(binary), os.path.join(mp, bf16)])
+        assert math.isclose(float(re.search(r"sum=(\S+)", out).group(1)), ref_sum(reference[bf16].astype(np.float32)))
 
 
 def test_extract_and_cat_match_the_reference(reference, tmp_path):

@@ -35,10 +35,12 @@ def test_f32_view_matches_ml_dtypes_bit_for_bit(tmp_path):
         "e4m3fnuz": ("float8_e4m3fnuz", special_values(ml_dtypes.float8_e4m3fnuz)),
         "e5m2fnuz": ("float8_e5m2fnuz", special_values(ml_dtypes.float8_e5m2fnuz)),
         "f32": ("float32", rng.standard_normal(1000).astype(np.float32)),
-        "i16": ("int16", rng.integers(-32768, 32767, 999, dtype=np.int16)),
     }
+    ints = {"i16": rng.integers(-32768, 32767, 999, dtype=np.int16), "i64": np.arange(-5, 2**40, 2**37)}
     path = tmp_path / "views.safetensors"
-    safetensors.serialize_file({k: spec(d, a) for k, (d, a) in arrays.items()}, str(path))
+    specs = {k: spec(d, a) for k, (d, a) in arrays.items()}
+    specs.update({k: spec(str(a.dtype), a) for k, a in ints.items()})
+    safetensors.serialize_file(specs, str(path))
     with mounted(path, "--as", "f32", "--block-size", "4K", "--cache-size", "16K") as mp:
         meta = json.load(open(os.path.join(mp, "metadata.json")))
         for name, (_, a) in arrays.items():
@@ -46,8 +48,13 @@ def test_f32_view_matches_ml_dtypes_bit_for_bit(tmp_path):
             want = a.astype(np.float32)
             assert served.view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
             assert os.path.getsize(os.path.join(mp, name)) == 4 * a.size
-            if name != "f32":
-                assert meta["tensors"][name]["served_dtype"] == "F32"
+            assert meta["tensors"][name]["served_dtype"] == "F32"
+        # Integer tensors are not converted: raw bytes, own dtype, own size.
+        for name, a in ints.items():
+            assert open(os.path.join(mp, name), "rb").read() == a.tobytes(), name
+            entry = meta["tensors"][name]
+            assert (entry["dtype"], entry["served_dtype"]) == (entry["dtype"], entry["dtype"]), name
+            assert entry["served_byte_len"] == a.nbytes == os.path.getsize(os.path.join(mp, name)), name
 
 
 def test_npy_view_loads_with_numpy(tmp_path):

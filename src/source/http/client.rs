@@ -2,7 +2,7 @@
 //! classification of failures, and the retry loop around it.
 
 use super::auth::Authorizer;
-use super::error::{HttpError, Refusal};
+use super::error::{HttpError, Refusal, Stalled, Timeout};
 use super::options::{HttpOptions, ProxySetting};
 use super::pin::{header_text, Pin};
 use super::retry::{parse_retry_after, RetryPolicy};
@@ -10,13 +10,27 @@ use super::url::{display_name, is_hub_url, parse_http_url, resolve_location, sam
 use crate::stats::Stats;
 use crate::util::lock;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RANGE, RETRY_AFTER};
 use ureq::http::{Request, Response, Uri};
 use ureq::{Agent, Body};
 
 /// Redirect hops followed per request before giving up.
 const MAX_REDIRECTS: usize = 10;
+
+/// How long after a read timed out a read of the same bytes is taken for a repeat: the kernel asks
+/// again for the page a failed read needed, straight away and twice, and each repeat would
+/// otherwise hold the reader for another whole timeout.
+pub(crate) const STALL_MEMORY: Duration = Duration::from_secs(1);
+
+/// The time a repeat is given, in one try: enough for a server that has woken up to answer.
+pub(crate) const REPEAT_BUDGET: Duration = Duration::from_millis(500);
+
+/// A range whose read timed out, and when.
+struct Stall {
+    range: (u64, u64),
+    at: Instant,
+}
 
 /// The bearer token to send: the explicit one, else `HF_TOKEN` (read through `hf_token`) for hub URLs
 /// when the user gave no Authorization header of their own.
@@ -68,9 +82,21 @@ pub(crate) struct Remote {
     redirect_target: Mutex<Option<Uri>>,
     /// Per-request credentials for the origin (object stores).
     auth: Option<Authorizer>,
+    /// The longest one call of [`Remote::with_retries`] waits, retries included.
+    timeout: Duration,
+    /// While the source is being opened as part of a checkpoint: when the whole opening must end.
+    opening_deadline: Mutex<Option<Instant>>,
+    /// The last read that timed out.
+    last_stall: Mutex<Option<Stall>>,
 }
 
 impl Remote {
+    /// The URL as given, query string included (two objects told apart by their query must not
+    /// share cached blocks); for the disk cache's key only, never printed.
+    pub fn identity_url(&self) -> String {
+        self.uri.to_string()
+    }
+
     /// Validates the URL and the options and prepares the shared agent configuration; `name` is
     /// what messages call the object (by default the URL without credentials or query).
     pub fn new(url: &str, name: Option<&str>, options: &HttpOptions) -> Result<Remote, HttpError> {
@@ -124,6 +150,9 @@ impl Remote {
             cache_redirects: options.cache_redirects,
             redirect_target: Mutex::new(None),
             auth: options.auth.clone(),
+            timeout: options.timeout,
+            opening_deadline: Mutex::new(options.deadline),
+            last_stall: Mutex::new(None),
         })
     }
 
@@ -132,48 +161,101 @@ impl Remote {
         Agent::new_with_config(self.config.clone())
     }
 
-    /// Runs `attempt` until it succeeds, fails permanently, or the policy's tries are used up.
-    pub fn with_retries<T>(&self, mut attempt: impl FnMut() -> Result<T, Failure>) -> Result<T, HttpError> {
-        let attempts = self.retry.attempts.max(1);
+    /// The longest one read waits, retries included.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Ends the opening: later calls each get their own timeout instead of the opening's deadline.
+    pub fn opened(&self) {
+        *lock(&self.opening_deadline) = None;
+    }
+
+    /// Whether a read of `range` repeats one that timed out less than [`STALL_MEMORY`] ago (the
+    /// ranges overlap): it then gets one try of [`REPEAT_BUDGET`] instead of a whole timeout.
+    pub fn repeats_a_stall(&self, (first, last): (u64, u64)) -> bool {
+        let slot = lock(&self.last_stall);
+        slot.as_ref().is_some_and(|s| s.at.elapsed() < STALL_MEMORY && first <= s.range.1 && s.range.0 <= last)
+    }
+
+    /// Remembers a read of `range` that failed with `error`, if it timed out, for
+    /// [`Remote::repeats_a_stall`].
+    pub fn note_failure(&self, error: &HttpError, range: (u64, u64)) {
+        if matches!(error, HttpError::TimedOut(_)) {
+            *lock(&self.last_stall) = Some(Stall { range, at: Instant::now() });
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, fails permanently, the policy's tries are used up, or the
+    /// time allowed runs out: the timeout from now, or the opening's deadline if that comes first.
+    /// Each attempt is told the deadline, which bounds every wait on the socket.
+    pub fn with_retries<T>(&self, attempt: impl FnMut(Instant) -> Result<T, Failure>) -> Result<T, HttpError> {
+        self.with_retries_within(self.timeout, self.retry.attempts, attempt)
+    }
+
+    /// [`Remote::with_retries`] with at most `attempts` tries, all within `budget`.
+    pub fn with_retries_within<T>(
+        &self,
+        budget: Duration,
+        attempts: u32,
+        mut attempt: impl FnMut(Instant) -> Result<T, Failure>,
+    ) -> Result<T, HttpError> {
+        let attempts = attempts.max(1);
+        let now = Instant::now();
+        let deadline = lock(&self.opening_deadline).map_or(now + budget, |d| d.min(now + budget));
         let mut retry = 0;
         loop {
             let started = Instant::now();
-            let outcome = attempt();
+            let outcome = attempt(deadline);
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.stats.record_http_latency(micros);
             let failure = match outcome {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
             };
-            if !failure.transient || retry + 1 >= attempts {
-                if failure.transient {
-                    // The error names the URL already.
-                    log::warn!("giving up after {attempts} tries: {}", failure.error);
-                    return Err(HttpError::GaveUp { attempts, last: Box::new(failure.error) });
-                }
+            if !failure.transient {
                 return Err(failure.error);
             }
             let delay = self.retry.delay(retry, failure.retry_after);
-            log::info!("{}; retrying in {} ms", failure.error, delay.as_millis());
-            Stats::add(&self.stats.http_retries, 1);
-            std::thread::sleep(delay);
-            retry += 1;
+            let out_of_time = Instant::now() + delay >= deadline;
+            if retry + 1 < attempts && !out_of_time {
+                log::info!("{}: {}; retrying in {} ms", self.name, failure.error, delay.as_millis());
+                Stats::add(&self.stats.http_retries, 1);
+                std::thread::sleep(delay);
+                retry += 1;
+                continue;
+            }
+            let error = match failure.error {
+                // The time allowed is what ran out: say so, with that bound.
+                HttpError::TimedOut(timeout) if out_of_time => {
+                    HttpError::TimedOut(Box::new(Timeout { after: budget, ..*timeout }))
+                }
+                HttpError::TimedOut(timeout) => {
+                    let last = HttpError::TimedOut(Box::new(Timeout { after: now.elapsed(), ..*timeout }));
+                    HttpError::GaveUp { attempts: retry + 1, last: Box::new(last) }
+                }
+                error => HttpError::GaveUp { attempts: retry + 1, last: Box::new(error) },
+            };
+            log::warn!("{}: {error}", self.name);
+            return Err(error);
         }
     }
 
     /// Sends `GET` for bytes `first..=last` (with the pin's precondition, if any) and returns the first
-    /// response that is not a redirect. Uses the cached redirect target first; if that refuses us
-    /// (typically an expired signature), forgets it and starts again from the original URL.
+    /// response that is not a redirect; every wait of it, its body's included, ends by `deadline`.
+    /// Uses the cached redirect target first; if that refuses us (typically an expired signature),
+    /// forgets it and starts again from the original URL.
     pub fn get_range(
         &self,
         agent: &Agent,
         first: u64,
         last: u64,
         pin: Option<&Pin>,
+        deadline: Instant,
     ) -> Result<Response<Body>, Failure> {
         let cached = lock(&self.redirect_target).clone();
         if let Some(target) = cached {
-            let (response, _) = self.follow(agent, target.clone(), first, last, pin)?;
+            let (response, _) = self.follow(agent, target.clone(), (first, last), pin, deadline)?;
             if !matches!(response.status().as_u16(), 401 | 403 | 404 | 410) {
                 return Ok(response);
             }
@@ -183,7 +265,7 @@ impl Remote {
                 *slot = None;
             }
         }
-        let (response, final_uri) = self.follow(agent, self.uri.clone(), first, last, pin)?;
+        let (response, final_uri) = self.follow(agent, self.uri.clone(), (first, last), pin, deadline)?;
         if self.cache_redirects && final_uri != self.uri && response.status().as_u16() == 206 {
             *lock(&self.redirect_target) = Some(final_uri);
         }
@@ -196,11 +278,15 @@ impl Remote {
         &self,
         agent: &Agent,
         mut uri: Uri,
-        first: u64,
-        last: u64,
+        (first, last): (u64, u64),
         pin: Option<&Pin>,
+        deadline: Instant,
     ) -> Result<(Response<Body>, Uri), Failure> {
         for _hop in 0..=MAX_REDIRECTS {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(self.timed_out(&uri, Stalled::Answer, (first, last)));
+            }
             let mut request = Request::get(uri.clone()).header(RANGE, format!("bytes={first}-{last}"));
             if let Some((name, value)) = pin.and_then(Pin::precondition) {
                 request = request.header(name, value);
@@ -219,8 +305,11 @@ impl Remote {
             let request = request
                 .body(())
                 .map_err(|_| Failure::permanent(HttpError::BadOption("a header could not be encoded".to_string())))?;
+            // The whole exchange, body included, ends by the deadline: a server that trickles its
+            // answer a byte at a time is cut off as surely as a silent one.
+            let request = agent.configure_request(request).timeout_global(Some(remaining)).build();
             Stats::add(&self.stats.http_requests, 1);
-            let response = agent.run(request).map_err(|e| self.transport_failure(e))?;
+            let response = agent.run(request).map_err(|e| self.transport_failure(e, &uri, (first, last)))?;
             let location = header_text(response.headers(), &LOCATION).unwrap_or_default();
             // An object store's 301 without Location names the bucket's region instead: a status.
             if !matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308) || location.is_empty() {
@@ -267,9 +356,29 @@ impl Remote {
         HttpError::Protocol { name: self.name.clone(), detail }
     }
 
+    /// A try cut off by a timeout while `uri`'s server had yet to do `stage` for bytes `range`.
+    /// Transient: the next try may find the server awake (if time remains).
+    pub fn timed_out(&self, uri: &Uri, stage: Stalled, range: (u64, u64)) -> Failure {
+        let server = uri.authority().map_or_else(|| "the server".to_string(), |a| a.host().to_string());
+        let server = match uri.port_u16() {
+            Some(port) => format!("{server}:{port}"),
+            None => server,
+        };
+        let timeout = Timeout { name: self.name.clone(), server, stage, range, after: Duration::ZERO };
+        let error = HttpError::TimedOut(Box::new(timeout));
+        Failure::transient(error)
+    }
+
     /// Maps a ureq error to a failure without echoing URLs (which may carry signatures).
-    fn transport_failure(&self, error: ureq::Error) -> Failure {
+    fn transport_failure(&self, error: ureq::Error, uri: &Uri, range: (u64, u64)) -> Failure {
         use ureq::Error as E;
+        if let E::Timeout(reason) = error {
+            let stage = match reason {
+                ureq::Timeout::Resolve | ureq::Timeout::Connect => Stalled::Connect,
+                _ => Stalled::Answer,
+            };
+            return self.timed_out(uri, stage, range);
+        }
         let transient = matches!(
             error,
             E::Io(_)
@@ -291,8 +400,13 @@ impl Remote {
         Failure { error, transient, retry_after: None }
     }
 
-    /// Maps an error while reading a body; every one of them (reset, timeout, short body) is transient.
-    pub fn body_failure(&self, error: std::io::Error) -> Failure {
+    /// Maps an error while reading a body; every one of them (reset, timeout, short body) is
+    /// transient. A timeout says how much of the body had come.
+    pub fn body_failure(&self, error: std::io::Error, uri: &Uri, range: (u64, u64), arrived: u64) -> Failure {
+        if is_timeout(&error) {
+            let expected = range.1 - range.0 + 1;
+            return self.timed_out(uri, Stalled::Body { arrived, expected }, range);
+        }
         let detail = format!("reading the response body: {error}");
         Failure::transient(HttpError::Transport { name: self.name.clone(), detail, source: Some(Box::new(error)) })
     }
@@ -312,6 +426,15 @@ fn load_ca_bundle(path: &std::path::Path) -> Result<ureq::tls::RootCerts, HttpEr
         return Err(HttpError::BadOption(format!("CA bundle {shown} holds no PEM certificate")));
     }
     Ok(ureq::tls::RootCerts::new_with_certs(&certs))
+}
+
+/// Whether an I/O error from a body read is a timeout (ureq wraps its own, or the socket's).
+fn is_timeout(error: &std::io::Error) -> bool {
+    matches!(error.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)
+        || error
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<ureq::Error>())
+            .is_some_and(|e| matches!(e, ureq::Error::Timeout(_)))
 }
 
 #[cfg(test)]

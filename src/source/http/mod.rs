@@ -29,8 +29,8 @@ mod test_server;
 mod tests;
 
 pub use auth::{Authorizer, RequestAuth};
-pub use error::{HttpError, Refusal};
-pub use options::{HttpOptions, ProxySetting, Secret};
+pub use error::{HttpError, Refusal, Stalled, Timeout};
+pub use options::{HttpOptions, ProxySetting, Secret, DEFAULT_TIMEOUT};
 pub use retry::RetryPolicy;
 pub use source::HttpSource;
 pub use url::{display_name, UrlError};

@@ -7,8 +7,11 @@ use crate::stats::Stats;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use ureq::http::header::{HeaderName, HeaderValue};
+
+/// How long stfs waits for a server by default before the mount fails or a read gets EIO.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Headers stfs sets itself: a user value would break range reads or the version pin.
 const RESERVED_HEADERS: [&str; 9] = [
@@ -73,6 +76,14 @@ pub struct HttpOptions {
     pub read_timeout: Duration,
     /// Limit for a whole exchange (request, headers and body of one block).
     pub request_timeout: Duration,
+    /// The longest wait for the server: opening (every request and retry of it) and each read
+    /// (retries included) fail once this long has passed, however the server behaves (silent, or
+    /// trickling its answer).
+    pub timeout: Duration,
+    /// Set by a caller that opens several sources as one checkpoint: the opening request, and
+    /// every read until [`super::HttpSource::opened`], end by then at the latest, so that the
+    /// whole open stays within one timeout.
+    pub deadline: Option<Instant>,
     /// Backoff for transient failures.
     pub retry: RetryPolicy,
     /// Proxy choice.
@@ -99,6 +110,8 @@ impl Default for HttpOptions {
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(300),
+            timeout: DEFAULT_TIMEOUT,
+            deadline: None,
             retry: RetryPolicy::default(),
             proxy: ProxySetting::default(),
             prefix_len: 64 * 1024,

@@ -4,13 +4,13 @@
 use std::fmt;
 use std::io::{self, Read};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use ureq::http::header::{CONTENT_LENGTH, CONTENT_RANGE};
 use ureq::http::Response;
-use ureq::{Agent, Body};
+use ureq::{Agent, Body, ResponseExt};
 
-use super::client::{Failure, Remote};
+use super::client::{Failure, Remote, REPEAT_BUDGET};
 use super::error::HttpError;
 use super::options::HttpOptions;
 use super::pin::{self, parse_content_range, Pin};
@@ -38,15 +38,26 @@ impl HttpSource {
         let remote = Arc::new(Remote::new(url, name, &options)?);
         let agent = remote.new_agent();
         let prefix_len = u64::from(options.prefix_len.max(1));
-        let (prefix, pin) = remote.with_retries(|| fetch_prefix(&remote, &agent, prefix_len))?;
+        let (prefix, pin) = remote.with_retries(|deadline| fetch_prefix(&remote, &agent, prefix_len, deadline))?;
         if pin.etag.is_none() && pin.last_modified.is_none() {
             log::warn!(
                 "{}: the server sends neither ETag nor Last-Modified; only a change of size can be detected",
                 remote.name
             );
         }
-        log::info!("{}: {} bytes, pinned by {:?}", remote.name, pin.size, pin.precondition().map(|p| p.0));
+        let pinned_by = match (&pin.etag, &pin.last_modified) {
+            (Some(etag), _) => format!("ETag {etag}"),
+            (None, Some(modified)) => format!("Last-Modified {modified}"),
+            (None, None) => "its size only".to_string(),
+        };
+        log::info!("{}: {} bytes, pinned by {pinned_by}", remote.name, pin.size);
         Ok(HttpSource { remote, pin: Arc::new(pin), prefix: prefix.into() })
+    }
+
+    /// Ends the opening begun with a [`HttpOptions::deadline`]: from now on each read has its own
+    /// timeout. Checkpoint opening calls it once the source's header is read.
+    pub fn opened(&self) {
+        self.remote.opened();
     }
 
     /// The bytes fetched by the opening request (the object's start, up to `prefix_len` bytes):
@@ -85,6 +96,19 @@ impl Source for HttpSource {
         self.pin.size
     }
 
+    /// The URL with the pinned size, ETag and Last-Modified. Cacheable only with a strong ETag or
+    /// a Last-Modified: a weak ETag alone does not promise the same bytes, and a size alone does
+    /// not tell versions apart.
+    fn cache_identity(&self) -> Option<String> {
+        let pin = &self.pin;
+        let strong = pin.etag.as_deref().is_some_and(|e| !e.starts_with("W/"));
+        if !strong && pin.last_modified.is_none() {
+            return None;
+        }
+        let (etag, modified) = (pin.etag.as_deref().unwrap_or("-"), pin.last_modified.as_deref().unwrap_or("-"));
+        Some(format!("http:{}\nsize={}\netag={etag}\nlast-modified={modified}", self.remote.identity_url(), pin.size))
+    }
+
     fn name(&self) -> &str {
         &self.remote.name
     }
@@ -113,12 +137,7 @@ impl SourceReader for HttpStream {
         if end.is_none_or(|end| end > self.pin.size) {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: read of {} bytes at {offset} is past the end ({} bytes)",
-                    self.remote.name,
-                    buf.len(),
-                    self.pin.size
-                ),
+                format!("read of {} bytes at {offset} is past the end ({} bytes)", buf.len(), self.pin.size),
             ));
         }
         // Serve what the opening request already fetched, then fetch only the rest.
@@ -160,27 +179,39 @@ impl HttpStream {
     /// Fetches `offset..offset + total length of bufs` (inside the object) into `bufs`, with retries.
     fn fetch(&mut self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         let (remote, agent, pin) = (&self.remote, &self.agent, &self.pin);
-        remote.with_retries(|| fetch_range(remote, agent, pin, bufs, offset)).map_err(io::Error::from)
+        let range = (offset, offset + bufs.iter().map(|b| b.len() as u64).sum::<u64>() - 1);
+        let attempt = |deadline| fetch_range(remote, agent, pin, bufs, offset, deadline);
+        let result = if remote.repeats_a_stall(range) {
+            remote.with_retries_within(REPEAT_BUDGET.min(remote.timeout()), 1, attempt)
+        } else {
+            remote.with_retries(attempt)
+        };
+        if let Err(error) = &result {
+            remote.note_failure(error, range);
+        }
+        result.map_err(io::Error::from)
     }
 }
 
 /// One try at the opening request: the first `prefix_len` bytes, the total size and the pin.
-fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64) -> Result<(Vec<u8>, Pin), Failure> {
-    let response = remote.get_range(agent, 0, prefix_len - 1, None)?;
+fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Instant) -> Result<(Vec<u8>, Pin), Failure> {
+    let response = remote.get_range(agent, 0, prefix_len - 1, None, deadline)?;
     match response.status().as_u16() {
         206 => {
             let content_range = content_range(remote, &response)?;
             let total = content_range
                 .total
                 .ok_or_else(|| Failure::permanent(remote.protocol("Content-Range gives no total size".to_string())))?;
-            let (first, last) = content_range.range.unwrap_or((1, 0));
-            if first != 0 || last >= prefix_len {
-                let detail = format!("asked for bytes 0-{}, got {first}-{last}", prefix_len - 1);
-                return Err(Failure::permanent(remote.protocol(detail)));
-            }
+            let last = match content_range.range {
+                Some((0, last)) if last < prefix_len => last,
+                other => {
+                    let detail = format!("asked for bytes 0-{}, got {}", prefix_len - 1, shown_range(other, total));
+                    return Err(Failure::permanent(remote.protocol(detail)));
+                }
+            };
             let pin = Pin::from_headers(total, response.headers());
             let mut prefix = vec![0; last as usize + 1]; // last < prefix_len, a u32
-            read_body_exact(remote, response, &mut [&mut prefix])?;
+            read_body_exact(remote, response, &mut [&mut prefix], 0)?;
             Ok((prefix, pin))
         }
         200 => {
@@ -191,9 +222,14 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64) -> Result<(Vec<
                 return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() }));
             }
             let headers = response.headers().clone();
+            let response_uri = response.get_uri().clone();
             let mut whole = Vec::new();
             let mut reader = response.into_body().into_reader().take(prefix_len + 1);
-            reader.read_to_end(&mut whole).map_err(|e| remote.body_failure(e))?;
+            let uri = response_uri.clone();
+            let arrived = |whole: &Vec<u8>| whole.len() as u64;
+            if let Err(e) = reader.read_to_end(&mut whole) {
+                return Err(remote.body_failure(e, &uri, (0, prefix_len - 1), arrived(&whole)));
+            }
             Stats::add(&remote.stats.http_bytes, whole.len() as u64);
             if whole.len() as u64 > prefix_len {
                 return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() }));
@@ -209,18 +245,39 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64) -> Result<(Vec<
     }
 }
 
-/// One try at reading `buf.len()` bytes at `offset`, checked against the pin.
-fn fetch_range(remote: &Remote, agent: &Agent, pin: &Pin, bufs: &mut [&mut [u8]], offset: u64) -> Result<(), Failure> {
+/// One try at reading `buf.len()` bytes at `offset`, checked against the pin, by `deadline`.
+fn fetch_range(
+    remote: &Remote,
+    agent: &Agent,
+    pin: &Pin,
+    bufs: &mut [&mut [u8]],
+    offset: u64,
+    deadline: Instant,
+) -> Result<(), Failure> {
     let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
     let last = offset + len - 1; // callers checked 0 < len and offset + len <= size
-    let response = open_range(remote, agent, pin, offset, last)?;
-    read_body_exact(remote, response, bufs)
+    let response = open_range(remote, agent, pin, (offset, last), deadline)?;
+    read_body_exact(remote, response, bufs, offset)
+}
+
+/// A Content-Range's range in words: `bytes 5-9`, or what `bytes */N` means.
+fn shown_range(range: Option<(u64, u64)>, total: u64) -> String {
+    match range {
+        Some((first, last)) => format!("bytes {first}-{last}"),
+        None => format!("no byte range (Content-Range: bytes */{total}) in a 206 answer"),
+    }
 }
 
 /// Sends the ranged GET for bytes `offset..=last` of the pinned object and checks the answer: a
 /// 206 for exactly that range of the same object, ready for its body to be read.
-fn open_range(remote: &Remote, agent: &Agent, pin: &Pin, offset: u64, last: u64) -> Result<Response<Body>, Failure> {
-    let response = remote.get_range(agent, offset, last, Some(pin))?;
+fn open_range(
+    remote: &Remote,
+    agent: &Agent,
+    pin: &Pin,
+    (offset, last): (u64, u64),
+    deadline: Instant,
+) -> Result<Response<Body>, Failure> {
+    let response = remote.get_range(agent, offset, last, Some(pin), deadline)?;
     match response.status().as_u16() {
         206 => {}
         200 => return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() })),
@@ -238,7 +295,7 @@ fn open_range(remote: &Remote, agent: &Agent, pin: &Pin, offset: u64, last: u64)
         Some(_) => {}
     }
     if content_range.range != Some((offset, last)) {
-        let detail = format!("asked for bytes {offset}-{last}, got {:?}", content_range.range);
+        let detail = format!("asked for bytes {offset}-{last}, got {}", shown_range(content_range.range, pin.size));
         return Err(Failure::permanent(remote.protocol(detail)));
     }
     Ok(response)
@@ -247,16 +304,44 @@ fn open_range(remote: &Remote, agent: &Agent, pin: &Pin, offset: u64, last: u64)
 /// The parsed Content-Range of a response, or a protocol failure.
 fn content_range(remote: &Remote, response: &Response<Body>) -> Result<pin::ContentRange, Failure> {
     let text = pin::header_text(response.headers(), &CONTENT_RANGE);
-    text.as_deref()
-        .and_then(parse_content_range)
-        .ok_or_else(|| Failure::permanent(remote.protocol(format!("bad or missing Content-Range {text:?}"))))
+    text.as_deref().and_then(parse_content_range).ok_or_else(|| {
+        let detail = match text {
+            Some(text) => format!("malformed Content-Range: {text}"),
+            None => "a 206 answer without Content-Range".to_string(),
+        };
+        Failure::permanent(remote.protocol(detail))
+    })
 }
 
-/// Fills `buf` from the body and checks that nothing follows (a longer body means a confused server).
-fn read_body_exact(remote: &Remote, response: Response<Body>, bufs: &mut [&mut [u8]]) -> Result<(), Failure> {
+/// Fills `bufs`, the bytes from `offset` on, from the body and checks that nothing follows (a
+/// longer body means a confused server).
+fn read_body_exact(
+    remote: &Remote,
+    response: Response<Body>,
+    bufs: &mut [&mut [u8]],
+    offset: u64,
+) -> Result<(), Failure> {
+    let uri = response.get_uri().clone();
+    let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+    let range = (offset, offset + total.max(1) - 1);
     let mut reader = response.into_body().into_reader();
+    let mut arrived = 0u64;
     for buf in bufs.iter_mut() {
-        reader.read_exact(buf).map_err(|e| remote.body_failure(e))?;
+        let mut filled = 0;
+        while filled < buf.len() {
+            match reader.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    let short = io::Error::new(io::ErrorKind::UnexpectedEof, "the body ended early");
+                    return Err(remote.body_failure(short, &uri, range, arrived));
+                }
+                Ok(n) => {
+                    filled += n;
+                    arrived += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(remote.body_failure(e, &uri, range, arrived)),
+            }
+        }
         Stats::add(&remote.stats.http_bytes, buf.len() as u64);
     }
     expect_body_end(remote, &mut reader)

@@ -282,7 +282,9 @@ fn credentials_never_show_in_names_debug_or_errors() {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
     }
-    assert!(texts[0].contains("401") && texts[0].contains("?<redacted>"), "{}", texts[0]);
+    // The message leaves the URL to whoever shows it; the error keeps it, redacted.
+    assert!(texts[0].contains("401") && !texts[0].contains("http://"), "{}", texts[0]);
+    assert!(matches!(&error, HttpError::Status { name, .. } if name.ends_with("/m?<redacted>")), "{error:?}");
 
     server.with(|s| s.required_auth = None);
     let source = HttpSource::open(&url, options).unwrap();
@@ -312,4 +314,42 @@ fn an_explicit_proxy_tunnels_the_requests() {
     let seen = server.seen();
     assert_eq!(seen[0].method, "CONNECT");
     assert!(seen[0].path.contains("stfs-test.invalid"), "{:?}", seen[0]);
+}
+
+#[test]
+fn a_silent_server_times_out_within_the_timeout_retries_included() {
+    let server = TestServer::start(pattern(10_000));
+    server.with(|s| s.faults.extend([Fault::Delay(Duration::from_secs(3)), Fault::Delay(Duration::from_secs(3))]));
+    let options = HttpOptions { timeout: Duration::from_millis(400), ..options() };
+    let started = Instant::now();
+    let error = HttpSource::open(&server.url("/m"), options).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    let expected = format!("timed out after 400 ms waiting for {} to answer the request for bytes 0-4095", server.addr);
+    assert_eq!(error.to_string(), expected);
+    assert!(matches!(&error, HttpError::TimedOut(t) if t.stage == Stalled::Answer), "{error:?}");
+}
+
+#[test]
+fn a_repeat_of_a_read_that_timed_out_gets_a_short_try() {
+    let server = TestServer::start(pattern(100_000));
+    let options = HttpOptions { timeout: Duration::from_millis(1500), ..options() };
+    let source = HttpSource::open(&server.url("/m"), options).unwrap();
+    server.with(|s| s.faults.extend([Fault::Delay(Duration::from_secs(4)), Fault::Delay(Duration::from_secs(4))]));
+    let timed = |offset| {
+        let started = Instant::now();
+        (read(&source, offset, 1000), started.elapsed())
+    };
+    let (first, took) = timed(50_000);
+    assert_eq!(first.unwrap_err().kind(), io::ErrorKind::TimedOut);
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(3),
+        "the first waits the timeout: {took:?}"
+    );
+    // The kernel asks again at once: one short try, not another whole timeout.
+    let (repeat, took) = timed(50_500);
+    assert_eq!(repeat.unwrap_err().kind(), io::ErrorKind::TimedOut);
+    assert!(took < Duration::from_millis(1200), "the repeat is short: {took:?}");
+    // A server that answers again is read at once, even within the memory of the stall.
+    let (again, _) = timed(50_000);
+    assert_eq!(again.unwrap(), pattern(100_000)[50_000..51_000]);
 }

@@ -6,7 +6,7 @@
 //! `STORAGE_EMULATOR_HOST` (anonymous, as Google's clients do) points at an emulator.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use ureq::http::Uri;
@@ -127,20 +127,42 @@ pub(crate) fn open(name: &ObjectName, http: &HttpOptions, auth: Arc<GcsAuth>) ->
     Ok(source)
 }
 
+/// A duration as the HTTP source words it: `30 s`, `1.5 s`, `250 ms`.
+fn seconds(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms < 1000 => format!("{ms} ms"),
+        ms if ms % 1000 == 0 => format!("{} s", ms / 1000),
+        _ => format!("{:.1} s", d.as_secs_f64()),
+    }
+}
+
 /// The object's generation, from a metadata GET (JSON API).
 fn fetch_generation(shown: &str, url: &str, auth: &GcsAuth, http: &HttpOptions) -> Result<String, HttpError> {
+    // Within the one time budget of the opening (`--timeout`, or the checkpoint's deadline).
+    let now = Instant::now();
+    let budget = http.deadline.map_or(http.timeout, |d| d.saturating_duration_since(now).min(http.timeout));
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_connect(Some(http.connect_timeout))
-        .timeout_global(Some(http.request_timeout))
+        .timeout_connect(Some(http.connect_timeout.min(budget)))
+        .timeout_global(Some(budget))
         .build();
     let agent = ureq::Agent::new_with_config(config);
     let mut request = agent.get(url).query("fields", "generation,size");
     if let Some(token) = auth.bearer()? {
         request = request.header(AUTHORIZATION, format!("Bearer {token}"));
     }
-    let transport =
-        |e: ureq::Error| HttpError::Transport { name: shown.to_string(), detail: e.to_string(), source: None };
+    let server = ureq::http::Uri::try_from(url).ok().and_then(|u| u.authority().map(|a| a.to_string()));
+    let server = server.unwrap_or_else(|| "the server".to_string());
+    let transport = |e: ureq::Error| {
+        let detail = match e {
+            ureq::Error::Timeout(_) => format!(
+                "timed out after {} waiting for {server} to answer the object's metadata request",
+                seconds(http.timeout)
+            ),
+            other => other.to_string(),
+        };
+        HttpError::Transport { name: shown.to_string(), detail, source: None }
+    };
     let mut response = request.call().map_err(transport)?;
     let status = response.status().as_u16();
     let body = response.body_mut().with_config().limit(1 << 20).read_to_vec().map_err(transport)?;

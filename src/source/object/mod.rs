@@ -44,8 +44,7 @@ pub fn is_object_url(spec: &str) -> bool {
 /// Opens `s3://BUCKET/KEY` or `gs://BUCKET/OBJECT`, pinned (ETag, or the GCS generation).
 pub fn open(spec: &str, http: &HttpOptions, options: &ObjectOptions) -> Result<HttpSource, HttpError> {
     let Some(name) = ObjectName::parse(spec) else {
-        let shown = crate::source::http::display_name(spec);
-        return Err(HttpError::BadOption(format!("{shown}: expected s3://BUCKET/KEY or gs://BUCKET/OBJECT")));
+        return Err(HttpError::BadOption("expected s3://BUCKET/KEY or gs://BUCKET/OBJECT".to_string()));
     };
     match name.store {
         Store::S3 => {

@@ -54,8 +54,7 @@ fn open_in(
     region: &str,
 ) -> Result<HttpSource, HttpError> {
     let shown = name.shown();
-    let url =
-        object_url(name, endpoint, region).map_err(|detail| HttpError::BadOption(format!("{shown}: {detail}")))?;
+    let url = object_url(name, endpoint, region).map_err(HttpError::BadOption)?;
     let mut http = http.clone();
     http.hub_token_from_env = false;
     if http.ca_bundle.is_none() {

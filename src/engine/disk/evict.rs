@@ -1,0 +1,123 @@
+//! The disk tier's size bound: a scan of everything stored (every process's blocks), and LRU
+//! eviction by each file's mtime, which a hit refreshes (`store::read_block`). Whoever evicts or
+//! clears holds an exclusive `flock` on `DIR/lock`, so two processes never evict at once; readers
+//! and writers take no lock (a block removed under a reader's open descriptor stays readable, and
+//! a block written during a clear is a whole, valid block).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::store::{is_block_name, is_temp_name, LOCK, OBJECTS};
+
+/// A temporary file older than this was left by a crashed writer (a live one writes a block in
+/// well under a second) and is removed by the next scan.
+pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
+
+/// Eviction brings the stored bytes down to this share of the bound (in 1/16ths), so it runs
+/// once per several blocks written, not once per block.
+const LOW_WATER_SIXTEENTHS: u64 = 14;
+
+/// One stored block, as a scan found it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) path: PathBuf,
+    pub(crate) bytes: u64,
+    /// Last use: the file's mtime (set when written, refreshed by hits).
+    pub(crate) used: SystemTime,
+}
+
+/// Everything under a cache directory's `objects/`.
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    pub(crate) blocks: Vec<Stored>,
+    pub(crate) bytes: u64,
+    /// Temporary files still there (after removing stale ones, if asked).
+    pub(crate) temps: usize,
+}
+
+/// Lists every block file under `root/objects/`; removes temporary files older than
+/// [`STALE_TEMP_AGE`] when `clean` is set. A missing `objects/` is an empty cache.
+pub(crate) fn scan(root: &Path, clean: bool) -> io::Result<Scan> {
+    let mut out = Scan::default();
+    let objects = match std::fs::read_dir(root.join(OBJECTS)) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    let now = SystemTime::now();
+    for fan in objects.flatten() {
+        let Ok(files) = std::fs::read_dir(fan.path()) else { continue };
+        for file in files.flatten() {
+            let name = file.file_name();
+            let Some(name) = name.to_str() else { continue };
+            // Gone since it was listed (evicted by another process): skip it.
+            let Ok(meta) = file.metadata() else { continue };
+            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            if is_block_name(name) && meta.is_file() {
+                out.bytes += meta.len();
+                out.blocks.push(Stored { path: file.path(), bytes: meta.len(), used });
+            } else if is_temp_name(name) {
+                let stale = now.duration_since(used).is_ok_and(|age| age > STALE_TEMP_AGE);
+                if clean && stale && std::fs::remove_file(file.path()).is_ok() {
+                    continue;
+                }
+                out.temps += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What an eviction pass did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Evicted {
+    /// Block files removed.
+    pub(crate) blocks: u64,
+    /// Bytes stored after the pass.
+    pub(crate) remaining: u64,
+}
+
+/// Removes the least recently used blocks of `scan` until at most the low-water mark of `limit`
+/// bytes remain (nothing if `scan` is within `limit`).
+pub(crate) fn evict(mut scan: Scan, limit: u64) -> Evicted {
+    let mut out = Evicted { blocks: 0, remaining: scan.bytes };
+    if scan.bytes <= limit {
+        return out;
+    }
+    let target = limit / 16 * LOW_WATER_SIXTEENTHS;
+    scan.blocks.sort_by_key(|b| b.used);
+    for block in &scan.blocks {
+        if out.remaining <= target {
+            break;
+        }
+        // Already gone (another process evicted it, or a clear): it no longer counts either way.
+        match std::fs::remove_file(&block.path) {
+            Ok(()) => out.blocks += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(_) => continue,
+        }
+        out.remaining = out.remaining.saturating_sub(block.bytes);
+    }
+    out
+}
+
+/// An exclusive `flock` on `root/lock`, released when dropped. With `wait` false, `None` when
+/// another process holds it.
+pub(crate) fn lock(root: &Path, wait: bool) -> io::Result<Option<File>> {
+    let file =
+        OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(root.join(LOCK))?;
+    let flags = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    if unsafe { libc::flock(file.as_raw_fd(), flags) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = io::Error::last_os_error();
+    if !wait && e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(None);
+    }
+    Err(e)
+}

@@ -1,0 +1,217 @@
+//! The disk tier's store on its own: keys, atomic writes, checksums, eviction within the bound,
+//! reading through to the store for missing runs only, and the directory checks at open.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::store::{self, block_path, Miss, HEADER_LEN};
+use super::{evict, DiskCache, DiskCacheError, ObjectKey};
+use crate::stats::Stats;
+
+fn bytes(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn open(dir: &std::path::Path, limit: u64) -> (DiskCache, Arc<Stats>) {
+    let stats = Arc::new(Stats::default());
+    (DiskCache::open(dir, Some(limit), Arc::clone(&stats)).unwrap(), stats)
+}
+
+#[test]
+fn keys_depend_on_identity_and_block_size() {
+    let a = ObjectKey::new("file:dev=1:ino=2", 4096);
+    assert_eq!(a, ObjectKey::new("file:dev=1:ino=2", 4096));
+    assert_ne!(a, ObjectKey::new("file:dev=1:ino=3", 4096));
+    assert_ne!(a, ObjectKey::new("file:dev=1:ino=2", 8192));
+    assert_eq!(a.as_str().len(), 32);
+    let name = block_path("/c".as_ref(), &a, 17).file_name().unwrap().to_str().unwrap().to_string();
+    assert!(store::is_block_name(&name) && !store::is_temp_name(&name), "{name}");
+}
+
+#[test]
+fn a_written_block_reads_back_verified_and_corruption_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ObjectKey::new("x", 1000);
+    let data = bytes(7, 1000);
+    assert_eq!(store::write_block(dir.path(), &key, 3, &data).unwrap(), (HEADER_LEN + 1000) as u64);
+    let mut buf = vec![0; 1000];
+    store::read_block(&block_path(dir.path(), &key, 3), &mut buf).unwrap();
+    assert_eq!(buf, data);
+    assert!(matches!(store::read_block(&block_path(dir.path(), &key, 4), &mut buf), Err(Miss::Absent)));
+    // A block of another length (the source's last block, say) is not taken for this one.
+    let mut short = vec![0; 999];
+    assert!(matches!(store::read_block(&block_path(dir.path(), &key, 3), &mut short), Err(Miss::Corrupt(_))));
+
+    let path = block_path(dir.path(), &key, 3);
+    let mut file = std::fs::read(&path).unwrap();
+    file[HEADER_LEN + 500] ^= 1;
+    std::fs::write(&path, &file).unwrap();
+    let why = match store::read_block(&path, &mut buf) {
+        Err(Miss::Corrupt(why)) => why,
+        other => panic!("{other:?}"),
+    };
+    assert!(why.contains("checksum"), "{why}");
+    std::fs::write(&path, &file[..file.len() - 10]).unwrap();
+    assert!(matches!(store::read_block(&path, &mut buf), Err(Miss::Corrupt(_))));
+    std::fs::write(&path, vec![0u8; HEADER_LEN + 1000]).unwrap();
+    assert!(matches!(store::read_block(&path, &mut buf), Err(Miss::Corrupt(_))));
+
+    // Through the cache: counted, removed, then a miss.
+    let (cache, stats) = open(dir.path(), 1 << 20);
+    assert!(cache.load(&key, 3, vec![0; 1000]).is_err());
+    assert!(!path.exists());
+    assert_eq!((stats.disk_cache_corrupt.load(Relaxed), stats.disk_cache_misses.load(Relaxed)), (1, 1));
+    cache.save(&key, 3, &data);
+    assert_eq!(cache.load(&key, 3, vec![0; 1000]).unwrap(), data);
+    assert_eq!(stats.disk_cache_hits.load(Relaxed), 1);
+}
+
+#[test]
+fn writers_racing_on_one_block_never_show_a_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ObjectKey::new("race", 1 << 16);
+    let data = bytes(3, 1 << 16);
+    let path = block_path(dir.path(), &key, 0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    store::write_block(dir.path(), &key, 0, &data).unwrap();
+                }
+            });
+        }
+        s.spawn(|| {
+            let mut buf = vec![0; 1 << 16];
+            for _ in 0..200 {
+                match store::read_block(&path, &mut buf) {
+                    Ok(()) => assert!(buf == data),
+                    Err(Miss::Absent) => {}
+                    Err(other) => panic!("a reader saw {other:?}"),
+                }
+            }
+        });
+    });
+    // No temporary file is left behind; one left by a crash goes once it is stale.
+    let scan = evict::scan(dir.path(), true).unwrap();
+    assert_eq!((scan.blocks.len(), scan.temps), (1, 0));
+    let fan = path.parent().unwrap();
+    let temp = fan.join(format!(".{}-9.1.1.tmp", key.as_str()));
+    std::fs::write(&temp, b"torn").unwrap();
+    assert_eq!(evict::scan(dir.path(), true).unwrap().temps, 1, "a fresh temp may be a live write");
+    let old = SystemTime::now() - evict::STALE_TEMP_AGE - Duration::from_secs(5);
+    std::fs::File::options().write(true).open(&temp).unwrap().set_modified(old).unwrap();
+    assert_eq!(evict::scan(dir.path(), true).unwrap().temps, 0);
+    assert!(!temp.exists());
+}
+
+#[test]
+fn eviction_keeps_the_bound_and_the_recently_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 2 << 20);
+    let key = ObjectKey::new("big", 64 << 10);
+    let data = bytes(1, 64 << 10);
+    // Block 0 is written first, then made the most recently used (as a hit an hour later would).
+    cache.save(&key, 0, &data);
+    let past = SystemTime::now() - Duration::from_secs(3600);
+    for block in 1..50u64 {
+        cache.save(&key, block, &data);
+        let path = block_path(dir.path(), &key, block);
+        if block < 10 {
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(past).unwrap();
+        }
+    }
+    let stored = evict::scan(dir.path(), false).unwrap().bytes;
+    assert!(stored <= 2 << 20, "{stored} bytes stored over a 2 MiB bound");
+    assert!(stats.disk_cache_evictions.load(Relaxed) >= 50 - 32, "{:?}", stats.disk_cache_evictions);
+    assert_eq!(stats.disk_cache_bytes.load(Relaxed), stored);
+    // The blocks last written (most recently used) are there; the ones aged an hour are gone.
+    assert!(block_path(dir.path(), &key, 49).exists());
+    assert!(!block_path(dir.path(), &key, 5).exists());
+    // A new mount with a lower bound evicts at open.
+    let (_, stats) = open(dir.path(), 1 << 20);
+    assert!(evict::scan(dir.path(), false).unwrap().bytes <= 1 << 20);
+    assert!(stats.disk_cache_evictions.load(Relaxed) > 0);
+    let left = evict::scan(dir.path(), false).unwrap().blocks.len() as u64;
+    assert_eq!(super::clear(dir.path()).unwrap().0, left);
+    assert_eq!(super::info(dir.path()).unwrap().blocks, 0);
+}
+
+#[test]
+fn read_through_fetches_only_the_missing_runs_and_stores_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 64 << 20);
+    let key = ObjectKey::new("src", 100);
+    let block = |b: u64| bytes(b as u8, 100);
+    for b in [1u64, 2, 5] {
+        cache.save(&key, b, &block(b));
+    }
+    let mut calls = Vec::new();
+    let mut landed = Vec::new();
+    let mut store = |first: u64, buffers: Vec<Vec<u8>>, land: &mut dyn FnMut(Vec<u8>)| {
+        calls.push((first, buffers.len()));
+        for (b, mut buf) in (first..).zip(buffers) {
+            buf.copy_from_slice(&block(b));
+            land(buf);
+        }
+        Ok(())
+    };
+    cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, &mut |data| landed.push(data)).unwrap();
+    assert_eq!(calls, [(0, 1), (3, 2), (6, 1)]);
+    assert_eq!(landed, (0..7).map(block).collect::<Vec<_>>());
+    assert_eq!((stats.disk_cache_hits.load(Relaxed), stats.disk_cache_misses.load(Relaxed)), (3, 4));
+    // Now every block is on disk: no store call at all.
+    calls.clear();
+    let mut store = |_: u64, _: Vec<Vec<u8>>, _: &mut dyn FnMut(Vec<u8>)| -> std::io::Result<()> {
+        panic!("the store was read though every block is on disk")
+    };
+    let mut again = Vec::new();
+    cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, &mut |data| again.push(data)).unwrap();
+    assert_eq!(again, landed);
+    let info = super::info(dir.path()).unwrap();
+    assert_eq!((info.blocks, info.objects, info.bytes), (7, 1, 7 * (100 + HEADER_LEN as u64)));
+}
+
+#[test]
+fn open_creates_a_private_directory_and_refuses_shared_or_foreign_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("a/b/cache");
+    open(&fresh, 1 << 20);
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    for bad in [0o777, 0o770, 0o702] {
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(bad)).unwrap();
+        let e = DiskCache::open(&shared, None, Default::default()).unwrap_err();
+        assert!(matches!(e, DiskCacheError::Writable { .. }), "{bad:o}: {e}");
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+    }
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cache = DiskCache::open(&shared, None, Default::default()).unwrap();
+    assert!(cache.limit() >= super::MIN_LIMIT && cache.limit() <= super::DEFAULT_LIMIT_MAX);
+    assert!(matches!(DiskCache::open(&shared, Some(1000), Default::default()), Err(DiskCacheError::TooSmall { .. })));
+
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert!(matches!(DiskCache::open(&file, None, Default::default()), Err(DiskCacheError::NotADirectory)));
+
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let foreign = dir.path().join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
+        let e = DiskCache::open(&foreign, None, Default::default()).unwrap_err();
+        assert!(matches!(e, DiskCacheError::ForeignOwner { owner: 65534, .. }), "{e}");
+    }
+}
+
+#[test]
+fn the_default_bound_is_a_tenth_of_free_space_plus_what_is_stored_capped() {
+    assert_eq!(super::default_limit(100 << 30, 0), 10 << 30);
+    assert_eq!(super::default_limit(100 << 30, 5 << 30), 15 << 30);
+    assert_eq!(super::default_limit(10 << 40, 0), super::DEFAULT_LIMIT_MAX);
+    assert_eq!(super::default_limit(0, 0), super::MIN_LIMIT);
+}

@@ -1,0 +1,233 @@
+//! The hub's repository API: which commit a revision is at and which files it holds
+//! (`GET {endpoint}/api/models/{repo}/revision/{revision}`), and small files fetched whole.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use ureq::config::RedirectAuthHeaders;
+use ureq::http::header::AUTHORIZATION;
+use ureq::http::{HeaderName, HeaderValue, Request};
+use ureq::Agent;
+
+use super::error::HubError;
+use super::spec::{encode_path, encode_segment};
+use crate::source::http::{HttpOptions, ProxySetting, Secret};
+
+/// Largest API answer read: a repository's file list is a few hundred KB even for thousands of files.
+const MAX_API_BYTES: u64 = 32 << 20;
+
+/// Tries per API request when the hub answers 429/5xx or the connection fails.
+const API_ATTEMPTS: u32 = 3;
+
+/// One file of a repository at a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sibling {
+    /// Its path in the repository (`model-00001-of-00002.safetensors`, `unet/config.json`).
+    pub path: String,
+    /// Its size in bytes, when the hub said (it does with `?blobs=true`).
+    pub size: Option<u64>,
+}
+
+/// A revision resolved to its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepoInfo {
+    /// The commit's full sha: every read names it, so two commits are never mixed.
+    pub sha: String,
+    /// Every file at that commit.
+    pub siblings: Vec<Sibling>,
+}
+
+#[derive(Deserialize)]
+struct RawInfo {
+    sha: Option<String>,
+    #[serde(default)]
+    siblings: Vec<RawSibling>,
+}
+
+#[derive(Deserialize)]
+struct RawSibling {
+    rfilename: String,
+    size: Option<u64>,
+}
+
+/// A client of one hub (endpoint) with its credentials.
+pub struct HubClient {
+    /// The base URL, without a trailing `/`.
+    pub endpoint: String,
+    token: Option<Secret>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    agent: Agent,
+    /// The opening's deadline ([`HttpOptions::deadline`]): every request, retries included, ends by
+    /// then.
+    deadline: Option<Instant>,
+}
+
+impl HubClient {
+    /// A client of `endpoint` sending `token` as a bearer token, with the proxy, timeouts and extra
+    /// headers of `options`.
+    pub fn new(endpoint: &str, token: Option<Secret>, options: &HttpOptions) -> Result<HubClient, HubError> {
+        let proxy = match &options.proxy {
+            ProxySetting::FromEnvironment => ureq::Proxy::try_from_env(),
+            ProxySetting::Direct => None,
+            ProxySetting::Url(url) => {
+                Some(ureq::Proxy::new(url.expose()).map_err(|_| HubError::Api("invalid proxy URL".to_string()))?)
+            }
+        };
+        let config = Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(5)
+            .redirect_auth_headers(RedirectAuthHeaders::SameHost)
+            .user_agent(concat!("stfs/", env!("CARGO_PKG_VERSION")))
+            .proxy(proxy)
+            .timeout_connect(Some(options.connect_timeout))
+            .timeout_per_read(Some(options.read_timeout))
+            .timeout_global(Some(global_timeout(options)))
+            .tls_config(ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build())
+            .build();
+        let mut headers = Vec::new();
+        for (name, value) in &options.headers {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| HubError::Api("bad header".to_string()))?;
+            let mut value =
+                HeaderValue::from_str(value.expose()).map_err(|_| HubError::Api("bad header".to_string()))?;
+            value.set_sensitive(true);
+            headers.push((name, value));
+        }
+        let agent = Agent::new_with_config(config);
+        Ok(HubClient { endpoint: endpoint.to_string(), token, headers, agent, deadline: options.deadline })
+    }
+
+    /// Whether a token is sent.
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// The token sent, if any (for the file sources of the same hub).
+    pub fn token(&self) -> Option<&Secret> {
+        self.token.as_ref()
+    }
+
+    /// The commit `revision` of `repo` is at, and its files.
+    pub fn revision_info(&self, repo: &str, revision: &str) -> Result<RepoInfo, HubError> {
+        let url = format!("{}/api/models/{repo}/revision/{}?blobs=true", self.endpoint, encode_segment(revision));
+        let (status, code, body) = self.get(&url, MAX_API_BYTES)?;
+        if status != 200 {
+            return Err(self.refusal(repo, revision, status, code.as_deref()));
+        }
+        let raw: RawInfo =
+            serde_json::from_slice(&body).map_err(|e| HubError::Api(format!("the revision API answered {e}")))?;
+        let sha =
+            raw.sha.filter(|s| !s.is_empty()).ok_or_else(|| HubError::Api("the revision API gave no sha".into()))?;
+        if !sha.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(HubError::Api("the revision API gave a malformed sha".into()));
+        }
+        let siblings = raw.siblings.into_iter().map(|s| Sibling { path: s.rfilename, size: s.size }).collect();
+        Ok(RepoInfo { sha, siblings })
+    }
+
+    /// The URL of `path` at commit `sha` (redirects to the CDN for large files).
+    pub fn resolve_url(&self, repo: &str, sha: &str, path: &str) -> String {
+        format!("{}/{repo}/resolve/{sha}/{}", self.endpoint, encode_path(path))
+    }
+
+    /// The whole of a file of at most `limit` bytes at commit `sha` (a longer one is an error).
+    pub fn fetch_file(&self, repo: &str, sha: &str, path: &str, limit: u64) -> Result<Vec<u8>, HubError> {
+        let (status, _, body) = self.get(&self.resolve_url(repo, sha, path), limit)?;
+        if status != 200 {
+            return Err(HubError::Api(format!("the file answered HTTP {status}")));
+        }
+        Ok(body)
+    }
+
+    /// Why the revision API refused: the hub's `X-Error-Code` first, then the status. A 404 without
+    /// a code is a missing revision if the repository itself answers, else a missing repository.
+    fn refusal(&self, repo: &str, revision: &str, status: u16, code: Option<&str>) -> HubError {
+        let revision = revision.to_string();
+        match (code, status) {
+            (Some("GatedRepo"), _) => HubError::Gated,
+            (Some("RevisionNotFound"), _) => HubError::RevisionNotFound(revision),
+            (Some("RepoNotFound"), _) => HubError::RepoNotFound { token: self.has_token() },
+            (_, 401) if self.has_token() => HubError::TokenRefused,
+            (_, 401) => HubError::RepoNotFound { token: false },
+            (_, 403) => HubError::Forbidden,
+            (_, 404) => {
+                // The hub answers the repository itself with 200 (a mirror's file tree with a
+                // redirect to its folder): anything below 400 means the repository is there.
+                let url = format!("{}/api/models/{repo}", self.endpoint);
+                match self.get(&url, MAX_API_BYTES) {
+                    Ok((status, _, _)) if status < 400 => HubError::RevisionNotFound(revision),
+                    _ => HubError::RepoNotFound { token: self.has_token() },
+                }
+            }
+            (_, status) => HubError::Api(format!("the revision API answered HTTP {status}")),
+        }
+    }
+
+    /// One GET with retries of transient failures: status, `X-Error-Code`, and a body of at most
+    /// `limit` bytes (longer is an error). Messages name no URL (a mirror's may carry a signature).
+    /// No retry starts after the deadline.
+    fn get(&self, url: &str, limit: u64) -> Result<(u16, Option<String>, Vec<u8>), HubError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let delay = Duration::from_millis(200 << attempt);
+            let in_time = self.deadline.is_none_or(|d| Instant::now() + delay < d);
+            match self.get_once(url, limit) {
+                Ok((status, ..))
+                    if matches!(status, 429 | 500 | 502 | 503 | 504) && attempt < API_ATTEMPTS && in_time => {}
+                Err(HubError::Transport(_)) if attempt < API_ATTEMPTS && in_time => {}
+                other => return other,
+            }
+            std::thread::sleep(delay);
+        }
+    }
+
+    fn get_once(&self, url: &str, limit: u64) -> Result<(u16, Option<String>, Vec<u8>), HubError> {
+        let remaining = self.deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if remaining.is_some_and(|r| r.is_zero()) {
+            return Err(HubError::Transport("no answer within the timeout (--timeout)".to_string()));
+        }
+        let mut request = Request::get(url);
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        if let Some(token) = &self.token {
+            let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
+                .map_err(|_| HubError::Api("the token holds invalid characters".to_string()))?;
+            value.set_sensitive(true);
+            request = request.header(AUTHORIZATION, value);
+        }
+        let request = request.body(()).map_err(|_| HubError::Api("bad request".to_string()))?;
+        // The whole exchange, body included, ends by the deadline.
+        let request = match remaining {
+            Some(remaining) => {
+                let limit = remaining.min(self.agent.config().timeouts().global.unwrap_or(remaining));
+                self.agent.configure_request(request).timeout_global(Some(limit)).build()
+            }
+            None => request,
+        };
+        let response = self.agent.run(request).map_err(|e| HubError::Transport(transport_detail(e)))?;
+        let status = response.status().as_u16();
+        let code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let mut body = Vec::new();
+        let mut reader = response.into_body().into_reader().take(limit + 1);
+        reader.read_to_end(&mut body).map_err(|e| HubError::Transport(e.to_string()))?;
+        if body.len() as u64 > limit {
+            return Err(HubError::Api(format!("an answer is over the limit of {limit} bytes")));
+        }
+        Ok((status, code, body))
+    }
+}
+
+/// The longest one exchange with the API may take.
+fn global_timeout(options: &HttpOptions) -> Duration {
+    options.request_timeout.min(Duration::from_secs(120))
+}
+
+/// A transport error's wording without any URL.
+fn transport_detail(error: ureq::Error) -> String {
+    match error {
+        ureq::Error::BadUri(_) => "the hub URL was refused by the HTTP client".to_string(),
+        other => other.to_string(),
+    }
+}

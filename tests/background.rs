@@ -1,0 +1,116 @@
+//! The background daemon's companions: the `auto_unmount` watcher, which detaches the mount when the
+//! daemon dies, and the log sent to syslog when there is no `--log-file`.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use stfs::format::Dtype;
+
+/// A checkpoint with a 4 MiB tensor (its tail beyond any readahead of the first read) and a small one.
+fn fixture(dir: &Path) -> (PathBuf, Vec<T>) {
+    let file = dir.join("model.safetensors");
+    let tensors = vec![T::new("big", Dtype::U8, &[4 << 20]), T::new("small", Dtype::F32, &[100])];
+    write_checkpoint(&file, &tensors, None);
+    (file, tensors)
+}
+
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn auto_unmount_detaches_the_mount_when_the_daemon_is_killed() {
+    let dir = workdir();
+    let (file, tensors) = fixture(dir.path());
+    let m = Mount::new(&file, &["-o", "auto_unmount"]);
+    assert_eq!(std::fs::read(m.file("small")).unwrap(), tensors[1].data);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    let watcher = watcher_pid(&m.path).expect("an auto_unmount watcher");
+    assert_ne!(pid, watcher);
+    // SAFETY: killing the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_until(TIMEOUT, || !is_mounted(&m.path)), "the mount outlived its killed daemon");
+    assert!(wait_until(TIMEOUT, || !alive(watcher)), "the watcher did not exit");
+    // The directory is usable again at once: a new mount works.
+    let again = Mount::new(&file, &[]);
+    assert_eq!(std::fs::read(again.file("small")).unwrap(), tensors[1].data);
+}
+
+#[test]
+fn auto_unmount_watcher_exits_after_a_normal_unmount() {
+    let dir = workdir();
+    let (file, _) = fixture(dir.path());
+    let m = Mount::new(&file, &["--auto-unmount"]);
+    let (pid, watcher) = (daemon_pid(&m.path).expect("daemon pid"), watcher_pid(&m.path).expect("watcher pid"));
+    // The watcher holds neither the checkpoint nor the mount: only the standard streams and its pipe.
+    let fds = std::fs::read_dir(format!("/proc/{watcher}/fd")).unwrap().count();
+    assert_eq!(fds, 4, "the watcher keeps descriptors it inherited");
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(wait_until(TIMEOUT, || !alive(pid) && !alive(watcher)), "daemon or watcher did not exit");
+    assert!(!is_mounted(&m.path));
+}
+
+#[test]
+fn without_auto_unmount_no_watcher_runs() {
+    let dir = workdir();
+    let (file, _) = fixture(dir.path());
+    let m = Mount::new(&file, &[]);
+    assert!(daemon_pid(&m.path).is_some());
+    assert_eq!(watcher_pid(&m.path), None);
+}
+
+/// Receives datagrams until one satisfies `want` or [`TIMEOUT`] passes; returns all received.
+fn receive_until(socket: &UnixDatagram, want: impl Fn(&str) -> bool) -> Vec<String> {
+    socket.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0; 16 << 10];
+    wait_until(TIMEOUT, || {
+        if let Ok(n) = socket.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        got.last().is_some_and(|g| want(g))
+    });
+    got
+}
+
+#[test]
+fn background_warnings_go_to_syslog_as_stfs_pid() {
+    let dir = workdir();
+    let (file, tensors) = fixture(dir.path());
+    let socket_path = dir.path().join("log.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    let m = Mount::with_env(&file, &[], &[("STFS_SYSLOG_SOCKET", &socket_path)]);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    // Nothing below warn by default: the mount itself logs no datagram.
+    assert_eq!(std::fs::read(m.file("small")).unwrap(), tensors[1].data);
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(1000).unwrap();
+    let err = std::fs::read(m.file("big")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    let ident = format!(" stfs[{pid}]: ");
+    let got = receive_until(&socket, |d| d.contains(&ident) && d.contains("backing file changed"));
+    let warning = got.last().expect("no datagram arrived");
+    assert!(warning.contains(&ident) && warning.contains("backing file changed"), "{got:?}");
+    // Facility daemon (3), severity warning (4) or error (3).
+    assert!(warning.starts_with("<28>") || warning.starts_with("<27>"), "{warning}");
+    assert!(got.iter().all(|d| !d.contains("mounted ")), "info records reached syslog: {got:?}");
+}
+
+#[test]
+fn a_missing_syslog_socket_is_no_error() {
+    let dir = workdir();
+    let (file, _) = fixture(dir.path());
+    let missing = dir.path().join("no-such-socket");
+    let m = Mount::with_env(&file, &[], &[("STFS_SYSLOG_SOCKET", &missing)]);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(1000).unwrap();
+    assert_eq!(std::fs::read(m.file("big")).unwrap_err().raw_os_error(), Some(libc::EIO));
+    // The warning went nowhere, and the daemon goes on serving what it holds.
+    assert!(alive(pid));
+    assert!(std::fs::read_to_string(m.file("metadata.json")).unwrap().contains("\"big\""));
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

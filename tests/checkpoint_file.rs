@@ -1,0 +1,129 @@
+//! The checkpoint re-served: every shard file and the index in the mount root, byte for byte,
+//! read through the engine; a tensor under one of their names is escaped; an option hides them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use common::*;
+use stfs::format::Dtype;
+
+/// sha256 of a file by `sha256sum`, when the tool is there.
+fn sha256(path: &Path) -> Option<String> {
+    let out = std::process::Command::new("sha256sum").arg(path).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    Some(text.split(' ').next()?.to_string())
+}
+
+/// The whole file read back in odd-sized reads from odd offsets, and whole.
+fn assert_same_file(served: &Path, source: &Path) {
+    let want = std::fs::read(source).unwrap();
+    assert_eq!(std::fs::metadata(served).unwrap().len(), want.len() as u64, "{}", served.display());
+    assert!(std::fs::read(served).unwrap() == want, "{} differs from {}", served.display(), source.display());
+    let mut f = std::fs::File::open(served).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0; 4099];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == want, "{} differs in small reads", served.display());
+    match (sha256(served), sha256(source)) {
+        (Some(a), Some(b)) => assert_eq!(a, b),
+        _ => tool_missing("sha256sum", "apt-get install coreutils"),
+    }
+}
+
+fn doc(m: &Mount) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(m.file("metadata.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_single_file_is_served_whole_and_a_colliding_tensor_is_escaped() {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let mut tensors = mixed_tensors();
+    tensors.push(T::new("model.safetensors", Dtype::U8, &[77]));
+    tensors.push(T::new("big", Dtype::F32, &[300_000]));
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_checkpoint(&file, &tensors, Some(&meta));
+    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "1M"]);
+    // A tensor file first, so the whole file shares its cached blocks.
+    assert_eq!(std::fs::read(m.file("big")).unwrap(), tensors.last().unwrap().data);
+    assert_same_file(&m.file("model.safetensors"), &file);
+    assert_eq!(std::fs::read(m.file("%6Dodel.safetensors")).unwrap(), tensors[tensors.len() - 2].data);
+    let doc = doc(&m);
+    assert_eq!(doc["tensors"]["model.safetensors"]["path"], "%6Dodel.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    assert_eq!(doc["checkpoint_files"], serde_json::json!([{"path": "model.safetensors", "size": len, "shard": 0}]));
+    assert!(doc["files"].get("model.safetensors").is_none(), "files maps tensor files only");
+    // Read through the engine: its counters saw the reads.
+    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(m.file(".stfs/stats.json")).unwrap()).unwrap();
+    assert!(stats["backing_read_bytes"].as_u64().unwrap_or(0) >= len, "{stats}");
+}
+
+#[test]
+fn every_shard_and_the_index_are_served() {
+    let dir = workdir();
+    let a = vec![T::new("model.a", Dtype::F32, &[100, 30]), T::new("model.b", Dtype::BF16, &[7, 9])];
+    let b = vec![T::new("model.c", Dtype::I64, &[33]), T::new("lm_head", Dtype::F16, &[40, 3])];
+    let shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    write_checkpoint(&dir.path().join(shards[0]), &a, None);
+    write_checkpoint(&dir.path().join(shards[1]), &b, None);
+    let index = serde_json::json!({
+        "metadata": {"total_size": 1},
+        "weight_map": {"model.a": shards[0], "model.b": shards[0], "model.c": shards[1], "lm_head": shards[1]}
+    });
+    let index_name = "model.safetensors.index.json";
+    std::fs::write(dir.path().join(index_name), serde_json::to_string_pretty(&index).unwrap()).unwrap();
+    for source in [dir.path().join(index_name), dir.path().to_path_buf()] {
+        let m = Mount::new(&source, &[]);
+        for name in shards.iter().chain([&index_name]) {
+            assert_same_file(&m.file(name), &dir.path().join(name));
+        }
+        let files = doc(&m)["checkpoint_files"].clone();
+        let paths: Vec<&str> = files.as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, [shards[0], shards[1], index_name], "{}", source.display());
+        assert_eq!(files[1]["shard"], 1);
+        assert!(files[2].get("shard").is_none());
+    }
+}
+
+#[test]
+fn the_option_hides_them_and_frees_their_names() {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensors = vec![T::new("model.safetensors", Dtype::U8, &[5]), T::new("w", Dtype::F32, &[3])];
+    write_checkpoint(&file, &tensors, None);
+    for opts in [&["-o", "ro,no_checkpoint_file"][..], &["--no-checkpoint-file"][..]] {
+        let m = Mount::new(&file, opts);
+        // The tensor takes its own name back.
+        assert_eq!(std::fs::read(m.file("model.safetensors")).unwrap(), tensors[0].data, "{opts:?}");
+        assert!(!m.file("%6Dodel.safetensors").exists());
+        assert_eq!(doc(&m)["checkpoint_files"], serde_json::json!([]));
+        let names = std::fs::read_dir(&m.path).unwrap().count();
+        assert_eq!(names, tensors.len() + 2, "tensors, metadata.json, .stfs");
+    }
+}
+
+#[test]
+fn extract_writes_tensors_only() {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensors = vec![T::new("model.safetensors", Dtype::U8, &[5]), T::new("w", Dtype::F32, &[3])];
+    write_checkpoint(&file, &tensors, None);
+    let out_dir = dir.path().join("out");
+    let out = stfs(&["extract", "--all", file.to_str().unwrap(), "-o", out_dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut names: Vec<String> =
+        std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    // Named as a default mount names them.
+    assert_eq!(names, ["%6Dodel.safetensors", "w"]);
+    assert_eq!(std::fs::read(out_dir.join("%6Dodel.safetensors")).unwrap(), tensors[0].data);
+}
