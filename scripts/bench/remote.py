@@ -142,6 +142,9 @@ class LatencyProxy:
                 if response is None:
                     return
                 length = next((int(l.split(b":", 1)[1]) for l in response if l.lower().startswith(b"content-length:")), 0)
+                status = response[0].split(b" ")[1] if response and len(response[0].split(b" ")) > 1 else b""
+                if head[0].startswith(b"HEAD ") or status in (b"204", b"304"):
+                    length = 0  # no body follows, whatever Content-Length says (s3fs and rclone send HEAD)
                 client.sendall(b"".join(response) + b"\r\n")
                 started, sent = time.monotonic(), 0
                 while length > 0:

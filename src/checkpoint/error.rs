@@ -43,6 +43,8 @@ pub enum OpenProblem {
         /// The largest length read.
         limit: usize,
     },
+    /// A `scheme://` name of no known source kind.
+    UnknownScheme(String),
     /// A shard was never tried because an earlier one failed (not reported in practice: the
     /// earlier failure is).
     NotOpened,
@@ -80,6 +82,12 @@ impl fmt::Display for OpenProblem {
             OpenProblem::NoShardFiles => f.write_str("directory holds no *.safetensors files"),
             OpenProblem::IndexTooLarge { len, limit } => write!(f, "index of {len} bytes is over the limit of {limit}"),
             OpenProblem::NotOpened => f.write_str("was not opened"),
+            OpenProblem::UnknownScheme(scheme) => {
+                write!(
+                    f,
+                    "unknown scheme {scheme}:// (stfs reads local paths, http://, https://, hf://, s3:// and gs://)"
+                )
+            }
         }
     }
 }
@@ -93,7 +101,10 @@ impl std::error::Error for OpenProblem {
             OpenProblem::Index(error) => Some(error),
             OpenProblem::Hub(error) => Some(error),
             OpenProblem::Shards(error) => Some(error),
-            OpenProblem::NoShardFiles | OpenProblem::IndexTooLarge { .. } | OpenProblem::NotOpened => None,
+            OpenProblem::NoShardFiles
+            | OpenProblem::IndexTooLarge { .. }
+            | OpenProblem::NotOpened
+            | OpenProblem::UnknownScheme(_) => None,
         }
     }
 }

@@ -9,23 +9,40 @@ use std::time::Instant;
 use super::error::{OpenError, OpenProblem};
 use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
 use crate::format::index;
-use crate::source::http::{display_name, HttpOptions, HttpSource};
+use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
+use crate::source::object::{self, ObjectOptions};
 use crate::source::Source;
 
 /// How to reach remote checkpoints.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
-    /// Headers, token, timeouts and the counters for `http://` and `https://` sources.
+    /// Headers, token, timeouts and the counters for `http://` and `https://` sources (and the
+    /// object stores read through them).
     pub http: HttpOptions,
     /// For an `hf://` name, also fetch the repository's small files (configs, tokenizers) into
     /// [`Checkpoint::repo_files`]: a mount serves them (`stfs mount` asks, unless
     /// `-o no_checkpoint_file`); inspecting or extracting has no use for them.
     pub repo_files: bool,
+    /// Endpoint, region and credential settings of `s3://` and `gs://` sources.
+    pub object: ObjectOptions,
 }
 
-/// Whether `spec` names a remote object (an `http(s)://` URL or an `hf://` repository).
+/// Whether `spec` names a remote object (an `http(s)://` URL, an `hf://` repository, or an
+/// `s3://` or `gs://` object).
 pub fn is_url(spec: &str) -> bool {
-    spec.starts_with("http://") || spec.starts_with("https://") || crate::source::hub::is_hub_spec(spec)
+    spec.starts_with("http://")
+        || spec.starts_with("https://")
+        || crate::source::hub::is_hub_spec(spec)
+        || object::is_object_url(spec)
+}
+
+/// The scheme of a `scheme://...` name no source kind handles, if `spec` is one and no such
+/// local path exists.
+fn unknown_scheme(spec: &str) -> Option<&str> {
+    let (scheme, _) = spec.split_once("://")?;
+    let plausible = scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
+    (plausible && !is_url(spec) && !Path::new(spec).exists()).then_some(scheme)
 }
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
@@ -45,6 +62,9 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
         } else {
             open_url(spec, &options).map(single)
         };
+    }
+    if let Some(scheme) = unknown_scheme(spec) {
+        return Err(OpenError::new(spec, OpenProblem::UnknownScheme(scheme.to_string())));
     }
     let path = Path::new(spec);
     if path.is_dir() {
@@ -110,11 +130,18 @@ fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
 
 /// A single remote safetensors object; its reads get their own timeouts once its header is in.
 fn open_url(url: &str, options: &OpenOptions) -> Result<OpenedShard, OpenError> {
-    let source =
-        Arc::new(HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(display_name(url), e))?);
+    let source = Arc::new(open_remote(url, options).map_err(|e| OpenError::new(display_name(url), e))?);
     let shard = open_source(Arc::clone(&source) as Arc<dyn Source>)?;
     source.opened();
     Ok(shard)
+}
+
+/// The remote object `url` names, by scheme: an object store's, or a plain URL.
+fn open_remote(url: &str, options: &OpenOptions) -> Result<HttpSource, HttpError> {
+    if object::is_object_url(url) {
+        return object::open(url, &options.http, &options.object);
+    }
+    HttpSource::open(url, options.http.clone())
 }
 
 /// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
@@ -123,7 +150,7 @@ const MAX_INDEX_SIZE: usize = 64 << 20;
 /// A remote index whose shards are resolved relative to its URL.
 fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
     let shown = display_name(url);
-    let source = HttpSource::open(url, options.http.clone()).map_err(|e| OpenError::new(&shown, e))?;
+    let source = open_remote(url, options).map_err(|e| OpenError::new(&shown, e))?;
     let len = usize::try_from(source.len()).unwrap_or(usize::MAX);
     if len > MAX_INDEX_SIZE {
         return Err(OpenError::new(&shown, OpenProblem::IndexTooLarge { len, limit: MAX_INDEX_SIZE }));
@@ -133,7 +160,9 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     reader.read_exact_at(&mut bytes, 0).map_err(|e| OpenError::new(&shown, e))?;
     let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&shown, e))?;
     index.merge_spellings(index::without_dot_segments);
-    let base = match url.split(['?', '#']).next().and_then(|u| u.rfind('/')) {
+    // An object store's key may hold '?' or '#': only a URL has a query to drop.
+    let path = if object::is_object_url(url) { url } else { url_path(url) };
+    let base = match Some(path).and_then(|u| u.rfind('/')) {
         Some(i) => &url[..=i],
         None => url,
     };
@@ -144,6 +173,9 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
 }
 
 fn url_path(url: &str) -> &str {
+    if object::is_object_url(url) {
+        return url;
+    }
     url.split(['?', '#']).next().unwrap_or(url)
 }
 

@@ -81,7 +81,8 @@ Examples:
 #[derive(Args, Debug, Default, Clone)]
 pub struct MountArgs {
     /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, an
-    /// http(s):// URL of a file or an index, or a hub repository hf://ORG/REPO[@REVISION][/PATH].
+    /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index, or a hub
+    /// repository hf://ORG/REPO[@REVISION][/PATH].
     pub source: String,
     /// An existing directory to mount on.
     pub mountpoint: PathBuf,
@@ -163,7 +164,7 @@ pub struct MountArgs {
     pub remote: RemoteArgs,
 }
 
-/// Options for `http://` and `https://` checkpoints.
+/// Options for `http://`, `https://`, `s3://` and `gs://` checkpoints.
 #[derive(Args, Debug, Default, Clone)]
 #[command(next_help_heading = "Remote checkpoints")]
 pub struct RemoteArgs {
@@ -187,6 +188,16 @@ pub struct RemoteArgs {
     /// Limit for connecting and for each wait on the socket (`500ms`, `10s`) [default: 10s, 30s].
     #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
     pub http_timeout: Option<Duration>,
+    /// s3:// and gs://: the store's endpoint (an S3-compatible store, addressed path-style, or a GCS
+    /// emulator) [default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST].
+    #[arg(long, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// s3:// and gs://: send anonymous requests (public buckets), look for no credentials.
+    #[arg(long)]
+    pub no_sign_request: bool,
+    /// s3://: the bucket's region [default: AWS_REGION, the profile's, else found from the store].
+    #[arg(long, value_name = "REGION")]
+    pub region: Option<String>,
 }
 
 /// A duration that [`parse_duration`] could not read.
@@ -347,7 +358,8 @@ the same -o option, and of a repeated -o option the last wins):
   layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, uid=N, gid=N (owner of
   every file), umask=M, fmask=M, dmask=M (octal: mode bits removed from files,
-  directories), allow_root, auto_unmount
+  directories), allow_root, auto_unmount, endpoint_url=URL, region=REGION,
+  no_sign_request
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to
@@ -362,7 +374,9 @@ Examples:
   stfs mount model.safetensors /mnt/model
   stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
   stfs mount --cache-dir /var/cache/stfs https://host/model.safetensors /mnt/model
-  stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts";
+  stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts
+  stfs mount s3://bucket/model.safetensors.index.json /mnt/m  # AWS chain
+  stfs mount gs://bucket/model.safetensors /mnt/m             # Google ADC";
 
 /// Extra help for `stfs umount`.
 const UMOUNT_HELP: &str = "\

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::checkpoint;
 use crate::cli::args::{CatArgs, ExtractArgs, RemoteArgs};
-use crate::cli::options::default_engine;
+use crate::cli::defaults::default_engine;
 use crate::cli::progress::Progress;
 use crate::cli::report::Failure;
 use crate::engine::EngineConfig;

@@ -7,6 +7,7 @@
 
 mod args;
 mod cache;
+mod defaults;
 mod extract;
 mod helper;
 mod inspect;

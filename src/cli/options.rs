@@ -2,76 +2,22 @@
 //! and the remote options into the checkpoint's [`OpenOptions`]: the "high" arguments.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::OpenOptions;
 use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MountArgs, RemoteArgs};
+use crate::cli::defaults::*;
 use crate::engine::EngineConfig;
 use crate::mount::build::{FsOptions, Owner};
 use crate::mount::session::ServeOptions;
 use crate::source::http::{HttpError, HttpOptions};
+use crate::source::object::ObjectOptions;
 use crate::stats::Stats;
 use crate::tree::namespace::{Layout, Views};
 use crate::util::size::{format_size, parse_size};
 
-/// Default block size: the unit of the cache and of alignment, 64 KiB. A random 4 KiB reader pays
-/// for one such block, most of it in fresh memory for the cache (measured in docs/benchmarks.md:
-/// first-touch random reads take about half the time of 256 KiB blocks, and 8 MiB blocks made them
-/// 4-20x slower), while sequential streams still reach the storage in reads of up to
-/// [`crate::engine::PREFETCH_CHUNK_BYTES`] (8 MiB): the prefetch coalesces whole aligned blocks.
-pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 10;
-/// Default block size for a checkpoint read over HTTP(S): 4 MiB. Every block loaded on demand is
-/// one request whose round trip dwarfs the transfer of a few MiB, and a 1 MiB kernel request then
-/// mostly falls inside one block, which is handed to the kernel without being joined, and a
-/// tensor's first window (one block per prefetch lane) spans 16 MiB (measured in docs/remote.md: a
-/// 1 GiB model 1.7-1.9 s against 2.0-2.2 s with 64 KiB blocks, a 16 MiB tensor 0.095 s against
-/// 0.12 s; the price is that a random 4 KiB read costs one 4 MiB request).
-pub const DEFAULT_REMOTE_BLOCK_SIZE: u64 = 4 << 20;
-/// Default cache size.
-pub const DEFAULT_CACHE_SIZE: u64 = 512 << 20;
-/// Most FUSE threads by default: enough for the kernel's parallel readahead and several readers.
-pub const DEFAULT_THREADS: u32 = 16;
-/// Most readahead threads by default: one stream with all eight prefetch lanes busy, or several
-/// sharing them (a remote source's lanes mostly wait on the network, so it always gets these).
-pub const DEFAULT_IO_THREADS: u32 = 8;
-
-/// CPUs this process may run on (1 if unknown).
-fn cpus() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-}
-
-/// Default FUSE threads for `source`: for a file on a local filesystem twice the CPUs, 4 to
-/// [`DEFAULT_THREADS`]: a local read is CPU work (the kernel's copy into the reply), so threads
-/// beyond the CPUs only add wake-ups and lock waits (docs/benchmarks.md). For a URL or a file on a
-/// network or FUSE filesystem [`DEFAULT_THREADS`]: a request there may wait on the storage.
-pub fn default_threads(source: &str) -> u32 {
-    if waits_on_storage(source) {
-        DEFAULT_THREADS
-    } else {
-        cpus().saturating_mul(2).clamp(4, DEFAULT_THREADS)
-    }
-}
-
-/// Whether `source` is a URL or a path on a network or FUSE filesystem.
-fn waits_on_storage(source: &str) -> bool {
-    crate::checkpoint::is_url(source) || crate::source::on_remote_filesystem(Path::new(source))
-}
-
-/// Default readahead threads for `source`: for a file on a local filesystem one per CPU, 2 to
-/// [`DEFAULT_IO_THREADS`] (its lanes only ask the kernel to read ahead: CPU work, no waiting); for a
-/// URL or a file on a network or FUSE filesystem [`DEFAULT_IO_THREADS`], whose lanes wait on the
-/// storage (each lane one handle's bandwidth).
-pub fn default_io_threads(source: &str) -> u32 {
-    if waits_on_storage(source) {
-        DEFAULT_IO_THREADS
-    } else {
-        cpus().clamp(2, DEFAULT_IO_THREADS)
-    }
-}
-/// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).
-pub const DEFAULT_KERNEL_READAHEAD_KB: u32 = 1024;
 /// Smallest and largest block sizes accepted.
 const BLOCK_SIZE_RANGE: (u64, u64) = (4 << 10, 1 << 30);
 
@@ -308,6 +254,9 @@ impl MountConfig {
         a.remote.http_retries = a.remote.http_retries.or(o.http_retries);
         a.remote.http_retry_delay = a.remote.http_retry_delay.or(o.http_retry_delay);
         a.remote.http_timeout = a.remote.http_timeout.or(o.http_timeout);
+        a.remote.endpoint_url = a.remote.endpoint_url.or(o.endpoint_url);
+        a.remote.region = a.remote.region.or(o.region);
+        a.remote.no_sign_request |= o.no_sign_request.unwrap_or(false);
         a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
         a.debug |= o.debug.unwrap_or(false);
         a.auto_unmount |= o.auto_unmount.unwrap_or(false);
@@ -418,7 +367,11 @@ impl RemoteArgs {
             http.connect_timeout = timeout;
             http.read_timeout = timeout;
         }
-        Ok(OpenOptions { http, repo_files: false })
+        let mut object = ObjectOptions::default();
+        object.endpoint_url = self.endpoint_url.clone();
+        object.no_sign_request = self.no_sign_request;
+        object.region = self.region.clone();
+        Ok(OpenOptions { http, repo_files: false, object })
     }
 }
 
@@ -454,6 +407,9 @@ struct DashO {
     cache_dir_size: Option<u64>,
     auto_unmount: Option<bool>,
     no_map: Option<bool>,
+    endpoint_url: Option<String>,
+    region: Option<String>,
+    no_sign_request: Option<bool>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -486,6 +442,9 @@ const KNOWN_OPTIONS: &[&str] = &[
     "cache_dir_size",
     "auto_unmount",
     "no_map",
+    "endpoint_url",
+    "region",
+    "no_sign_request",
 ];
 
 impl DashO {
@@ -541,6 +500,9 @@ impl DashO {
                 "read_only" => {}
                 "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
                 "cache_dir_size" => o.cache_dir_size = size()?,
+                "endpoint_url" => o.endpoint_url = text()?,
+                "region" => o.region = text()?,
+                "no_sign_request" => o.no_sign_request = switch()?,
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => {
@@ -551,27 +513,6 @@ impl DashO {
             }
         }
         Ok(o)
-    }
-}
-
-/// The block size for `source` when none is given: [`DEFAULT_REMOTE_BLOCK_SIZE`] for a URL,
-/// [`DEFAULT_BLOCK_SIZE`] otherwise.
-pub fn default_block_size(source: &str) -> u64 {
-    if crate::checkpoint::is_url(source) {
-        DEFAULT_REMOTE_BLOCK_SIZE
-    } else {
-        DEFAULT_BLOCK_SIZE
-    }
-}
-
-/// The engine settings for `source` with every option at its default (what `stfs extract` and
-/// `stfs cat` read through).
-pub fn default_engine(source: &str) -> EngineConfig {
-    EngineConfig {
-        block_size: default_block_size(source),
-        cache_size: DEFAULT_CACHE_SIZE,
-        io_threads: default_io_threads(source) as usize,
-        map_files: true,
     }
 }
 

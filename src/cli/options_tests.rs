@@ -49,6 +49,12 @@ fn dash_o_options_map_to_flags_and_flags_win() {
     for hide in ["no_checkpoint_file", "no-checkpoint-file=yes", "checkpoint_file=no"] {
         assert!(!MountConfig::from_args(args(&[hide])).unwrap().checkpoint_files, "{hide}");
     }
+    let c = MountConfig::from_args(args(&["endpoint_url=http://h:9000,region=eu-west-1,no_sign_request"])).unwrap();
+    let object = c.remote.open_options(Default::default()).unwrap().object;
+    assert_eq!(object.endpoint_url.as_deref(), Some("http://h:9000"));
+    assert_eq!((object.region.as_deref(), object.no_sign_request), (Some("eu-west-1"), true));
+    assert_eq!(default_block_size("s3://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
+    assert_eq!(default_block_size("gs://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
     let mut a = args(&["cache_size=1G"]);
     a.cache_size = Some(64 << 20);
     assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);
@@ -62,6 +68,10 @@ fn the_last_of_a_repeated_option_wins_and_misspellings_get_a_suggestion() {
     assert!(c.is_err(), "a fractional duration is refused");
     let c = MountConfig::from_args(args(&["allow_other", "allow_other=0", "timeout=5s", "timeout=7s"])).unwrap();
     assert_eq!((c.allow_other, c.remote.timeout), (false, Some(std::time::Duration::from_secs(7))));
+    let c = MountConfig::from_args(args(&["region=us-east-1,endpoint-url=http://a", "region=eu-west-1"])).unwrap();
+    assert_eq!((c.remote.region.as_deref(), c.remote.endpoint_url.as_deref()), (Some("eu-west-1"), Some("http://a")));
+    let e = MountConfig::from_args(args(&["no_sign_requests"])).unwrap_err().to_string();
+    assert!(e.contains("did you mean `no_sign_request`?"), "{e}");
     let e = MountConfig::from_args(args(&["cache_sise=1G"])).unwrap_err().to_string();
     assert_eq!(e, "unknown mount option `cache_sise`; did you mean `cache_size`? (see `stfs mount --help`)");
 }

@@ -7,7 +7,7 @@
 //!
 //! This file holds the two traits and the helpers their implementations share; `local` holds
 //! [`LocalFile`], `mapped` the [`Mapping`] a local file offers for replies only the kernel reads,
-//! and [`http`] the remote source.
+//! [`http`] the remote source, and [`object`] the object stores (`s3://`, `gs://`) read through it.
 
 use std::io;
 
@@ -15,6 +15,7 @@ pub mod http;
 pub mod hub;
 mod local;
 mod mapped;
+pub mod object;
 
 pub use local::{on_remote_filesystem, LocalFile, LOCAL_PIECE_BYTES};
 pub use mapped::Mapping;

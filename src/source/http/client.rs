@@ -1,7 +1,8 @@
 //! One ranged GET against a remote object: headers, manual redirects (with the target cached),
 //! classification of failures, and the retry loop around it.
 
-use super::error::{HttpError, Stalled, Timeout};
+use super::auth::Authorizer;
+use super::error::{HttpError, Refusal, Stalled, Timeout};
 use super::options::{HttpOptions, ProxySetting};
 use super::pin::{header_text, Pin};
 use super::retry::{parse_retry_after, RetryPolicy};
@@ -79,6 +80,8 @@ pub(crate) struct Remote {
     cache_redirects: bool,
     /// Where the last redirect chain ended, used directly until it refuses us.
     redirect_target: Mutex<Option<Uri>>,
+    /// Per-request credentials for the origin (object stores).
+    auth: Option<Authorizer>,
     /// The longest one call of [`Remote::with_retries`] waits, retries included.
     timeout: Duration,
     /// While the source is being opened as part of a checkpoint: when the whole opening must end.
@@ -94,8 +97,9 @@ impl Remote {
         self.uri.to_string()
     }
 
-    /// Validates the URL and the options and prepares the shared agent configuration.
-    pub fn new(url: &str, options: &HttpOptions) -> Result<Remote, HttpError> {
+    /// Validates the URL and the options and prepares the shared agent configuration; `name` is
+    /// what messages call the object (by default the URL without credentials or query).
+    pub fn new(url: &str, name: Option<&str>, options: &HttpOptions) -> Result<Remote, HttpError> {
         let uri = parse_http_url(url).map_err(HttpError::BadUrl)?;
         let mut origin_headers = Vec::new();
         for (name, value) in &options.headers {
@@ -122,6 +126,10 @@ impl Remote {
                     .map_err(|_| HttpError::BadOption(format!("invalid proxy URL {}", display_name(url.expose()))))?,
             ),
         };
+        let roots = match &options.ca_bundle {
+            None => ureq::tls::RootCerts::PlatformVerifier,
+            Some(path) => load_ca_bundle(path)?,
+        };
         let config = Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
@@ -130,10 +138,10 @@ impl Remote {
             .timeout_connect(Some(options.connect_timeout))
             .timeout_per_read(Some(options.read_timeout))
             .timeout_per_call(Some(options.request_timeout))
-            .tls_config(ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build())
+            .tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build())
             .build();
         Ok(Remote {
-            name: display_name(url),
+            name: name.map_or_else(|| display_name(url), str::to_string),
             uri,
             origin_headers,
             config,
@@ -141,6 +149,7 @@ impl Remote {
             stats: Arc::clone(&options.stats),
             cache_redirects: options.cache_redirects,
             redirect_target: Mutex::new(None),
+            auth: options.auth.clone(),
             timeout: options.timeout,
             opening_deadline: Mutex::new(options.deadline),
             last_stall: Mutex::new(None),
@@ -286,6 +295,12 @@ impl Remote {
                 for (name, value) in &self.origin_headers {
                     request = request.header(name, value);
                 }
+                if let Some(auth) = &self.auth {
+                    for (name, mut value) in auth.0.headers(&uri).map_err(Failure::permanent)? {
+                        value.set_sensitive(true);
+                        request = request.header(name, value);
+                    }
+                }
             }
             let request = request
                 .body(())
@@ -295,10 +310,11 @@ impl Remote {
             let request = agent.configure_request(request).timeout_global(Some(remaining)).build();
             Stats::add(&self.stats.http_requests, 1);
             let response = agent.run(request).map_err(|e| self.transport_failure(e, &uri, (first, last)))?;
-            if !matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308) {
+            let location = header_text(response.headers(), &LOCATION).unwrap_or_default();
+            // An object store's 301 without Location names the bucket's region instead: a status.
+            if !matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308) || location.is_empty() {
                 return Ok((response, uri));
             }
-            let location = header_text(response.headers(), &LOCATION).unwrap_or_default();
             uri = resolve_location(&uri, &location).ok_or_else(|| {
                 Failure::permanent(self.protocol(format!("redirect ({}) without a usable Location", response.status())))
             })?;
@@ -308,15 +324,25 @@ impl Remote {
     }
 
     /// Classifies a non-success status. 412 and 416 mean the pinned object is gone or different.
-    pub fn status_failure(&self, response: &Response<Body>) -> Failure {
+    /// An object store's error document (S3's `<Code>`, GCS's JSON) in a short body is kept.
+    pub fn status_failure(&self, response: Response<Body>) -> Failure {
         let status = response.status().as_u16();
         let retry_after = header_text(response.headers(), &RETRY_AFTER).as_deref().and_then(parse_retry_after);
+        let region = response.headers().get("x-amz-bucket-region").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let mut body = Vec::new();
+        let _ = std::io::Read::read_to_end(
+            &mut std::io::Read::take(response.into_body().into_reader(), 16 << 10),
+            &mut body,
+        );
+        let name = self.name.clone();
+        let error = match Refusal::parse(status, &body, region) {
+            Some(refusal) if status != 412 => HttpError::Refused { name, refusal: Box::new(refusal) },
+            _ => HttpError::Status { name, status },
+        };
         match status {
             412 | 416 => Failure::permanent(self.changed(format!("the server answered {status}"))),
-            408 | 429 | 500 | 502 | 503 | 504 => {
-                Failure { error: HttpError::Status { name: self.name.clone(), status }, transient: true, retry_after }
-            }
-            _ => Failure::permanent(HttpError::Status { name: self.name.clone(), status }),
+            408 | 429 | 500 | 502 | 503 | 504 => Failure { error, transient: true, retry_after },
+            _ => Failure::permanent(error),
         }
     }
 
@@ -384,6 +410,22 @@ impl Remote {
         let detail = format!("reading the response body: {error}");
         Failure::transient(HttpError::Transport { name: self.name.clone(), detail, source: Some(Box::new(error)) })
     }
+}
+
+/// Root certificates from a PEM file (`AWS_CA_BUNDLE`), instead of the platform's.
+fn load_ca_bundle(path: &std::path::Path) -> Result<ureq::tls::RootCerts, HttpError> {
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| HttpError::BadOption(format!("CA bundle {shown}: {e}")))?;
+    let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err(HttpError::BadOption(format!("CA bundle {shown} holds no PEM certificate")));
+    }
+    Ok(ureq::tls::RootCerts::new_with_certs(&certs))
 }
 
 /// Whether an I/O error from a body read is a timeout (ureq wraps its own, or the socket's).

@@ -53,6 +53,20 @@ pub enum HttpError {
         /// The underlying error, when it names no URL.
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// An object store refused the request with an error document naming the cause.
+    Refused {
+        /// The object, redacted.
+        name: String,
+        /// What the store said.
+        refusal: Box<Refusal>,
+    },
+    /// Credentials for the request could not be had (none found, a refresh failed).
+    Auth {
+        /// The object, redacted.
+        name: String,
+        /// What was tried and what failed (never a secret).
+        detail: String,
+    },
     /// The server did not answer, or not fast enough, within the time allowed: it accepted the
     /// connection and went silent, or sent its answer a few bytes at a time.
     TimedOut(Box<Timeout>),
@@ -144,6 +158,22 @@ impl fmt::Display for HttpError {
                 }
             }
             HttpError::GaveUp { attempts, last } => write!(f, "{last} (gave up after {attempts} tries)"),
+            HttpError::Refused { refusal, .. } => write!(f, "{refusal}"),
+            HttpError::Auth { detail, .. } => f.write_str(detail),
+        }
+    }
+}
+
+impl HttpError {
+    /// A copy, for reporting one failure again (a cause that cannot be copied becomes its text).
+    pub fn clone_message(&self) -> HttpError {
+        match self {
+            HttpError::Auth { name, detail } => HttpError::Auth { name: name.clone(), detail: detail.clone() },
+            HttpError::Refused { name, refusal } => HttpError::Refused { name: name.clone(), refusal: refusal.clone() },
+            HttpError::Status { name, status } => HttpError::Status { name: name.clone(), status: *status },
+            HttpError::BadOption(message) => HttpError::BadOption(message.clone()),
+            HttpError::TimedOut(timeout) => HttpError::TimedOut(timeout.clone()),
+            other => HttpError::BadOption(other.to_string()),
         }
     }
 }
@@ -165,9 +195,109 @@ impl From<HttpError> for io::Error {
             HttpError::GaveUp { .. } | HttpError::TimedOut(_) => io::ErrorKind::TimedOut,
             HttpError::Status { status: 401 | 403, .. } => io::ErrorKind::PermissionDenied,
             HttpError::Status { status: 404 | 410, .. } => io::ErrorKind::NotFound,
+            HttpError::Refused { refusal, .. } if matches!(refusal.status, 401 | 403) => {
+                io::ErrorKind::PermissionDenied
+            }
+            HttpError::Refused { refusal, .. } if matches!(refusal.status, 404 | 410) => io::ErrorKind::NotFound,
+            HttpError::Auth { .. } => io::ErrorKind::PermissionDenied,
             HttpError::BadUrl(_) | HttpError::BadOption(_) => io::ErrorKind::InvalidInput,
             _ => io::ErrorKind::Other,
         };
         io::Error::new(kind, error)
+    }
+}
+
+/// An object store's error document: S3's `<Error><Code>..</Code><Message>..</Message>`, GCS's
+/// `{"error": {"message": ..}}`, plus the bucket's region when the store names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status.
+    pub status: u16,
+    /// The store's error code (`NoSuchKey`, `AccessDenied`, ...), empty for GCS.
+    pub code: String,
+    /// The store's message, cut to one short line.
+    pub message: String,
+    /// The region the bucket is in, when the answer names it (`x-amz-bucket-region`, `<Region>`).
+    pub region: Option<String>,
+}
+
+impl Refusal {
+    /// Reads an error body; `None` when it is not an object store's error document.
+    pub fn parse(status: u16, body: &[u8], region: Option<String>) -> Option<Refusal> {
+        let text = String::from_utf8_lossy(body);
+        let element = |tag: &str| {
+            let start = text.find(&format!("<{tag}>"))? + tag.len() + 2;
+            let end = start + text[start..].find(&format!("</{tag}>"))?;
+            Some(text[start..end].trim().to_string())
+        };
+        let (code, message, region) = if let Some(code) = element("Code") {
+            (code, element("Message").unwrap_or_default(), region.or_else(|| element("Region")))
+        } else {
+            let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+            let message = json.pointer("/error/message")?.as_str()?.to_string();
+            (String::new(), message, region)
+        };
+        let mut message: String = message.chars().filter(|c| !c.is_control()).take(200).collect();
+        if message.len() >= 200 {
+            message.push_str("...");
+        }
+        Some(Refusal { status, code, message, region })
+    }
+
+    /// Whether the answer says the request went to the wrong region.
+    pub fn wrong_region(&self) -> bool {
+        matches!(self.code.as_str(), "PermanentRedirect" | "AuthorizationHeaderMalformed" | "IncorrectEndpoint")
+            || (self.status == 301 && self.region.is_some())
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (status, code) = (self.status, &self.code);
+        let cause = match code.as_str() {
+            "NoSuchKey" => "no such key".to_string(),
+            "NoSuchBucket" => "no such bucket".to_string(),
+            "AccessDenied" | "AllAccessDisabled" => {
+                "access denied: check the credentials and the bucket's policy".to_string()
+            }
+            "SignatureDoesNotMatch" => "access denied: the signature does not match (wrong secret key?)".to_string(),
+            "InvalidAccessKeyId" => "access denied: the access key id is unknown to the server".to_string(),
+            "ExpiredToken" | "TokenRefreshRequired" => {
+                "the session token has expired; renew the credentials".to_string()
+            }
+            "InvalidToken" => "the session token is invalid".to_string(),
+            _ if self.wrong_region() => match &self.region {
+                Some(region) => format!("wrong region: the bucket is in {region} (set AWS_REGION={region})"),
+                None => "wrong region for this bucket (set AWS_REGION)".to_string(),
+            },
+            _ if status == 404 => format!("not found ({})", self.message),
+            _ if matches!(status, 401 | 403) => format!("access denied ({})", self.message),
+            _ if self.message.is_empty() => "refused".to_string(),
+            _ => self.message.clone(),
+        };
+        if code.is_empty() {
+            write!(f, "{cause} (HTTP {status})")
+        } else {
+            write!(f, "{cause} (HTTP {status} {code})")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_error_documents_name_the_cause() {
+        let body = b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code><Message>gone</Message></Error>";
+        let refusal = Refusal::parse(404, body, None).unwrap();
+        assert_eq!(refusal.to_string(), "no such key (HTTP 404 NoSuchKey)");
+        let body = b"<Error><Code>PermanentRedirect</Code><Message>m</Message></Error>";
+        let refusal = Refusal::parse(301, body, Some("eu-west-1".to_string())).unwrap();
+        assert!(refusal.wrong_region());
+        assert!(refusal.to_string().contains("the bucket is in eu-west-1"), "{refusal}");
+        let refusal = Refusal::parse(404, br#"{"error":{"code":404,"message":"No such object: b/o"}}"#, None).unwrap();
+        assert_eq!(refusal.to_string(), "not found (No such object: b/o) (HTTP 404)");
+        assert!(Refusal::parse(404, b"<html>nope</html>", None).is_none());
     }
 }

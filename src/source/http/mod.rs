@@ -11,8 +11,10 @@
 //! - `client`: one ranged GET (headers, redirects followed by hand) and the retry loop around it;
 //! - `pin`: the version pin and the header parsing it needs; `retry`: [`RetryPolicy`];
 //! - `url`: validation ([`UrlError`]) and credential-free [`display_name`]s;
-//! - `options`: [`HttpOptions`]; `error`: [`HttpError`].
+//! - `options`: [`HttpOptions`]; `error`: [`HttpError`]; `auth`: [`RequestAuth`], per-request
+//!   credentials (object stores' signatures and tokens).
 
+mod auth;
 mod client;
 mod error;
 mod options;
@@ -26,7 +28,8 @@ mod test_server;
 #[cfg(test)]
 mod tests;
 
-pub use error::{HttpError, Stalled, Timeout};
+pub use auth::{Authorizer, RequestAuth};
+pub use error::{HttpError, Refusal, Stalled, Timeout};
 pub use options::{HttpOptions, ProxySetting, Secret, DEFAULT_TIMEOUT};
 pub use retry::RetryPolicy;
 pub use source::HttpSource;

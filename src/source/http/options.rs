@@ -1,9 +1,11 @@
 //! Settings of a remote source (headers, credentials, timeouts, retries, proxy) and their parsing.
 
+use super::auth::Authorizer;
 use super::error::HttpError;
 use super::retry::RetryPolicy;
 use crate::stats::Stats;
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ureq::http::header::{HeaderName, HeaderValue};
@@ -93,6 +95,10 @@ pub struct HttpOptions {
     pub cache_redirects: bool,
     /// Where the `http_*` counters go.
     pub stats: Arc<Stats>,
+    /// Per-request credentials (an object store's signature or token), sent only to the origin.
+    pub auth: Option<Authorizer>,
+    /// Trust the certificates of this PEM file instead of the platform's (`AWS_CA_BUNDLE`).
+    pub ca_bundle: Option<PathBuf>,
 }
 
 impl Default for HttpOptions {
@@ -111,6 +117,8 @@ impl Default for HttpOptions {
             prefix_len: 64 * 1024,
             cache_redirects: true,
             stats: Arc::new(Stats::default()),
+            auth: None,
+            ca_bundle: None,
         }
     }
 }

@@ -29,7 +29,13 @@ impl HttpSource {
     /// the object's size and version. Fails for servers that ignore `Range` (without downloading the
     /// object), for HTTP errors, and after the retry policy is exhausted on transient failures.
     pub fn open(url: &str, options: HttpOptions) -> Result<HttpSource, HttpError> {
-        let remote = Arc::new(Remote::new(url, &options)?);
+        HttpSource::open_named(url, None, options)
+    }
+
+    /// [`HttpSource::open`], calling the object `name` in messages and in the mount (an object
+    /// store's `s3://BUCKET/KEY` rather than the endpoint URL it is read through).
+    pub fn open_named(url: &str, name: Option<&str>, options: HttpOptions) -> Result<HttpSource, HttpError> {
+        let remote = Arc::new(Remote::new(url, name, &options)?);
         let agent = remote.new_agent();
         let prefix_len = u64::from(options.prefix_len.max(1));
         let (prefix, pin) = remote.with_retries(|deadline| fetch_prefix(&remote, &agent, prefix_len, deadline))?;
@@ -235,7 +241,7 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Insta
             Some(0) => Ok((Vec::new(), Pin::from_headers(0, response.headers()))),
             _ => Err(Failure::permanent(remote.protocol("416 for the first bytes of a non-empty object".to_string()))),
         },
-        _ => Err(remote.status_failure(&response)),
+        _ => Err(remote.status_failure(response)),
     }
 }
 
@@ -275,7 +281,7 @@ fn open_range(
     match response.status().as_u16() {
         206 => {}
         200 => return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() })),
-        _ => return Err(remote.status_failure(&response)),
+        _ => return Err(remote.status_failure(response)),
     }
     if let Err(mismatch) = pin.check(response.headers()) {
         return Err(Failure::permanent(remote.changed(mismatch.to_string())));

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""S3 benchmark: stfs s3:// against s3fs and rclone mount (each with safetensors.safe_open) and
+against downloading then loading, all through one latency-adding, per-connection-paced proxy.
+
+s3s-fs (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback; the
+proxy of remote.py adds a fixed latency to every request (20 ms) and paces each connection's
+responses (100 MiB/s), standing in for a distant object store. Each measurement is a fresh (cold)
+mount, mount time included, unmount excluded; the variants are interleaved in every repetition:
+
+  stfs all       stfs mount s3://... + np.fromfile of every tensor file, in file order
+  s3fs all       s3fs mount + safe_open(numpy) + get_tensor of every tensor
+  rclone all     rclone mount (S3 remote, no VFS cache) + safe_open + every tensor
+  download+load  rclone copy of the object to local disk + safe_open + every tensor
+  stfs one       stfs mount + the middle tensor (~16 MiB)
+  stfs 4w        stfs mount + 4 workers forked after opening, each loading every 4th tensor
+  s3fs 4w        s3fs mount + safe_open, then 4 forked workers, each loading every 4th tensor
+
+Targets (issue 16): stfs all >= 3x faster than s3fs and rclone, >= 2x faster than download+load;
+one tensor < 5% of the download time; 4 workers >= 10x faster than through s3fs.
+Needs s3s-fs (cargo install s3s-fs@0.14.1 --features binary --locked), s3fs and rclone (Debian),
+python3 with numpy and safetensors.
+
+  python3 scripts/bench/s3.py --stfs target/release/stfs                   # 1 GiB, 5 repetitions
+  python3 scripts/bench/s3.py --stfs target/release/stfs --quick           # 32 MiB smoke run
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mounts import is_mounted, wait_mounted  # noqa: E402
+from remote import LatencyProxy, free_port, wait_port, write_checkpoint  # noqa: E402
+
+BUCKET = "bench"
+KEY_ID, SECRET = "AKIASTFSBENCH0000001", "stfs-bench-secret-key-000000000000000"
+LOAD = os.path.join(HERE, "load.py")
+
+
+def env():
+    """No proxy settings, the bench's keys, no instance metadata lookups."""
+    e = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("AWS_")}
+    e.update(AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION="us-east-1",
+             AWS_EC2_METADATA_DISABLED="true")
+    return e
+
+
+def rclone_env(endpoint):
+    e = env()
+    e.update(RCLONE_CONFIG_B_TYPE="s3", RCLONE_CONFIG_B_PROVIDER="Other", RCLONE_CONFIG_B_ENDPOINT=endpoint,
+             RCLONE_CONFIG_B_ACCESS_KEY_ID=KEY_ID, RCLONE_CONFIG_B_SECRET_ACCESS_KEY=SECRET,
+             RCLONE_CONFIG_B_FORCE_PATH_STYLE="true", RCLONE_CONFIG_B_REGION="us-east-1")
+    return e
+
+
+def load(mode, target, header, workers=1, names=None):
+    cmd = [sys.executable, LOAD, mode, target, "--header", header, "--workers", str(workers)]
+    subprocess.run(cmd, check=True, env=env(), stdout=subprocess.DEVNULL)
+
+
+def unmount(mp):
+    for cmd in (["fusermount", "-u", mp], ["umount", mp], ["umount", "-l", mp]):
+        if not is_mounted(mp):
+            break
+        subprocess.run(cmd, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while is_mounted(mp) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class Bench:
+    def __init__(self, args, workdir, endpoint, header, tensors):
+        self.args, self.workdir, self.endpoint, self.header, self.tensors = args, workdir, endpoint, header, tensors
+        self.passwd = os.path.join(workdir, "passwd-s3fs")
+        with open(self.passwd, "w") as f:
+            f.write(f"{KEY_ID}:{SECRET}\n")
+        os.chmod(self.passwd, 0o600)
+
+    def mountpoint(self):
+        return tempfile.mkdtemp(prefix="mp-", dir=self.workdir)
+
+    def timed(self, mount, work):
+        mp = self.mountpoint()
+        started = time.perf_counter()
+        try:
+            mount(mp)
+            work(mp)
+            return time.perf_counter() - started
+        finally:
+            unmount(mp)
+            os.rmdir(mp)
+            if getattr(self, "rclone", None) is not None:
+                self.rclone.wait(timeout=30)
+                self.rclone = None
+
+    def stfs_mount(self, mp):
+        url = f"s3://{BUCKET}/model.safetensors"
+        subprocess.run([self.args.stfs, "mount", url, mp, "--endpoint-url", self.endpoint], check=True, env=env())
+
+    def s3fs_mount(self, mp):
+        subprocess.run(["s3fs", BUCKET, mp, "-o", f"url={self.endpoint}", "-o", "use_path_request_style",
+                        "-o", f"passwd_file={self.passwd}", "-o", "endpoint=us-east-1", "-o", "ro"],
+                       check=True, env=env())
+        wait_mounted(mp)
+
+    def rclone_mount(self, mp):
+        # In the foreground, stopped by unmount (rclone's --daemon lost its mounts here).
+        self.rclone = subprocess.Popen(["rclone", "mount", f"b:{BUCKET}", mp, "--read-only", "--vfs-cache-mode", "off"],
+                                       env=rclone_env(self.endpoint), stderr=subprocess.DEVNULL)
+        wait_mounted(mp, self.rclone)
+
+    def stfs_all(self):
+        return self.timed(self.stfs_mount, lambda mp: load("files", mp, self.header))
+
+    def stfs_one(self):
+        name = self.tensors[len(self.tensors) // 2][0]
+
+        def work(mp):
+            with open(os.path.join(mp, name), "rb", buffering=0) as f:
+                while f.read(1 << 20):
+                    pass
+        return self.timed(self.stfs_mount, work)
+
+    def stfs_workers(self):
+        return self.timed(self.stfs_mount, lambda mp: load("files", mp, self.header, workers=4))
+
+    def s3fs_all(self):
+        return self.timed(self.s3fs_mount, lambda mp: load("ref", os.path.join(mp, "model.safetensors"), self.header))
+
+    def s3fs_workers(self):
+        target = lambda mp: os.path.join(mp, "model.safetensors")  # noqa: E731
+        return self.timed(self.s3fs_mount, lambda mp: load("ref", target(mp), self.header, workers=4))
+
+    def rclone_all(self):
+        return self.timed(self.rclone_mount, lambda mp: load("ref", os.path.join(mp, "model.safetensors"), self.header))
+
+    def download_load(self):
+        target = os.path.join(self.workdir, "dl")
+        started = time.perf_counter()
+        subprocess.run(["rclone", "copy", f"b:{BUCKET}/model.safetensors", target], check=True,
+                       env=rclone_env(self.endpoint), stderr=subprocess.DEVNULL)
+        downloaded = time.perf_counter() - started
+        load("ref", os.path.join(target, "model.safetensors"), self.header)
+        took = time.perf_counter() - started
+        shutil.rmtree(target)
+        return took, downloaded
+
+
+def summary(values):
+    return f"median {statistics.median(values):7.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stfs", default="target/release/stfs", help="the stfs binary")
+    p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size in MiB [1024]")
+    p.add_argument("--tensor-mb", type=int, default=16, help="approximate size of each tensor in MiB [16]")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds per request [20]")
+    p.add_argument("--conn-mib-s", type=float, default=100.0, help="pace each connection to this rate [100]")
+    p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
+    p.add_argument("--quick", action="store_true", help="32 MiB, 1 repetition: a smoke run")
+    p.add_argument("--skip", action="append", default=[], help="skip a variant (s3fs, rclone, download, workers)")
+    args = p.parse_args()
+    if args.quick:
+        args.size_mb, args.reps, args.tensor_mb = 32, 1, min(args.tensor_mb, 4)
+    server = shutil.which("s3s-fs") or os.path.expanduser("~/.cargo/bin/s3s-fs")
+    for tool in (server, "s3fs", "rclone"):
+        if not (shutil.which(tool) or os.path.exists(tool)):
+            sys.exit(f"{tool} is not installed")
+    args.stfs = os.path.abspath(args.stfs)
+    with tempfile.TemporaryDirectory(prefix="stfs-bench-s3-") as workdir:
+        root = os.path.join(workdir, "store")
+        os.makedirs(os.path.join(root, BUCKET))
+        header = os.path.join(workdir, "model.safetensors")
+        tensors = write_checkpoint(header, args.size_mb << 20, args.tensor_mb)
+        size = os.path.getsize(header)
+        port = free_port()
+        s3 = subprocess.Popen([server, "--host", "127.0.0.1", "--port", str(port), "--access-key", KEY_ID,
+                               "--secret-key", SECRET, root], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_port(port)
+            # Uploaded with one PUT, straight to the server: s3s-fs then keeps the object's ETag (for a
+            # file dropped into its directory it hashes the whole file on every GET and HEAD).
+            subprocess.run(["rclone", "copyto", header, f"b:{BUCKET}/model.safetensors", "--s3-upload-cutoff", "5G"],
+                           check=True, env=rclone_env(f"http://127.0.0.1:{port}"), stderr=subprocess.DEVNULL)
+            proxy = LatencyProxy(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
+            bench = Bench(args, workdir, f"http://127.0.0.1:{proxy.port}", header, tensors)
+            print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on s3s-fs; "
+                  f"proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
+                  f"{args.reps} repetitions, interleaved", flush=True)
+            runs = {name: [] for name in ("stfs all", "s3fs all", "rclone all", "download+load", "download",
+                                          "stfs one", "stfs 4w", "s3fs 4w")}
+            for rep in range(args.reps):
+                def measure(name, run):
+                    runs[name].append(run())
+                    print(f"  rep {rep + 1}: {name} {runs[name][-1]:.3f} s", flush=True)
+                measure("stfs all", bench.stfs_all)
+                if "s3fs" not in args.skip:
+                    measure("s3fs all", bench.s3fs_all)
+                if "rclone" not in args.skip:
+                    measure("rclone all", bench.rclone_all)
+                if "download" not in args.skip:
+                    both, downloaded = bench.download_load()
+                    runs["download"].append(downloaded)
+                    measure("download+load", lambda: both)
+                measure("stfs one", bench.stfs_one)
+                if "workers" not in args.skip:
+                    measure("stfs 4w", bench.stfs_workers)
+                    if "s3fs" not in args.skip:
+                        measure("s3fs 4w", bench.s3fs_workers)
+        finally:
+            s3.terminate()
+            s3.wait()
+    for name, values in runs.items():
+        if values:
+            print(f"{name:14} {summary(values)}")
+    med = {k: statistics.median(v) for k, v in runs.items() if v}
+
+    def target(label, ratio, goal):
+        print(f"{label:40} {ratio:6.2f}x  target >= {goal}x  {'MET' if ratio >= goal else 'MISSED'}")
+    for other, goal in (("s3fs all", 3), ("rclone all", 3), ("download+load", 2)):
+        if other in med:
+            target(f"whole model: {other} / stfs all", med[other] / med["stfs all"], goal)
+    if "download" in med:
+        share = med["stfs one"] / med["download"]
+        print(f"{'one tensor / download':40} {share:6.1%}   target < 5%    {'MET' if share < 0.05 else 'MISSED'}")
+    if "s3fs 4w" in med:
+        target("4 workers: s3fs 4w / stfs 4w", med["s3fs 4w"] / med["stfs 4w"], 10)
+    print(json.dumps({k: round(v, 4) for k, v in med.items()}))
+
+
+if __name__ == "__main__":
+    main()

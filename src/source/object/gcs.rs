@@ -1,0 +1,204 @@
+//! `gs://BUCKET/OBJECT` as an [`HttpSource`] over the JSON API: one metadata GET pins the object's
+//! generation, then every ranged media GET carries `ifGenerationMatch` (a replaced object answers
+//! 412: EIO) and a bearer token from Application Default Credentials (`gcp_auth`:
+//! `GOOGLE_APPLICATION_CREDENTIALS`, the gcloud ADC file, the metadata server), fetched again
+//! before it expires. `--no-sign-request` reads public objects anonymously; `--endpoint-url` or
+//! `STORAGE_EMULATOR_HOST` (anonymous, as Google's clients do) points at an emulator.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use ureq::http::Uri;
+
+use super::names::{encode_path, ObjectName};
+use crate::source::http::{Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
+use crate::util::lock;
+
+/// The OAuth scope asked for: reading objects only.
+const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_only";
+/// Tokens are fetched again when they expire within this long.
+const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
+
+/// Where requests go and the bearer token they carry (none: anonymous).
+pub(crate) struct GcsAuth {
+    endpoint: String,
+    token: Option<Mutex<(String, SystemTime)>>,
+    shown: String,
+}
+
+impl GcsAuth {
+    /// Finds the endpoint and, unless anonymous, a first token (before the daemon forks).
+    pub fn load(shown: &str, endpoint_url: Option<&str>, no_sign_request: bool) -> Result<GcsAuth, HttpError> {
+        let emulator = std::env::var("STORAGE_EMULATOR_HOST").ok().filter(|h| !h.is_empty());
+        let endpoint = match (endpoint_url, &emulator) {
+            (Some(url), _) => url.trim_end_matches('/').to_string(),
+            (None, Some(host)) if host.contains("://") => host.trim_end_matches('/').to_string(),
+            (None, Some(host)) => format!("http://{}", host.trim_end_matches('/')),
+            (None, None) => "https://storage.googleapis.com".to_string(),
+        };
+        let anonymous = no_sign_request || (emulator.is_some() && endpoint_url.is_none());
+        let token =
+            if anonymous { None } else { Some(Mutex::new(fetch_token().map_err(|detail| auth_error(shown, detail))?)) };
+        Ok(GcsAuth { endpoint, token, shown: shown.to_string() })
+    }
+
+    /// The current token, fetched again shortly before it expires.
+    fn bearer(&self) -> Result<Option<String>, HttpError> {
+        let Some(slot) = &self.token else { return Ok(None) };
+        let mut current = lock(slot);
+        let now = SystemTime::now();
+        if current.1 <= now + REFRESH_BEFORE {
+            match fetch_token() {
+                Ok(fresh) => *current = fresh,
+                Err(detail) if current.1 > now => {
+                    log::warn!("refreshing the Google token failed, the current one is still valid: {detail}")
+                }
+                Err(detail) => return Err(auth_error(&self.shown, detail)),
+            }
+        }
+        Ok(Some(current.0.clone()))
+    }
+}
+
+impl RequestAuth for GcsAuth {
+    fn headers(&self, _uri: &Uri) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
+        let Some(token) = self.bearer()? else { return Ok(Vec::new()) };
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| auth_error(&self.shown, "the token holds invalid characters".to_string()))?;
+        Ok(vec![(AUTHORIZATION, value)])
+    }
+}
+
+fn auth_error(shown: &str, detail: String) -> HttpError {
+    HttpError::Auth { name: shown.to_string(), detail }
+}
+
+/// One token from Application Default Credentials, on a runtime made for the fetch.
+fn fetch_token() -> Result<(String, SystemTime), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the credential lookup: {e}"))?;
+    let outcome = runtime.block_on(async {
+        let provider = gcp_auth::provider().await.map_err(|e| {
+            format!(
+                "no Google credentials found (tried: GOOGLE_APPLICATION_CREDENTIALS, the gcloud application \
+                 default credentials file, the metadata server, gcloud): {}; for a public object use --no-sign-request",
+                one_line(&e)
+            )
+        })?;
+        let token =
+            provider.token(&[SCOPE]).await.map_err(|e| format!("getting a Google token failed: {}", one_line(&e)))?;
+        let expires = UNIX_EPOCH + Duration::from_secs(u64::try_from(token.expires_at().timestamp()).unwrap_or(0));
+        Ok((token.as_str().to_string(), expires))
+    });
+    runtime.shutdown_background();
+    outcome
+}
+
+/// An error and its causes on one line.
+fn one_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(&format!(": {inner}"));
+        cause = inner.source();
+    }
+    text.replace('\n', " ")
+}
+
+/// Opens the object: its metadata (size, generation), then the media URL pinned to that generation.
+pub(crate) fn open(name: &ObjectName, http: &HttpOptions, auth: Arc<GcsAuth>) -> Result<HttpSource, HttpError> {
+    let shown = name.shown();
+    let object_path = format!(
+        "{}/storage/v1/b/{}/o/{}",
+        auth.endpoint,
+        encode_path(&name.bucket, false),
+        encode_path(&name.key, false)
+    );
+    let generation = fetch_generation(&shown, &object_path, &auth, http)?;
+    let url = format!("{object_path}?alt=media&ifGenerationMatch={generation}");
+    let mut http = http.clone();
+    http.hub_token_from_env = false;
+    http.auth = Some(Authorizer(auth));
+    let source = HttpSource::open_named(&url, Some(&shown), http)?;
+    log::info!("{shown}: generation {generation}");
+    Ok(source)
+}
+
+/// A duration as the HTTP source words it: `30 s`, `1.5 s`, `250 ms`.
+fn seconds(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms < 1000 => format!("{ms} ms"),
+        ms if ms % 1000 == 0 => format!("{} s", ms / 1000),
+        _ => format!("{:.1} s", d.as_secs_f64()),
+    }
+}
+
+/// The object's generation, from a metadata GET (JSON API).
+fn fetch_generation(shown: &str, url: &str, auth: &GcsAuth, http: &HttpOptions) -> Result<String, HttpError> {
+    // Within the one time budget of the opening (`--timeout`, or the checkpoint's deadline).
+    let now = Instant::now();
+    let budget = http.deadline.map_or(http.timeout, |d| d.saturating_duration_since(now).min(http.timeout));
+    let config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(http.connect_timeout.min(budget)))
+        .timeout_global(Some(budget))
+        .build();
+    let agent = ureq::Agent::new_with_config(config);
+    let mut request = agent.get(url).query("fields", "generation,size");
+    if let Some(token) = auth.bearer()? {
+        request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let server = ureq::http::Uri::try_from(url).ok().and_then(|u| u.authority().map(|a| a.to_string()));
+    let server = server.unwrap_or_else(|| "the server".to_string());
+    let transport = |e: ureq::Error| {
+        let detail = match e {
+            ureq::Error::Timeout(_) => format!(
+                "timed out after {} waiting for {server} to answer the object's metadata request",
+                seconds(http.timeout)
+            ),
+            other => other.to_string(),
+        };
+        HttpError::Transport { name: shown.to_string(), detail, source: None }
+    };
+    let mut response = request.call().map_err(transport)?;
+    let status = response.status().as_u16();
+    let body = response.body_mut().with_config().limit(1 << 20).read_to_vec().map_err(transport)?;
+    if status != 200 {
+        return Err(match Refusal::parse(status, &body, None) {
+            Some(mut refusal) => {
+                if status == 404 {
+                    let bucket = refusal.message.to_ascii_lowercase().contains("bucket");
+                    refusal.code = if bucket { "NoSuchBucket" } else { "NoSuchKey" }.to_string();
+                }
+                HttpError::Refused { name: shown.to_string(), refusal: Box::new(refusal) }
+            }
+            None => HttpError::Status { name: shown.to_string(), status },
+        });
+    }
+    let json: serde_json::Value = serde_json::from_slice(&body).map_err(|e| HttpError::Protocol {
+        name: shown.to_string(),
+        detail: format!("object metadata is not JSON: {e}"),
+    })?;
+    let generation = match json.get("generation") {
+        Some(serde_json::Value::String(text)) if text.bytes().all(|b| b.is_ascii_digit()) && !text.is_empty() => {
+            text.clone()
+        }
+        Some(serde_json::Value::Number(number)) => number.to_string(),
+        _ => {
+            return Err(HttpError::Protocol {
+                name: shown.to_string(),
+                detail: "object metadata has no generation".to_string(),
+            })
+        }
+    };
+    Ok(generation)
+}
+
+impl std::fmt::Debug for GcsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcsAuth").field("endpoint", &self.endpoint).field("signed", &self.token.is_some()).finish()
+    }
+}
