@@ -7,9 +7,12 @@
 //! straight to the kernel may be served from the source's mapping; the views read their bytes in
 //! user space, so they always go through the engine's blocks.
 
+use std::ops::Range;
+
 use crate::engine::Engine;
 use crate::fs::control::StatsFile;
 use crate::fs::error::FsError;
+use crate::source::SourceId;
 use crate::tree::namespace::{Content, Namespace, Tensor};
 use crate::views::f32::{convert_to_f32, converted_len, source_byte_range, source_range_for};
 
@@ -35,8 +38,7 @@ impl Source<'_> {
         let (ns, engine, control) = (self.ns, self.engine, self.control);
         let tensor = |i: usize| ns.tensors().get(i).ok_or(FsError::NotFound);
         match content {
-            Content::Tensor(i) if self.to_kernel => read_tensor_for_kernel(engine, tensor(*i)?, offset, size, reply),
-            Content::Tensor(i) => read_tensor(engine, tensor(*i)?, offset, size, reply),
+            Content::Tensor(i) => read_tensor(engine, self.to_kernel, tensor(*i)?, offset, size, reply),
             Content::Npy { tensor: i, header } => {
                 read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(&v))
             }
@@ -48,26 +50,10 @@ impl Source<'_> {
     }
 }
 
-/// [`read_tensor`] for a reply that only hands the bytes to the kernel: straight from the
-/// source's mapping where it has one.
-fn read_tensor_for_kernel<R>(
-    engine: &Engine,
-    t: &Tensor,
-    offset: u64,
-    size: u32,
-    reply: impl FnOnce(&[u8]) -> R,
-) -> Result<R, FsError> {
-    if offset >= t.len {
-        return Ok(reply(&[]));
-    }
-    let n = (t.len - offset).min(u64::from(size)) as usize;
-    engine.read_for_kernel(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
-}
-
-/// Bytes `[offset, offset+size)` of tensor `t`, clipped to its length, handed to `reply`: a range
-/// inside one cached block reaches `reply` without a copy.
+/// Bytes `[offset, offset+size)` of tensor `t`, clipped to its length, handed to `reply`.
 fn read_tensor<R>(
     engine: &Engine,
+    to_kernel: bool,
     t: &Tensor,
     offset: u64,
     size: u32,
@@ -77,7 +63,27 @@ fn read_tensor<R>(
         return Ok(reply(&[]));
     }
     let n = (t.len - offset).min(u64::from(size)) as usize;
-    engine.read_in(t.source, t.start..t.start + t.len, t.start + offset, n, reply).map_err(FsError::Read)
+    read_source(engine, to_kernel, t.source, t.start..t.start + t.len, t.start + offset, n, reply)
+}
+
+/// `len` bytes of `source` at `offset`, inside the file's `extent`, handed to `reply`: from the
+/// source's mapping when the reply only goes to the kernel (`to_kernel`) and the source has one,
+/// else through the engine's blocks (a range inside one cached block reaches `reply` without a copy).
+fn read_source<R>(
+    engine: &Engine,
+    to_kernel: bool,
+    source: SourceId,
+    extent: Range<u64>,
+    offset: u64,
+    len: usize,
+    reply: impl FnOnce(&[u8]) -> R,
+) -> Result<R, FsError> {
+    let result = if to_kernel {
+        engine.read_for_kernel(source, extent, offset, len, reply)
+    } else {
+        engine.read_in(source, extent, offset, len, reply)
+    };
+    result.map_err(FsError::Read)
 }
 
 /// Bytes `[offset, offset+size)` of shard `shard`'s whole file, handed to `reply`. The engine is
@@ -100,12 +106,7 @@ fn read_checkpoint<R>(
     }
     let n = (len - offset).min(u64::from(size));
     let extent = ns.checkpoint_extent(shard, offset..offset + n);
-    let result = if to_kernel {
-        engine.read_for_kernel(s.source, extent, offset, n as usize, reply)
-    } else {
-        engine.read_in(s.source, extent, offset, n as usize, reply)
-    };
-    result.map_err(FsError::Read)
+    read_source(engine, to_kernel, s.source, extent, offset, n as usize, reply)
 }
 
 /// Bytes `[offset, offset+size)` of tensor `t` converted to F32: the whole source elements that
@@ -139,7 +140,7 @@ fn read_with_prefix(engine: &Engine, prefix: &[u8], t: &Tensor, offset: u64, siz
     let rest = size - out.len() as u32;
     if rest > 0 {
         let tensor_offset = offset.saturating_sub(prefix.len() as u64);
-        read_tensor(engine, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes))?;
+        read_tensor(engine, false, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes))?;
     }
     Ok(out)
 }
