@@ -7,170 +7,17 @@
 mod common;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
+#[macro_use]
+#[path = "common/s3server.rs"]
+mod s3server;
 
-use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
+use s3server::*;
 use stfs::format::Dtype;
 use tinyhttp::{Response, TinyHttp};
-
-const ACCESS_KEY: &str = "AKIASTFSTESTKEY00001";
-const SECRET_KEY: &str = "stfs-test-secret/very+secret0000000000";
-const BUCKET: &str = "models";
-
-/// A running `s3s-fs` serving `root` (one directory per bucket); killed on drop.
-struct S3Server {
-    child: Child,
-    root: tempfile::TempDir,
-    port: u16,
-}
-
-impl S3Server {
-    fn start() -> Option<S3Server> {
-        let binary = find_s3s_fs()?;
-        let root = workdir();
-        std::fs::create_dir(root.path().join(BUCKET)).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(binary)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(root.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs");
-        let server = S3Server { child, root, port };
-        assert!(
-            wait_until(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", port)).is_ok()),
-            "s3s-fs did not listen"
-        );
-        Some(server)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn object(&self, key: &str) -> PathBuf {
-        self.root.path().join(BUCKET).join(key)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn find_s3s_fs() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let candidates = [home.join(".cargo/bin/s3s-fs"), PathBuf::from("/usr/local/bin/s3s-fs")];
-    if let Some(found) = candidates.into_iter().find(|p| p.is_file()) {
-        return Some(found);
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("s3s-fs")).find(|p| p.is_file())
-}
-
-macro_rules! s3_or_skip {
-    () => {
-        match S3Server::start() {
-            Some(server) => server,
-            None => return tool_missing("s3s-fs", "cargo install s3s-fs@0.14.1 --features binary --locked"),
-        }
-    };
-}
-
-/// The environment of every stfs run here: no AWS settings inherited, an empty home (no
-/// ~/.aws), no instance metadata unless a test serves one, then `vars`.
-fn command(args: &[&str], home: &Path, vars: &[(&str, String)]) -> Command {
-    let mut command = Command::new(STFS);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("AWS_") {
-            command.env_remove(name);
-        }
-    }
-    command.env("HOME", home).env("AWS_EC2_METADATA_DISABLED", "true").env("AWS_REGION", "us-east-1");
-    for (name, value) in vars {
-        command.env(name, value);
-    }
-    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    command
-}
-
-fn run(args: &[&str], home: &Path, vars: &[(&str, String)]) -> Output {
-    wait_output(command(args, home, vars).spawn().unwrap(), TIMEOUT)
-}
-
-fn env_keys(server: &S3Server, secret: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("AWS_ENDPOINT_URL", server.endpoint()),
-        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
-        ("AWS_SECRET_ACCESS_KEY", secret.to_string()),
-    ]
-}
-
-/// A mount of `url` with `vars`, unmounted on drop.
-struct S3Mount {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl S3Mount {
-    fn new(url: &str, home: &Path, vars: &[(&str, String)]) -> S3Mount {
-        let dir = workdir();
-        let path = dir.path().join("m");
-        std::fs::create_dir(&path).unwrap();
-        let out = run(&["mount", "--block-size", "64K", url, path.to_str().unwrap()], home, vars);
-        let mount = S3Mount { _dir: dir, path };
-        assert!(out.status.success(), "stfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(is_mounted(&mount.path));
-        mount
-    }
-
-    fn tensor(&self, name: &str) -> PathBuf {
-        self.path.join(stfs::tree::names::escape(name, stfs::tree::namespace::RESERVED))
-    }
-}
-
-impl Drop for S3Mount {
-    fn drop(&mut self) {
-        force_unmount(&self.path);
-    }
-}
-
-fn fixture() -> Vec<T> {
-    let mut tensors = mixed_tensors();
-    for i in 0..4 {
-        tensors.push(T::new(&format!("big.{i}.weight"), Dtype::F32, &[200 + i, 1000]));
-    }
-    tensors
-}
-
-fn assert_all_exact(m: &S3Mount, tensors: &[T]) {
-    for t in tensors {
-        let got = std::fs::read(m.tensor(&t.name)).unwrap();
-        assert!(got == t.data, "{} differs", t.name);
-    }
-}
-
-/// Asserts a refused mount: exit 1, one line naming the object and holding `needle`, nothing mounted.
-fn assert_refused(url: &str, home: &Path, vars: &[(&str, String)], needle: &str) {
-    let dir = workdir();
-    let out = run(&["mount", url, dir.path().to_str().unwrap()], home, vars);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with(&format!("stfs: {url}: ")) && err.contains(needle), "{err}");
-    assert_eq!(err.matches(url).count(), 1, "the object is named once: {err}");
-    assert!(!err.contains(SECRET_KEY), "{err}");
-    assert!(!is_mounted(dir.path()));
-}
 
 #[test]
 fn env_credentials_read_every_tensor_byte_exact_and_nothing_leaks() {
@@ -180,7 +27,7 @@ fn env_credentials_read_every_tensor_byte_exact_and_nothing_leaks() {
     std::fs::create_dir(server.object("dir")).unwrap();
     write_checkpoint(&server.object("dir/model.safetensors"), &tensors, None);
     let url = format!("s3://{BUCKET}/dir/model.safetensors");
-    let vars = env_keys(&server, SECRET_KEY);
+    let vars = env_keys(&server.endpoint(), SECRET_KEY);
     let m = S3Mount::new(&url, home.path(), &vars);
     assert_all_exact(&m, &tensors);
     let metadata = std::fs::read_to_string(m.path.join("metadata.json")).unwrap();
@@ -207,8 +54,8 @@ fn wrong_secret_and_missing_objects_are_refused_in_one_line() {
     let home = workdir();
     write_checkpoint(&server.object("m.safetensors"), &mixed_tensors(), None);
     let url = format!("s3://{BUCKET}/m.safetensors");
-    assert_refused(&url, home.path(), &env_keys(&server, "not-the-secret"), "signature does not match");
-    let good = env_keys(&server, SECRET_KEY);
+    assert_refused(&url, home.path(), &env_keys(&server.endpoint(), "not-the-secret"), "signature does not match");
+    let good = env_keys(&server.endpoint(), SECRET_KEY);
     let missing = format!("s3://{BUCKET}/nope.safetensors");
     assert_refused(&missing, home.path(), &good, "no such key");
     // s3s-fs answers NoSuchKey for a missing bucket too (S3 says NoSuchBucket: the unit tests cover it).
@@ -260,22 +107,6 @@ fn profile_file_credentials() {
     ];
     let m = S3Mount::new(&format!("s3://{BUCKET}/m.safetensors"), home.path(), &vars);
     assert_all_exact(&m, &mixed_tensors());
-}
-
-/// `secs` since the epoch as RFC 3339 (`2024-01-01T00:00:00Z`).
-fn rfc3339(secs: u64) -> String {
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
 #[test]
@@ -346,7 +177,7 @@ fn sharded_checkpoint_by_prefix() {
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
     std::fs::write(server.object("sharded/model.safetensors.index.json"), index.to_string()).unwrap();
     let url = format!("s3://{BUCKET}/sharded/model.safetensors.index.json");
-    let m = S3Mount::new(&url, home.path(), &env_keys(&server, SECRET_KEY));
+    let m = S3Mount::new(&url, home.path(), &env_keys(&server.endpoint(), SECRET_KEY));
     assert_all_exact(&m, &all);
 }
 
@@ -356,7 +187,8 @@ fn an_object_replaced_while_mounted_gives_eio() {
     let home = workdir();
     let tensors = fixture();
     write_checkpoint(&server.object("m.safetensors"), &tensors, None);
-    let m = S3Mount::new(&format!("s3://{BUCKET}/m.safetensors"), home.path(), &env_keys(&server, SECRET_KEY));
+    let m =
+        S3Mount::new(&format!("s3://{BUCKET}/m.safetensors"), home.path(), &env_keys(&server.endpoint(), SECRET_KEY));
     // Read before: the middle of another tensor (a read from a tensor's first byte would prefetch
     // the rest of it, and the kernel reads ahead inside a file, so the checked one stays untouched).
     let first = tensors.iter().find(|t| t.name == "big.0.weight").unwrap();

@@ -36,6 +36,11 @@ impl SyslogLogger {
         SyslogLogger { filter, path, socket: Mutex::new(None) }
     }
 
+    /// The most verbose level `filter` lets through.
+    pub fn filter(&self) -> log::LevelFilter {
+        self.filter.filter()
+    }
+
     fn connect(&self) -> Option<UnixDatagram> {
         let socket = UnixDatagram::unbound().ok()?;
         socket.connect(&self.path).ok()?;

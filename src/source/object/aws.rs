@@ -138,13 +138,32 @@ fn describe(error: &CredentialsError) -> String {
         other => {
             let mut text = format!("AWS credentials could not be loaded: {other}");
             let mut cause = std::error::Error::source(other);
+            let mut io_error = false;
             while let Some(inner) = cause {
-                text.push_str(&format!(": {inner}"));
+                io_error |= inner.downcast_ref::<std::io::Error>().is_some();
+                // The SDK's errors repeat their cause's words ("service error: X: X"): once is enough.
+                let words = inner.to_string();
+                if !text.contains(&words) {
+                    text.push_str(&format!(": {words}"));
+                }
                 cause = inner.source();
+            }
+            // The providers' file errors name no file: name the one the environment points at.
+            if let Some(file) = unreadable_file().filter(|_| io_error) {
+                text = format!("AWS credentials could not be loaded: {file}");
             }
             text.replace('\n', " ")
         }
     }
+}
+
+/// The first token file named by the environment that cannot be read, with why.
+fn unreadable_file() -> Option<String> {
+    ["AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"].into_iter().find_map(|var| {
+        let path = std::env::var_os(var).filter(|p| !p.is_empty())?;
+        let error = std::fs::File::open(&path).err()?;
+        Some(format!("{} ({var}) cannot be read: {error}", std::path::Path::new(&path).display()))
+    })
 }
 
 impl std::fmt::Debug for AwsSession {

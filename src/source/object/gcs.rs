@@ -102,7 +102,10 @@ fn one_line(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(inner) = cause {
-        text.push_str(&format!(": {inner}"));
+        let words = inner.to_string();
+        if !text.contains(&words) {
+            text.push_str(&format!(": {words}"));
+        }
         cause = inner.source();
     }
     text.replace('\n', " ")

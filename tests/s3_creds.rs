@@ -1,0 +1,332 @@
+//! The rest of the AWS credential chain and the refusals, end to end against `s3s-fs` (checking
+//! every SigV4 signature) with the chain's endpoints served on loopback by the test: web identity
+//! (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`, STS's AssumeRoleWithWebIdentity reached through
+//! `AWS_ENDPOINT_URL_STS`), ECS container credentials (`AWS_CONTAINER_CREDENTIALS_FULL_URI` with
+//! an authorization token or token file), short-lived credentials fetched again on a long-lived
+//! mount (a gate in front of s3s-fs refuses an expired session token, as S3 does), no secret in
+//! a trace log, and the refusals S3 gives that s3s-fs cannot (access denied, no such bucket, an
+//! expired token, a bucket in another region), each one line naming the object.
+//! Skips when `s3s-fs` is missing (fails under `CI=true`).
+
+mod common;
+#[path = "common/tinyhttp.rs"]
+mod tinyhttp;
+#[macro_use]
+#[path = "common/s3server.rs"]
+mod s3server;
+
+use std::os::unix::fs::FileExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use s3server::*;
+use tinyhttp::{Request, Response, TinyHttp};
+
+const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/stfs-loader";
+const WEB_IDENTITY_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.stfs-web-identity-token.c2lnbmF0dXJl";
+const CONTAINER_AUTH: &str = "stfs-container-authorization-0001";
+
+/// The value of `name` in a form-encoded body.
+fn form_value(body: &[u8], name: &str) -> Option<String> {
+    let text = String::from_utf8_lossy(body);
+    text.split('&')
+        .find_map(|pair| pair.strip_prefix(&format!("{name}=")).map(|v| v.replace("%3A", ":").replace("%2F", "/")))
+}
+
+/// STS answering AssumeRoleWithWebIdentity for `ROLE_ARN` and the token in the file, with the
+/// test's keys and `session` as the session token; counts the calls.
+fn start_sts(session: &'static str, calls: Arc<AtomicUsize>) -> TinyHttp {
+    TinyHttp::start(move |request| {
+        let action = form_value(&request.body, "Action");
+        if request.method != "POST" || action.as_deref() != Some("AssumeRoleWithWebIdentity") {
+            return sts_error(400, "InvalidAction", "only AssumeRoleWithWebIdentity here");
+        }
+        calls.fetch_add(1, Ordering::SeqCst);
+        if form_value(&request.body, "RoleArn").as_deref() != Some(ROLE_ARN) {
+            return sts_error(403, "AccessDenied", "Not authorized to perform sts:AssumeRoleWithWebIdentity");
+        }
+        if form_value(&request.body, "WebIdentityToken").as_deref() != Some(WEB_IDENTITY_TOKEN) {
+            return sts_error(
+                400,
+                "InvalidIdentityToken",
+                "Couldn't retrieve verification key from your identity provider",
+            );
+        }
+        let body = format!(
+            "<AssumeRoleWithWebIdentityResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">\
+             <AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>{ACCESS_KEY}</AccessKeyId>\
+             <SecretAccessKey>{SECRET_KEY}</SecretAccessKey><SessionToken>{session}</SessionToken>\
+             <Expiration>{}</Expiration></Credentials><AssumedRoleUser>\
+             <AssumedRoleId>AROASTFSTEST:loader</AssumedRoleId>\
+             <Arn>arn:aws:sts::123456789012:assumed-role/stfs-loader/loader</Arn></AssumedRoleUser>\
+             <SubjectFromWebIdentityToken>system:serviceaccount:ml:loader</SubjectFromWebIdentityToken>\
+             </AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>\
+             </AssumeRoleWithWebIdentityResponse>",
+            rfc3339(now_secs() + 3600)
+        );
+        Response::new(200, body).header("Content-Type", "text/xml")
+    })
+}
+
+fn sts_error(status: u16, code: &str, message: &str) -> Response {
+    let body = format!(
+        "<ErrorResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><Error><Type>Sender</Type>\
+         <Code>{code}</Code><Message>{message}</Message></Error><RequestId>1</RequestId></ErrorResponse>"
+    );
+    Response::new(status, body).header("Content-Type", "text/xml")
+}
+
+#[test]
+fn web_identity_credentials_from_sts_read_every_tensor() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sts = start_sts("stfs-web-identity-session", Arc::clone(&calls));
+    let token_file = home.path().join("token");
+    std::fs::write(&token_file, WEB_IDENTITY_TOKEN).unwrap();
+    let mut vars = vec![
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_ENDPOINT_URL_STS", sts.url()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", token_file.display().to_string()),
+        ("AWS_ROLE_ARN", ROLE_ARN.to_string()),
+        ("AWS_ROLE_SESSION_NAME", "loader".to_string()),
+    ];
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let m = S3Mount::new(&url, home.path(), &vars);
+    assert_all_exact(&m, &tensors);
+    assert!(calls.load(Ordering::SeqCst) >= 1, "STS was not asked");
+    drop(m);
+
+    // A token STS refuses: one line naming the object and STS's cause, the token not shown.
+    std::fs::write(&token_file, "eyJ.not-the-token.x").unwrap();
+    let line = assert_refused_hiding(&url, home.path(), &vars, "InvalidIdentityToken", &["eyJ.not-the-token"]);
+    assert!(line.contains("AWS credentials could not be loaded"), "{line}");
+    // A token file that is not there.
+    vars[2].1 = home.path().join("missing-token").display().to_string();
+    assert_refused(&url, home.path(), &vars, "missing-token");
+}
+
+/// ECS's credentials endpoint: the test's keys for the right `Authorization`, a new session token
+/// `tok-N` valid `lifetime` on each call (the issue times and expiries kept in `issued`).
+fn start_container_endpoint(lifetime: Duration, issued: Arc<Mutex<Vec<(Instant, u64)>>>) -> TinyHttp {
+    TinyHttp::start(move |request| {
+        if request.headers.get("authorization").map(String::as_str) != Some(CONTAINER_AUTH) {
+            return Response::new(401, r#"{"Message":"unauthorized"}"#);
+        }
+        if request.target != "/v2/credentials/stfs" {
+            return Response::new(404, "");
+        }
+        let mut issued = issued.lock().unwrap();
+        let expires = now_secs() + lifetime.as_secs();
+        issued.push((Instant::now(), expires));
+        let body = serde_json::json!({
+            "AccessKeyId": ACCESS_KEY,
+            "SecretAccessKey": SECRET_KEY,
+            "Token": format!("tok-{}", issued.len()),
+            "Expiration": rfc3339(expires),
+            "RoleArn": ROLE_ARN,
+        });
+        Response::new(200, body.to_string()).header("Content-Type", "application/json")
+    })
+}
+
+#[test]
+fn container_credentials_with_an_authorization_token_or_token_file() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let ecs = start_container_endpoint(Duration::from_secs(3600), Arc::clone(&issued));
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let full_uri = format!("{}/v2/credentials/stfs", ecs.url());
+    let by_env = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", full_uri.clone()),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+    ];
+    let m = S3Mount::new(&url, home.path(), &by_env);
+    assert_all_exact(&m, &tensors);
+    drop(m);
+    let token_file = home.path().join("eks-pod-identity-token");
+    std::fs::write(&token_file, CONTAINER_AUTH).unwrap();
+    let by_file = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", full_uri.clone()),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", token_file.display().to_string()),
+    ];
+    let m = S3Mount::new(&url, home.path(), &by_file);
+    assert_all_exact(&m, &tensors);
+    drop(m);
+    assert!(issued.lock().unwrap().len() >= 2, "the container endpoint was not asked by both mounts");
+
+    // A wrong authorization token: refused in one line, the token not shown.
+    let wrong = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", full_uri),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", "stfs-wrong-container-token".to_string()),
+    ];
+    let line = assert_refused_hiding(&url, home.path(), &wrong, "AWS credentials could not be loaded", &["stfs-wrong"]);
+    assert!(line.contains("401") || line.to_lowercase().contains("unauthorized"), "{line}");
+}
+
+/// A gate that lets a request through only while its session token (`tok-N`) is unexpired, as
+/// S3 answers `ExpiredToken` otherwise; records which tokens it let through and when.
+fn expiry_gate(
+    s3_port: u16,
+    issued: Arc<Mutex<Vec<(Instant, u64)>>>,
+    accepted: Arc<Mutex<Vec<(usize, Instant)>>>,
+) -> S3Gate {
+    S3Gate::start(s3_port, move |request: &Request| {
+        let token = request.headers.get("x-amz-security-token")?;
+        let index: usize = token.strip_prefix("tok-").and_then(|n| n.parse().ok()).unwrap_or(0);
+        let expires = index.checked_sub(1).and_then(|i| issued.lock().unwrap().get(i).map(|(_, e)| *e));
+        match expires {
+            Some(expires) if now_secs() < expires => {
+                accepted.lock().unwrap().push((index, Instant::now()));
+                None
+            }
+            _ => Some(s3_error(400, "ExpiredToken", "The provided token has expired.")),
+        }
+    })
+}
+
+#[test]
+fn short_lived_credentials_are_fetched_again_and_never_used_expired_and_no_secret_is_logged() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let lifetime = Duration::from_secs(16);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let ecs = start_container_endpoint(lifetime, Arc::clone(&issued));
+    let gate = expiry_gate(server.port, Arc::clone(&issued), Arc::clone(&accepted));
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let vars = [
+        ("AWS_ENDPOINT_URL", gate.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+        ("RUST_LOG", "trace".to_string()),
+    ];
+    // In the foreground with debug logging (-d), every line of the log kept in a file.
+    let (dir, path) = S3Mount::point();
+    let log_path = home.path().join("stfs.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut command =
+        command(&["mount", "-d", "--block-size", "64K", &url, path.to_str().unwrap()], home.path(), &vars);
+    command.stdout(Stdio::null()).stderr(log);
+    let mut child = command.spawn().unwrap();
+    let m = S3Mount::adopt(dir, path);
+    let mounted = wait_until(TIMEOUT, || is_mounted(&m.path) || child.try_wait().unwrap().is_some());
+    assert!(mounted && is_mounted(&m.path), "not mounted: {}", std::fs::read_to_string(&log_path).unwrap());
+    let first_expiry = issued.lock().unwrap()[0].0 + lifetime;
+
+    // Read one tensor now, the others once the first credentials have expired: each is read
+    // from the store for the first time then (nothing of it cached), signed with fresh ones.
+    let (now, later) = tensors.split_at(1);
+    assert_all_exact(&m, now);
+    std::thread::sleep(first_expiry.saturating_duration_since(Instant::now()) + Duration::from_secs(2));
+    assert_all_exact(&m, later);
+    let fetched_after_expiry = issued.lock().unwrap().iter().filter(|(at, _)| *at > first_expiry).count();
+    assert!(fetched_after_expiry >= 1, "no credentials fetched after the first ones expired: {:?}", issued.lock());
+    let accepted_late = accepted.lock().unwrap().iter().any(|(_, at)| *at > first_expiry);
+    assert!(accepted_late, "no read reached the store after the first credentials expired");
+
+    // No secret in the mount's source name, metadata.json, the daemon's command line or the log.
+    let secrets = [SECRET_KEY, CONTAINER_AUTH, "tok-1", "tok-2"];
+    let metadata = std::fs::read_to_string(m.path.join("metadata.json")).unwrap();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mountinfo.lines().find(|l| l.contains(m.path.to_str().unwrap())).unwrap().to_string();
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap()).to_string();
+    force_unmount(&m.path);
+    let exited = wait_until(TIMEOUT, || child.try_wait().unwrap().is_some());
+    if !exited {
+        let _ = child.kill();
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(exited, "the foreground mount did not exit after the unmount: {log}");
+    assert!(log.contains("fetching them again") && log.contains("mounted"), "not a debug log of the refresh: {log}");
+    for secret in secrets {
+        for (what, text) in [("metadata.json", &metadata), ("mountinfo", &line), ("cmdline", &cmdline), ("log", &log)] {
+            let shown: Vec<&str> = text.lines().filter(|l| l.contains(secret)).take(3).collect();
+            assert!(shown.is_empty(), "{what} shows {secret}: {shown:?}");
+        }
+    }
+}
+
+/// The refusals S3 gives and s3s-fs does not, answered by the gate in S3's words; the rest goes
+/// on to s3s-fs.
+#[test]
+fn access_denied_no_bucket_expired_token_and_wrong_region_are_one_line_each() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    std::fs::create_dir(server.object("eu")).unwrap();
+    write_checkpoint(&server.object("eu/m.safetensors"), &tensors, None);
+    write_checkpoint(&server.object("denied.safetensors"), &tensors, None);
+    let regions_seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = Arc::clone(&regions_seen);
+    let gate = S3Gate::start(server.port, move |request: &Request| {
+        let path = request.target.split('?').next().unwrap_or_default();
+        if request.headers.get("x-amz-security-token").map(String::as_str) == Some("stfs-expired-token") {
+            return Some(s3_error(400, "ExpiredToken", "The provided token has expired."));
+        }
+        if path.starts_with("/gone/") {
+            return Some(s3_error(404, "NoSuchBucket", "The specified bucket does not exist"));
+        }
+        if path == format!("/{BUCKET}/denied.safetensors") {
+            return Some(s3_error(403, "AccessDenied", "Access Denied"));
+        }
+        if path.starts_with(&format!("/{BUCKET}/eu/")) {
+            let region = signed_region(request).unwrap_or_default();
+            seen.lock().unwrap().push(region.clone());
+            if region != "eu-west-1" {
+                let redirect = s3_error(
+                    301,
+                    "PermanentRedirect",
+                    "The bucket you are attempting to access must be addressed using the specified endpoint.",
+                );
+                return Some(redirect.header("x-amz-bucket-region", "eu-west-1"));
+            }
+        }
+        None
+    });
+    let keys = env_keys(&gate.endpoint(), SECRET_KEY);
+    let object = |key: &str| format!("s3://{BUCKET}/{key}");
+    assert_refused(&object("denied.safetensors"), home.path(), &keys, "access denied");
+    assert_refused("s3://gone/m.safetensors", home.path(), &keys, "no such bucket");
+    let mut expired = keys.clone();
+    expired.push(("AWS_SESSION_TOKEN", "stfs-expired-token".to_string()));
+    assert_refused_hiding(
+        &object("m.safetensors"),
+        home.path(),
+        &expired,
+        "the session token has expired",
+        &["stfs-expired-token"],
+    );
+
+    // The region named (AWS_REGION=us-east-1) and wrong: refused, naming the bucket's.
+    let line =
+        assert_refused(&object("eu/m.safetensors"), home.path(), &keys, "wrong region: the bucket is in eu-west-1");
+    assert!(line.contains("HTTP 301"), "{line}");
+    // No region named: the 301 is followed to eu-west-1, and every tensor reads.
+    regions_seen.lock().unwrap().clear();
+    let mut unnamed = keys.clone();
+    unnamed.push(("AWS_REGION", String::new()));
+    let m = S3Mount::new(&object("eu/m.safetensors"), home.path(), &unnamed);
+    assert_all_exact(&m, &tensors);
+    let seen = regions_seen.lock().unwrap().clone();
+    assert_eq!(seen.first().map(String::as_str), Some("us-east-1"), "{seen:?}");
+    assert!(seen[1..].iter().all(|r| r == "eu-west-1") && seen.len() > 1, "{seen:?}");
+    // The followed region holds for reads after the mount too (a range far into the file).
+    let big = tensors.last().unwrap();
+    let mut tail = vec![0; 1000];
+    std::fs::File::open(m.tensor(&big.name)).unwrap().read_exact_at(&mut tail, big.data.len() as u64 - 1000).unwrap();
+    assert_eq!(tail, big.data[big.data.len() - 1000..]);
+}
