@@ -81,12 +81,25 @@ fn fetch_token() -> Result<(String, SystemTime), String> {
         .build()
         .map_err(|e| format!("cannot start the credential lookup: {e}"))?;
     let outcome = runtime.block_on(async {
-        let provider = gcp_auth::provider().await.map_err(|e| {
-            format!(
-                "no Google credentials found (tried: GOOGLE_APPLICATION_CREDENTIALS, the gcloud application \
-                 default credentials file, the metadata server, gcloud): {}; for a public object use --no-sign-request",
-                one_line(&e)
-            )
+        let provider = gcp_auth::provider().await.map_err(|e| match e {
+            // Each source's own failure, in the order tried (gcp_auth names no file or host).
+            gcp_auth::Error::NoAuthMethod(gcloud, metadata, user_file) => format!(
+                "no Google credentials found (tried: GOOGLE_APPLICATION_CREDENTIALS, not set; \
+                 ~/.config/gcloud/application_default_credentials.json: {}; the metadata server \
+                 metadata.google.internal: {}; gcloud auth print-access-token: {}); for a public object use \
+                 --no-sign-request",
+                one_line(&*user_file),
+                one_line(&*metadata),
+                one_line(&*gcloud)
+            ),
+            other => match std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS").filter(|p| !p.is_empty()) {
+                Some(file) => format!(
+                    "Google credentials could not be loaded from {} (GOOGLE_APPLICATION_CREDENTIALS): {}",
+                    std::path::Path::new(&file).display(),
+                    one_line(&other)
+                ),
+                None => format!("Google credentials could not be loaded: {}", one_line(&other)),
+            },
         })?;
         let token =
             provider.token(&[SCOPE]).await.map_err(|e| format!("getting a Google token failed: {}", one_line(&e)))?;
