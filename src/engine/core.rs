@@ -162,8 +162,9 @@ impl Engine {
     /// from its mapping (a local file, unless `map_files` is off) they are then a slice of the
     /// mapping, handed over after the source's pin check: no block, no copy in user space, and a
     /// file truncated under the mapping makes the kernel's copy fail (EIO for the reader), never
-    /// SIGBUS here. The read still goes to its stream, whose prefetch lanes ask the kernel to read
-    /// the window ahead in large aligned chunks. Other sources go through [`Engine::read_in`].
+    /// SIGBUS here. The read still goes to its stream, and this thread asks the kernel to read the
+    /// stream's window ahead in whole aligned 8 MiB chunks (`POSIX_FADV_WILLNEED`, which only starts
+    /// the reads). Other sources go through [`Engine::read_in`].
     pub fn read_for_kernel<R>(
         &self,
         source: SourceId,
@@ -184,9 +185,18 @@ impl Engine {
         }
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
-        entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
-            self.prefetcher.submit(&entry, io, lane)
-        });
+        if let Some(advice) = entry.streams.on_mapped_read(offset..end, extent, &entry.spares, &shared.stats) {
+            let bs = shared.config.block_size;
+            let start = advice.start.saturating_mul(bs).min(entry.len);
+            let advice_end = advice.end.saturating_mul(bs).min(entry.len);
+            if start < advice_end {
+                mapping.will_need(start..advice_end);
+                let stats = &shared.stats;
+                Stats::add(&stats.backing_reads, 1);
+                Stats::add(&stats.backing_read_bytes, advice_end - start);
+                Stats::add(&stats.prefetched_bytes, advice_end - start);
+            }
+        }
         let reply = mapping.to_kernel(offset..end, to_kernel).map_err(|e| {
             Stats::add(&shared.stats.backing_errors, 1);
             entry.error(offset, e)

@@ -22,8 +22,9 @@
 //! file on a local filesystem, unless `EngineConfig::map_files` is off) takes steps 1 and 2 as
 //! above, then skips 3: after the source's pin check it hands the caller a slice of the mapping,
 //! which fuser passes to `writev`, so the kernel copies straight from the file's page cache. Its
-//! stream's lanes (step 4) claim the same aligned chunks but only ask the kernel to read each one
-//! (`POSIX_FADV_WILLNEED`), counted as backing reads; the daemon drops its page-table entries for
+//! stream's window is not given to lanes (step 4): the reading thread asks the kernel to read it
+//! in whole aligned 8 MiB chunks (`POSIX_FADV_WILLNEED`, which only starts the reads), counted as
+//! backing reads, with no thread hand-off per chunk; the daemon drops its page-table entries for
 //! the mapping every `mapped_resident_bytes` of replies. Reads that need the bytes in user space
 //! (the `.npy` and F32 views, `stfs extract`) take the block path for every source.
 //!

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use super::cache::BlockCache;
 use super::readahead::{self, Decision, Readahead, ReadaheadConfig};
 use super::spares::Spares;
-use super::tuning::LANES;
+use super::tuning::{LANES, PREFETCH_CHUNK_BYTES};
 use crate::source::{SourceId, SourceReader};
 use crate::stats::Stats;
 use crate::util::lock;
@@ -81,6 +81,60 @@ impl Streams {
         mut submit: impl FnMut(&Arc<StreamIo>, usize) -> bool,
     ) -> Option<Arc<StreamIo>> {
         let bs = self.config.block_size;
+        let last = self.len.div_ceil(bs);
+        let (io, sequential) = self.with_stream(range, extent, spares, stats, |stream, decision| {
+            if !decision.prefetch.is_empty() {
+                let chunk_blocks = readahead::chunk_blocks(decision.window_blocks, bs);
+                let io = &stream.io;
+                if !io.add_pending(decision.prefetch.clone(), last, chunk_blocks, |lane| submit(io, lane)) {
+                    stream.readahead.refused(decision.prefetch.start);
+                }
+            }
+            if !self.mapped {
+                for block in decision.consumed.clone() {
+                    cache.recycle((self.source, block));
+                }
+            }
+        });
+        sequential.then_some(io)
+    }
+
+    /// [`Streams::on_read`] for a source served from its mapping, whose prefetch is only advice
+    /// to the kernel: the blocks the read's stream should now ask the kernel to read ahead, in
+    /// whole aligned chunks of [`PREFETCH_CHUNK_BYTES`] (a shorter run only where the source ends
+    /// or the reader would otherwise catch up with the advice). The caller gives the advice itself,
+    /// on its own thread: a `POSIX_FADV_WILLNEED` only starts reads, so handing it to a prefetch
+    /// lane would cost a thread switch per chunk for nothing.
+    pub(crate) fn on_mapped_read(
+        &self,
+        range: Range<u64>,
+        extent: Range<u64>,
+        spares: &Spares,
+        stats: &Stats,
+    ) -> Option<Range<u64>> {
+        let bs = self.config.block_size;
+        let last = self.len.div_ceil(bs);
+        let chunk_blocks = (PREFETCH_CHUNK_BYTES / bs).max(1);
+        let reader_end = range.end.div_ceil(bs);
+        let mut advice = None;
+        self.with_stream(range, extent, spares, stats, |stream, decision| {
+            advice = stream.io.take_advice(decision.prefetch.clone(), last, chunk_blocks, reader_end);
+        });
+        advice
+    }
+
+    /// Finds (or starts) the stream of the read of `range` in `extent`, runs `prefetch` on it with
+    /// the readahead's decision under the table's lock, records what the stream has left behind
+    /// and the table's totals. Returns the stream's I/O and whether it is sequential.
+    fn with_stream(
+        &self,
+        range: Range<u64>,
+        extent: Range<u64>,
+        spares: &Spares,
+        stats: &Stats,
+        prefetch: impl FnOnce(&mut Stream, &Decision),
+    ) -> (Arc<StreamIo>, bool) {
+        let bs = self.config.block_size;
         let mut table = lock(&self.table);
         let before = table.totals(bs);
         let (index, decision, replaced) =
@@ -92,28 +146,16 @@ impl Streams {
         if let Some(refused) = stream.io.take_refusal() {
             stream.readahead.refused(refused);
         }
-        if !decision.prefetch.is_empty() {
-            let chunk_blocks = readahead::chunk_blocks(decision.window_blocks, bs);
-            let io = &stream.io;
-            if !io.add_pending(decision.prefetch.clone(), self.len.div_ceil(bs), chunk_blocks, |lane| submit(io, lane))
-            {
-                stream.readahead.refused(decision.prefetch.start);
-            }
-        }
+        prefetch(stream, &decision);
         if !decision.consumed.is_empty() {
             stream.io.left_behind(decision.consumed.end);
-        }
-        if !self.mapped {
-            for block in decision.consumed.clone() {
-                cache.recycle((self.source, block));
-            }
         }
         let io = Arc::clone(&stream.io);
         let after = table.totals(bs);
         drop(table);
         stats.streams.fetch_add(after.0.wrapping_sub(before.0), Relaxed);
         stats.window_bytes.fetch_add(after.1.wrapping_sub(before.1), Relaxed);
-        decision.sequential.then_some(io)
+        (io, decision.sequential)
     }
 }
 
@@ -266,6 +308,38 @@ impl StreamIo {
         true
     }
 
+    /// Adds `blocks` (of a source with `last` blocks) to the pending advice of a mapped stream and
+    /// takes what is due now: every whole chunk of `chunk_blocks` that waits, or all that waits if
+    /// it reaches the source's end or the reader (now ending at block `reader_end`) would otherwise
+    /// read blocks not yet advised. Blocks the stream has left behind are skipped.
+    fn take_advice(&self, blocks: Range<u64>, last: u64, chunk_blocks: u64, reader_end: u64) -> Option<Range<u64>> {
+        let mut pending = lock(&self.pending);
+        pending.last = last;
+        if !blocks.is_empty() {
+            if pending.next >= pending.end {
+                (pending.next, pending.end) = (blocks.start, blocks.end);
+            } else {
+                pending.next = pending.next.min(blocks.start);
+                pending.end = pending.end.max(blocks.end);
+            }
+        }
+        pending.next = pending.next.max(self.behind.load(Relaxed));
+        if pending.next >= pending.end {
+            return None;
+        }
+        let whole_chunks_end = pending.end / chunk_blocks * chunk_blocks;
+        let due = if pending.end >= last || pending.next <= reader_end {
+            pending.end
+        } else if whole_chunks_end > pending.next {
+            whole_chunks_end
+        } else {
+            return None;
+        };
+        let advice = pending.next..due;
+        pending.next = due;
+        Some(advice)
+    }
+
     /// The next run of blocks for the job of `lane`, or `None` when it should end (nothing it may
     /// claim, or `stop`); ending frees the lane so a later [`StreamIo::add_pending`] can use it.
     pub(crate) fn next_chunk(&self, lane: usize, stop: bool) -> Option<Range<u64>> {
@@ -329,193 +403,5 @@ impl StreamIo {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const BS: u64 = 1000;
-
-    /// A table of streams over a 100-block source, as the readahead tests configure one.
-    fn streams(max_window_blocks: u64, max_streams: usize) -> Streams {
-        let config = ReadaheadConfig {
-            block_size: BS,
-            max_window_blocks,
-            max_streams,
-            back_slack: 300,
-            forward_slack: 2 * BS,
-            confirm_slack: BS,
-            initial_window_blocks: 1,
-            file_start_window_blocks: 4,
-        };
-        Streams::new(config, 0, 100 * BS, false)
-    }
-
-    /// What one read decided: (stream, sequential, prefetch).
-    type Outcome = (usize, bool, Range<u64>);
-
-    /// A labelled read pattern and what each of its reads should decide.
-    type Case = (&'static str, &'static [(u64, u64)], &'static [Outcome]);
-
-    /// Gives reads (offset, len) of the whole source to the table; returns each read's outcome.
-    fn classify(streams: &Streams, reads: &[(u64, u64)]) -> Vec<Outcome> {
-        let mut table = lock(&streams.table);
-        reads
-            .iter()
-            .map(|&(offset, len)| {
-                let (index, d, _) = table.classify(&streams.config, offset, len, 100 * BS, 0..100 * BS);
-                (index, d.sequential, d.prefetch)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn reads_go_to_the_closest_stream_that_accepts_them() {
-        let cases: &[Case] = &[
-            (
-                "a far jump starts a second, unconfirmed stream",
-                &[(0, 100), (100, 100), (50_000, 100)],
-                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
-            ),
-            (
-                "a read beyond the backward slack is a new stream",
-                &[(0, 900), (900, 100), (100, 100)],
-                &[(0, false, 0..0), (0, true, 1..2), (1, false, 0..0)],
-            ),
-            (
-                "two interleaved sequential readers keep separate streams",
-                &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
-                &[(0, false, 0..0), (1, false, 0..0), (0, true, 1..2), (1, true, 41..42)],
-            ),
-            (
-                "a read close to a new stream confirms it, one within the forward slack does not",
-                &[(10_000, 100), (12_000, 100), (12_500, 100), (14_500, 100)],
-                &[(0, false, 0..0), (1, false, 0..0), (1, true, 13..14), (1, true, 15..17)],
-            ),
-        ];
-        for (label, reads, expected) in cases {
-            assert_eq!(&classify(&streams(8, 4), reads), expected, "{label}");
-        }
-    }
-
-    #[test]
-    fn least_recently_used_stream_is_replaced() {
-        let streams = streams(8, 2);
-        classify(&streams, &[(0, 10), (20_000, 10), (20_010, 10)]);
-        let mut table = lock(&streams.table);
-        let (index, _, replaced) = table.classify(&streams.config, 60_000, 10, 100 * BS, 0..100 * BS);
-        assert_eq!((index, replaced.map(|s| s.last_used)), (0, Some(1)));
-        assert_eq!(table.streams.len(), 2);
-        drop(table);
-        // The surviving stream is still there and continues.
-        assert!(classify(&streams, &[(20_020, 10)])[0].1);
-    }
-
-    /// Reads `[offset, offset + len)` of the whole source through `on_read`, with prefetch jobs
-    /// accepted or not; whether the read's stream is sequential.
-    fn read(
-        streams: &Streams,
-        cache: &BlockCache,
-        spares: &Spares,
-        stats: &Stats,
-        at: (u64, u64),
-        accept: bool,
-    ) -> bool {
-        let (offset, len) = at;
-        streams.on_read(offset..offset + len, 0..100 * BS, cache, spares, stats, |_, _| accept).is_some()
-    }
-
-    #[test]
-    fn a_read_feeds_back_the_lanes_refusal_and_leaves_blocks_behind() {
-        let (streams, stats, spares) = (streams(8, 4), Stats::default(), Spares::default());
-        let cache = BlockCache::new(1 << 20, Arc::new(Stats::default()));
-        assert!(!read(&streams, &cache, &spares, &stats, (0, 500), true), "a new stream is not sequential yet");
-        assert!(read(&streams, &cache, &spares, &stats, (500, 500), true), "its continuation confirms it");
-        assert_eq!((counter(&stats.streams), counter(&stats.window_bytes)), (1, BS));
-        for at in [(1000, 500), (1500, 500), (2000, 1000)] {
-            read(&streams, &cache, &spares, &stats, at, true);
-        }
-        assert_eq!(counter(&stats.window_bytes), 4 * BS);
-        let io = Arc::clone(&lock(&streams.table).streams[0].io);
-        assert!(io.is_behind(1) && !io.is_behind(2), "the cursor (3000) is 2 blocks and the back slack past 1");
-        // A lane met a full cache: the next read doubles the window, then halves it.
-        io.refuse(9);
-        read(&streams, &cache, &spares, &stats, (3000, 500), true);
-        assert_eq!(counter(&stats.window_bytes), 4 * BS);
-        assert_eq!(io.take_refusal(), None, "the read took the refusal");
-    }
-
-    #[test]
-    fn a_prefetch_the_queue_refuses_halves_the_window() {
-        let (streams, stats, spares) = (streams(8, 4), Stats::default(), Spares::default());
-        let cache = BlockCache::new(1 << 20, Arc::new(Stats::default()));
-        for at in [(0, 500), (500, 500), (1000, 500)] {
-            read(&streams, &cache, &spares, &stats, at, false);
-        }
-        assert_eq!(counter(&stats.window_bytes), BS, "doubled to 2 blocks, then halved");
-    }
-
-    fn counter(c: &AtomicU64) -> u64 {
-        c.load(Relaxed)
-    }
-
-    /// Adds `blocks` (of 100) in chunks of `chunk_blocks`, accepting every job; the lanes started.
-    fn started_lanes(io: &StreamIo, blocks: Range<u64>, chunk_blocks: u64) -> Vec<usize> {
-        let mut lanes = Vec::new();
-        assert!(io.add_pending(blocks, 100, chunk_blocks, |lane| {
-            lanes.push(lane);
-            true
-        }));
-        lanes
-    }
-
-    #[test]
-    fn lanes_claim_whole_chunks_in_order() {
-        let io = StreamIo::default();
-        // 3 whole chunks of 4 blocks and a partial one: three lanes start.
-        assert_eq!(started_lanes(&io, 0..14, 4), vec![0, 1, 2]);
-        assert_eq!(io.next_chunk(0, false), Some(0..4));
-        assert_eq!(io.next_chunk(1, false), Some(4..8));
-        assert_eq!(io.next_chunk(2, false), Some(8..12));
-        // 12..14 is a partial chunk and other lanes are busy: lane 2 waits for the window.
-        assert_eq!(io.next_chunk(2, false), None);
-        assert_eq!(io.next_chunk(1, false), None);
-        // The lone remaining lane may take the partial chunk, then continues it as it grows.
-        assert_eq!(io.next_chunk(0, false), Some(12..14));
-        assert!(io.add_pending(14..15, 100, 4, |_| unreachable!("lane 0 still runs")));
-        assert_eq!(io.next_chunk(0, false), Some(14..15));
-        assert_eq!(io.next_chunk(0, false), None);
-        // The end of the source closes a chunk early, so it counts as whole.
-        assert!(io.add_pending(97..100, 100, 8, |lane| lane == 0));
-        assert_eq!(io.next_chunk(0, false), Some(97..100));
-        assert_eq!(io.next_chunk(0, false), None);
-        assert!(!io.add_pending(100..101, 101, 4, |_| false), "a full queue drops the blocks");
-        assert_eq!(io.next_chunk(0, false), None);
-    }
-
-    #[test]
-    fn chunks_that_wait_start_idle_lanes_while_others_are_loading() {
-        let io = StreamIo::default();
-        assert_eq!(started_lanes(&io, 0..16, 4), vec![0, 1, 2, 3], "one lane per whole chunk");
-        for lane in 0..4 {
-            assert!(io.next_chunk(lane, false).is_some());
-        }
-        // The window grows by two chunks while all four lanes are loading: two more lanes go,
-        // rather than the chunks waiting for a lane to finish (a round trip each on a network store).
-        assert_eq!(started_lanes(&io, 16..24, 4), vec![4, 5]);
-        assert_eq!(io.next_chunk(4, false), Some(16..20));
-        assert_eq!(io.next_chunk(5, false), Some(20..24));
-    }
-
-    #[test]
-    fn refusal_drops_pending_blocks_and_is_reported_once() {
-        let io = StreamIo::default();
-        io.add_pending(0..4, 10, 1, |_| true);
-        assert_eq!(io.next_chunk(0, false), Some(0..1));
-        io.refuse(1);
-        io.refuse(3);
-        assert_eq!(io.next_chunk(0, false), None);
-        assert_eq!(io.take_refusal(), Some(1));
-        assert_eq!(io.take_refusal(), None);
-        io.add_pending(0..4, 10, 1, |_| true);
-        assert_eq!(io.next_chunk(0, true), None, "stop ends the job");
-    }
-}
+#[path = "stream_tests.rs"]
+mod tests;
