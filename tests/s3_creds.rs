@@ -314,7 +314,19 @@ fn access_denied_no_bucket_expired_token_and_wrong_region_are_one_line_each() {
     // The region named (AWS_REGION=us-east-1) and wrong: refused, naming the bucket's.
     let line =
         assert_refused(&object("eu/m.safetensors"), home.path(), &keys, "wrong region: the bucket is in eu-west-1");
-    assert!(line.contains("HTTP 301"), "{line}");
+    assert!(line.contains("HTTP 301") && line.contains("(set AWS_REGION=eu-west-1)"), "{line}");
+    // The region given with --region (which wins over AWS_REGION) and wrong: the line says to change it.
+    let dir = workdir();
+    let url = object("eu/m.safetensors");
+    let out = run(&["mount", "--region", "us-west-2", &url, dir.path().to_str().unwrap()], home.path(), &keys);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("stfs: {url}: wrong region: the bucket is in eu-west-1 (use --region eu-west-1)")),
+        "{err}"
+    );
+    assert!(!err.contains("AWS_REGION") && !is_mounted(dir.path()), "{err}");
     // No region named: the 301 is followed to eu-west-1, and every tensor reads.
     regions_seen.lock().unwrap().clear();
     let mut unnamed = keys.clone();

@@ -219,6 +219,9 @@ pub struct Refusal {
     pub message: String,
     /// The region the bucket is in, when the answer names it (`x-amz-bucket-region`, `<Region>`).
     pub region: Option<String>,
+    /// Whether the request's region was the user's `--region` (so a wrong one is fixed there, not
+    /// through `AWS_REGION`, which the option overrides).
+    pub region_from_option: bool,
 }
 
 impl Refusal {
@@ -241,7 +244,7 @@ impl Refusal {
         if message.len() >= 200 {
             message.push_str("...");
         }
-        Some(Refusal { status, code, message, region })
+        Some(Refusal { status, code, message, region, region_from_option: false })
     }
 
     /// Whether the answer says the request went to the wrong region.
@@ -266,9 +269,11 @@ impl fmt::Display for Refusal {
                 "the session token has expired; renew the credentials".to_string()
             }
             "InvalidToken" => "the session token is invalid".to_string(),
-            _ if self.wrong_region() => match &self.region {
-                Some(region) => format!("wrong region: the bucket is in {region} (set AWS_REGION={region})"),
-                None => "wrong region for this bucket (set AWS_REGION)".to_string(),
+            _ if self.wrong_region() => match (&self.region, self.region_from_option) {
+                (Some(region), true) => format!("wrong region: the bucket is in {region} (use --region {region})"),
+                (Some(region), false) => format!("wrong region: the bucket is in {region} (set AWS_REGION={region})"),
+                (None, true) => "wrong region for this bucket (--region names another)".to_string(),
+                (None, false) => "wrong region for this bucket (set AWS_REGION)".to_string(),
             },
             _ if status == 404 => format!("not found ({})", self.message),
             _ if matches!(status, 401 | 403) => format!("access denied ({})", self.message),
@@ -295,7 +300,12 @@ mod tests {
         let body = b"<Error><Code>PermanentRedirect</Code><Message>m</Message></Error>";
         let refusal = Refusal::parse(301, body, Some("eu-west-1".to_string())).unwrap();
         assert!(refusal.wrong_region());
-        assert!(refusal.to_string().contains("the bucket is in eu-west-1"), "{refusal}");
+        assert!(refusal.to_string().contains("the bucket is in eu-west-1 (set AWS_REGION=eu-west-1)"), "{refusal}");
+        // The user's --region was wrong: the line says to change the option, which wins over AWS_REGION.
+        let refusal = Refusal { region_from_option: true, ..refusal };
+        assert!(refusal.to_string().contains("the bucket is in eu-west-1 (use --region eu-west-1)"), "{refusal}");
+        let refusal = Refusal { region: None, ..refusal };
+        assert!(refusal.to_string().starts_with("wrong region for this bucket (--region names another)"), "{refusal}");
         let refusal = Refusal::parse(404, br#"{"error":{"code":404,"message":"No such object: b/o"}}"#, None).unwrap();
         assert_eq!(refusal.to_string(), "not found (No such object: b/o) (HTTP 404)");
         assert!(Refusal::parse(404, b"<html>nope</html>", None).is_none());

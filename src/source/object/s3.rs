@@ -31,6 +31,7 @@ pub(crate) fn open(
     session: Arc<AwsSession>,
 ) -> Result<HttpSource, HttpError> {
     let endpoint = endpoint_url.map(str::to_string).or_else(|| session.endpoint_url.clone());
+    let from_option = region.is_some();
     let region = region.map(str::to_string).or_else(|| session.region.clone());
     let region_known = region.is_some();
     let region = region.unwrap_or_else(|| DEFAULT_REGION.to_string());
@@ -41,6 +42,11 @@ pub(crate) fn open(
             let found = refusal.region.clone().unwrap_or_default();
             log::info!("{}: the bucket is in {found}; following it", name.shown());
             open_in(name, http, endpoint.as_deref(), &session, &found)
+        }
+        // The line then says to change `--region` (it wins over AWS_REGION, which would not help).
+        Err(HttpError::Refused { name, mut refusal }) if from_option && refusal.wrong_region() => {
+            refusal.region_from_option = true;
+            Err(HttpError::Refused { name, refusal })
         }
         other => other,
     }
