@@ -10,10 +10,15 @@ mod common;
 mod tinyhttp;
 
 use std::collections::HashMap;
+use std::ffi::CString;
+use std::net::ToSocketAddrs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::*;
 use stfs::format::Dtype;
@@ -49,8 +54,22 @@ fn error(status: u16, message: &str) -> Response {
     Response::new(status, serde_json::json!({"error": {"code": status, "message": message}}).to_string())
 }
 
+/// Bearer tokens: those the store accepts (every one issued), and those it was sent, in order.
+#[derive(Clone, Default)]
+struct Tokens {
+    issued: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
 /// The fake store and token endpoint on one port.
 fn start_gcs(objects: Objects) -> TinyHttp {
+    let tokens = Tokens::default();
+    tokens.issued.lock().unwrap().push(TOKEN.to_string());
+    start_gcs_accepting(objects, tokens)
+}
+
+/// The fake store accepting the tokens in `tokens.issued` (and answering `/token` with [`TOKEN`]).
+fn start_gcs_accepting(objects: Objects, tokens: Tokens) -> TinyHttp {
     TinyHttp::start(move |request| {
         if request.method == "POST" && request.target == "/token" {
             let body = String::from_utf8_lossy(&request.body);
@@ -62,7 +81,11 @@ fn start_gcs(objects: Objects) -> TinyHttp {
                 format!(r#"{{"access_token":"{TOKEN}","expires_in":3600,"token_type":"Bearer"}}"#),
             );
         }
-        if request.headers.get("authorization").map(String::as_str) != Some(&format!("Bearer {TOKEN}")) {
+        let bearer = request.headers.get("authorization").and_then(|v| v.strip_prefix("Bearer "));
+        if let Some(token) = bearer {
+            tokens.seen.lock().unwrap().push(token.to_string());
+        }
+        if !bearer.is_some_and(|token| tokens.issued.lock().unwrap().iter().any(|t| t == token)) {
             return error(401, "Anonymous caller does not have storage.objects.get access");
         }
         let path = request.target.split('?').next().unwrap();
@@ -321,4 +344,255 @@ fn missing_or_unusable_credentials_are_refused_in_one_line() {
     let err = refused(home.path(), &[], &["application_default_credentials.json: "]);
     assert!(!err.contains("application_default_credentials.json: failed to open"), "{err}");
     assert!(!err.contains("stfs-refresh-token") && !err.contains("stfs-client-secret"), "{err}");
+}
+
+/// Set, to the outer test's namespaces, in the child that runs [`metadata_server_inside_namespaces`].
+const INSIDE: &str = "STFS_GCS_METADATA_OUTSIDE_NS";
+/// Printed by that child at its end, so that a child that ran no test is not taken for a pass.
+const FINISHED: &str = "stfs-gcs-metadata: finished inside the namespaces";
+/// The metadata server's tokens live 303 s: 3 s after one is issued it is within the 5 minutes
+/// before expiry in which stfs fetches a new one.
+const TOKEN_LIFE: u64 = 303;
+
+/// Credentials from the GCE metadata server, which `gcp_auth` always asks at
+/// `http://metadata.google.internal/` (port 80; `GCE_METADATA_HOST` is not read). The test runs in
+/// private network, mount and PID namespaces (`unshare`): there `/etc/hosts` maps that name to
+/// loopback and the test serves port 80. Killing `unshare` (on a timeout) kills its child, the PID
+/// namespace's first process, and with it everything in the namespace, the daemon included.
+#[test]
+fn metadata_server_token_reads_every_tensor() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        return println!("skipping: needs root (network and mount namespaces, port 80)");
+    }
+    if Command::new("unshare").arg("--version").output().is_err() {
+        return tool_missing("unshare", "apt-get install util-linux");
+    }
+    let child = Command::new("unshare")
+        .args(["--net", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg("--")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "metadata_server_inside_namespaces", "--nocapture", "--test-threads=1"])
+        .env(INSIDE, namespaces())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn unshare");
+    let out = wait_output(child, 4 * TIMEOUT);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{stdout}");
+    assert!(out.status.success(), "inside the namespaces:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(FINISHED), "the test inside the namespaces did not run:\n{stdout}\n{stderr}");
+}
+
+/// This process's mount and network namespaces, as `/proc/self/ns` names them.
+fn namespaces() -> String {
+    let link = |ns: &str| std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap().display().to_string();
+    format!("{} {}", link("mnt"), link("net"))
+}
+
+/// What the loopback metadata server was asked, and whether it has a service account to issue for.
+#[derive(Default)]
+struct MetadataLog {
+    token_requests: AtomicUsize,
+    project_requests: AtomicUsize,
+    /// Requests refused: without `Metadata-Flavor: Google`, or for another path.
+    refused: Mutex<Vec<String>>,
+    no_account: AtomicBool,
+}
+
+/// A metadata server on 127.0.0.1:80 answering as GCE's does: `Metadata-Flavor: Google` required
+/// (403 without, or with `X-Forwarded-For`) and echoed; the default service account's token (a new
+/// one each time, added to `issued`), or 404 when no account is attached; the project id.
+fn start_metadata_server(issued: Arc<Mutex<Vec<String>>>, log: Arc<MetadataLog>) -> TinyHttp {
+    TinyHttp::start_at("127.0.0.1:80", move |request| {
+        let flavored = request.headers.get("metadata-flavor").map(String::as_str) == Some("Google");
+        if !flavored || request.headers.contains_key("x-forwarded-for") {
+            log.refused.lock().unwrap().push(request.target.clone());
+            return Response::new(403, "Missing required header \"Metadata-Flavor\"")
+                .header("Metadata-Flavor", "Google");
+        }
+        let path = request.target.split('?').next().unwrap();
+        let response = match (request.method.as_str(), path) {
+            ("GET", "/computeMetadata/v1/instance/service-accounts/default/token") => {
+                log.token_requests.fetch_add(1, Ordering::SeqCst);
+                if log.no_account.load(Ordering::SeqCst) {
+                    Response::new(404, "Not Found")
+                } else {
+                    let mut issued = issued.lock().unwrap();
+                    let token = format!("ya29.metadata-{}", issued.len() + 1);
+                    issued.push(token.clone());
+                    let body =
+                        serde_json::json!({"access_token": token, "expires_in": TOKEN_LIFE, "token_type": "Bearer"});
+                    Response::new(200, body.to_string()).header("Content-Type", "application/json")
+                }
+            }
+            ("GET", "/computeMetadata/v1/project/project-id") => {
+                log.project_requests.fetch_add(1, Ordering::SeqCst);
+                Response::new(200, "stfs-test").header("Content-Type", "application/text")
+            }
+            _ => {
+                log.refused.lock().unwrap().push(request.target.clone());
+                Response::new(404, "Not Found")
+            }
+        };
+        response.header("Metadata-Flavor", "Google")
+    })
+}
+
+/// Brings up `lo` in this (new) network namespace, as `ip link set lo up` does.
+fn loopback_up() {
+    /// `struct ifreq` with its flags member (40 bytes on Linux).
+    #[repr(C)]
+    struct IfreqFlags {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _rest: [u8; 22],
+    }
+    let mut request = IfreqFlags { name: [0; 16], flags: 0, _rest: [0; 22] };
+    request.name[..2].copy_from_slice(b"lo");
+    // SAFETY: a socket this function owns and closes; the ioctls read and write `request`, which
+    // has the size and layout of an ifreq.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        assert_eq!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request), 0, "{}", std::io::Error::last_os_error());
+        request.flags |= libc::IFF_UP as libc::c_short;
+        assert_eq!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut request), 0, "{}", std::io::Error::last_os_error());
+        libc::close(fd);
+    }
+}
+
+/// Bind-mounts `file` over `target` (in this private mount namespace only).
+fn bind_over(file: &Path, target: &Path) {
+    let (source, target_c) = (path_c(file), path_c(target));
+    // SAFETY: two valid C strings for the duration of the call; null type and data for a bind mount.
+    let rc =
+        unsafe { libc::mount(source.as_ptr(), target_c.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    assert_eq!(rc, 0, "bind {} over {}: {}", file.display(), target.display(), std::io::Error::last_os_error());
+}
+
+fn path_c(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+/// Unmounts on drop, whatever happened.
+struct Unmount<'a>(&'a Path);
+
+impl Drop for Unmount<'_> {
+    fn drop(&mut self) {
+        force_unmount(self.0);
+    }
+}
+
+/// Waits (bounded) until this process, the PID namespace's first, is the only one left in it,
+/// reaping the daemons it inherited; panics naming what is still there.
+fn wait_alone() {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        // SAFETY: waitpid with WNOHANG on any child; no Command child of this process is running.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        let others: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.bytes().all(|b| b.is_ascii_digit()) && name != "1")
+            .map(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " "))
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still running after the unmount: {others:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run by [`metadata_server_token_reads_every_tensor`] as the first process of its namespaces.
+#[test]
+#[ignore = "run by metadata_server_token_reads_every_tensor inside its namespaces"]
+fn metadata_server_inside_namespaces() {
+    let Ok(outside) = std::env::var(INSIDE) else {
+        return println!("runs only inside the namespaces metadata_server_token_reads_every_tensor makes");
+    };
+    // Never touch the machine's /etc/hosts or port 80: refuse unless both namespaces are new.
+    let inside = namespaces();
+    for (here, there) in inside.split(' ').zip(outside.split(' ')) {
+        assert_ne!(here, there, "not in a private namespace ({inside} vs {outside})");
+    }
+    assert_eq!(std::process::id(), 1, "not the first process of a new PID namespace");
+    loopback_up();
+    let etc = workdir();
+    let hosts = etc.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost metadata.google.internal metadata\n::1 localhost\n").unwrap();
+    bind_over(&hosts, Path::new("/etc/hosts"));
+    let resolved: Vec<_> = ("metadata.google.internal", 80).to_socket_addrs().unwrap().collect();
+    assert!(!resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()), "{resolved:?}");
+
+    let tokens = Tokens::default();
+    let log = Arc::new(MetadataLog::default());
+    let _metadata = start_metadata_server(Arc::clone(&tokens.issued), Arc::clone(&log));
+    let objects: Objects = Arc::default();
+    let server = start_gcs_accepting(Arc::clone(&objects), tokens.clone());
+    // No GOOGLE_* variable and no ADC file under HOME: only the metadata server can give a token.
+    let home = workdir();
+    let mut tensors = mixed_tensors();
+    tensors.push(T::new("big.weight", Dtype::F32, &[300, 1000]));
+    let bytes = write_checkpoint(&home.path().join("m.safetensors"), &tensors, None);
+    std::fs::remove_file(home.path().join("m.safetensors")).unwrap();
+    objects.lock().unwrap().insert("dir/m.safetensors".to_string(), (1_700_000_000_000_001, bytes));
+    let url = "gs://models/dir/m.safetensors";
+    let endpoint = server.url();
+
+    let mp = workdir();
+    let args = ["mount", "--block-size", "64K", "--endpoint-url", &endpoint, url, mp.path().to_str().unwrap()];
+    let mounted = Instant::now();
+    let out = run(&args, home.path(), &[]);
+    let guard = Unmount(mp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(is_mounted(mp.path()));
+    let first = tokens.issued.lock().unwrap().first().cloned().expect("the metadata server issued no token");
+    let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
+    let (big, small) = tensors.split_last().unwrap();
+    for t in small {
+        assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
+    }
+    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the metadata server's token");
+    // Once the first token is within 5 minutes of expiring, the daemon asks the metadata server again.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
+    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
+    let seen = tokens.seen.lock().unwrap().clone();
+    let issued = tokens.issued.lock().unwrap().clone();
+    assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
+    assert!(seen.iter().any(|t| t != &first), "no refreshed token reached the store: {seen:?}");
+    let metadata = std::fs::read_to_string(mp.path().join("metadata.json")).unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(metadata.contains(url) && !metadata.contains("ya29.") && !mounts.contains("ya29."));
+    assert!(log.refused.lock().unwrap().is_empty(), "refused: {:?}", log.refused.lock().unwrap());
+    println!(
+        "metadata server: {} token requests, {} project-id requests; the store saw {} requests with {} tokens",
+        log.token_requests.load(Ordering::SeqCst),
+        log.project_requests.load(Ordering::SeqCst),
+        seen.len(),
+        seen.iter().collect::<std::collections::HashSet<_>>().len()
+    );
+    drop(guard);
+    assert!(!is_mounted(mp.path()));
+    wait_alone();
+
+    // No service account attached (the token request answers 404): one line naming the server.
+    log.no_account.store(true, Ordering::SeqCst);
+    let asked = log.token_requests.load(Ordering::SeqCst);
+    let dir = workdir();
+    let args = ["mount", "--endpoint-url", &endpoint, url, dir.path().to_str().unwrap()];
+    let out = run(&args, home.path(), &[("PATH", "/nonexistent".to_string())]);
+    let _guard = Unmount(dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(&format!("stfs: {url}: no Google credentials found")), "{err}");
+    assert!(err.contains("the metadata server metadata.google.internal: token request failed"), "{err}");
+    assert!(log.token_requests.load(Ordering::SeqCst) > asked, "the metadata server was not asked");
+    assert!(!is_mounted(dir.path()));
+    wait_alone();
+    println!("{FINISHED}");
 }

@@ -43,7 +43,12 @@ pub struct TinyHttp {
 
 impl TinyHttp {
     pub fn start(handler: impl Fn(&Request) -> Response + Send + Sync + 'static) -> TinyHttp {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        TinyHttp::start_at("127.0.0.1:0", handler)
+    }
+
+    /// On a given address (a fixed port, such as a metadata server's 80, in a private network namespace).
+    pub fn start_at(address: &str, handler: impl Fn(&Request) -> Response + Send + Sync + 'static) -> TinyHttp {
+        let listener = TcpListener::bind(address).unwrap_or_else(|e| panic!("bind {address}: {e}"));
         let port = listener.local_addr().unwrap().port();
         let handler = Arc::new(handler);
         std::thread::spawn(move || {
