@@ -2,8 +2,9 @@
 //! metadata with its generation, ranged media GETs with `x-goog-generation`, `ifGenerationMatch`
 //! answered 412 once the object is replaced, 401 without the bearer token) and a loopback OAuth
 //! token endpoint, reached through a service-account file (`GOOGLE_APPLICATION_CREDENTIALS`, its
-//! `token_uri`) whose JWT `gcp_auth` signs with a key made by openssl. Skips without openssl (fails
-//! under `CI=true`).
+//! `token_uri`) whose JWT `gcp_auth` signs with a key made by openssl, or through the GCE metadata
+//! server, served on port 80 inside private network, mount and PID namespaces where `/etc/hosts`
+//! names it loopback. Skips without openssl or unshare (fails under `CI=true`), and without root.
 
 mod common;
 #[path = "common/tinyhttp.rs"]
