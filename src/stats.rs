@@ -74,6 +74,9 @@ pub struct Stats {
     pub disk_cache_errors: AtomicU64,
     /// Block files that failed their checksum or length check: removed and fetched again.
     pub disk_cache_corrupt: AtomicU64,
+    /// Blocks not written to the disk cache because its write-behind queue was full (a reader
+    /// never waits for the disk): a later mount fetches them again.
+    pub disk_cache_write_drops: AtomicU64,
     /// Bytes the disk cache holds, as this mount last counted them (gauge).
     pub disk_cache_bytes: AtomicU64,
     /// The disk cache's bound in bytes (0: no disk cache).
@@ -161,6 +164,7 @@ impl Stats {
             "disk_cache_evictions": g(&self.disk_cache_evictions),
             "disk_cache_errors": g(&self.disk_cache_errors),
             "disk_cache_corrupt": g(&self.disk_cache_corrupt),
+            "disk_cache_write_drops": g(&self.disk_cache_write_drops),
             "disk_cache_bytes": g(&self.disk_cache_bytes),
             "disk_cache_limit": g(&self.disk_cache_limit),
         })

@@ -3,31 +3,37 @@
 //!
 //! `backing::read_blocks` hands every run of blocks the engine loads (on demand or on a prefetch
 //! lane) to [`DiskCache::read_through`]: each block found on disk (verified) lands without a store
-//! request; each run of missing ones is one store read whose blocks are written to disk as they
-//! land. So readahead fills the disk as it fills memory, and a second load reads disk on the same
-//! lanes, in whole blocks, in order.
+//! request; each run of missing ones is one store read whose blocks are queued for the disk as
+//! they land and written by one writer thread (`behind`), off the reader's path. So readahead
+//! fills the disk as it fills memory, and a second load reads disk on the same lanes, in whole
+//! blocks, in order.
 //!
-//! `store` holds the files (key, layout, checksum, atomic write), `evict` the size bound and LRU,
-//! `open` the directory's checks at mount and the default bound. Faults never fail a read: a write
-//! that fails (disk full, read-only) is counted and warned about once, a corrupt file is counted,
-//! removed and fetched again.
+//! `store` holds the files (key, layout, checksum, atomic write), `tier` the directory's state
+//! (accounting, the verified read, the write), `behind` the write-behind queue, `evict` the size
+//! bound and LRU, `open` the directory's checks at mount and the default bound. Faults never fail
+//! a read: a write that fails (disk full, read-only) is counted and warned about once, a corrupt
+//! file is counted, removed and fetched again, a write the full queue cannot take is counted and
+//! dropped.
 
+mod behind;
 mod evict;
 mod open;
 mod store;
 #[cfg(test)]
 mod tests;
+mod tier;
 
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 pub use open::{default_limit, DiskCacheError, DEFAULT_LIMIT_MAX, DEFAULT_LIMIT_PERCENT, MIN_LIMIT};
 pub use store::ObjectKey;
 
 use crate::stats::Stats;
+use behind::WriteBehind;
+use tier::Tier;
 
 /// A store read of whole blocks from `first` into the buffers, handing each to the callback as
 /// it lands (`backing`'s read through a descriptor).
@@ -36,23 +42,15 @@ pub(crate) type StoreRead<'a> = dyn FnMut(u64, Vec<Vec<u8>>, &mut dyn FnMut(Vec<
 /// One cache directory as a mount uses it.
 #[derive(Debug)]
 pub struct DiskCache {
-    root: PathBuf,
-    limit: u64,
-    stats: Arc<Stats>,
-    /// Bytes believed stored: the last scan plus this process's writes since.
-    stored: AtomicU64,
-    /// Bytes this process wrote since the last scan: past an eighth of the bound it rescans, so
-    /// what other processes wrote is counted too.
-    written_since_scan: AtomicU64,
-    /// An eviction pass of this process is running.
-    evicting: AtomicBool,
-    /// A failed write was already logged.
-    warned: AtomicBool,
+    tier: Arc<Tier>,
+    /// The writes waiting for the disk (`behind`).
+    queue: Arc<WriteBehind>,
 }
 
 impl DiskCache {
     /// Opens (creating it mode 0700 if missing) and checks cache directory `dir`, bound to `limit`
-    /// bytes ([`default_limit`] if `None`), counting into `stats`.
+    /// bytes ([`default_limit`] if `None`), counting into `stats`. No thread starts until the
+    /// first write (the daemon forks after this).
     pub fn open(dir: &Path, limit: Option<u64>, stats: Arc<Stats>) -> Result<DiskCache, DiskCacheError> {
         let root = std::path::absolute(dir).map_err(DiskCacheError::Io)?;
         if let Some(size) = limit.filter(|&size| size < MIN_LIMIT) {
@@ -61,39 +59,29 @@ impl DiskCache {
         open::prepare(&root)?;
         let scan = evict::scan(&root, true).map_err(DiskCacheError::Io)?;
         let limit = limit.unwrap_or_else(|| default_limit(open::free_bytes(&root), scan.bytes));
-        let stored = AtomicU64::new(scan.bytes);
-        stats.disk_cache_limit.store(limit, Relaxed);
-        let cache = DiskCache {
-            root,
-            limit,
-            stats,
-            stored,
-            written_since_scan: AtomicU64::new(0),
-            evicting: AtomicBool::new(false),
-            warned: AtomicBool::new(false),
-        };
-        cache.publish_stored();
+        let tier = Arc::new(Tier::new(root, limit, scan.bytes, stats));
         // A bound lowered since the last mount holds from the start.
         if scan.bytes > limit {
-            cache.evict_now();
+            tier.evict_now();
         }
-        Ok(cache)
+        Ok(DiskCache { tier, queue: Arc::default() })
     }
 
     /// The directory (absolute).
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.tier.root
     }
 
     /// The bound on the bytes stored.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.tier.limit
     }
 
     /// Reads blocks `first..first + buffers.len()` of the source stored under `key`, handing each
-    /// to `landed` in block order: from disk where a verified copy is there, else from the store
-    /// through `store` (one call per run of missing blocks), writing each such block to disk as it
-    /// lands. On a store error the rest are dropped and the error returned.
+    /// to `landed` in block order: from disk where a verified copy is there (or from the
+    /// write-behind queue), else from the store through `store` (one call per run of missing
+    /// blocks), queueing each such block for the disk as it lands. On a store error the rest are
+    /// dropped and the error returned.
     pub(crate) fn read_through(
         &self,
         key: &ObjectKey,
@@ -121,7 +109,7 @@ impl DiskCache {
         self.fetch(key, missing_start, missing, store, landed)
     }
 
-    /// One store read of the missing run from `first`, each block written to disk as it lands.
+    /// One store read of the missing run from `first`, each block queued for the disk as it lands.
     fn fetch(
         &self,
         key: &ObjectKey,
@@ -135,84 +123,50 @@ impl DiskCache {
         }
         let mut block = first;
         store(first, buffers, &mut |data| {
-            self.save(key, block, &data);
+            self.queue.push(&self.tier, key, block, &data);
             block += 1;
             landed(data);
         })
     }
 
-    /// Block `block` of `key` from disk into `buffer` (sized to the block), or the buffer back on
-    /// a miss. A corrupt file is counted and removed; an unreadable one counted as an error.
+    /// Block `block` of `key` into `buffer` (sized to the block): from the write-behind queue if
+    /// it waits there, else from disk (verified); the buffer back on a miss. A corrupt file is
+    /// counted and removed; an unreadable one counted as an error.
     pub(crate) fn load(&self, key: &ObjectKey, block: u64, mut buffer: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
-        let path = store::block_path(&self.root, key, block);
-        let stats = &self.stats;
-        match store::read_block(&path, &mut buffer) {
-            Ok(()) => {
-                Stats::add(&stats.disk_cache_hits, 1);
-                Stats::add(&stats.disk_cache_hit_bytes, buffer.len() as u64);
-                return Ok(buffer);
-            }
-            Err(store::Miss::Absent) => {}
-            Err(store::Miss::Corrupt(why)) => {
-                Stats::add(&stats.disk_cache_corrupt, 1);
-                log::warn!("{}: {why}; removed, fetching the block again", path.display());
-                let _ = std::fs::remove_file(&path);
-            }
-            Err(store::Miss::Io(e)) => {
-                Stats::add(&stats.disk_cache_errors, 1);
-                log::debug!("{}: {e}", path.display());
-            }
+        if let Some(data) = self.queue.get(key, block).filter(|d| d.len() == buffer.len()) {
+            buffer.copy_from_slice(&data);
+            Stats::add(&self.tier.stats.disk_cache_hits, 1);
+            Stats::add(&self.tier.stats.disk_cache_hit_bytes, buffer.len() as u64);
+            return Ok(buffer);
         }
-        Stats::add(&stats.disk_cache_misses, 1);
-        Err(buffer)
+        self.tier.load(key, block, buffer)
     }
 
-    /// Writes block `block` of `key` to disk. A failure (disk full, read-only directory) is
-    /// counted and logged once per mount: reads go on from the store.
+    /// Writes block `block` of `key` to disk now, on this thread (counted, a failure warned about
+    /// once, as the writer thread does).
+    #[cfg(test)]
     pub(crate) fn save(&self, key: &ObjectKey, block: u64, data: &[u8]) {
-        match store::write_block(&self.root, key, block, data) {
-            Ok(bytes) => {
-                Stats::add(&self.stats.disk_cache_written_bytes, bytes);
-                let stored = self.stored.fetch_add(bytes, Relaxed) + bytes;
-                let since = self.written_since_scan.fetch_add(bytes, Relaxed) + bytes;
-                self.publish_stored();
-                if stored > self.limit || since > self.limit / 8 {
-                    self.evict_now();
-                }
-            }
-            Err(e) => {
-                Stats::add(&self.stats.disk_cache_errors, 1);
-                if !self.warned.swap(true, Relaxed) {
-                    log::warn!(
-                        "{}: cannot store blocks ({}); reading from the store instead (counted in disk_cache_errors)",
-                        self.root.display(),
-                        crate::util::describe_io(&e)
-                    );
-                }
-            }
-        }
+        self.tier.save(key, block, data);
     }
 
-    /// Rescans the directory and evicts least recently used blocks down to the low-water mark if
-    /// it holds more than the bound. Skipped while another thread or process is evicting.
-    pub(crate) fn evict_now(&self) {
-        if self.evicting.swap(true, Relaxed) {
-            return;
-        }
-        if let Ok(Some(_lock)) = evict::lock(&self.root, false) {
-            if let Ok(scan) = evict::scan(&self.root, true) {
-                let done = evict::evict(scan, self.limit);
-                Stats::add(&self.stats.disk_cache_evictions, done.blocks);
-                self.stored.store(done.remaining, Relaxed);
-                self.written_since_scan.store(0, Relaxed);
-                self.publish_stored();
-            }
-        }
-        self.evicting.store(false, Relaxed);
+    /// Waits until the queued writes are on disk, at most `timeout`; false if some are left.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.queue.flush(timeout)
     }
 
-    fn publish_stored(&self) {
-        self.stats.disk_cache_bytes.store(self.stored.load(Relaxed), Relaxed);
+    #[cfg(test)]
+    pub(crate) fn queue(&self) -> &WriteBehind {
+        &self.queue
+    }
+}
+
+impl Drop for DiskCache {
+    /// Flushes the queued writes (for at most [`behind::FLUSH_WAIT`]) and stops the writer.
+    fn drop(&mut self) {
+        if !self.queue.flush(behind::FLUSH_WAIT) {
+            log::warn!("{}: gave up waiting for the disk cache's queued writes", self.tier.root.display());
+        }
+        self.queue.stop(&self.tier.stats);
     }
 }
 

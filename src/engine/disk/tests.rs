@@ -169,8 +169,82 @@ fn read_through_fetches_only_the_missing_runs_and_stores_them() {
     let mut again = Vec::new();
     cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, &mut |data| again.push(data)).unwrap();
     assert_eq!(again, landed);
+    assert!(cache.flush(Duration::from_secs(10)));
     let info = super::info(dir.path()).unwrap();
     assert_eq!((info.blocks, info.objects, info.bytes), (7, 1, 7 * (100 + HEADER_LEN as u64)));
+}
+
+/// A store that serves `block(b)` for block `b` and counts its calls.
+fn counting_store<'a>(
+    calls: &'a mut Vec<(u64, usize)>,
+    block: &'a dyn Fn(u64) -> Vec<u8>,
+) -> impl FnMut(u64, Vec<Vec<u8>>, &mut dyn FnMut(Vec<u8>)) -> std::io::Result<()> + 'a {
+    move |first, buffers, land| {
+        calls.push((first, buffers.len()));
+        for (b, mut buf) in (first..).zip(buffers) {
+            buf.copy_from_slice(&block(b));
+            land(buf);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn writes_leave_the_reader_path_and_queued_blocks_are_served_until_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 64 << 20);
+    let key = ObjectKey::new("behind", 1000);
+    let block = |b: u64| bytes(b as u8, 1000);
+    // The writer is held: the read returns with its blocks landed, none of them on disk yet.
+    cache.queue().hold(true);
+    let mut calls = Vec::new();
+    let mut landed = Vec::new();
+    let mut store = counting_store(&mut calls, &block);
+    cache.read_through(&key, 0, vec![vec![0; 1000]; 4], &mut store, &mut |d| landed.push(d)).unwrap();
+    assert_eq!(landed, (0..4).map(block).collect::<Vec<_>>());
+    assert!((0..4).all(|b| !block_path(dir.path(), &key, b).exists()), "written on the reader's path");
+    assert_eq!(stats.disk_cache_written_bytes.load(Relaxed), 0);
+    // A second read finds them in the queue: no store call, counted as disk hits.
+    let mut again = Vec::new();
+    let mut none = |_: u64, _: Vec<Vec<u8>>, _: &mut dyn FnMut(Vec<u8>)| -> std::io::Result<()> {
+        panic!("a queued block was fetched again")
+    };
+    cache.read_through(&key, 0, vec![vec![0; 1000]; 4], &mut none, &mut |d| again.push(d)).unwrap();
+    assert_eq!(again, landed);
+    assert_eq!(stats.disk_cache_hits.load(Relaxed), 4);
+    // Held, the queue cannot drain: a bounded flush gives up.
+    assert!(!cache.flush(Duration::from_millis(50)));
+    cache.queue().hold(false);
+    assert!(cache.flush(Duration::from_secs(10)));
+    for b in 0..4 {
+        let mut buf = vec![0; 1000];
+        store::read_block(&block_path(dir.path(), &key, b), &mut buf).unwrap();
+        assert_eq!(buf, block(b));
+    }
+    assert_eq!(stats.disk_cache_written_bytes.load(Relaxed), 4 * (1000 + HEADER_LEN as u64));
+    assert_eq!(stats.disk_cache_write_drops.load(Relaxed), 0);
+}
+
+#[test]
+fn a_full_queue_drops_writes_and_counts_them_and_drop_flushes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 512 << 20);
+    let size = 4 << 20;
+    let key = ObjectKey::new("full", size as u64);
+    let block = move |b: u64| bytes(b as u8, size);
+    let count = (super::behind::QUEUE_BYTES / size as u64) as usize + 3;
+    cache.queue().hold(true);
+    let mut calls = Vec::new();
+    let mut store = counting_store(&mut calls, &block);
+    let mut landed = 0;
+    cache.read_through(&key, 0, vec![vec![0; size]; count], &mut store, &mut |_| landed += 1).unwrap();
+    // Every block reached the reader; the queue took what fits and dropped the rest.
+    assert_eq!(landed, count);
+    assert_eq!(stats.disk_cache_write_drops.load(Relaxed), 3);
+    cache.queue().hold(false);
+    drop(cache);
+    let stored = (0..count as u64).filter(|&b| block_path(dir.path(), &key, b).exists()).count();
+    assert_eq!(stored, count - 3, "dropping the cache flushes what was queued");
 }
 
 #[test]
