@@ -178,15 +178,15 @@ fn read_through_fetches_only_the_missing_runs_and_stores_them() {
 fn counting_store<'a>(
     calls: &'a mut Vec<(u64, usize)>,
     block: &'a dyn Fn(u64) -> Vec<u8>,
-) -> impl FnMut(u64, Vec<Vec<u8>>, &mut dyn FnMut(Vec<u8>)) -> std::io::Result<()> + 'a {
-    move |first, buffers, land| {
+) -> Box<super::StoreRead<'a>> {
+    Box::new(move |first, buffers, land| {
         calls.push((first, buffers.len()));
         for (b, mut buf) in (first..).zip(buffers) {
             buf.copy_from_slice(&block(b));
             land(buf);
         }
         Ok(())
-    }
+    })
 }
 
 #[test]
