@@ -8,10 +8,12 @@
 //! dropped (at unmount).
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::extent;
 use super::store::ObjectKey;
 use super::tier::Tier;
 use crate::stats::Stats;
@@ -31,11 +33,17 @@ const SPARES: usize = 4;
 pub(crate) enum Job {
     /// Store block `block` of `key`.
     Block { key: ObjectKey, block: u64, data: Arc<Vec<u8>> },
+    /// Assemble the extent file of `range` of the source under `key` (`extent::assemble`) from
+    /// its blocks on disk. Taken only when no block waits, so the blocks queued before it are
+    /// written by then.
+    Extent { key: ObjectKey, block_size: u64, source_len: u64, range: Range<u64> },
 }
 
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
+    /// Extent jobs, after every block.
+    extents: VecDeque<Job>,
     /// Blocks queued or being written, served from here until written.
     pending: HashMap<(ObjectKey, u64), Arc<Vec<u8>>>,
     /// Bytes of queued blocks, the one being written included.
@@ -46,6 +54,13 @@ struct State {
     /// Tests hold the writer to see the queue as readers do.
     held: bool,
     spares: Vec<Vec<u8>>,
+}
+
+impl State {
+    /// Nothing queued, nothing being written.
+    fn drained(&self) -> bool {
+        self.jobs.is_empty() && self.extents.is_empty() && !self.busy
+    }
 }
 
 /// The queue and its writer thread.
@@ -94,6 +109,19 @@ impl WriteBehind {
         true
     }
 
+    /// Queues an extent job (no bytes: it reads the blocks on disk); false if the writer cannot
+    /// start or is stopping.
+    pub(crate) fn push_extent(self: &Arc<Self>, tier: &Arc<Tier>, job: Job) -> bool {
+        let mut state = lock(&self.state);
+        if state.stopping || !self.start(tier) {
+            return false;
+        }
+        state.extents.push_back(job);
+        drop(state);
+        self.work.notify_one();
+        true
+    }
+
     /// A queued block's bytes, if `block` of `key` is waiting to be written.
     pub(crate) fn get(&self, key: &ObjectKey, block: u64) -> Option<Arc<Vec<u8>>> {
         lock(&self.state).pending.get(&(key.clone(), block)).cloned()
@@ -103,7 +131,7 @@ impl WriteBehind {
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut state = lock(&self.state);
-        while !state.jobs.is_empty() || state.busy {
+        while !state.drained() {
             if state.held || state.stopping {
                 return false;
             }
@@ -111,7 +139,7 @@ impl WriteBehind {
             if left.is_zero() {
                 return false;
             }
-            state = wait_while(&self.idle, state, left, |s| !s.jobs.is_empty() || s.busy);
+            state = wait_while(&self.idle, state, left, |s| !s.drained());
         }
         true
     }
@@ -123,6 +151,7 @@ impl WriteBehind {
             state.stopping = true;
             let left = state.jobs.len() as u64;
             state.jobs.clear();
+            state.extents.clear();
             state.pending.clear();
             left
         };
@@ -166,7 +195,7 @@ impl WriteBehind {
             if state.stopping {
                 return;
             }
-            let job = if state.held { None } else { state.jobs.pop_front() };
+            let job = if state.held { None } else { state.jobs.pop_front().or_else(|| state.extents.pop_front()) };
             let Some(job) = job else {
                 state = wait(&self.work, state);
                 continue;
@@ -177,6 +206,17 @@ impl WriteBehind {
                 Job::Block { key, block, data } => {
                     tier.save(&key, block, &data);
                     Some((key, block, data))
+                }
+                Job::Extent { key, block_size, source_len, range } => {
+                    match extent::assemble(&tier.root, &key, block_size, source_len, &range) {
+                        Ok(Some(bytes)) => {
+                            Stats::add(&tier.stats.disk_cache_extents_written, 1);
+                            tier.wrote(bytes);
+                        }
+                        Ok(None) => log::debug!("extent {range:?} of {}: a block is not on disk", key.as_str()),
+                        Err(e) => tier.failed_write(&e),
+                    }
+                    None
                 }
             };
             state = lock(&self.state);
@@ -193,7 +233,7 @@ impl WriteBehind {
                 }
             }
             state.busy = false;
-            if state.jobs.is_empty() {
+            if state.drained() {
                 self.idle.notify_all();
             }
         }

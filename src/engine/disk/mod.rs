@@ -17,22 +17,28 @@
 
 mod behind;
 mod evict;
+mod extent;
 mod open;
 mod store;
 #[cfg(test)]
 mod tests;
 mod tier;
 
+use std::collections::HashSet;
+use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 pub use open::{default_limit, DiskCacheError, DEFAULT_LIMIT_MAX, DEFAULT_LIMIT_PERCENT, MIN_LIMIT};
 pub use store::ObjectKey;
 
 use crate::stats::Stats;
-use behind::WriteBehind;
+use crate::util::lock;
+use behind::{Job, WriteBehind};
 use tier::Tier;
 
 /// A store read of whole blocks from `first` into the buffers, handing each to the callback as
@@ -45,6 +51,10 @@ pub struct DiskCache {
     tier: Arc<Tier>,
     /// The writes waiting for the disk (`behind`).
     queue: Arc<WriteBehind>,
+    /// Extent files are made and served (the mount can pass them to the kernel).
+    extents: AtomicBool,
+    /// Extents this process queued for assembly (each once).
+    extents_queued: Mutex<HashSet<(ObjectKey, u64, u64)>>,
 }
 
 impl DiskCache {
@@ -64,7 +74,7 @@ impl DiskCache {
         if scan.bytes > limit {
             tier.evict_now();
         }
-        Ok(DiskCache { tier, queue: Arc::default() })
+        Ok(DiskCache { tier, queue: Arc::default(), extents: AtomicBool::new(false), extents_queued: Mutex::default() })
     }
 
     /// The directory (absolute).
@@ -149,6 +159,66 @@ impl DiskCache {
         self.tier.save(key, block, data);
     }
 
+    /// Turns extent files on: a mount that can hand files to the kernel (FUSE passthrough).
+    pub fn enable_extents(&self) {
+        self.extents.store(true, Relaxed);
+    }
+
+    /// The extent file holding exactly `range` of the source under `key`, verified
+    /// (`extent::open_verified`); `None` if extents are off, it is absent or it failed (counted
+    /// in `disk_cache_corrupt` and removed, or in `disk_cache_errors`).
+    pub(crate) fn open_extent(&self, key: &ObjectKey, range: &Range<u64>) -> Option<File> {
+        if !self.extents.load(Relaxed) || range.is_empty() {
+            return None;
+        }
+        let stats = &self.tier.stats;
+        match extent::open_verified(&self.tier.root, key, range) {
+            extent::Opened::Verified { file, checked } => {
+                if checked {
+                    log::info!("extent {range:?} of {}: verified in full (its record was stale)", key.as_str());
+                }
+                Some(file)
+            }
+            extent::Opened::Absent => None,
+            extent::Opened::Corrupt(why) => {
+                Stats::add(&stats.disk_cache_corrupt, 1);
+                log::warn!("extent {range:?} of {}: {why}; removed, served from blocks", key.as_str());
+                None
+            }
+            extent::Opened::Io(e) => {
+                Stats::add(&stats.disk_cache_errors, 1);
+                log::debug!("extent {range:?} of {}: {e}", key.as_str());
+                None
+            }
+        }
+    }
+
+    /// Queues the assembly of the extent file of `range` (a source of `source_len` bytes in blocks
+    /// of `block_size`) if extents are on, it is not there yet and every block it covers is on
+    /// disk or queued; once per process and extent. Costs a few `stat`s: callers run it when a
+    /// file is opened or closed, never on a read.
+    pub(crate) fn want_extent(&self, key: &ObjectKey, block_size: u64, source_len: u64, range: Range<u64>) {
+        if !self.extents.load(Relaxed) || range.is_empty() || block_size == 0 {
+            return;
+        }
+        let id = (key.clone(), range.start, range.end);
+        if lock(&self.extents_queued).contains(&id) {
+            return;
+        }
+        let root = &self.tier.root;
+        if extent::extent_path(root, key, &range).exists() {
+            return;
+        }
+        let blocks = range.start / block_size..range.end.div_ceil(block_size);
+        let present = |b: u64| self.queue.get(key, b).is_some() || store::block_path(root, key, b).exists();
+        if !blocks.clone().all(present) {
+            return;
+        }
+        if lock(&self.extents_queued).insert(id) {
+            self.queue.push_extent(&self.tier, Job::Extent { key: key.clone(), block_size, source_len, range });
+        }
+    }
+
     /// Waits until the queued writes are on disk, at most `timeout`; false if some are left.
     pub fn flush(&self, timeout: Duration) -> bool {
         self.queue.flush(timeout)
@@ -175,6 +245,8 @@ impl Drop for DiskCache {
 pub struct CacheInfo {
     /// Block files.
     pub blocks: u64,
+    /// Extent files (one tensor file's bytes each, for FUSE passthrough).
+    pub extents: u64,
     /// Bytes they take (headers included).
     pub bytes: u64,
     /// Distinct sources (keys) they belong to.
@@ -190,12 +262,14 @@ pub fn info(dir: &Path) -> io::Result<CacheInfo> {
     let scan = evict::scan(dir, false)?;
     let mut keys: Vec<&str> =
         scan.blocks.iter().filter_map(|b| b.path.file_name()?.to_str()?.split_once('-').map(|(key, _)| key)).collect();
+    let extents = scan.blocks.iter().filter(|b| b.extent && b.record.is_some()).count() as u64;
     keys.sort_unstable();
     keys.dedup();
     let oldest = scan.blocks.iter().map(|b| b.used).min();
     let newest = scan.blocks.iter().map(|b| b.used).max();
     Ok(CacheInfo {
-        blocks: scan.blocks.len() as u64,
+        blocks: scan.blocks.iter().filter(|b| !b.extent).count() as u64,
+        extents,
         bytes: scan.bytes,
         objects: keys.len() as u64,
         temps: scan.temps as u64,
@@ -203,11 +277,12 @@ pub fn info(dir: &Path) -> io::Result<CacheInfo> {
     })
 }
 
-/// Removes every block (and stale temporary file) of cache directory `dir`, holding its lock;
-/// anything else in it is left alone. Mounts using it go on (they fetch again). Returns the
-/// blocks and bytes removed.
+/// Removes every block and extent file (and stale temporary file) of cache directory `dir`,
+/// holding its lock; anything else in it is left alone. Mounts using it go on (they fetch again;
+/// a file the kernel already has open stays readable until closed). Returns the files and bytes
+/// removed.
 pub fn clear(dir: &Path) -> io::Result<(u64, u64)> {
-    if !dir.join(store::OBJECTS).is_dir() {
+    if !dir.join(store::OBJECTS).is_dir() && !dir.join(extent::EXTENTS).is_dir() {
         return Ok((0, 0));
     }
     let _lock = evict::lock(dir, true)?;
