@@ -23,6 +23,9 @@ use crate::util::{lock, wait, wait_while};
 /// 8 MiB prefetch chunks per lane to wait for the disk.
 pub(crate) const QUEUE_BYTES: u64 = 64 << 20;
 
+/// How long a prefetch lane waits for room in a full queue before dropping its write.
+pub(crate) const LANE_WAIT: Duration = Duration::from_secs(5);
+
 /// How long dropping the cache waits for the queue to drain before giving up on the rest.
 pub(crate) const FLUSH_WAIT: Duration = Duration::from_secs(10);
 
@@ -71,6 +74,8 @@ pub(crate) struct WriteBehind {
     work: Condvar,
     /// Signals flushers: the queue drained.
     idle: Condvar,
+    /// Signals lanes waiting for room: a job is done.
+    room: Condvar,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -102,6 +107,45 @@ impl WriteBehind {
         copy.extend_from_slice(data);
         let data = Arc::new(copy);
         let mut state = lock(&self.state);
+        state.pending.insert((key.clone(), block), Arc::clone(&data));
+        state.jobs.push_back(Job::Block { key: key.clone(), block, data });
+        drop(state);
+        self.work.notify_one();
+        true
+    }
+
+    /// A copy of `data` in a spare buffer (or a new one), for [`WriteBehind::push_owned`].
+    pub(crate) fn copy(&self, data: &[u8]) -> Vec<u8> {
+        let mut copy = lock(&self.state).spares.pop().unwrap_or_default();
+        copy.clear();
+        copy.extend_from_slice(data);
+        copy
+    }
+
+    /// Queues block `block` of `key` (`data`, a copy the queue now owns) for `tier`, waiting up to
+    /// `wait` for room if the queue is full; false (and counted) when it stays full or the writer
+    /// cannot start: the write is dropped.
+    pub(crate) fn push_owned(
+        self: &Arc<Self>,
+        tier: &Arc<Tier>,
+        key: &ObjectKey,
+        block: u64,
+        data: Vec<u8>,
+        wait: Option<Duration>,
+    ) -> bool {
+        let len = data.len() as u64;
+        let full = |s: &mut State| !s.stopping && s.bytes + len > QUEUE_BYTES.max(len);
+        let mut state = lock(&self.state);
+        if let Some(wait) = wait.filter(|_| !state.held) {
+            state = wait_while(&self.room, state, wait, full);
+        }
+        if state.stopping || full(&mut state) || !self.start(tier) {
+            drop(state);
+            Stats::add(&tier.stats.disk_cache_write_drops, 1);
+            return false;
+        }
+        state.bytes += len;
+        let data = Arc::new(data);
         state.pending.insert((key.clone(), block), Arc::clone(&data));
         state.jobs.push_back(Job::Block { key: key.clone(), block, data });
         drop(state);
@@ -149,6 +193,7 @@ impl WriteBehind {
         let left = {
             let mut state = lock(&self.state);
             state.stopping = true;
+            self.room.notify_all();
             let left = state.jobs.len() as u64;
             state.jobs.clear();
             state.extents.clear();
@@ -233,6 +278,7 @@ impl WriteBehind {
                 }
             }
             state.busy = false;
+            self.room.notify_all();
             if state.drained() {
                 self.idle.notify_all();
             }

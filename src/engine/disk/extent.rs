@@ -11,16 +11,23 @@
 //! DIR/extents/ab/.NAME.PID.N.tmp      either being written
 //! ```
 //!
-//! How a file is verified before it is handed to the kernel, and why that is sound: the data is
-//! written to a temporary file, `fsync`'d, renamed into place, and only then is the record written
-//! (from an `fstat` of that descriptor). A record therefore exists only for a file whose bytes
-//! reached the disk whole and were checksummed as they were written from verified blocks. An open
-//! compares the opened file's `fstat` with the record: any write or truncation through the kernel
-//! moves ctime (which no system call can set back) and mtime, and a replaced or copied file is a
-//! new inode, so a match means the bytes are the ones checksummed. Anything else (no record, a
-//! record that does not parse, stats that differ) costs a full CRC pass: a match rewrites the
-//! record, a mismatch or a missing record removes the file. What this cannot see is what no
-//! `stat` shows (the medium corrupting data under the filesystem), as for any file read from disk.
+//! How a file is verified before it is handed to the kernel, and why that is sound. It is
+//! assembled from blocks that each passed their CRC, checksummed as it is written, renamed into
+//! place, and only then is its record written, from an `fstat` of the written file, with the
+//! kernel's boot id. An open compares the opened file's `fstat` and the boot id with the record:
+//! - any write or truncation through the kernel moves the file's ctime (which no system call can
+//!   set back) and mtime, and a replaced or copied file is another inode: so equal stats mean the
+//!   bytes have not changed since they were checksummed;
+//! - a torn file (a crash before its pages reached the disk; nothing is `fsync`'d) needs a crash,
+//!   and a crash means a new boot: so an equal boot id means the file is still the one in the page
+//!   cache the record was taken of.
+//!
+//! When both match the file is handed over at the cost of two `stat`s and a 100-byte read. When
+//! either differs (the first open after a reboot, a restored copy) the file gets a full CRC pass
+//! against the record: a match rewrites the record (for this boot), a mismatch removes the file,
+//! as does a missing or unparsable record. What this cannot see is what no `stat` shows, e.g.
+//! the medium corrupting data under the filesystem within one boot, as for any file read from
+//! disk.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -38,8 +45,9 @@ pub(crate) const EXTENTS: &str = "extents";
 const META: &str = ".meta";
 /// The first bytes of a record (format version 1).
 const MAGIC: &[u8; 8] = b"STFSEXT1";
-/// A record: magic, CRC of the data, length, device, inode, ctime s/ns, mtime s/ns, CRC of these.
-const RECORD_LEN: usize = 8 + 4 + 8 * 7 + 4;
+/// A record: magic, CRC of the data, length, device, inode, ctime s/ns, mtime s/ns, boot id, CRC
+/// of these.
+const RECORD_LEN: usize = 8 + 4 + 8 * 7 + 16 + 4;
 
 /// The data file of `range` of the source stored under `key`.
 pub(crate) fn extent_path(root: &Path, key: &ObjectKey, range: &Range<u64>) -> PathBuf {
@@ -80,6 +88,22 @@ struct Record {
     ino: u64,
     ctime: (i64, i64),
     mtime: (i64, i64),
+    /// The kernel's boot id when the record was taken (0: unknown, never matches).
+    boot: u128,
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), 0 if unknown.
+fn boot_id() -> u128 {
+    static BOOT: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let hex: String = text.chars().filter(char::is_ascii_hexdigit).collect();
+        if hex.len() == 32 {
+            u128::from_str_radix(&hex, 16).unwrap_or(0)
+        } else {
+            0
+        }
+    })
 }
 
 impl Record {
@@ -91,6 +115,7 @@ impl Record {
             ino: meta.ino(),
             ctime: (meta.ctime(), meta.ctime_nsec()),
             mtime: (meta.mtime(), meta.mtime_nsec()),
+            boot: boot_id(),
         }
     }
 
@@ -102,6 +127,7 @@ impl Record {
         for (i, v) in fields.iter().chain([self.mtime.1 as u64].iter()).enumerate() {
             out[12 + 8 * i..20 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
+        out[68..84].copy_from_slice(&self.boot.to_le_bytes());
         let crc = crc32fast::hash(&out[..RECORD_LEN - 4]);
         out[RECORD_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
         out
@@ -123,6 +149,7 @@ impl Record {
             ino: u64_at(2),
             ctime: (u64_at(3) as i64, u64_at(4) as i64),
             mtime: (u64_at(5) as i64, u64_at(6) as i64),
+            boot: u128::from_le_bytes(b[68..84].try_into().unwrap_or_default()),
         })
     }
 }
@@ -184,8 +211,6 @@ pub(crate) fn assemble(
             hasher.update(part);
             file.write_all(part)?;
         }
-        // On disk whole before it has a name and a record: see the module's note.
-        file.sync_all()?;
         std::fs::rename(&temp, &path)?;
         let record = Record::of(hasher.finalize(), &file.metadata()?);
         Ok(Some(range.end - range.start + write_record(&path, record)?))
@@ -209,8 +234,8 @@ pub(crate) enum Opened {
     Io(io::Error),
 }
 
-/// Opens the extent file of `range` under `key` and verifies it (module note): the record's stats,
-/// or a full CRC pass when they differ. A file that fails is removed with its record.
+/// Opens the extent file of `range` under `key` and verifies it (module note): the record's stats
+/// and boot id, or a full CRC pass when they differ. A file that fails is removed with its record.
 pub(crate) fn open_verified(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Opened {
     let path = extent_path(root, key, range);
     let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) {
@@ -232,13 +257,13 @@ pub(crate) fn open_verified(root: &Path, key: &ObjectKey, range: &Range<u64>) ->
     if !meta.is_file() || meta.len() != range.end - range.start || record.len != meta.len() {
         return corrupt(format!("{} bytes, the extent has {}", meta.len(), range.end - range.start));
     }
-    if Record::of(record.crc, &meta) == record {
+    if record.boot != 0 && Record::of(record.crc, &meta) == record {
         touch(&meta_path(&path));
         return Opened::Verified { file, checked: false };
     }
     match crc_of(&file, meta.len()) {
         Ok(crc) if crc == record.crc => {
-            // Same bytes, another inode or time (a restored copy): recorded as it is now.
+            // Same bytes, another boot, inode or time (a restored copy): recorded as it is now.
             let _ = write_record(&path, Record::of(crc, &meta));
             Opened::Verified { file, checked: true }
         }

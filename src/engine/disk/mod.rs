@@ -90,14 +90,17 @@ impl DiskCache {
     /// Reads blocks `first..first + buffers.len()` of the source stored under `key`, handing each
     /// to `landed` in block order: from disk where a verified copy is there (or from the
     /// write-behind queue), else from the store through `store` (one call per run of missing
-    /// blocks), queueing each such block for the disk as it lands. On a store error the rest are
-    /// dropped and the error returned.
+    /// blocks), queueing each such block for the disk as it lands. A prefetch lane (`lane`) hands
+    /// each block on first, then waits (bounded) for room in a full queue, so the store is read
+    /// no faster than the disk takes it; a reader's own load never waits (its write is dropped).
+    /// On a store error the rest are dropped and the error returned.
     pub(crate) fn read_through(
         &self,
         key: &ObjectKey,
         first: u64,
         buffers: Vec<Vec<u8>>,
         store: &mut StoreRead<'_>,
+        lane: bool,
         landed: &mut dyn FnMut(Vec<u8>),
     ) -> io::Result<()> {
         let mut missing: Vec<Vec<u8>> = Vec::new();
@@ -105,7 +108,7 @@ impl DiskCache {
         for (block, buffer) in (first..).zip(buffers) {
             match self.load(key, block, buffer) {
                 Ok(data) => {
-                    self.fetch(key, missing_start, std::mem::take(&mut missing), store, landed)?;
+                    self.fetch(key, missing_start, std::mem::take(&mut missing), store, lane, landed)?;
                     landed(data);
                 }
                 Err(buffer) => {
@@ -116,7 +119,7 @@ impl DiskCache {
                 }
             }
         }
-        self.fetch(key, missing_start, missing, store, landed)
+        self.fetch(key, missing_start, missing, store, lane, landed)
     }
 
     /// One store read of the missing run from `first`, each block queued for the disk as it lands.
@@ -126,6 +129,7 @@ impl DiskCache {
         first: u64,
         buffers: Vec<Vec<u8>>,
         store: &mut StoreRead<'_>,
+        lane: bool,
         landed: &mut dyn FnMut(Vec<u8>),
     ) -> io::Result<()> {
         if buffers.is_empty() {
@@ -133,9 +137,15 @@ impl DiskCache {
         }
         let mut block = first;
         store(first, buffers, &mut |data| {
-            self.queue.push(&self.tier, key, block, &data);
+            if lane {
+                let copy = self.queue.copy(&data);
+                landed(data);
+                self.queue.push_owned(&self.tier, key, block, copy, Some(behind::LANE_WAIT));
+            } else {
+                self.queue.push(&self.tier, key, block, &data);
+                landed(data);
+            }
             block += 1;
-            landed(data);
         })
     }
 
