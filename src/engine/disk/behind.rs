@@ -136,7 +136,7 @@ impl WriteBehind {
         let len = data.len() as u64;
         let full = |s: &mut State| !s.stopping && s.bytes + len > QUEUE_BYTES.max(len);
         let mut state = lock(&self.state);
-        if let Some(wait) = wait.filter(|_| !state.held) {
+        if let Some(wait) = wait {
             state = wait_while(&self.room, state, wait, full);
         }
         if state.stopping || full(&mut state) || !self.start(tier) {
