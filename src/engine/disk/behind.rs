@@ -54,6 +54,9 @@ struct State {
     /// The writer is working on a job it took off the queue.
     busy: bool,
     stopping: bool,
+    /// Blocks of prefetch lanes made pending and not queued yet (handed to readers, or waiting for
+    /// room): extent jobs wait for them.
+    waiting: usize,
     /// Tests hold the writer to see the queue as readers do.
     held: bool,
     spares: Vec<Vec<u8>>,
@@ -62,7 +65,7 @@ struct State {
 impl State {
     /// Nothing queued, nothing being written.
     fn drained(&self) -> bool {
-        self.jobs.is_empty() && self.extents.is_empty() && !self.busy
+        self.jobs.is_empty() && self.extents.is_empty() && !self.busy && self.waiting == 0
     }
 }
 
@@ -114,39 +117,47 @@ impl WriteBehind {
         true
     }
 
-    /// A copy of `data` in a spare buffer (or a new one), for [`WriteBehind::push_owned`].
-    pub(crate) fn copy(&self, data: &[u8]) -> Vec<u8> {
+    /// Makes a copy of block `block` of `key` (in a spare buffer) pending before the block is
+    /// handed to readers, so that from then on it is served from here and counted as there by
+    /// [`WriteBehind::get`]; extent jobs wait until it is queued by [`WriteBehind::push_pending`].
+    pub(crate) fn pend(&self, key: &ObjectKey, block: u64, data: &[u8]) -> Arc<Vec<u8>> {
         let mut copy = lock(&self.state).spares.pop().unwrap_or_default();
         copy.clear();
         copy.extend_from_slice(data);
+        let copy = Arc::new(copy);
+        let mut state = lock(&self.state);
+        state.pending.insert((key.clone(), block), Arc::clone(&copy));
+        state.waiting += 1;
         copy
     }
 
-    /// Queues block `block` of `key` (`data`, a copy the queue now owns) for `tier`, waiting up to
-    /// `wait` for room if the queue is full; false (and counted) when it stays full or the writer
-    /// cannot start: the write is dropped.
-    pub(crate) fn push_owned(
+    /// Queues a block made pending by [`WriteBehind::pend`] for `tier`, waiting up to `wait` for
+    /// room if the queue is full; false (and counted) when it stays full or the writer cannot
+    /// start: the write is dropped (and the block no longer pending).
+    pub(crate) fn push_pending(
         self: &Arc<Self>,
         tier: &Arc<Tier>,
         key: &ObjectKey,
         block: u64,
-        data: Vec<u8>,
-        wait: Option<Duration>,
+        data: Arc<Vec<u8>>,
+        wait: Duration,
     ) -> bool {
         let len = data.len() as u64;
         let full = |s: &mut State| !s.stopping && s.bytes + len > QUEUE_BYTES.max(len);
         let mut state = lock(&self.state);
-        if let Some(wait) = wait {
-            state = wait_while(&self.room, state, wait, full);
-        }
+        state = wait_while(&self.room, state, wait, full);
+        state.waiting -= 1;
         if state.stopping || full(&mut state) || !self.start(tier) {
+            let entry = (key.clone(), block);
+            if state.pending.get(&entry).is_some_and(|p| Arc::ptr_eq(p, &data)) {
+                state.pending.remove(&entry);
+            }
             drop(state);
+            self.work.notify_one();
             Stats::add(&tier.stats.disk_cache_write_drops, 1);
             return false;
         }
         state.bytes += len;
-        let data = Arc::new(data);
-        state.pending.insert((key.clone(), block), Arc::clone(&data));
         state.jobs.push_back(Job::Block { key: key.clone(), block, data });
         drop(state);
         self.work.notify_one();
@@ -240,7 +251,16 @@ impl WriteBehind {
             if state.stopping {
                 return;
             }
-            let job = if state.held { None } else { state.jobs.pop_front().or_else(|| state.extents.pop_front()) };
+            // An extent job only once every block queued or waiting for room is written.
+            let job = if state.held {
+                None
+            } else if let Some(job) = state.jobs.pop_front() {
+                Some(job)
+            } else if state.waiting == 0 {
+                state.extents.pop_front()
+            } else {
+                None
+            };
             let Some(job) = job else {
                 state = wait(&self.work, state);
                 continue;

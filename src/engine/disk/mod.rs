@@ -138,9 +138,9 @@ impl DiskCache {
         let mut block = first;
         store(first, buffers, &mut |data| {
             if lane {
-                let copy = self.queue.copy(&data);
+                let copy = self.queue.pend(key, block, &data);
                 landed(data);
-                self.queue.push_owned(&self.tier, key, block, copy, Some(behind::LANE_WAIT));
+                self.queue.push_pending(&self.tier, key, block, copy, behind::LANE_WAIT);
             } else {
                 self.queue.push(&self.tier, key, block, &data);
                 landed(data);
