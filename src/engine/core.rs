@@ -204,9 +204,9 @@ impl Engine {
     }
 
     /// Turns on extent files (whole tensor files on disk, for FUSE passthrough) in the disk tier;
-    /// false if there is no disk tier.
+    /// false if there is no disk tier or they are forbidden (`--no-passthrough`).
     pub fn enable_extent_files(&self) -> bool {
-        self.shared.disk.as_ref().inspect(|d| d.enable_extents()).is_some()
+        self.shared.disk.as_ref().is_some_and(|d| d.enable_extents())
     }
 
     /// A verified disk-tier file holding exactly `extent` of `source` (offset N of the file is byte

@@ -53,6 +53,8 @@ pub struct DiskCache {
     queue: Arc<WriteBehind>,
     /// Extent files are made and served (the mount can pass them to the kernel).
     extents: AtomicBool,
+    /// Extent files may be turned on (not `--no-passthrough`).
+    extents_allowed: AtomicBool,
     /// Extents this process queued for assembly (each once).
     extents_queued: Mutex<HashSet<(ObjectKey, u64, u64)>>,
 }
@@ -74,7 +76,13 @@ impl DiskCache {
         if scan.bytes > limit {
             tier.evict_now();
         }
-        Ok(DiskCache { tier, queue: Arc::default(), extents: AtomicBool::new(false), extents_queued: Mutex::default() })
+        Ok(DiskCache {
+            tier,
+            queue: Arc::default(),
+            extents: AtomicBool::new(false),
+            extents_allowed: AtomicBool::new(true),
+            extents_queued: Mutex::default(),
+        })
     }
 
     /// The directory (absolute).
@@ -169,9 +177,18 @@ impl DiskCache {
         self.tier.save(key, block, data);
     }
 
-    /// Turns extent files on: a mount that can hand files to the kernel (FUSE passthrough).
-    pub fn enable_extents(&self) {
-        self.extents.store(true, Relaxed);
+    /// Turns extent files on, unless forbidden: a mount that can hand files to the kernel (FUSE
+    /// passthrough). Returns whether they are on.
+    pub fn enable_extents(&self) -> bool {
+        let on = self.extents_allowed.load(Relaxed);
+        self.extents.store(on, Relaxed);
+        on
+    }
+
+    /// Keeps extent files off for this mount (`--no-passthrough`).
+    pub fn forbid_extents(&self) {
+        self.extents_allowed.store(false, Relaxed);
+        self.extents.store(false, Relaxed);
     }
 
     /// The extent file holding exactly `range` of the source under `key`, verified
