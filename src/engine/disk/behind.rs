@@ -2,10 +2,12 @@
 //! is copied into a bounded queue and handed to the reader at once; one writer thread (started
 //! with the first write, so after the daemon forks) stores the queued blocks in order. Until its
 //! file is written a queued block is served from the queue, so a reader never refetches a block
-//! only because its write is late. A full queue drops the write (counted in
-//! `disk_cache_write_drops`) instead of making a reader wait for the disk: that block is fetched
-//! again by a later mount. The queue is flushed, for at most [`FLUSH_WAIT`], when the cache is
-//! dropped (at unmount).
+//! only because its write is late. When the queue is full a reader's own load drops its write
+//! (counted in `disk_cache_write_drops`; a later mount fetches that block again) rather than wait
+//! for the disk; a prefetch lane makes its block pending before readers get it and then waits,
+//! bounded by [`LANE_WAIT`], for room. Extent jobs (`extent::assemble`) run on the same thread
+//! once no block is queued or pending. The queue is flushed, for at most [`FLUSH_WAIT`], when
+//! the cache is dropped (at unmount).
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
