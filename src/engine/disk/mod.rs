@@ -8,12 +8,16 @@
 //! fills the disk as it fills memory, and a second load reads disk on the same lanes, in whole
 //! blocks, in order.
 //!
-//! `store` holds the files (key, layout, checksum, atomic write), `tier` the directory's state
-//! (accounting, the verified read, the write), `behind` the write-behind queue, `evict` the size
-//! bound and LRU, `open` the directory's checks at mount and the default bound. Faults never fail
-//! a read: a write that fails (disk full, read-only) is counted and warned about once, a corrupt
-//! file is counted, removed and fetched again, a write the full queue cannot take is counted and
-//! dropped.
+//! With FUSE passthrough (root), the writer also assembles an extent file for each tensor whose
+//! blocks are all on disk when it is closed ([`DiskCache::want_extent`]); a later open is handed
+//! a verified one ([`DiskCache::open_extent`]) to pass to the kernel.
+//!
+//! `store` holds the block files (key, layout, checksum, atomic write), `extent` the extent files
+//! and their check, `tier` the directory's state (accounting, the verified read, the write),
+//! `behind` the write-behind queue, `evict` the size bound and LRU, `open` the directory's checks
+//! at mount and the default bound. Faults never fail a read: a write that fails (disk full,
+//! read-only) is counted and warned about once, a corrupt file is counted, removed and fetched
+//! again, a reader's write the full queue cannot take is counted and dropped.
 
 mod behind;
 mod evict;
