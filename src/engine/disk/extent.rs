@@ -238,7 +238,8 @@ pub(crate) enum Opened {
 /// and boot id, or a full CRC pass when they differ. A file that fails is removed with its record.
 pub(crate) fn open_verified(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Opened {
     let path = extent_path(root, key, range);
-    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) {
+    // Not following a link, and not blocking on a FIFO planted in its place (then refused below).
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Opened::Absent,
         Err(e) => return Opened::Io(e),
