@@ -2,21 +2,25 @@
 //! replies and errnos, and nothing more. The only file that touches fuser's Reply types; every
 //! errno of a failure comes from [`FsError::errno`].
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, warn};
 
 use crate::fs::{Attr, Fs, FsError, Kind, Xattr};
+use crate::stats::Stats;
+use crate::util::lock;
 
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
@@ -36,12 +40,73 @@ fn entry_ttl(a: &Attr) -> Duration {
 /// Wraps [`Fs`] for fuser; cheap to clone the inner state.
 pub struct FuseAdapter {
     fs: Arc<Fs>,
+    /// The kernel agreed to FUSE passthrough (root, a disk cache, a kernel with it): OPEN is
+    /// answered, with passthrough to a verified extent file where the disk cache has one.
+    passthrough: bool,
+    /// With passthrough, the files open now, by inode: the kernel needs every open of an inode
+    /// in one mode (all passed through, to one backing file, or none).
+    opens: Mutex<HashMap<u64, Open>>,
+    /// The kernel refused a backing file once (logged once).
+    refused: AtomicBool,
+}
+
+/// One inode's opens while passthrough is on.
+struct Open {
+    count: u64,
+    /// The backing file its opens pass through to; kept until the last one is released (the
+    /// kernel looks the id up after the reply is sent).
+    backing: Option<BackingId>,
 }
 
 impl FuseAdapter {
     /// An adapter serving `fs`.
     pub fn new(fs: Arc<Fs>) -> FuseAdapter {
-        FuseAdapter { fs }
+        FuseAdapter { fs, passthrough: false, opens: Mutex::default(), refused: AtomicBool::new(false) }
+    }
+
+    /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
+    /// verified one for this tensor and the kernel takes it, else the ordinary way (the page cache
+    /// kept, as when OPEN is not answered).
+    fn open_file(&self, ino: u64, reply: ReplyOpen) {
+        let mut opens = lock(&self.opens);
+        if let Some(open) = opens.get_mut(&ino) {
+            open.count += 1;
+            match &open.backing {
+                Some(id) => {
+                    self.count_passthrough(ino);
+                    reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
+                }
+                None => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            }
+            return;
+        }
+        let backing = self.fs.passthrough_file(ino).and_then(|file| match reply.open_backing(&file) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                Stats::add(&self.fs.stats().passthrough_refused, 1);
+                if !self.refused.swap(true, Relaxed) {
+                    warn!("the kernel refused a cached file for passthrough ({e}); serving reads instead");
+                }
+                None
+            }
+        });
+        match &backing {
+            Some(id) => {
+                self.count_passthrough(ino);
+                reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
+            }
+            None => {
+                self.fs.tensor_used(ino);
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+            }
+        }
+        opens.insert(ino, Open { count: 1, backing });
+    }
+
+    fn count_passthrough(&self, ino: u64) {
+        let stats = self.fs.stats();
+        Stats::add(&stats.passthrough_opens, 1);
+        Stats::add(&stats.passthrough_open_bytes, self.fs.getattr(ino).map_or(0, |a| a.size));
     }
 }
 
@@ -114,6 +179,18 @@ impl Filesystem for FuseAdapter {
         if let Err(missing) = config.add_capabilities(wanted & config.capabilities()) {
             debug!("kernel lacks {missing:?}");
         }
+        // Passthrough needs root (the kernel opens backing files only for CAP_SYS_ADMIN) and a
+        // disk cache to hold whole tensor files. Depth 1: the backing files are on an ordinary
+        // filesystem, and the mount may still sit under one stacking filesystem.
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let kernel = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
+        if root && kernel && self.fs.enable_passthrough() {
+            let agreed =
+                config.set_max_stack_depth(1).is_ok() && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok();
+            self.passthrough = agreed;
+            debug!("FUSE passthrough for cached tensor files: {agreed}");
+        }
         Ok(())
     }
 
@@ -137,8 +214,34 @@ impl Filesystem for FuseAdapter {
             // Files keep no per-open state, so opens need no round trip: on ENOSYS the kernel
             // stops sending OPEN and RELEASE for files and opens them itself with FOPEN_KEEP_CACHE
             // (the data is immutable; never direct_io, which would break mmap).
-            Ok(()) => reply.error(NOT_NEEDED),
+            Ok(()) if !self.passthrough => reply.error(NOT_NEEDED),
+            Ok(()) => self.open_file(ino.0, reply),
             Err(e) => reply.error(errno("open", ino.0, &e)),
+        }
+    }
+
+    /// Sent only when OPEN was answered (passthrough on): the last release of an inode drops its
+    /// backing file and may let the disk cache assemble its extent file.
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut opens = lock(&self.opens);
+        let last = opens.get_mut(&ino.0).is_some_and(|open| {
+            open.count = open.count.saturating_sub(1);
+            open.count == 0
+        });
+        let closed = if last { opens.remove(&ino.0) } else { None };
+        drop(opens);
+        reply.ok();
+        if closed.is_some_and(|open| open.backing.is_none()) {
+            self.fs.tensor_used(ino.0);
         }
     }
 

@@ -74,6 +74,19 @@ pub struct Stats {
     pub disk_cache_errors: AtomicU64,
     /// Block files that failed their checksum or length check: removed and fetched again.
     pub disk_cache_corrupt: AtomicU64,
+    /// Blocks not written to the disk cache because its write-behind queue was full (a reader
+    /// never waits for the disk): a later mount fetches them again.
+    pub disk_cache_write_drops: AtomicU64,
+    /// Extent files written: one tensor file's bytes exactly, for the kernel to read directly.
+    pub disk_cache_extents_written: AtomicU64,
+    /// Opens answered with FUSE passthrough to an extent file: the kernel reads (and maps) it
+    /// directly and sends the daemon no READ for that open.
+    pub passthrough_opens: AtomicU64,
+    /// Bytes of the files so opened (what those opens can read without the daemon).
+    pub passthrough_open_bytes: AtomicU64,
+    /// Opens of a file whose extent file was verified but that the kernel refused to pass
+    /// through: served the ordinary way.
+    pub passthrough_refused: AtomicU64,
     /// Bytes the disk cache holds, as this mount last counted them (gauge).
     pub disk_cache_bytes: AtomicU64,
     /// The disk cache's bound in bytes (0: no disk cache).
@@ -161,6 +174,11 @@ impl Stats {
             "disk_cache_evictions": g(&self.disk_cache_evictions),
             "disk_cache_errors": g(&self.disk_cache_errors),
             "disk_cache_corrupt": g(&self.disk_cache_corrupt),
+            "disk_cache_write_drops": g(&self.disk_cache_write_drops),
+            "disk_cache_extents_written": g(&self.disk_cache_extents_written),
+            "passthrough_opens": g(&self.passthrough_opens),
+            "passthrough_open_bytes": g(&self.passthrough_open_bytes),
+            "passthrough_refused": g(&self.passthrough_refused),
             "disk_cache_bytes": g(&self.disk_cache_bytes),
             "disk_cache_limit": g(&self.disk_cache_limit),
         })

@@ -3,14 +3,18 @@
 //! sent (nginx's access log: the second mount's only request is the opening one, the ranged GET
 //! of the first 64 KiB that pins the object and holds its header). A replaced object is read anew,
 //! a corrupted block file is refetched and counted, a full tmpfs leaves reads exact with one
-//! warning, and a directory others may write to is refused in one line. Skips when nginx is
-//! missing (fails under `CI=true`); the tmpfs and foreign-owner cases need root.
+//! warning, and a directory others may write to is refused in one line. As root, a tensor whose
+//! every byte is cached is passed through to an extent file (the kernel reads and maps it; the
+//! daemon sees no READ), and an extent file changed or replaced on disk is never served. Skips
+//! when nginx is missing (fails under `CI=true`); the tmpfs, foreign-owner and passthrough cases
+//! need root.
 
 mod common;
 #[path = "common/nginx.rs"]
 mod nginx;
 
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -94,17 +98,22 @@ fn a_second_mount_reads_every_block_from_disk_and_no_tensor_byte_from_the_store(
     let tensors = fixture(0);
     write_checkpoint(&nginx.root.join("model.safetensors"), &tensors, None);
     let url = nginx.url("model.safetensors");
-    {
+    unmount_and_wait({
         // The URL default block size (4 MiB), set as a mount option.
         let opt = format!("cache_dir={}", cache.display());
         let m = Mount::new(Path::new(&url), &["-o", &opt]);
         read_all_exact(&m, &tensors);
-        assert!(count(&m, "disk_cache_written_bytes") > 0, "{}", stats(&m));
+        // Written behind the reads, by the mount's writer thread.
+        assert!(eventually(|| count(&m, "disk_cache_written_bytes") > 0), "{}", stats(&m));
         assert_eq!(count(&m, "disk_cache_hits"), 0);
-    }
+        m
+    });
+    // Blocks only: as root the first mount also wrote extent files, which this mount is told not
+    // to pass through to the kernel.
     let mark = nginx.settled_log(Duration::from_millis(300)).len();
-    let m = mount_cached(&url, &cache, &[]);
+    let m = mount_cached(&url, &cache, &["-o", "no_passthrough"]);
     read_all_exact(&m, &tensors);
+    assert_eq!(count(&m, "passthrough_opens"), 0);
     let lines = requests_since(&nginx, mark);
     assert_eq!(tensor_bytes(&lines), 0, "the store sent tensor bytes on the second load: {lines:?}");
     assert_eq!(lines.len(), 1, "only the opening request: {lines:?}");
@@ -159,10 +168,14 @@ fn a_corrupted_block_file_is_refetched_counted_and_exact() {
     let tensors = fixture(0);
     write_checkpoint(&nginx.root.join("model.safetensors"), &tensors, None);
     let url = nginx.url("model.safetensors");
-    {
+    unmount_and_wait({
         let m = mount_cached(&url, &cache, &["--block-size", "64K"]);
         read_all_exact(&m, &tensors);
-    }
+        m
+    });
+    // Blocks only: as root the first mount also wrote extent files, which the second would pass
+    // through to the kernel without reading a block.
+    without_extents(&cache);
     // Flip one byte in the middle of one block file (block 20: inside a big tensor).
     let block = walk(&cache.join("objects")).into_iter().find(|p| p.to_string_lossy().ends_with("-20")).unwrap();
     let mut bytes = std::fs::read(&block).unwrap();
@@ -176,8 +189,20 @@ fn a_corrupted_block_file_is_refetched_counted_and_exact() {
     assert_eq!(count(&m, "backing_reads"), 1);
     // Exactly that block came from the store again, and went back to disk whole.
     assert_eq!(tensor_bytes(&requests_since(&nginx, mark)), 64 << 10);
-    assert_eq!(std::fs::read(&block).unwrap().len(), bytes.len());
-    assert_ne!(std::fs::read(&block).unwrap(), bytes);
+    // The writer thread puts it back on disk whole.
+    assert!(eventually(|| std::fs::read(&block).is_ok_and(|b| b.len() == bytes.len() && b != bytes)));
+}
+
+/// Whether `ready` holds within 10 s (polled): for what the write-behind thread does after a read.
+fn eventually(mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -278,12 +303,169 @@ fn a_local_file_is_cached_too() {
     let file = work.path().join("m.safetensors");
     let tensors = fixture(0);
     write_checkpoint(&file, &tensors, None);
-    {
+    unmount_and_wait({
         let m = mount_cached(file.to_str().unwrap(), &cache, &[]);
         read_all_exact(&m, &tensors);
-    }
+        m
+    });
+    without_extents(&cache);
     let m = mount_cached(file.to_str().unwrap(), &cache, &[]);
     read_all_exact(&m, &tensors);
     assert_eq!(count(&m, "backing_reads"), 0, "{}", stats(&m));
     assert!(count(&m, "disk_cache_hits") > 0);
+}
+
+/// Removes the extent files (written as root), so the next mount reads blocks.
+fn without_extents(cache: &Path) {
+    match std::fs::remove_dir_all(cache.join("extents")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("{e}"),
+        _ => {}
+    }
+}
+
+/// Tensors with bytes (a file of length 0 has nothing to pass through).
+fn non_empty(tensors: &[T]) -> Vec<&T> {
+    tensors.iter().filter(|t| !t.data.is_empty()).collect()
+}
+
+/// The extent files (data, not records) under the cache directory.
+fn extent_files(cache: &Path) -> Vec<PathBuf> {
+    let dir = cache.join("extents");
+    let mut files: Vec<PathBuf> =
+        if dir.is_dir() { walk(&dir).into_iter().filter(|p| p.extension().is_none()).collect() } else { vec![] };
+    files.sort();
+    files
+}
+
+/// Unmounts `m` and waits until its daemon has exited (it finishes the disk cache's writes,
+/// extent files included, after the unmount).
+fn unmount_and_wait(m: Mount) {
+    let mp = m.path.clone();
+    drop(m);
+    assert!(wait_until(Duration::from_secs(20), || daemon_pid(&mp).is_none()), "the daemon did not exit");
+}
+
+/// As root: a URL read whole once through a mount with `--cache-dir`, with every tensor's extent
+/// file written by the time its daemon exits. Returns the nginx, the cache directory, the tensors.
+fn cached_with_extents(work: &Path, nginx: &Nginx) -> (String, PathBuf, Vec<T>) {
+    let cache = cache_dir(work);
+    let tensors = fixture(0);
+    write_checkpoint(&nginx.root.join("model.safetensors"), &tensors, None);
+    let url = nginx.url("model.safetensors");
+    let m = mount_cached(&url, &cache, &["--block-size", "64K"]);
+    read_all_exact(&m, &tensors);
+    unmount_and_wait(m);
+    assert_eq!(extent_files(&cache).len(), non_empty(&tensors).len(), "one extent file per tensor");
+    (url, cache, tensors)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn a_second_mount_passes_whole_cached_tensors_to_the_kernel() {
+    if !is_root() {
+        eprintln!("skipped: FUSE passthrough needs root");
+        return;
+    }
+    let nginx = nginx_or_skip!();
+    let work = workdir();
+    let (url, cache, tensors) = cached_with_extents(work.path(), &nginx);
+    let mark = nginx.settled_log(Duration::from_millis(300)).len();
+    let m = mount_cached(&url, &cache, &["--block-size", "64K"]);
+    read_all_exact(&m, &tensors);
+    // Every tensor was opened by passthrough and the daemon saw no READ at all: the kernel read
+    // the extent files itself.
+    let s = stats(&m);
+    let want = non_empty(&tensors);
+    assert_eq!(s["passthrough_opens"].as_u64(), Some(want.len() as u64), "{s}");
+    let bytes: u64 = want.iter().map(|t| t.data.len() as u64).sum();
+    assert_eq!(s["passthrough_open_bytes"].as_u64(), Some(bytes), "{s}");
+    assert_eq!(s["fuse_reads"].as_u64(), Some(0), "{s}");
+    assert_eq!((s["backing_reads"].as_u64(), s["disk_cache_hits"].as_u64()), (Some(0), Some(0)), "{s}");
+    assert_eq!(tensor_bytes(&requests_since(&nginx, mark)), 0);
+
+    // mmap works: a shared read-only map of the biggest tensor file holds its bytes.
+    let big = want.iter().max_by_key(|t| t.data.len()).unwrap();
+    let file = std::fs::File::open(served(&m, &big.name)).unwrap();
+    let len = big.data.len();
+    // SAFETY: a read-only shared map of an open file, read only within its length, unmapped below.
+    let mapped = unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        let bytes = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+        libc::munmap(p, len);
+        bytes
+    };
+    assert!(mapped == big.data, "the mapped bytes differ");
+    // ... and numpy's memmap, as loaders use it.
+    let script = "import numpy, sys, hashlib\n\
+                  m = numpy.memmap(sys.argv[1], dtype=numpy.uint8, mode='r')\n\
+                  print(hashlib.sha256(m.tobytes()).hexdigest())";
+    let path = served(&m, &big.name);
+    let numpy = std::process::Command::new("python3").args(["-c", "import numpy"]).output();
+    if numpy.is_ok_and(|out| out.status.success()) {
+        let out = std::process::Command::new("python3").args(["-c", script]).arg(&path).output().unwrap();
+        assert!(out.status.success(), "numpy memmap: {}", String::from_utf8_lossy(&out.stderr));
+        let digest = ring::digest::digest(&ring::digest::SHA256, &big.data);
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hex);
+    } else {
+        tool_missing("python3 with numpy", "apt-get install python3-numpy");
+    }
+    // One READ: of stats.json, above; none for the mapped file.
+    assert_eq!(count(&m, "fuse_reads"), 1, "mmap went through the daemon");
+}
+
+#[test]
+fn a_changed_or_replaced_extent_file_is_never_served() {
+    if !is_root() {
+        eprintln!("skipped: FUSE passthrough needs root");
+        return;
+    }
+    let nginx = nginx_or_skip!();
+    let work = workdir();
+    let (url, cache, tensors) = cached_with_extents(work.path(), &nginx);
+    let files = extent_files(&cache);
+    let big: Vec<&PathBuf> = files.iter().filter(|p| std::fs::metadata(p).unwrap().len() > 1000).collect();
+    // One byte flipped in place; one byte flipped with the file's mtime put back (its ctime still
+    // moves); the file replaced by another of the same size (a new inode).
+    let flip = |path: &Path| {
+        let file = std::fs::File::options().write(true).read(true).open(path).unwrap();
+        let mut b = [0u8];
+        std::os::unix::fs::FileExt::read_at(&file, &mut b, 500).unwrap();
+        std::os::unix::fs::FileExt::write_at(&file, &[b[0] ^ 0x20], 500).unwrap();
+        file
+    };
+    drop(flip(big[0]));
+    let mtime = std::fs::metadata(big[1]).unwrap().modified().unwrap();
+    flip(big[1]).set_modified(mtime).unwrap();
+    let len = std::fs::metadata(big[2]).unwrap().len() as usize;
+    let other = work.path().join("other");
+    std::fs::write(&other, vec![0x5a; len]).unwrap();
+    std::fs::rename(&other, big[2]).unwrap();
+
+    let m = mount_cached(&url, &cache, &["--block-size", "64K"]);
+    read_all_exact(&m, &tensors);
+    let s = stats(&m);
+    assert_eq!(s["disk_cache_corrupt"].as_u64(), Some(3), "{s}");
+    assert_eq!(s["passthrough_opens"].as_u64(), Some(non_empty(&tensors).len() as u64 - 3), "{s}");
+    // Those three were read from their blocks on disk, not from the store.
+    assert_eq!(s["backing_reads"].as_u64(), Some(0), "{s}");
+    assert!(s["fuse_reads"].as_u64() > Some(0), "{s}");
+    // Whatever is on disk now (the three were removed, then assembled again from their verified
+    // blocks when their files were closed) holds the checkpoint's bytes exactly.
+    drop(m);
+    let checkpoint = std::fs::read(nginx.root.join("model.safetensors")).unwrap();
+    for path in &big[..3] {
+        if let Ok(bytes) = std::fs::read(path) {
+            let name = path.file_name().unwrap().to_str().unwrap();
+            let mut parts = name.rsplitn(3, '-');
+            let len: usize = parts.next().unwrap().parse().unwrap();
+            let start: usize = parts.next().unwrap().parse().unwrap();
+            assert!(bytes == checkpoint[start..start + len], "{path:?} holds other bytes");
+        }
+    }
 }

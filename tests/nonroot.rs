@@ -173,3 +173,38 @@ fn a_user_without_fusermount3_is_told_to_install_fuse3() {
     assert!(err.contains("no fusermount3") && err.contains("install the fuse3 package"), "{err}");
     assert!(listed(&m.path), "the mount outside the namespace must be untouched");
 }
+
+#[test]
+fn a_users_disk_cache_serves_blocks_and_passes_nothing_through() {
+    if !nonroot_tools() {
+        return;
+    }
+    let _dev = DevFuseOpen::new();
+    let t = vec![T::new("w", Dtype::F32, &[300, 1000]), T::new("b", Dtype::BF16, &[33])];
+    let fixture = NobodyFixture::new(&t);
+    let cache = fixture.dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let (file, mp) = (fixture.file.to_str().unwrap(), fixture.mount_point.to_str().unwrap());
+    let load = |nth: &str| -> serde_json::Value {
+        let out = stfs_as_nobody(&["mount", file, mp, "--cache-dir", cache.to_str().unwrap()]);
+        let m = Unmount(fixture.mount_point.clone());
+        assert!(out.status.success(), "{nth} mount as nobody: {}", stderr_of(&out));
+        let pid = daemon_pid(&m.0).expect("daemon pid");
+        assert_eq!(read_as_nobody(&m.0.join("w")), t[0].data);
+        let stats = serde_json::from_slice(&read_as_nobody(&m.0.join(".stfs/stats.json"))).unwrap();
+        let out = umount_as_nobody(&[], &m.0);
+        assert!(out.status.success(), "stfs umount as nobody: {}", stderr_of(&out));
+        assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit");
+        stats
+    };
+    let first = load("first");
+    assert_eq!(first["passthrough_opens"], 0, "{first}");
+    // The second load reads the blocks from disk; without root nothing is passed to the kernel
+    // and no whole-tensor file is kept.
+    let second = load("second");
+    assert_eq!((second["passthrough_opens"].as_u64(), second["backing_reads"].as_u64()), (Some(0), Some(0)));
+    assert!(second["disk_cache_hits"].as_u64() > Some(0), "{second}");
+    assert!(!cache.join("extents").exists(), "extent files written without passthrough");
+}

@@ -117,6 +117,10 @@ pub struct MountArgs {
     /// 256G].
     #[arg(long, value_name = "SIZE", value_parser = crate::util::size::parse_size)]
     pub cache_dir_size: Option<u64>,
+    /// With --cache-dir, as root: do not keep whole tensor files in it for the kernel to read
+    /// directly (FUSE passthrough); they double what a fully cached tensor takes there.
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Let other users (not only the one who mounted) use the mount; turns on default_permissions.
     #[arg(long)]
     pub allow_other: bool,
@@ -356,10 +360,10 @@ the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
   kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
   layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
-  no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, uid=N, gid=N (owner of
-  every file), umask=M, fmask=M, dmask=M (octal: mode bits removed from files,
-  directories), allow_root, auto_unmount, endpoint_url=URL, region=REGION,
-  no_sign_request
+  no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, no_passthrough,
+  uid=N, gid=N (owner of every file), umask=M, fmask=M, dmask=M (octal: mode
+  bits removed from files, directories), allow_root, auto_unmount,
+  endpoint_url=URL, region=REGION, no_sign_request
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to

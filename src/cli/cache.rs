@@ -17,9 +17,10 @@ pub fn run(args: CacheArgs) -> Result<ExitCode, Failure> {
             }
             let info = disk::info(&dir).map_err(|e| Failure::io(dir.display(), e))?;
             let mut text = format!(
-                "directory: {}\nblocks: {}\nbytes: {} ({})\nsources: {}\ntemporary files: {}\n",
+                "directory: {}\nblocks: {}\nextent files: {}\nbytes: {} ({})\nsources: {}\ntemporary files: {}\n",
                 dir.display(),
                 info.blocks,
+                info.extents,
                 info.bytes,
                 format_size(info.bytes),
                 info.objects,
@@ -32,8 +33,8 @@ pub fn run(args: CacheArgs) -> Result<ExitCode, Failure> {
             print_out(&text)
         }
         CacheAction::Clear { dir } => {
-            let (blocks, bytes) = disk::clear(&dir).map_err(|e| Failure::io(dir.display(), e))?;
-            print_out(&format!("removed {blocks} blocks ({}) from {}\n", format_size(bytes), dir.display()))
+            let (files, bytes) = disk::clear(&dir).map_err(|e| Failure::io(dir.display(), e))?;
+            print_out(&format!("removed {files} files ({}) from {}\n", format_size(bytes), dir.display()))
         }
     }
 }

@@ -33,6 +33,9 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         // Checked here, before forking: a directory others could write to is refused in one line.
         let disk =
             DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;
+        if config.no_passthrough {
+            disk.forbid_extents();
+        }
         fs_options.disk = Some(Arc::new(disk));
     }
     let fsname = if checkpoint::is_url(&config.source) {

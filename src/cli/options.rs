@@ -213,6 +213,8 @@ pub struct MountConfig {
     pub cache_dir: Option<PathBuf>,
     /// Its bound in bytes (`--cache-dir-size`); `None`: the default.
     pub cache_dir_size: Option<u64>,
+    /// `--no-passthrough`: no whole tensor files in the disk cache for the kernel.
+    pub no_passthrough: bool,
     /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
     pub auto_unmount: bool,
 }
@@ -267,6 +269,7 @@ impl MountConfig {
         let allow_root = o.allow_root.unwrap_or(false);
         a.cache_dir = a.cache_dir.or(o.cache_dir);
         a.cache_dir_size = a.cache_dir_size.or(o.cache_dir_size);
+        a.no_passthrough |= o.no_passthrough.unwrap_or(false);
         a.no_map |= o.no_map.unwrap_or(false);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
@@ -297,6 +300,7 @@ impl MountConfig {
         Ok(MountConfig {
             cache_dir: a.cache_dir,
             cache_dir_size: a.cache_dir_size,
+            no_passthrough: a.no_passthrough,
             layout,
             views: Views { npy: a.npy, as_f32 },
             checkpoint_files: !a.no_checkpoint_file,
@@ -405,6 +409,7 @@ struct DashO {
     allow_root: Option<bool>,
     cache_dir: Option<PathBuf>,
     cache_dir_size: Option<u64>,
+    no_passthrough: Option<bool>,
     auto_unmount: Option<bool>,
     no_map: Option<bool>,
     endpoint_url: Option<String>,
@@ -440,6 +445,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "read_only",
     "cache_dir",
     "cache_dir_size",
+    "no_passthrough",
     "auto_unmount",
     "no_map",
     "endpoint_url",
@@ -500,6 +506,7 @@ impl DashO {
                 "read_only" => {}
                 "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
                 "cache_dir_size" => o.cache_dir_size = size()?,
+                "no_passthrough" => o.no_passthrough = switch()?,
                 "endpoint_url" => o.endpoint_url = text()?,
                 "region" => o.region = text()?,
                 "no_sign_request" => o.no_sign_request = switch()?,

@@ -26,20 +26,22 @@ pub(crate) fn buffers<'a, 't: 'a>(
 /// as the source has filled it ([`SourceReader::read_blocks_at`]); on an error the rest are
 /// dropped, and so is the descriptor (it may be broken, e.g. a dropped connection). With a disk
 /// tier, blocks found there land from it and only each run of the others is read from the store
-/// (and stored on disk as it lands).
+/// (and queued for the disk as it lands). A prefetch lane (`lane`) waits for room in the disk
+/// tier's write queue when it is full; a read on demand never does (its write is dropped).
 pub(crate) fn read_blocks(
     shared: &Shared,
     entry: &SourceEntry,
     first: u64,
     buffers: Vec<Vec<u8>>,
     descriptor: &mut Option<Box<dyn SourceReader>>,
+    lane: bool,
     landed: &mut dyn FnMut(Vec<u8>),
 ) -> io::Result<()> {
     if let (Some(disk), Some(key)) = (&shared.disk, &entry.disk_key) {
         let mut store = |first, buffers, landed: &mut dyn FnMut(Vec<u8>)| {
             read_store(shared, entry, first, buffers, descriptor, landed)
         };
-        return disk.read_through(key, first, buffers, &mut store, landed);
+        return disk.read_through(key, first, buffers, &mut store, lane, landed);
     }
     read_store(shared, entry, first, buffers, descriptor, landed)
 }

@@ -213,6 +213,30 @@ impl Engine {
         Ok(reply)
     }
 
+    /// Turns on extent files (whole tensor files on disk, for FUSE passthrough) in the disk tier;
+    /// false if there is no disk tier or they are forbidden (`--no-passthrough`).
+    pub fn enable_extent_files(&self) -> bool {
+        self.shared.disk.as_ref().is_some_and(|d| d.enable_extents())
+    }
+
+    /// A verified disk-tier file holding exactly `extent` of `source` (offset N of the file is byte
+    /// `extent.start + N`), if there is one (extent files on, the source cached on disk).
+    pub fn extent_file(&self, source: SourceId, extent: Range<u64>) -> Option<std::fs::File> {
+        let entry = self.entry(source)?;
+        let (disk, key) = (self.shared.disk.as_ref()?, entry.disk_key.as_ref()?);
+        disk.open_extent(key, &(extent.start..extent.end.min(entry.len)))
+    }
+
+    /// Tells the disk tier a file spanning `extent` of `source` was opened or closed: once every
+    /// block it covers is on disk, its extent file is assembled by the disk tier's writer.
+    pub fn extent_used(&self, source: SourceId, extent: Range<u64>) {
+        let Some(entry) = self.entry(source) else { return };
+        if let (Some(disk), Some(key)) = (self.shared.disk.as_ref(), entry.disk_key.as_ref()) {
+            let range = extent.start..extent.end.min(entry.len);
+            disk.want_extent(key, self.shared.config.block_size, entry.len, range);
+        }
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &EngineConfig {
         &self.shared.config

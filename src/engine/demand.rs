@@ -183,11 +183,11 @@ impl Demand<'_> {
             if own.is_none() {
                 *own = entry.spares.take();
             }
-            backing::read_blocks(shared, entry, first, buffers, &mut own, &mut land)?;
+            backing::read_blocks(shared, entry, first, buffers, &mut own, false, &mut land)?;
             return Ok(filled);
         }
         let mut spare = entry.spares.take();
-        let loaded = backing::read_blocks(shared, entry, first, buffers, &mut spare, &mut land);
+        let loaded = backing::read_blocks(shared, entry, first, buffers, &mut spare, false, &mut land);
         entry.spares.keep(spare);
         loaded.map(|()| filled)
     }

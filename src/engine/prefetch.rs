@@ -124,7 +124,7 @@ fn load_run(shared: &Shared, job: &Job, lane: &Descriptor, first: u64, mut run: 
     }
     let buffers = backing::buffers(shared, &job.source, first, run.iter_mut());
     let mut tickets = run.into_iter();
-    let result = backing::read_blocks(shared, &job.source, first, buffers, &mut descriptor, &mut |data| {
+    let result = backing::read_blocks(shared, &job.source, first, buffers, &mut descriptor, true, &mut |data| {
         if let Some(ticket) = tickets.next() {
             Stats::add(&shared.stats.prefetched_bytes, data.len() as u64);
             ticket.complete(data);

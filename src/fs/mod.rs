@@ -185,6 +185,35 @@ impl Fs {
         Ok(())
     }
 
+    /// Turns on whole tensor files on disk for FUSE passthrough ([`Fs::passthrough_file`]); false
+    /// if the mount has no disk cache.
+    pub fn enable_passthrough(&self) -> bool {
+        self.engine.enable_extent_files()
+    }
+
+    /// A verified file on local disk holding exactly raw tensor file `ino`'s bytes (offset for
+    /// offset), for the kernel to read directly, if the disk cache has one.
+    pub fn passthrough_file(&self, ino: Ino) -> Option<std::fs::File> {
+        let t = self.raw_tensor(ino)?;
+        self.engine.extent_file(t.source, t.start..t.start + t.len)
+    }
+
+    /// Raw tensor file `ino` was opened or closed: the disk cache may now assemble its file for
+    /// [`Fs::passthrough_file`].
+    pub fn tensor_used(&self, ino: Ino) {
+        if let Some(t) = self.raw_tensor(ino) {
+            self.engine.extent_used(t.source, t.start..t.start + t.len);
+        }
+    }
+
+    /// The tensor `ino` serves raw (a tensor file, not a view), if it is one and not empty.
+    fn raw_tensor(&self, ino: Ino) -> Option<&crate::tree::namespace::Tensor> {
+        match &self.ns.node(ino)?.kind {
+            NodeKind::File { content: Content::Tensor(i), .. } => self.ns.tensors().get(*i).filter(|t| t.len > 0),
+            _ => None,
+        }
+    }
+
     /// Checks that `ino` is a directory that may be listed.
     pub fn opendir(&self, ino: Ino) -> Result<(), FsError> {
         match self.ns.node(ino).ok_or(FsError::NotFound)?.kind {

@@ -11,6 +11,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::extent::{is_extent_name, is_meta_name, meta_path, EXTENTS};
 use super::store::{is_block_name, is_temp_name, LOCK, OBJECTS};
 
 /// A temporary file older than this was left by a crashed writer (a live one writes a block in
@@ -21,13 +22,17 @@ pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 /// once per several blocks written, not once per block.
 const LOW_WATER_SIXTEENTHS: u64 = 14;
 
-/// One stored block, as a scan found it.
+/// One stored block or extent file, as a scan found it.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
     pub(crate) path: PathBuf,
+    /// Its extent record, removed with it.
+    pub(crate) record: Option<PathBuf>,
     pub(crate) bytes: u64,
-    /// Last use: the file's mtime (set when written, refreshed by hits).
+    /// Last use: the block's mtime, or the extent record's (set when written, refreshed by hits).
     pub(crate) used: SystemTime,
+    /// An extent file (or a record left without one), not a block.
+    pub(crate) extent: bool,
 }
 
 /// Everything under a cache directory's `objects/`.
@@ -39,17 +44,25 @@ pub(crate) struct Scan {
     pub(crate) temps: usize,
 }
 
-/// Lists every block file under `root/objects/`; removes temporary files older than
-/// [`STALE_TEMP_AGE`] when `clean` is set. A missing `objects/` is an empty cache.
+/// Lists every block file under `root/objects/` and every extent file (with its record) under
+/// `root/extents/`; removes temporary files older than [`STALE_TEMP_AGE`] when `clean` is set. A
+/// missing folder is an empty one.
 pub(crate) fn scan(root: &Path, clean: bool) -> io::Result<Scan> {
     let mut out = Scan::default();
-    let objects = match std::fs::read_dir(root.join(OBJECTS)) {
-        Ok(dir) => dir,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e),
-    };
+    for folder in [OBJECTS, EXTENTS] {
+        match std::fs::read_dir(root.join(folder)) {
+            Ok(dir) => scan_folder(dir, clean, &mut out),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// [`scan`] of one folder of fan-out folders.
+fn scan_folder(dir: std::fs::ReadDir, clean: bool, out: &mut Scan) {
     let now = SystemTime::now();
-    for fan in objects.flatten() {
+    for fan in dir.flatten() {
         let Ok(files) = std::fs::read_dir(fan.path()) else { continue };
         for file in files.flatten() {
             let name = file.file_name();
@@ -59,7 +72,21 @@ pub(crate) fn scan(root: &Path, clean: bool) -> io::Result<Scan> {
             let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             if is_block_name(name) && meta.is_file() {
                 out.bytes += meta.len();
-                out.blocks.push(Stored { path: file.path(), bytes: meta.len(), used });
+                out.blocks.push(Stored { path: file.path(), record: None, bytes: meta.len(), used, extent: false });
+            } else if is_extent_name(name) && meta.is_file() {
+                // The record holds the extent's last use (the data file's times are its identity).
+                let record = meta_path(&file.path());
+                let (record_bytes, used) = match std::fs::metadata(&record) {
+                    Ok(m) => (m.len(), m.modified().unwrap_or(used)),
+                    Err(_) => (0, used),
+                };
+                out.bytes += meta.len() + record_bytes;
+                let bytes = meta.len() + record_bytes;
+                out.blocks.push(Stored { path: file.path(), record: Some(record), bytes, used, extent: true });
+            } else if is_meta_name(name) && !file.path().with_extension("").exists() {
+                // A record whose data file is gone: evicted (or cleared) like one.
+                out.bytes += meta.len();
+                out.blocks.push(Stored { path: file.path(), record: None, bytes: meta.len(), used, extent: true });
             } else if is_temp_name(name) {
                 let stale = now.duration_since(used).is_ok_and(|age| age > STALE_TEMP_AGE);
                 if clean && stale && std::fs::remove_file(file.path()).is_ok() {
@@ -69,7 +96,6 @@ pub(crate) fn scan(root: &Path, clean: bool) -> io::Result<Scan> {
             }
         }
     }
-    Ok(out)
 }
 
 /// What an eviction pass did.
@@ -95,6 +121,9 @@ pub(crate) fn evict(mut scan: Scan, limit: u64) -> Evicted {
             break;
         }
         // Already gone (another process evicted it, or a clear): it no longer counts either way.
+        if let Some(record) = &block.record {
+            let _ = std::fs::remove_file(record);
+        }
         match std::fs::remove_file(&block.path) {
             Ok(()) => out.blocks += 1,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

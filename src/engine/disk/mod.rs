@@ -3,31 +3,47 @@
 //!
 //! `backing::read_blocks` hands every run of blocks the engine loads (on demand or on a prefetch
 //! lane) to [`DiskCache::read_through`]: each block found on disk (verified) lands without a store
-//! request; each run of missing ones is one store read whose blocks are written to disk as they
-//! land. So readahead fills the disk as it fills memory, and a second load reads disk on the same
-//! lanes, in whole blocks, in order.
+//! request; each run of missing ones is one store read whose blocks are queued for the disk as
+//! they land and written by one writer thread (`behind`), off the reader's path. So readahead
+//! fills the disk as it fills memory, and a second load reads disk on the same lanes, in whole
+//! blocks, in order.
 //!
-//! `store` holds the files (key, layout, checksum, atomic write), `evict` the size bound and LRU,
-//! `open` the directory's checks at mount and the default bound. Faults never fail a read: a write
-//! that fails (disk full, read-only) is counted and warned about once, a corrupt file is counted,
-//! removed and fetched again.
+//! With FUSE passthrough (root), the writer also assembles an extent file for each tensor whose
+//! blocks are all on disk when it is closed ([`DiskCache::want_extent`]); a later open is handed
+//! a verified one ([`DiskCache::open_extent`]) to pass to the kernel.
+//!
+//! `store` holds the block files (key, layout, checksum, atomic write), `extent` the extent files
+//! and their check, `tier` the directory's state (accounting, the verified read, the write),
+//! `behind` the write-behind queue, `evict` the size bound and LRU, `open` the directory's checks
+//! at mount and the default bound. Faults never fail a read: a write that fails (disk full,
+//! read-only) is counted and warned about once, a corrupt file is counted, removed and fetched
+//! again, a reader's write the full queue cannot take is counted and dropped.
 
+mod behind;
 mod evict;
+mod extent;
 mod open;
 mod store;
 #[cfg(test)]
 mod tests;
+mod tier;
 
+use std::collections::HashSet;
+use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 pub use open::{default_limit, DiskCacheError, DEFAULT_LIMIT_MAX, DEFAULT_LIMIT_PERCENT, MIN_LIMIT};
 pub use store::ObjectKey;
 
 use crate::stats::Stats;
+use crate::util::lock;
+use behind::{Job, WriteBehind};
+use tier::Tier;
 
 /// A store read of whole blocks from `first` into the buffers, handing each to the callback as
 /// it lands (`backing`'s read through a descriptor).
@@ -36,23 +52,21 @@ pub(crate) type StoreRead<'a> = dyn FnMut(u64, Vec<Vec<u8>>, &mut dyn FnMut(Vec<
 /// One cache directory as a mount uses it.
 #[derive(Debug)]
 pub struct DiskCache {
-    root: PathBuf,
-    limit: u64,
-    stats: Arc<Stats>,
-    /// Bytes believed stored: the last scan plus this process's writes since.
-    stored: AtomicU64,
-    /// Bytes this process wrote since the last scan: past an eighth of the bound it rescans, so
-    /// what other processes wrote is counted too.
-    written_since_scan: AtomicU64,
-    /// An eviction pass of this process is running.
-    evicting: AtomicBool,
-    /// A failed write was already logged.
-    warned: AtomicBool,
+    tier: Arc<Tier>,
+    /// The writes waiting for the disk (`behind`).
+    queue: Arc<WriteBehind>,
+    /// Extent files are made and served (the mount can pass them to the kernel).
+    extents: AtomicBool,
+    /// Extent files may be turned on (not `--no-passthrough`).
+    extents_allowed: AtomicBool,
+    /// Extents this process queued for assembly (each once).
+    extents_queued: Mutex<HashSet<(ObjectKey, u64, u64)>>,
 }
 
 impl DiskCache {
     /// Opens (creating it mode 0700 if missing) and checks cache directory `dir`, bound to `limit`
-    /// bytes ([`default_limit`] if `None`), counting into `stats`.
+    /// bytes ([`default_limit`] if `None`), counting into `stats`. No thread starts until the
+    /// first write (the daemon forks after this).
     pub fn open(dir: &Path, limit: Option<u64>, stats: Arc<Stats>) -> Result<DiskCache, DiskCacheError> {
         let root = std::path::absolute(dir).map_err(DiskCacheError::Io)?;
         if let Some(size) = limit.filter(|&size| size < MIN_LIMIT) {
@@ -61,45 +75,44 @@ impl DiskCache {
         open::prepare(&root)?;
         let scan = evict::scan(&root, true).map_err(DiskCacheError::Io)?;
         let limit = limit.unwrap_or_else(|| default_limit(open::free_bytes(&root), scan.bytes));
-        let stored = AtomicU64::new(scan.bytes);
-        stats.disk_cache_limit.store(limit, Relaxed);
-        let cache = DiskCache {
-            root,
-            limit,
-            stats,
-            stored,
-            written_since_scan: AtomicU64::new(0),
-            evicting: AtomicBool::new(false),
-            warned: AtomicBool::new(false),
-        };
-        cache.publish_stored();
+        let tier = Arc::new(Tier::new(root, limit, scan.bytes, stats));
         // A bound lowered since the last mount holds from the start.
         if scan.bytes > limit {
-            cache.evict_now();
+            tier.evict_now();
         }
-        Ok(cache)
+        Ok(DiskCache {
+            tier,
+            queue: Arc::default(),
+            extents: AtomicBool::new(false),
+            extents_allowed: AtomicBool::new(true),
+            extents_queued: Mutex::default(),
+        })
     }
 
     /// The directory (absolute).
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.tier.root
     }
 
     /// The bound on the bytes stored.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.tier.limit
     }
 
     /// Reads blocks `first..first + buffers.len()` of the source stored under `key`, handing each
-    /// to `landed` in block order: from disk where a verified copy is there, else from the store
-    /// through `store` (one call per run of missing blocks), writing each such block to disk as it
-    /// lands. On a store error the rest are dropped and the error returned.
+    /// to `landed` in block order: from disk where a verified copy is there (or from the
+    /// write-behind queue), else from the store through `store` (one call per run of missing
+    /// blocks), queueing each such block for the disk as it lands. A prefetch lane (`lane`) hands
+    /// each block on first, then waits (bounded) for room in a full queue, so the store is read
+    /// no faster than the disk takes it; a reader's own load never waits (its write is dropped).
+    /// On a store error the rest are dropped and the error returned.
     pub(crate) fn read_through(
         &self,
         key: &ObjectKey,
         first: u64,
         buffers: Vec<Vec<u8>>,
         store: &mut StoreRead<'_>,
+        lane: bool,
         landed: &mut dyn FnMut(Vec<u8>),
     ) -> io::Result<()> {
         let mut missing: Vec<Vec<u8>> = Vec::new();
@@ -107,7 +120,7 @@ impl DiskCache {
         for (block, buffer) in (first..).zip(buffers) {
             match self.load(key, block, buffer) {
                 Ok(data) => {
-                    self.fetch(key, missing_start, std::mem::take(&mut missing), store, landed)?;
+                    self.fetch(key, missing_start, std::mem::take(&mut missing), store, lane, landed)?;
                     landed(data);
                 }
                 Err(buffer) => {
@@ -118,16 +131,17 @@ impl DiskCache {
                 }
             }
         }
-        self.fetch(key, missing_start, missing, store, landed)
+        self.fetch(key, missing_start, missing, store, lane, landed)
     }
 
-    /// One store read of the missing run from `first`, each block written to disk as it lands.
+    /// One store read of the missing run from `first`, each block queued for the disk as it lands.
     fn fetch(
         &self,
         key: &ObjectKey,
         first: u64,
         buffers: Vec<Vec<u8>>,
         store: &mut StoreRead<'_>,
+        lane: bool,
         landed: &mut dyn FnMut(Vec<u8>),
     ) -> io::Result<()> {
         if buffers.is_empty() {
@@ -135,84 +149,125 @@ impl DiskCache {
         }
         let mut block = first;
         store(first, buffers, &mut |data| {
-            self.save(key, block, &data);
+            if lane {
+                let copy = self.queue.pend(key, block, &data);
+                landed(data);
+                self.queue.push_pending(&self.tier, key, block, copy, behind::LANE_WAIT);
+            } else {
+                self.queue.push(&self.tier, key, block, &data);
+                landed(data);
+            }
             block += 1;
-            landed(data);
         })
     }
 
-    /// Block `block` of `key` from disk into `buffer` (sized to the block), or the buffer back on
-    /// a miss. A corrupt file is counted and removed; an unreadable one counted as an error.
+    /// Block `block` of `key` into `buffer` (sized to the block): from the write-behind queue if
+    /// it waits there, else from disk (verified); the buffer back on a miss. A corrupt file is
+    /// counted and removed; an unreadable one counted as an error.
     pub(crate) fn load(&self, key: &ObjectKey, block: u64, mut buffer: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
-        let path = store::block_path(&self.root, key, block);
-        let stats = &self.stats;
-        match store::read_block(&path, &mut buffer) {
-            Ok(()) => {
-                Stats::add(&stats.disk_cache_hits, 1);
-                Stats::add(&stats.disk_cache_hit_bytes, buffer.len() as u64);
-                return Ok(buffer);
-            }
-            Err(store::Miss::Absent) => {}
-            Err(store::Miss::Corrupt(why)) => {
-                Stats::add(&stats.disk_cache_corrupt, 1);
-                log::warn!("{}: {why}; removed, fetching the block again", path.display());
-                let _ = std::fs::remove_file(&path);
-            }
-            Err(store::Miss::Io(e)) => {
-                Stats::add(&stats.disk_cache_errors, 1);
-                log::debug!("{}: {e}", path.display());
-            }
+        if let Some(data) = self.queue.get(key, block).filter(|d| d.len() == buffer.len()) {
+            buffer.copy_from_slice(&data);
+            Stats::add(&self.tier.stats.disk_cache_hits, 1);
+            Stats::add(&self.tier.stats.disk_cache_hit_bytes, buffer.len() as u64);
+            return Ok(buffer);
         }
-        Stats::add(&stats.disk_cache_misses, 1);
-        Err(buffer)
+        self.tier.load(key, block, buffer)
     }
 
-    /// Writes block `block` of `key` to disk. A failure (disk full, read-only directory) is
-    /// counted and logged once per mount: reads go on from the store.
+    /// Writes block `block` of `key` to disk now, on this thread (counted, a failure warned about
+    /// once, as the writer thread does).
+    #[cfg(test)]
     pub(crate) fn save(&self, key: &ObjectKey, block: u64, data: &[u8]) {
-        match store::write_block(&self.root, key, block, data) {
-            Ok(bytes) => {
-                Stats::add(&self.stats.disk_cache_written_bytes, bytes);
-                let stored = self.stored.fetch_add(bytes, Relaxed) + bytes;
-                let since = self.written_since_scan.fetch_add(bytes, Relaxed) + bytes;
-                self.publish_stored();
-                if stored > self.limit || since > self.limit / 8 {
-                    self.evict_now();
+        self.tier.save(key, block, data);
+    }
+
+    /// Turns extent files on, unless forbidden: a mount that can hand files to the kernel (FUSE
+    /// passthrough). Returns whether they are on.
+    pub fn enable_extents(&self) -> bool {
+        let on = self.extents_allowed.load(Relaxed);
+        self.extents.store(on, Relaxed);
+        on
+    }
+
+    /// Keeps extent files off for this mount (`--no-passthrough`).
+    pub fn forbid_extents(&self) {
+        self.extents_allowed.store(false, Relaxed);
+        self.extents.store(false, Relaxed);
+    }
+
+    /// The extent file holding exactly `range` of the source under `key`, verified
+    /// (`extent::open_verified`); `None` if extents are off, it is absent or it failed (counted
+    /// in `disk_cache_corrupt` and removed, or in `disk_cache_errors`).
+    pub(crate) fn open_extent(&self, key: &ObjectKey, range: &Range<u64>) -> Option<File> {
+        if !self.extents.load(Relaxed) || range.is_empty() {
+            return None;
+        }
+        let stats = &self.tier.stats;
+        match extent::open_verified(&self.tier.root, key, range) {
+            extent::Opened::Verified { file, checked } => {
+                if checked {
+                    log::info!("extent {range:?} of {}: verified in full (its record was stale)", key.as_str());
                 }
+                Some(file)
             }
-            Err(e) => {
-                Stats::add(&self.stats.disk_cache_errors, 1);
-                if !self.warned.swap(true, Relaxed) {
-                    log::warn!(
-                        "{}: cannot store blocks ({}); reading from the store instead (counted in disk_cache_errors)",
-                        self.root.display(),
-                        crate::util::describe_io(&e)
-                    );
-                }
+            extent::Opened::Absent => None,
+            extent::Opened::Corrupt(why) => {
+                Stats::add(&stats.disk_cache_corrupt, 1);
+                log::warn!("extent {range:?} of {}: {why}; removed, served from blocks", key.as_str());
+                None
+            }
+            extent::Opened::Io(e) => {
+                Stats::add(&stats.disk_cache_errors, 1);
+                log::debug!("extent {range:?} of {}: {e}", key.as_str());
+                None
             }
         }
     }
 
-    /// Rescans the directory and evicts least recently used blocks down to the low-water mark if
-    /// it holds more than the bound. Skipped while another thread or process is evicting.
-    pub(crate) fn evict_now(&self) {
-        if self.evicting.swap(true, Relaxed) {
+    /// Queues the assembly of the extent file of `range` (a source of `source_len` bytes in blocks
+    /// of `block_size`) if extents are on, it is not there yet and every block it covers is on
+    /// disk or queued; once per process and extent. Costs a few `stat`s: callers run it when a
+    /// file is opened or closed, never on a read.
+    pub(crate) fn want_extent(&self, key: &ObjectKey, block_size: u64, source_len: u64, range: Range<u64>) {
+        if !self.extents.load(Relaxed) || range.is_empty() || block_size == 0 {
             return;
         }
-        if let Ok(Some(_lock)) = evict::lock(&self.root, false) {
-            if let Ok(scan) = evict::scan(&self.root, true) {
-                let done = evict::evict(scan, self.limit);
-                Stats::add(&self.stats.disk_cache_evictions, done.blocks);
-                self.stored.store(done.remaining, Relaxed);
-                self.written_since_scan.store(0, Relaxed);
-                self.publish_stored();
-            }
+        let id = (key.clone(), range.start, range.end);
+        if lock(&self.extents_queued).contains(&id) {
+            return;
         }
-        self.evicting.store(false, Relaxed);
+        let root = &self.tier.root;
+        if extent::extent_path(root, key, &range).exists() {
+            return;
+        }
+        let blocks = range.start / block_size..range.end.div_ceil(block_size);
+        let present = |b: u64| self.queue.get(key, b).is_some() || store::block_path(root, key, b).exists();
+        if !blocks.clone().all(present) {
+            return;
+        }
+        if lock(&self.extents_queued).insert(id) {
+            self.queue.push_extent(&self.tier, Job::Extent { key: key.clone(), block_size, source_len, range });
+        }
     }
 
-    fn publish_stored(&self) {
-        self.stats.disk_cache_bytes.store(self.stored.load(Relaxed), Relaxed);
+    /// Waits until the queued writes are on disk, at most `timeout`; false if some are left.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.queue.flush(timeout)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn queue(&self) -> &WriteBehind {
+        &self.queue
+    }
+}
+
+impl Drop for DiskCache {
+    /// Flushes the queued writes (for at most [`behind::FLUSH_WAIT`]) and stops the writer.
+    fn drop(&mut self) {
+        if !self.queue.flush(behind::FLUSH_WAIT) {
+            log::warn!("{}: gave up waiting for the disk cache's queued writes", self.tier.root.display());
+        }
+        self.queue.stop(&self.tier.stats);
     }
 }
 
@@ -221,6 +276,8 @@ impl DiskCache {
 pub struct CacheInfo {
     /// Block files.
     pub blocks: u64,
+    /// Extent files (one tensor file's bytes each, for FUSE passthrough).
+    pub extents: u64,
     /// Bytes they take (headers included).
     pub bytes: u64,
     /// Distinct sources (keys) they belong to.
@@ -236,12 +293,14 @@ pub fn info(dir: &Path) -> io::Result<CacheInfo> {
     let scan = evict::scan(dir, false)?;
     let mut keys: Vec<&str> =
         scan.blocks.iter().filter_map(|b| b.path.file_name()?.to_str()?.split_once('-').map(|(key, _)| key)).collect();
+    let extents = scan.blocks.iter().filter(|b| b.extent && b.record.is_some()).count() as u64;
     keys.sort_unstable();
     keys.dedup();
     let oldest = scan.blocks.iter().map(|b| b.used).min();
     let newest = scan.blocks.iter().map(|b| b.used).max();
     Ok(CacheInfo {
-        blocks: scan.blocks.len() as u64,
+        blocks: scan.blocks.iter().filter(|b| !b.extent).count() as u64,
+        extents,
         bytes: scan.bytes,
         objects: keys.len() as u64,
         temps: scan.temps as u64,
@@ -249,11 +308,12 @@ pub fn info(dir: &Path) -> io::Result<CacheInfo> {
     })
 }
 
-/// Removes every block (and stale temporary file) of cache directory `dir`, holding its lock;
-/// anything else in it is left alone. Mounts using it go on (they fetch again). Returns the
-/// blocks and bytes removed.
+/// Removes every block and extent file (and stale temporary file) of cache directory `dir`,
+/// holding its lock; anything else in it is left alone. Mounts using it go on (they fetch again;
+/// a file the kernel already has open stays readable until closed). Returns the files and bytes
+/// removed.
 pub fn clear(dir: &Path) -> io::Result<(u64, u64)> {
-    if !dir.join(store::OBJECTS).is_dir() {
+    if !dir.join(store::OBJECTS).is_dir() && !dir.join(extent::EXTENTS).is_dir() {
         return Ok((0, 0));
     }
     let _lock = evict::lock(dir, true)?;

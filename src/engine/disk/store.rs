@@ -40,7 +40,7 @@ const KEY_HEX: usize = 32;
 pub(crate) const TOUCH_AFTER: Duration = Duration::from_secs(60);
 
 /// What one source's blocks are stored under: 32 hex digits of SHA-256(identity, block size).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ObjectKey(String);
 
 impl ObjectKey {

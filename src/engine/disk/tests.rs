@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::store::{self, block_path, Miss, HEADER_LEN};
-use super::{evict, DiskCache, DiskCacheError, ObjectKey};
+use super::{evict, extent, DiskCache, DiskCacheError, ObjectKey};
 use crate::stats::Stats;
 
 fn bytes(seed: u8, len: usize) -> Vec<u8> {
@@ -157,7 +157,7 @@ fn read_through_fetches_only_the_missing_runs_and_stores_them() {
         }
         Ok(())
     };
-    cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, &mut |data| landed.push(data)).unwrap();
+    cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, false, &mut |data| landed.push(data)).unwrap();
     assert_eq!(calls, [(0, 1), (3, 2), (6, 1)]);
     assert_eq!(landed, (0..7).map(block).collect::<Vec<_>>());
     assert_eq!((stats.disk_cache_hits.load(Relaxed), stats.disk_cache_misses.load(Relaxed)), (3, 4));
@@ -167,10 +167,119 @@ fn read_through_fetches_only_the_missing_runs_and_stores_them() {
         panic!("the store was read though every block is on disk")
     };
     let mut again = Vec::new();
-    cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, &mut |data| again.push(data)).unwrap();
+    cache.read_through(&key, 0, vec![vec![0; 100]; 7], &mut store, false, &mut |data| again.push(data)).unwrap();
     assert_eq!(again, landed);
+    assert!(cache.flush(Duration::from_secs(10)));
     let info = super::info(dir.path()).unwrap();
     assert_eq!((info.blocks, info.objects, info.bytes), (7, 1, 7 * (100 + HEADER_LEN as u64)));
+}
+
+/// A store that serves `block(b)` for block `b` and counts its calls.
+fn counting_store<'a>(
+    calls: &'a mut Vec<(u64, usize)>,
+    block: &'a dyn Fn(u64) -> Vec<u8>,
+) -> Box<super::StoreRead<'a>> {
+    Box::new(move |first, buffers, land| {
+        calls.push((first, buffers.len()));
+        for (b, mut buf) in (first..).zip(buffers) {
+            buf.copy_from_slice(&block(b));
+            land(buf);
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn writes_leave_the_reader_path_and_queued_blocks_are_served_until_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 64 << 20);
+    let key = ObjectKey::new("behind", 1000);
+    let block = |b: u64| bytes(b as u8, 1000);
+    // The writer is held: the read returns with its blocks landed, none of them on disk yet.
+    cache.queue().hold(true);
+    let mut calls = Vec::new();
+    let mut landed = Vec::new();
+    let mut store = counting_store(&mut calls, &block);
+    cache.read_through(&key, 0, vec![vec![0; 1000]; 4], &mut store, false, &mut |d| landed.push(d)).unwrap();
+    assert_eq!(landed, (0..4).map(block).collect::<Vec<_>>());
+    assert!((0..4).all(|b| !block_path(dir.path(), &key, b).exists()), "written on the reader's path");
+    assert_eq!(stats.disk_cache_written_bytes.load(Relaxed), 0);
+    // A second read finds them in the queue: no store call, counted as disk hits.
+    let mut again = Vec::new();
+    let mut none = |_: u64, _: Vec<Vec<u8>>, _: &mut dyn FnMut(Vec<u8>)| -> std::io::Result<()> {
+        panic!("a queued block was fetched again")
+    };
+    cache.read_through(&key, 0, vec![vec![0; 1000]; 4], &mut none, false, &mut |d| again.push(d)).unwrap();
+    assert_eq!(again, landed);
+    assert_eq!(stats.disk_cache_hits.load(Relaxed), 4);
+    // Held, the queue cannot drain: a bounded flush gives up.
+    assert!(!cache.flush(Duration::from_millis(50)));
+    cache.queue().hold(false);
+    assert!(cache.flush(Duration::from_secs(10)));
+    for b in 0..4 {
+        let mut buf = vec![0; 1000];
+        store::read_block(&block_path(dir.path(), &key, b), &mut buf).unwrap();
+        assert_eq!(buf, block(b));
+    }
+    assert_eq!(stats.disk_cache_written_bytes.load(Relaxed), 4 * (1000 + HEADER_LEN as u64));
+    assert_eq!(stats.disk_cache_write_drops.load(Relaxed), 0);
+}
+
+#[test]
+fn a_full_queue_drops_writes_and_counts_them_and_drop_flushes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 512 << 20);
+    let size = 4 << 20;
+    let key = ObjectKey::new("full", size as u64);
+    let block = move |b: u64| bytes(b as u8, size);
+    let count = (super::behind::QUEUE_BYTES / size as u64) as usize + 3;
+    cache.queue().hold(true);
+    let mut calls = Vec::new();
+    let mut store = counting_store(&mut calls, &block);
+    let mut landed = 0;
+    cache.read_through(&key, 0, vec![vec![0; size]; count], &mut store, false, &mut |_| landed += 1).unwrap();
+    // Every block reached the reader; the queue took what fits and dropped the rest.
+    assert_eq!(landed, count);
+    assert_eq!(stats.disk_cache_write_drops.load(Relaxed), 3);
+    cache.queue().hold(false);
+    drop(cache);
+    let stored = (0..count as u64).filter(|&b| block_path(dir.path(), &key, b).exists()).count();
+    assert_eq!(stored, count - 3, "dropping the cache flushes what was queued");
+}
+
+#[test]
+fn a_prefetch_lane_waits_for_room_in_a_full_queue_where_a_reader_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats) = open(dir.path(), 512 << 20);
+    let size = 4 << 20;
+    let key = ObjectKey::new("lane", size as u64);
+    let block = move |b: u64| bytes(b as u8, size);
+    let fill = (super::behind::QUEUE_BYTES / size as u64) as usize;
+    cache.queue().hold(true);
+    let mut calls = Vec::new();
+    let mut store = counting_store(&mut calls, &block);
+    cache.read_through(&key, 0, vec![vec![0; size]; fill], &mut store, false, &mut |_| {}).unwrap();
+    assert_eq!(stats.disk_cache_write_drops.load(Relaxed), 0);
+    let landed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let lane = s.spawn(|| {
+            let mut calls = Vec::new();
+            let mut store = counting_store(&mut calls, &block);
+            let first = fill as u64;
+            cache.read_through(&key, first, vec![vec![0; size]; 2], &mut store, true, &mut |_| {
+                landed.fetch_add(1, Relaxed);
+            })
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        // The lane handed its first block on, then waits for room instead of dropping it.
+        assert_eq!(landed.load(Relaxed), 1);
+        assert!(!lane.is_finished());
+        cache.queue().hold(false);
+        lane.join().unwrap().unwrap();
+    });
+    assert!(cache.flush(Duration::from_secs(10)));
+    assert_eq!(stats.disk_cache_write_drops.load(Relaxed), 0);
+    assert!((0..fill as u64 + 2).all(|b| block_path(dir.path(), &key, b).exists()));
 }
 
 #[test]
@@ -214,4 +323,119 @@ fn the_default_bound_is_a_tenth_of_free_space_plus_what_is_stored_capped() {
     assert_eq!(super::default_limit(100 << 30, 5 << 30), 15 << 30);
     assert_eq!(super::default_limit(10 << 40, 0), super::DEFAULT_LIMIT_MAX);
     assert_eq!(super::default_limit(0, 0), super::MIN_LIMIT);
+}
+
+/// A cache with extent files on and blocks 0..6 of a 5500-byte source in blocks of 1000.
+fn with_blocks(dir: &std::path::Path) -> (DiskCache, Arc<Stats>, ObjectKey, Vec<u8>) {
+    let (cache, stats) = open(dir, 64 << 20);
+    cache.enable_extents();
+    let key = ObjectKey::new("extent", 1000);
+    let source = bytes(9, 5500);
+    for (b, chunk) in source.chunks(1000).enumerate() {
+        cache.save(&key, b as u64, chunk);
+    }
+    (cache, stats, key, source)
+}
+
+fn read_file(mut f: std::fs::File) -> Vec<u8> {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn an_extent_file_holds_exactly_its_bytes_and_is_checked_before_each_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats, key, source) = with_blocks(dir.path());
+    let range = 1500..5200;
+    assert!(cache.open_extent(&key, &range).is_none(), "no extent file yet");
+    cache.want_extent(&key, 1000, 5500, range.clone());
+    assert!(cache.flush(Duration::from_secs(10)));
+    assert_eq!(stats.disk_cache_extents_written.load(Relaxed), 1);
+    let path = extent::extent_path(dir.path(), &key, &range);
+    assert_eq!(std::fs::read(&path).unwrap(), &source[1500..5200]);
+    assert_eq!(read_file(cache.open_extent(&key, &range).unwrap()), &source[1500..5200]);
+
+    // The same bytes written again (a restored copy: new times): a full check passes and the
+    // record is renewed, so the next open is served from the record again.
+    let record = std::fs::read(extent::meta_path(&path)).unwrap();
+    std::fs::write(&path, &source[1500..5200]).unwrap();
+    assert_eq!(read_file(cache.open_extent(&key, &range).unwrap()), &source[1500..5200]);
+    assert_ne!(std::fs::read(extent::meta_path(&path)).unwrap(), record, "the record was not renewed");
+    assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 0);
+
+    // One byte changed, its times put back: ctime still moves, the CRC catches it, the file goes.
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let file = std::fs::File::options().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_at(&file, &[source[1600] ^ 1], 100).unwrap();
+    file.set_modified(mtime).unwrap();
+    drop(file);
+    assert!(cache.open_extent(&key, &range).is_none());
+    assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 1);
+    assert!(!path.exists() && !extent::meta_path(&path).exists());
+
+    // A data file without a record is never trusted.
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, &source[1500..5200]).unwrap();
+    assert!(cache.open_extent(&key, &range).is_none());
+    assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 2);
+}
+
+#[test]
+fn an_extent_is_assembled_only_when_every_block_is_there_and_only_when_enabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats, key, _) = with_blocks(dir.path());
+    std::fs::remove_file(block_path(dir.path(), &key, 3)).unwrap();
+    cache.want_extent(&key, 1000, 5500, 2500..3500);
+    cache.want_extent(&key, 1000, 5500, 0..900);
+    assert!(cache.flush(Duration::from_secs(10)));
+    assert!(!extent::extent_path(dir.path(), &key, &(2500..3500)).exists());
+    assert!(extent::extent_path(dir.path(), &key, &(0..900)).exists());
+    assert_eq!(stats.disk_cache_extents_written.load(Relaxed), 1);
+    // A block removed after the job was queued: assembly finds it missing and leaves nothing.
+    let (cache, _, key, _) = with_blocks(dir.path());
+    cache.queue().hold(true);
+    cache.want_extent(&key, 1000, 5500, 4000..5500);
+    std::fs::remove_file(block_path(dir.path(), &key, 5)).unwrap();
+    cache.queue().hold(false);
+    assert!(cache.flush(Duration::from_secs(10)));
+    assert!(!extent::extent_path(dir.path(), &key, &(4000..5500)).exists());
+    assert_eq!(evict::scan(dir.path(), false).unwrap().temps, 0);
+    // Off (no passthrough): nothing is made and nothing is served.
+    let (off, _) = open(dir.path(), 64 << 20);
+    off.save(&key, 5, &bytes(9, 5500)[5000..]);
+    off.want_extent(&key, 1000, 5500, 1000..2000);
+    assert!(off.flush(Duration::from_secs(10)));
+    assert!(!extent::extent_path(dir.path(), &key, &(1000..2000)).exists());
+    assert!(off.open_extent(&key, &(0..900)).is_none());
+}
+
+#[test]
+fn extent_files_are_counted_evicted_and_cleared_with_their_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, _, key, _) = with_blocks(dir.path());
+    cache.want_extent(&key, 1000, 5500, 0..5500);
+    assert!(cache.flush(Duration::from_secs(10)));
+    let info = super::info(dir.path()).unwrap();
+    assert_eq!((info.blocks, info.extents, info.objects), (6, 1, 1));
+    let path = extent::extent_path(dir.path(), &key, &(0..5500));
+    let past = SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options().write(true).open(extent::meta_path(&path)).unwrap().set_modified(past).unwrap();
+    let scan = evict::scan(dir.path(), false).unwrap();
+    let extent_bytes: u64 = scan.blocks.iter().filter(|b| b.extent).map(|b| b.bytes).sum();
+    assert!(extent_bytes > 5500, "{extent_bytes}: the data file and its record");
+    // The least recently used go first (the extent: its record is an hour old), with its record.
+    // Just over the bound: removing the oldest (the extent) is enough to reach the low-water mark.
+    let bound = scan.bytes - 1;
+    let done = evict::evict(scan, bound);
+    assert_eq!(done.blocks, 1);
+    assert!(!path.exists() && !extent::meta_path(&path).exists());
+    assert!(block_path(dir.path(), &key, 5).exists());
+    // clear removes everything.
+    cache.want_extent(&key, 1000, 5500, 100..200);
+    drop(cache);
+    assert_eq!(super::info(dir.path()).unwrap().extents, 1);
+    super::clear(dir.path()).unwrap();
+    let info = super::info(dir.path()).unwrap();
+    assert_eq!((info.blocks, info.extents, info.bytes), (0, 0, 0));
 }

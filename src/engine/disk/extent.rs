@@ -1,0 +1,304 @@
+//! Extent files: one tensor file's bytes, exactly, assembled from verified blocks, so the kernel
+//! can read them directly (FUSE passthrough maps offset N of the served file to offset N of the
+//! backing file: no header fits in front).
+//!
+//! Layout under the cache directory `DIR`:
+//!
+//! ```text
+//! DIR/extents/ab/KEY-START-LEN        the bytes [START, START+LEN) of the source stored under KEY
+//! DIR/extents/ab/KEY-START-LEN.meta   its record: CRC-32 of the bytes, length, and the data
+//!                                     file's device, inode, ctime and mtime as created
+//! DIR/extents/ab/.NAME.PID.N.tmp      either being written
+//! ```
+//!
+//! How a file is verified before it is handed to the kernel, and why that is sound. It is
+//! assembled from blocks that each passed their CRC, checksummed as it is written, renamed into
+//! place, and only then is its record written, from an `fstat` of the written file, with the
+//! kernel's boot id. An open compares the opened file's `fstat` and the boot id with the record:
+//! - any write or truncation through the kernel moves the file's ctime (which no system call can
+//!   set back) and mtime, and a replaced or copied file is another inode: so equal stats mean the
+//!   bytes have not changed since they were checksummed;
+//! - a torn file (a crash before its pages reached the disk; nothing is `fsync`'d) needs a crash,
+//!   and a crash means a new boot: so an equal boot id means the file is still the one in the page
+//!   cache the record was taken of.
+//!
+//! When both match the file is handed over at the cost of two `stat`s and a 100-byte read. When
+//! either differs (the first open after a reboot, a restored copy) the file gets a full CRC pass
+//! against the record: a match rewrites the record (for this boot), a mismatch removes the file,
+//! as does a missing or unparsable record. What this cannot see is what no `stat` shows, e.g.
+//! the medium corrupting data under the filesystem within one boot, as for any file read from
+//! disk.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::ops::Range;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::SystemTime;
+
+use super::store::{self, ObjectKey};
+
+/// The folder of extent files under the cache directory.
+pub(crate) const EXTENTS: &str = "extents";
+/// The suffix of a record.
+const META: &str = ".meta";
+/// The first bytes of a record (format version 1).
+const MAGIC: &[u8; 8] = b"STFSEXT1";
+/// A record: magic, CRC of the data, length, device, inode, ctime s/ns, mtime s/ns, boot id, CRC
+/// of these.
+const RECORD_LEN: usize = 8 + 4 + 8 * 7 + 16 + 4;
+
+/// The data file of `range` of the source stored under `key`.
+pub(crate) fn extent_path(root: &Path, key: &ObjectKey, range: &Range<u64>) -> PathBuf {
+    let key = key.as_str();
+    root.join(EXTENTS).join(&key[..2]).join(format!("{key}-{}-{}", range.start, range.end - range.start))
+}
+
+/// The record of data file `path`.
+pub(crate) fn meta_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(META);
+    PathBuf::from(name)
+}
+
+/// Whether a file name is a data file's (`KEY-START-LEN`).
+pub(crate) fn is_extent_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mut parts = name.splitn(3, '-');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(key), Some(start), Some(len)) => {
+            key.len() == 32 && key.bytes().all(|b| b.is_ascii_hexdigit()) && digits(start) && digits(len)
+        }
+        _ => false,
+    }
+}
+
+/// Whether a file name is a record's (`KEY-START-LEN.meta`).
+pub(crate) fn is_meta_name(name: &str) -> bool {
+    name.strip_suffix(META).is_some_and(is_extent_name)
+}
+
+/// What is recorded of a data file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    crc: u32,
+    len: u64,
+    dev: u64,
+    ino: u64,
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    /// The kernel's boot id when the record was taken (0: unknown, never matches).
+    boot: u128,
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), 0 if unknown.
+fn boot_id() -> u128 {
+    static BOOT: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let hex: String = text.chars().filter(char::is_ascii_hexdigit).collect();
+        if hex.len() == 32 {
+            u128::from_str_radix(&hex, 16).unwrap_or(0)
+        } else {
+            0
+        }
+    })
+}
+
+impl Record {
+    fn of(crc: u32, meta: &std::fs::Metadata) -> Record {
+        Record {
+            crc,
+            len: meta.len(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            boot: boot_id(),
+        }
+    }
+
+    fn to_bytes(self) -> [u8; RECORD_LEN] {
+        let mut out = [0u8; RECORD_LEN];
+        out[..8].copy_from_slice(MAGIC);
+        out[8..12].copy_from_slice(&self.crc.to_le_bytes());
+        let fields = [self.len, self.dev, self.ino, self.ctime.0 as u64, self.ctime.1 as u64, self.mtime.0 as u64];
+        for (i, v) in fields.iter().chain([self.mtime.1 as u64].iter()).enumerate() {
+            out[12 + 8 * i..20 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        out[68..84].copy_from_slice(&self.boot.to_le_bytes());
+        let crc = crc32fast::hash(&out[..RECORD_LEN - 4]);
+        out[RECORD_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Record> {
+        if b.len() != RECORD_LEN || &b[..8] != MAGIC {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
+        if crc32fast::hash(&b[..RECORD_LEN - 4]) != u32_at(RECORD_LEN - 4) {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[12 + 8 * i..20 + 8 * i].try_into().unwrap_or_default());
+        Some(Record {
+            crc: u32_at(8),
+            len: u64_at(0),
+            dev: u64_at(1),
+            ino: u64_at(2),
+            ctime: (u64_at(3) as i64, u64_at(4) as i64),
+            mtime: (u64_at(5) as i64, u64_at(6) as i64),
+            boot: u128::from_le_bytes(b[68..84].try_into().unwrap_or_default()),
+        })
+    }
+}
+
+/// Numbers this process's temporary files.
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A temporary file next to `path`, created mode 0600 (its folder 0700 if missing).
+fn temp_for(path: &Path) -> io::Result<(PathBuf, File)> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), TEMP_SEQ.fetch_add(1, Relaxed)));
+    let create = || OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp);
+    let file = match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+            create()?
+        }
+        other => other?,
+    };
+    Ok((temp, file))
+}
+
+/// Writes `record` for data file `path` (temporary name, then rename).
+fn write_record(path: &Path, record: Record) -> io::Result<u64> {
+    let meta = meta_path(path);
+    let (temp, mut file) = temp_for(&meta)?;
+    let result = file.write_all(&record.to_bytes()).and_then(|()| std::fs::rename(&temp, &meta));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result.map(|()| RECORD_LEN as u64)
+}
+
+/// Assembles the extent file of `range` (within a source of `source_len` bytes read in blocks of
+/// `block_size`) from the block files under `key`, each verified as it is read. `Ok(None)` when a
+/// block is missing or fails its check (nothing is left behind); else the bytes stored.
+pub(crate) fn assemble(
+    root: &Path,
+    key: &ObjectKey,
+    block_size: u64,
+    source_len: u64,
+    range: &Range<u64>,
+) -> io::Result<Option<u64>> {
+    let path = extent_path(root, key, range);
+    let (temp, mut file) = temp_for(&path)?;
+    let result = (|| {
+        let mut hasher = crc32fast::Hasher::new();
+        let mut buf = Vec::new();
+        for block in range.start / block_size..range.end.div_ceil(block_size) {
+            let at = block * block_size;
+            buf.resize(source_len.saturating_sub(at).min(block_size) as usize, 0);
+            if store::read_block(&store::block_path(root, key, block), &mut buf).is_err() {
+                return Ok(None);
+            }
+            let from = (range.start.max(at) - at) as usize;
+            let to = (range.end.min(at + block_size) - at) as usize;
+            let part = buf.get(from..to).ok_or_else(|| io::Error::other("block shorter than the extent"))?;
+            hasher.update(part);
+            file.write_all(part)?;
+        }
+        std::fs::rename(&temp, &path)?;
+        let record = Record::of(hasher.finalize(), &file.metadata()?);
+        Ok(Some(range.end - range.start + write_record(&path, record)?))
+    })();
+    if !matches!(result, Ok(Some(_))) {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
+/// What opening an extent file found.
+#[derive(Debug)]
+pub(crate) enum Opened {
+    /// The file, verified; `checked` when that took a full CRC pass.
+    Verified { file: File, checked: bool },
+    /// No such file.
+    Absent,
+    /// The file is not the one recorded (or has no record): it was removed.
+    Corrupt(String),
+    /// It could not be read.
+    Io(io::Error),
+}
+
+/// Opens the extent file of `range` under `key` and verifies it (module note): the record's stats
+/// and boot id, or a full CRC pass when they differ. A file that fails is removed with its record.
+pub(crate) fn open_verified(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Opened {
+    let path = extent_path(root, key, range);
+    // Not following a link, and not blocking on a FIFO planted in its place (then refused below).
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Opened::Absent,
+        Err(e) => return Opened::Io(e),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Opened::Io(e),
+    };
+    let record = std::fs::read(meta_path(&path)).ok().and_then(|b| Record::from_bytes(&b));
+    let corrupt = |why: String| {
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(meta_path(&path));
+        Opened::Corrupt(why)
+    };
+    let Some(record) = record else { return corrupt("no valid checksum record".into()) };
+    if !meta.is_file() || meta.len() != range.end - range.start || record.len != meta.len() {
+        return corrupt(format!("{} bytes, the extent has {}", meta.len(), range.end - range.start));
+    }
+    if record.boot != 0 && Record::of(record.crc, &meta) == record {
+        touch(&meta_path(&path));
+        return Opened::Verified { file, checked: false };
+    }
+    match crc_of(&file, meta.len()) {
+        Ok(crc) if crc == record.crc => {
+            // Same bytes, another boot, inode or time (a restored copy): recorded as it is now.
+            let _ = write_record(&path, Record::of(crc, &meta));
+            Opened::Verified { file, checked: true }
+        }
+        Ok(_) => corrupt("checksum mismatch".into()),
+        Err(e) => Opened::Io(e),
+    }
+}
+
+/// The CRC-32 of the first `len` bytes of `file`.
+fn crc_of(file: &File, len: u64) -> io::Result<u32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = file.read_at(&mut buf[..(len - at).min(1 << 20) as usize], at)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(hasher.finalize())
+}
+
+/// Refreshes a record's mtime (the extent's LRU age; the data file's own times are part of its
+/// record and never touched) if older than [`store::TOUCH_AFTER`].
+fn touch(meta: &Path) {
+    let Ok(file) = File::options().write(true).open(meta) else { return };
+    let now = SystemTime::now();
+    let old = file
+        .metadata()
+        .and_then(|m| m.modified())
+        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > store::TOUCH_AFTER));
+    if old {
+        let _ = file.set_modified(now);
+    }
+}

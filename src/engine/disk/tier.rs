@@ -1,0 +1,127 @@
+//! One cache directory's shared state as this process sees it: the bound, the bytes believed
+//! stored, the verified read of a block and its atomic write with the accounting, warnings and
+//! eviction each needs. The reading threads use it through `DiskCache`; the write-behind thread
+//! (`behind`) writes through it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use super::evict;
+use super::store::{self, ObjectKey};
+use crate::stats::Stats;
+
+/// A cache directory's state (every field but the counters is this process's view).
+#[derive(Debug)]
+pub(crate) struct Tier {
+    pub(crate) root: PathBuf,
+    pub(crate) limit: u64,
+    pub(crate) stats: Arc<Stats>,
+    /// Bytes believed stored: the last scan plus this process's writes since.
+    stored: AtomicU64,
+    /// Bytes this process wrote since the last scan: past an eighth of the bound it rescans, so
+    /// what other processes wrote is counted too.
+    written_since_scan: AtomicU64,
+    /// An eviction pass of this process is running.
+    evicting: AtomicBool,
+    /// A failed write was already logged.
+    warned: AtomicBool,
+}
+
+impl Tier {
+    /// The state of directory `root` holding `stored` bytes, bound to `limit`.
+    pub(crate) fn new(root: PathBuf, limit: u64, stored: u64, stats: Arc<Stats>) -> Tier {
+        stats.disk_cache_limit.store(limit, Relaxed);
+        let tier = Tier {
+            root,
+            limit,
+            stats,
+            stored: AtomicU64::new(stored),
+            written_since_scan: AtomicU64::new(0),
+            evicting: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
+        };
+        tier.publish_stored();
+        tier
+    }
+
+    /// Block `block` of `key` from disk into `buffer` (sized to the block), or the buffer back on
+    /// a miss. A corrupt file is counted and removed; an unreadable one counted as an error.
+    pub(crate) fn load(&self, key: &ObjectKey, block: u64, mut buffer: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
+        let path = store::block_path(&self.root, key, block);
+        let stats = &self.stats;
+        match store::read_block(&path, &mut buffer) {
+            Ok(()) => {
+                Stats::add(&stats.disk_cache_hits, 1);
+                Stats::add(&stats.disk_cache_hit_bytes, buffer.len() as u64);
+                return Ok(buffer);
+            }
+            Err(store::Miss::Absent) => {}
+            Err(store::Miss::Corrupt(why)) => {
+                Stats::add(&stats.disk_cache_corrupt, 1);
+                log::warn!("{}: {why}; removed, fetching the block again", path.display());
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(store::Miss::Io(e)) => {
+                Stats::add(&stats.disk_cache_errors, 1);
+                log::debug!("{}: {e}", path.display());
+            }
+        }
+        Stats::add(&stats.disk_cache_misses, 1);
+        Err(buffer)
+    }
+
+    /// Writes block `block` of `key` to disk. A failure (disk full, read-only directory) is
+    /// counted and logged once per mount: reads go on from the store.
+    pub(crate) fn save(&self, key: &ObjectKey, block: u64, data: &[u8]) {
+        match store::write_block(&self.root, key, block, data) {
+            Ok(bytes) => self.wrote(bytes),
+            Err(e) => self.failed_write(&e),
+        }
+    }
+
+    /// Accounts for `bytes` just stored, evicting if the bound is passed.
+    pub(crate) fn wrote(&self, bytes: u64) {
+        Stats::add(&self.stats.disk_cache_written_bytes, bytes);
+        let stored = self.stored.fetch_add(bytes, Relaxed) + bytes;
+        let since = self.written_since_scan.fetch_add(bytes, Relaxed) + bytes;
+        self.publish_stored();
+        if stored > self.limit || since > self.limit / 8 {
+            self.evict_now();
+        }
+    }
+
+    /// Counts a failed write and warns about the first one.
+    pub(crate) fn failed_write(&self, e: &std::io::Error) {
+        Stats::add(&self.stats.disk_cache_errors, 1);
+        if !self.warned.swap(true, Relaxed) {
+            log::warn!(
+                "{}: cannot store blocks ({}); reading from the store instead (counted in disk_cache_errors)",
+                self.root.display(),
+                crate::util::describe_io(e)
+            );
+        }
+    }
+
+    /// Rescans the directory and evicts least recently used files down to the low-water mark if
+    /// it holds more than the bound. Skipped while another thread or process is evicting.
+    pub(crate) fn evict_now(&self) {
+        if self.evicting.swap(true, Relaxed) {
+            return;
+        }
+        if let Ok(Some(_lock)) = evict::lock(&self.root, false) {
+            if let Ok(scan) = evict::scan(&self.root, true) {
+                let done = evict::evict(scan, self.limit);
+                Stats::add(&self.stats.disk_cache_evictions, done.blocks);
+                self.stored.store(done.remaining, Relaxed);
+                self.written_since_scan.store(0, Relaxed);
+                self.publish_stored();
+            }
+        }
+        self.evicting.store(false, Relaxed);
+    }
+
+    fn publish_stored(&self) {
+        self.stats.disk_cache_bytes.store(self.stored.load(Relaxed), Relaxed);
+    }
+}
