@@ -2,7 +2,11 @@
 //!
 //! A read-only FUSE mount whose every READ is answered from one pre-faulted, locked buffer: no
 //! backing I/O, no cache, no copy in user space (fuser 0.18 hands the reply slice to `writev`
-//! as it is). It presents the same files the benchmark reads from stfs, so the kernel sees the
+//! as it is). The buffer holds every byte of the files (with `--like`, the checkpoint's own bytes,
+//! read into memory at start), so a read of 1 GiB copies 1 GiB of distinct bytes, as any server
+//! of real data does; `--hot-buffer` answers every read from the same 16 MiB instead (the first
+//! version of this row), whose copy source stays in the CPU's caches and so costs the kernel less
+//! than any distinct data can. It presents the same files the benchmark reads from stfs, so the kernel sees the
 //! same byte counts and file pattern, and it is mounted with the kernel settings stfs uses
 //! (`src/serve.rs`, `src/fuse.rs`, `src/mountpoint.rs`):
 //! - as root: its own mount(2) of type `fuse.limitfs`, read-only, nosuid, nodev; otherwise
@@ -16,8 +20,8 @@
 //!   block size, and `cat` sizes its reads from it);
 //! - the bdi's `read_ahead_kb` set to 1024 once the mount answers (root only).
 //!
-//! The bytes served are a fixed pattern, not the checkpoint's: only sizes and names are taken
-//! from it.
+//! With `--like` the bytes served are the checkpoint's (the benchmark byte-compares them); with
+//! `--size` or `--hot-buffer` they are a fixed pattern.
 //!
 //! Experiment (`--backing`, with `--like`): reply to each read with a slice of a read-only
 //! `mmap` of the checkpoint instead, so the bytes are the checkpoint's and go from its page cache
@@ -59,8 +63,8 @@ const TTL: Duration = Duration::from_secs(3600);
 /// stfs's max_background (src/fuse.rs).
 const MAX_BACKGROUND: u16 = 64;
 /// The largest READ fuser lets the kernel send (its max_write, 16 MiB; the kernel caps requests
-/// at max_pages, 1 MiB by default): the buffer covers any of them.
-const BUFFER_BYTES: usize = 16 << 20;
+/// at max_pages, 1 MiB by default): the `--hot-buffer` buffer covers any of them.
+const HOT_BUFFER_BYTES: usize = 16 << 20;
 /// Inode of the first file; 1 is the root.
 const FIRST_INO: u64 = 2;
 
@@ -93,6 +97,10 @@ struct Args {
     /// With --backing: MAP_POPULATE the mapping at mount.
     #[arg(long, requires = "backing")]
     populate: bool,
+    /// Answer every read from the same 16 MiB pattern buffer (cache-hot), not from a buffer
+    /// holding all the files' bytes.
+    #[arg(long)]
+    hot_buffer: bool,
 }
 
 /// A read-only shared mapping of a whole file.
@@ -160,7 +168,7 @@ impl Counters {
 struct LimitFile {
     name: Vec<u8>,
     size: u64,
-    /// Offset of the file's bytes in the checkpoint (for --backing).
+    /// Offset of the file's bytes in the checkpoint (in the buffer, or the mapping of --backing).
     start: u64,
 }
 
@@ -168,7 +176,9 @@ struct LimitFs {
     files: Vec<LimitFile>,
     /// Index into `files`, sorted by name, for lookup.
     by_name: Vec<usize>,
+    /// Every file's bytes at its `start`, or (`hot`) 16 MiB answering every read.
     buffer: Vec<u8>,
+    hot: bool,
     mtime: SystemTime,
     uid: u32,
     gid: u32,
@@ -178,17 +188,19 @@ struct LimitFs {
 }
 
 impl LimitFs {
-    fn new(files: Vec<LimitFile>, mtime: SystemTime, blksize: u32, counters: Arc<Counters>) -> LimitFs {
+    /// `buffer` holds the files' bytes (every page written, so faulted in before the first
+    /// request); it is locked when allowed, so it stays resident.
+    fn new(files: Vec<LimitFile>, buffer: Vec<u8>, hot: bool, mtime: SystemTime, blksize: u32) -> LimitFs {
         let mut by_name: Vec<usize> = (0..files.len()).collect();
         by_name.sort_by(|&a, &b| files[a].name.cmp(&files[b].name));
-        // Written through once, so every page is faulted in before the first request; locked
-        // when allowed, so it stays resident.
-        let buffer: Vec<u8> = (0..BUFFER_BYTES).map(|i| (i % 251) as u8).collect();
         // SAFETY: the pointer and length describe the live allocation; mlock does not move it.
-        unsafe { libc::mlock(buffer.as_ptr().cast(), buffer.len()) };
+        if unsafe { libc::mlock(buffer.as_ptr().cast(), buffer.len()) } != 0 {
+            eprintln!("limitfs: mlock of {} bytes failed: {}", buffer.len(), io::Error::last_os_error());
+        }
         // SAFETY: getuid/getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        LimitFs { files, by_name, buffer, mtime, uid, gid, blksize, counters, backing: None }
+        let counters = Arc::new(Counters::default());
+        LimitFs { files, by_name, buffer, hot, mtime, uid, gid, blksize, counters, backing: None }
     }
 
     fn file(&self, ino: u64) -> Option<&LimitFile> {
@@ -288,16 +300,17 @@ impl Filesystem for LimitFs {
             return reply.error(Errno::ENOENT);
         };
         let len = u64::from(size).min(file.size.saturating_sub(offset)) as usize;
-        if len > self.buffer.len() {
+        let start = if self.hot { 0 } else { usize::try_from(file.start + offset).unwrap_or(usize::MAX) };
+        let Some(bytes) = start.checked_add(len).and_then(|end| self.buffer.get(start..end)) else {
             return reply.error(Errno::EIO);
-        }
+        };
         self.counters.reads.fetch_add(1, Relaxed);
         self.counters.bytes.fetch_add(len as u64, Relaxed);
         let bucket = (u64::from(size.max(1)).ilog2() as usize).min(31);
         self.counters.sizes[bucket].fetch_add(1, Relaxed);
         match &self.backing {
             Some(map) => reply.data(map.slice(file.start + offset, len)),
-            None => reply.data(&self.buffer[..len]),
+            None => reply.data(bytes),
         }
     }
 
@@ -494,8 +507,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (None, None) => unreachable!("clap requires --like or --size"),
     };
     let mountpoint = std::fs::canonicalize(&args.mountpoint)?;
-    let counters = Arc::new(Counters::default());
-    let mut fs = LimitFs::new(files, mtime, args.blksize, Arc::clone(&counters));
+    let buffer = if args.hot_buffer || args.backing {
+        (0..HOT_BUFFER_BYTES).map(|i| (i % 251) as u8).collect()
+    } else if let Some(path) = &args.like {
+        std::fs::read(path)?
+    } else {
+        let size = usize::try_from(args.size.unwrap_or(0)).map_err(io::Error::other)?;
+        (0..size).map(|i| (i % 251) as u8).collect()
+    };
+    let mut fs = LimitFs::new(files, buffer, args.hot_buffer || args.backing, mtime, args.blksize);
+    let counters = Arc::clone(&fs.counters);
     if let (true, Some(path)) = (args.backing, &args.like) {
         fs.backing = Some(Mapping::new(path, args.populate)?);
     }

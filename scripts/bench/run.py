@@ -11,7 +11,8 @@ Scenarios (select with --only, e.g. --only a,c):
   g  the checkpoint re-served: safe_open on MNT/model.safetensors vs on slowfs directly; (i) file order,
      (ii) 4 workers forked after safe_open (scripts/bench/reserved.py)
 (a) and (f) also measure the limit row: examples/limitfs, a FUSE server answering every read from one
-pre-faulted buffer with stfs's kernel settings (what the kernel's FUSE path costs by itself).
+pre-faulted buffer holding the checkpoint's bytes, with stfs's kernel settings (what the kernel's FUSE
+path costs by itself for this data); (a) also the hot-buffer limit (every read from the same 16 MiB).
 Needs root (mounts). Without an stfs binary the stfs rows are skipped and the references still run.
 Method and targets: docs/benchmarks.md.
 """
