@@ -2,7 +2,7 @@
 """S3 benchmark: stfs s3:// against s3fs and rclone mount (each with safetensors.safe_open) and
 against downloading then loading, all through one latency-adding, per-connection-paced proxy.
 
-s3s-fs (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback; the
+s3s-fs's store (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback; the
 proxy of remote.py adds a fixed latency to every request (20 ms) and paces each connection's
 responses (100 MiB/s), standing in for a distant object store. Each measurement is a fresh (cold)
 mount, mount time included, unmount excluded; the variants are interleaved in every repetition:
@@ -17,8 +17,11 @@ mount, mount time included, unmount excluded; the variants are interleaved in ev
 
 Targets (issue 16): stfs all >= 3x faster than s3fs and rclone, >= 2x faster than download+load;
 one tensor < 5% of the download time; 4 workers >= 10x faster than through s3fs.
-Needs s3s-fs (cargo install s3s-fs@0.14.1 --features binary --locked), s3fs and rclone (Debian),
-python3 with numpy and safetensors.
+The server is s3s-fs's store with its GET body read 1 MiB at a time (scripts/bench/s3server, built
+here with cargo into target/bench-s3server): the `s3s-fs` binary reads a body 4 KiB at a time and
+then caps every client at ~240 MiB/s on a 2-vCPU machine (`--server s3s-fs` runs it instead).
+Needs cargo, s3fs and rclone (Debian: installed here with apt-get when run as root), python3 with
+numpy and safetensors.
 
   python3 scripts/bench/s3.py --stfs target/release/stfs                   # 1 GiB, 5 repetitions
   python3 scripts/bench/s3.py --stfs target/release/stfs --quick           # 32 MiB smoke run
@@ -38,6 +41,8 @@ sys.path.insert(0, HERE)
 from mounts import is_mounted, wait_mounted  # noqa: E402
 from remote import LatencyProxy, free_port, wait_port, write_checkpoint  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(HERE))
+SERVER_CRATE = os.path.join(HERE, "s3server")
 BUCKET = "bench"
 KEY_ID, SECRET = "AKIASTFSBENCH0000001", "stfs-bench-secret-key-000000000000000"
 LOAD = os.path.join(HERE, "load.py")
@@ -152,6 +157,37 @@ class Bench:
         return took, downloaded
 
 
+def need_tools():
+    """s3fs and rclone, installed with apt-get when missing (as root on Debian), else one line and exit."""
+    missing = [tool for tool in ("s3fs", "rclone") if shutil.which(tool) is None]
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"installing {' '.join(missing)} with apt-get", flush=True)
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if subprocess.run(["apt-get", "install", "-y", *missing], env=env, **quiet).returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, **quiet)
+            subprocess.run(["apt-get", "install", "-y", *missing], env=env, **quiet)
+        missing = [tool for tool in missing if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"s3.py: {' and '.join(missing)} not installed (Debian: apt-get install -y s3fs rclone)")
+
+
+def server_command(kind):
+    """The S3 server's command line up to its options: the bench server (built here) or s3s-fs."""
+    if kind == "s3s-fs":
+        server = shutil.which("s3s-fs") or os.path.expanduser("~/.cargo/bin/s3s-fs")
+        if not os.path.exists(server):
+            sys.exit("s3.py: s3s-fs not installed (cargo install s3s-fs@0.14.1 --features binary --locked)")
+        return [server, "--host", "127.0.0.1"]
+    target = os.path.join(REPO, "target", "bench-s3server")
+    cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+    build = [cargo, "build", "--release", "--quiet", "--locked", "--manifest-path",
+             os.path.join(SERVER_CRATE, "Cargo.toml"), "--target-dir", target]
+    if subprocess.run(build).returncode != 0:
+        sys.exit(f"s3.py: cannot build the bench's S3 server ({' '.join(build)})")
+    return [os.path.join(target, "release", "stfs-bench-s3server")]
+
+
 def summary(values):
     return f"median {statistics.median(values):7.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
 
@@ -166,13 +202,13 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
     p.add_argument("--quick", action="store_true", help="32 MiB, 1 repetition: a smoke run")
     p.add_argument("--skip", action="append", default=[], help="skip a variant (s3fs, rclone, download, workers)")
+    p.add_argument("--server", choices=("bench", "s3s-fs"), default="bench",
+                   help="the S3 server: s3s-fs's store with 1 MiB body reads, or the s3s-fs binary [bench]")
     args = p.parse_args()
     if args.quick:
         args.size_mb, args.reps, args.tensor_mb = 32, 1, min(args.tensor_mb, 4)
-    server = shutil.which("s3s-fs") or os.path.expanduser("~/.cargo/bin/s3s-fs")
-    for tool in (server, "s3fs", "rclone"):
-        if not (shutil.which(tool) or os.path.exists(tool)):
-            sys.exit(f"{tool} is not installed")
+    need_tools()
+    server = server_command(args.server)
     args.stfs = os.path.abspath(args.stfs)
     with tempfile.TemporaryDirectory(prefix="stfs-bench-s3-") as workdir:
         root = os.path.join(workdir, "store")
@@ -181,7 +217,7 @@ def main():
         tensors = write_checkpoint(header, args.size_mb << 20, args.tensor_mb)
         size = os.path.getsize(header)
         port = free_port()
-        s3 = subprocess.Popen([server, "--host", "127.0.0.1", "--port", str(port), "--access-key", KEY_ID,
+        s3 = subprocess.Popen([*server, "--port", str(port), "--access-key", KEY_ID,
                                "--secret-key", SECRET, root], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_port(port)
@@ -191,7 +227,8 @@ def main():
                            check=True, env=rclone_env(f"http://127.0.0.1:{port}"), stderr=subprocess.DEVNULL)
             proxy = LatencyProxy(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
             bench = Bench(args, workdir, f"http://127.0.0.1:{proxy.port}", header, tensors)
-            print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on s3s-fs; "
+            print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on "
+                  f"{'the bench S3 server' if args.server == 'bench' else 's3s-fs'}; "
                   f"proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
                   f"{args.reps} repetitions, interleaved", flush=True)
             runs = {name: [] for name in ("stfs all", "s3fs all", "rclone all", "download+load", "download",
