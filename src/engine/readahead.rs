@@ -5,8 +5,8 @@
 //! continue a stream ([`Readahead::distance`]) if it starts no more than [`BACK_SLACK`] before its
 //! cursor or [`FORWARD_SLACK`] after it: the kernel's async readahead and mmap read-around deliver
 //! one sequential reader's requests slightly out of order, and those must not look like seeks. The
-//! engine's table of a source's streams (`engine::stream`) gives each read to the closest stream
-//! that accepts it, or starts a new one.
+//! engine's table of a source's streams (`engine::stream`) gives each read to the closest
+//! confirmed stream that accepts it, else the closest new one, or starts a new one.
 //!
 //! A new stream ([`Readahead::start`]) is *unconfirmed* and prefetches nothing, so a random reader
 //! costs no backing I/O beyond the blocks it touches; the exception is a read from the first byte
@@ -218,6 +218,11 @@ impl Readahead {
             self.window_blocks /= 2;
             self.next_prefetch = self.next_prefetch.min(first_block);
         }
+    }
+
+    /// Whether a read has continued this stream since it started (it is sequential).
+    pub fn confirmed(&self) -> bool {
+        self.confirmed
     }
 
     /// The readahead window, in blocks.

@@ -118,9 +118,14 @@ impl Streams {
 }
 
 impl Table {
-    /// Gives the read of `[offset, offset + len)` to the closest stream that accepts it, or starts a
-    /// new one (replacing the least recently used if the table is full): the stream's index, what
-    /// to do, and the replaced stream.
+    /// Gives the read of `[offset, offset + len)` to the closest stream that accepts it, a
+    /// confirmed one before any new one, or starts a new one (replacing the least recently used if
+    /// the table is full): the stream's index, what to do, and the replaced stream.
+    ///
+    /// Confirmed first: a reader that seeks to a file's end and back before reading it (C stdio's
+    /// `fseek(SEEK_END)` reads the buffer-aligned tail, as numpy's `fromfile` does) leaves a new
+    /// stream whose cursor is exactly where the sequential reader arrives later; handing the
+    /// sequential reader to it would restart its window and lanes at every file.
     fn classify(
         &mut self,
         config: &ReadaheadConfig,
@@ -134,8 +139,11 @@ impl Table {
             .streams
             .iter()
             .enumerate()
-            .filter_map(|(index, s)| s.readahead.distance(config, offset).map(|distance| (index, distance)))
-            .min_by_key(|&(_, distance)| distance)
+            .filter_map(|(index, s)| {
+                let distance = s.readahead.distance(config, offset)?;
+                Some((index, (!s.readahead.confirmed(), distance)))
+            })
+            .min_by_key(|&(_, rank)| rank)
             .map(|(index, _)| index);
         if let Some(index) = closest {
             let stream = &mut self.streams[index];
@@ -384,6 +392,29 @@ mod tests {
                 "two interleaved sequential readers keep separate streams",
                 &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
                 &[(0, false, 0..0), (1, false, 0..0), (0, true, 1..2), (1, true, 41..42)],
+            ),
+            (
+                "a new stream at a file's tail does not take over the sequential reader arriving there",
+                &[
+                    (0, 100),
+                    (100, 900),
+                    (5_000, 500),
+                    (1_000, 1_000),
+                    (2_000, 1_000),
+                    (3_000, 1_000),
+                    (4_000, 1_000),
+                    (5_500, 500),
+                ],
+                &[
+                    (0, false, 0..0),
+                    (0, true, 1..2),
+                    (1, false, 0..0),
+                    (0, true, 2..4),
+                    (0, true, 4..7),
+                    (0, true, 7..12),
+                    (0, true, 12..13),
+                    (0, true, 13..14),
+                ],
             ),
             (
                 "a read close to a new stream confirms it, one within the forward slack does not",
