@@ -2,9 +2,9 @@
 """S3 benchmark: stfs s3:// against s3fs and rclone mount (each with safetensors.safe_open) and
 against downloading then loading, all through one latency-adding, per-connection-paced proxy.
 
-s3s-fs's store (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback; the
-proxy of remote.py adds a fixed latency to every request (20 ms) and paces each connection's
-responses (100 MiB/s), standing in for a distant object store. Each measurement is a fresh (cold)
+s3s-fs's store (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback;
+a proxy adds a fixed latency to every request (20 ms) and paces each connection's responses
+(100 MiB/s), standing in for a distant object store. Each measurement is a fresh (cold)
 mount, mount time included, unmount excluded; the variants are interleaved in every repetition:
 
   stfs all       stfs mount s3://... + np.fromfile of every tensor file, in file order
@@ -17,9 +17,12 @@ mount, mount time included, unmount excluded; the variants are interleaved in ev
 
 Targets (issue 16): stfs all >= 3x faster than s3fs and rclone, >= 2x faster than download+load;
 one tensor < 5% of the download time; 4 workers >= 10x faster than through s3fs.
-The server is s3s-fs's store with its GET body read 1 MiB at a time (scripts/bench/s3server, built
-here with cargo into target/bench-s3server): the `s3s-fs` binary reads a body 4 KiB at a time and
-then caps every client at ~240 MiB/s on a 2-vCPU machine (`--server s3s-fs` runs it instead).
+The harness is built here with cargo (scripts/bench/s3server, into target/bench-s3server), cheap
+enough not to be what the variants measure on a 2-vCPU machine: the server is s3s-fs's store with
+a GET body read 1 MiB at a time (the `s3s-fs` binary reads it 4 KiB at a time and then caps every
+client at ~240 MiB/s over all connections), and the proxy is remote.py's LatencyProxy in Rust,
+relaying bodies with splice (0.34 CPU-seconds per GiB, the Python one 0.65). `--server s3s-fs`
+and `--proxy python` run the old ones.
 Needs cargo, s3fs and rclone (Debian: installed here with apt-get when run as root), python3 with
 numpy and safetensors.
 
@@ -188,6 +191,20 @@ def server_command(kind):
     return [os.path.join(target, "release", "stfs-bench-s3server")]
 
 
+class RustProxy:
+    """The bench's proxy (scripts/bench/s3server/src/bin/stfs-bench-proxy.rs): LatencyProxy's model."""
+
+    def __init__(self, upstream_port, latency, conn_rate):
+        program = os.path.join(REPO, "target", "bench-s3server", "release", "stfs-bench-proxy")
+        self.proc = subprocess.Popen([program, str(upstream_port), str(latency * 1000), str(conn_rate / 2**20)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
 def summary(values):
     return f"median {statistics.median(values):7.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
 
@@ -204,6 +221,8 @@ def main():
     p.add_argument("--skip", action="append", default=[], help="skip a variant (s3fs, rclone, download, workers)")
     p.add_argument("--server", choices=("bench", "s3s-fs"), default="bench",
                    help="the S3 server: s3s-fs's store with 1 MiB body reads, or the s3s-fs binary [bench]")
+    p.add_argument("--proxy", choices=("rust", "python"), default="rust",
+                   help="the latency proxy: stfs-bench-proxy, or remote.py's LatencyProxy [rust]")
     args = p.parse_args()
     if args.quick:
         args.size_mb, args.reps, args.tensor_mb = 32, 1, min(args.tensor_mb, 4)
@@ -216,7 +235,7 @@ def main():
         header = os.path.join(workdir, "model.safetensors")
         tensors = write_checkpoint(header, args.size_mb << 20, args.tensor_mb)
         size = os.path.getsize(header)
-        port = free_port()
+        port, proxy = free_port(), None
         s3 = subprocess.Popen([*server, "--port", str(port), "--access-key", KEY_ID,
                                "--secret-key", SECRET, root], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -225,11 +244,14 @@ def main():
             # file dropped into its directory it hashes the whole file on every GET and HEAD).
             subprocess.run(["rclone", "copyto", header, f"b:{BUCKET}/model.safetensors", "--s3-upload-cutoff", "5G"],
                            check=True, env=rclone_env(f"http://127.0.0.1:{port}"), stderr=subprocess.DEVNULL)
-            proxy = LatencyProxy(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
+            proxy_kind = RustProxy if args.proxy == "rust" else LatencyProxy
+            if args.proxy == "rust" and args.server != "bench":
+                server_command("bench")  # builds the proxy too
+            proxy = proxy_kind(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
             bench = Bench(args, workdir, f"http://127.0.0.1:{proxy.port}", header, tensors)
             print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on "
                   f"{'the bench S3 server' if args.server == 'bench' else 's3s-fs'}; "
-                  f"proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
+                  f"{args.proxy} proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
                   f"{args.reps} repetitions, interleaved", flush=True)
             runs = {name: [] for name in ("stfs all", "s3fs all", "rclone all", "download+load", "download",
                                           "stfs one", "stfs 4w", "s3fs 4w")}
@@ -252,6 +274,8 @@ def main():
                     if "s3fs" not in args.skip:
                         measure("s3fs 4w", bench.s3fs_workers)
         finally:
+            if proxy is not None and hasattr(proxy, "stop"):
+                proxy.stop()
             s3.terminate()
             s3.wait()
     for name, values in runs.items():

@@ -15,7 +15,10 @@ use s3s::dto::*;
 use s3s::service::S3ServiceBuilder;
 use s3s::{S3Request, S3Response, S3Result, S3};
 use s3s_fs::FileSystem;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 /// Bytes read from the file per piece of a GET's body.
 const PIECE: usize = 1 << 20;
@@ -70,18 +73,38 @@ impl Store {
         let range = req.input.range;
         let mut response = self.fs.get_object(req).await?;
         let length = response.output.content_length.unwrap_or(0) as u64;
-        let mut file = tokio::fs::File::open(&path).await.map_err(|e| s3s::s3_error!(e, InternalError))?;
-        let size = file.metadata().await.map_err(|e| s3s::s3_error!(e, InternalError))?.len();
+        let file = std::fs::File::open(&path).map_err(|e| s3s::s3_error!(e, InternalError))?;
+        let size = file.metadata().map_err(|e| s3s::s3_error!(e, InternalError))?.len();
         let start = match range {
             Some(Range::Int { first, .. }) => first,
             Some(Range::Suffix { length: suffix }) => size.saturating_sub(suffix),
             None => 0,
         };
-        file.seek(std::io::SeekFrom::Start(start)).await.map_err(|e| s3s::s3_error!(e, InternalError))?;
-        let body = tokio_util::io::ReaderStream::with_capacity(file.take(length), PIECE);
+        let body = pieces(Arc::new(file), start, start + length);
         response.output.body = Some(StreamingBlob::wrap(body));
         Ok(response)
     }
+}
+
+/// Bytes `start..end` of `file`, one `pread` of up to [`PIECE`] bytes on the blocking pool per
+/// piece, straight into the piece's buffer (tokio's `File` would read into its own buffer and copy).
+fn pieces(file: Arc<std::fs::File>, start: u64, end: u64) -> impl futures::Stream<Item = std::io::Result<Bytes>> {
+    futures::stream::try_unfold(start, move |at| {
+        let file = Arc::clone(&file);
+        async move {
+            if at >= end {
+                return Ok(None);
+            }
+            let len = (end - at).min(PIECE as u64) as usize;
+            let piece = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; len];
+                file.read_exact_at(&mut buf, at).map(|()| Bytes::from(buf))
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            Ok(Some((piece, at + len as u64)))
+        }
+    })
 }
 
 fn main() {
