@@ -347,6 +347,7 @@ mod tests {
         let config = ReadaheadConfig {
             block_size: BS,
             max_window_blocks,
+            remote_max_window_blocks: max_window_blocks,
             max_streams,
             back_slack: 300,
             forward_slack: 2 * BS,

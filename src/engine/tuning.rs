@@ -118,14 +118,21 @@ pub const FILE_START_WINDOW_BYTES: u64 = 8 << 20;
 /// in the default 512 MiB cache for several streams.
 pub const MAX_WINDOW_BYTES: u64 = 64 << 20;
 
-/// Largest window for a cache of `cache_size` bytes: [`MAX_WINDOW_BYTES`], and at most half the
-/// cache, so one stream cannot crowd out the others or the blocks being read right now.
-pub const fn max_window_bytes(cache_size: u64) -> u64 {
+/// Largest window of a remote source (HTTP, object stores): on a store with per-request latency
+/// the window holds the chunks in flight *and* those landed but not yet read, so 64 MiB kept only
+/// ~6 of the 8 lanes busy (s3 benchmark: 20 ms per request, 100 MiB/s per connection, 8 MiB
+/// chunks); 128 MiB keeps all eight going, 1 GiB read in ~15% less time.
+pub const REMOTE_MAX_WINDOW_BYTES: u64 = 128 << 20;
+
+/// Largest window for a cache of `cache_size` bytes: `largest` ([`MAX_WINDOW_BYTES`], or
+/// [`REMOTE_MAX_WINDOW_BYTES`]), and at most half the cache, so one stream cannot crowd out the
+/// others or the blocks being read right now.
+pub const fn max_window_bytes(cache_size: u64, largest: u64) -> u64 {
     let half = cache_size / 2;
-    if half < MAX_WINDOW_BYTES {
+    if half < largest {
         half
     } else {
-        MAX_WINDOW_BYTES
+        largest
     }
 }
 
