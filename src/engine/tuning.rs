@@ -60,8 +60,9 @@ pub const fn mapped_resident_bytes(cache_size: u64) -> u64 {
 /// Descriptors a stream may read through at once for its prefetch. Each lane is one descriptor
 /// reading whole chunks in increasing order, so every descriptor only moves forward and jumps at
 /// least a chunk at a time; together they go past one handle's bandwidth on a network store.
-/// Eight fill a full window (64 MiB) with 8 MiB requests: at 100 MiB/s per connection and 20 ms
-/// per request (docs/remote.md) one stream reads 520 MiB/s with eight, 300 MiB/s with four.
+/// Eight fill a 64 MiB window with 8 MiB requests: at 100 MiB/s per connection and 20 ms per
+/// request (docs/remote.md) one stream reads 520 MiB/s with eight, 300 MiB/s with four; a remote
+/// source's window ([`REMOTE_MAX_WINDOW_BYTES`]) is twice that, so all eight stay busy.
 pub const LANES: usize = 8;
 
 /// Prefetch jobs waiting for an I/O thread. At most one job per stream lane is queued, so this
