@@ -2,9 +2,9 @@
 """S3 benchmark: stfs s3:// against s3fs and rclone mount (each with safetensors.safe_open) and
 against downloading then loading, all through one latency-adding, per-connection-paced proxy.
 
-s3s-fs (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback; the
-proxy of remote.py adds a fixed latency to every request (20 ms) and paces each connection's
-responses (100 MiB/s), standing in for a distant object store. Each measurement is a fresh (cold)
+s3s-fs's store (a real S3 server checking SigV4 signatures) serves a generated checkpoint on loopback;
+a proxy adds a fixed latency to every request (20 ms) and paces each connection's responses
+(100 MiB/s), standing in for a distant object store. Each measurement is a fresh (cold)
 mount, mount time included, unmount excluded; the variants are interleaved in every repetition:
 
   stfs all       stfs mount s3://... + np.fromfile of every tensor file, in file order
@@ -17,8 +17,14 @@ mount, mount time included, unmount excluded; the variants are interleaved in ev
 
 Targets (issue 16): stfs all >= 3x faster than s3fs and rclone, >= 2x faster than download+load;
 one tensor < 5% of the download time; 4 workers >= 10x faster than through s3fs.
-Needs s3s-fs (cargo install s3s-fs@0.14.1 --features binary --locked), s3fs and rclone (Debian),
-python3 with numpy and safetensors.
+The harness is built here with cargo (scripts/bench/s3server, into target/bench-s3server), cheap
+enough not to be what the variants measure on a 2-vCPU machine: the server is s3s-fs's store with
+a GET body read 1 MiB at a time (the `s3s-fs` binary reads it 4 KiB at a time and then caps every
+client at ~240 MiB/s over all connections), and the proxy is remote.py's LatencyProxy in Rust,
+relaying bodies with splice (0.34 CPU-seconds per GiB, the Python one 0.65). `--server s3s-fs`
+and `--proxy python` run the old ones.
+Needs cargo, s3fs and rclone (Debian: installed here with apt-get when run as root), python3 with
+numpy and safetensors.
 
   python3 scripts/bench/s3.py --stfs target/release/stfs                   # 1 GiB, 5 repetitions
   python3 scripts/bench/s3.py --stfs target/release/stfs --quick           # 32 MiB smoke run
@@ -38,6 +44,8 @@ sys.path.insert(0, HERE)
 from mounts import is_mounted, wait_mounted  # noqa: E402
 from remote import LatencyProxy, free_port, wait_port, write_checkpoint  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(HERE))
+SERVER_CRATE = os.path.join(HERE, "s3server")
 BUCKET = "bench"
 KEY_ID, SECRET = "AKIASTFSBENCH0000001", "stfs-bench-secret-key-000000000000000"
 LOAD = os.path.join(HERE, "load.py")
@@ -152,6 +160,51 @@ class Bench:
         return took, downloaded
 
 
+def need_tools():
+    """s3fs and rclone, installed with apt-get when missing (as root on Debian), else one line and exit."""
+    missing = [tool for tool in ("s3fs", "rclone") if shutil.which(tool) is None]
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"installing {' '.join(missing)} with apt-get", flush=True)
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if subprocess.run(["apt-get", "install", "-y", *missing], env=env, **quiet).returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, **quiet)
+            subprocess.run(["apt-get", "install", "-y", *missing], env=env, **quiet)
+        missing = [tool for tool in missing if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"s3.py: {' and '.join(missing)} not installed (Debian: apt-get install -y s3fs rclone)")
+
+
+def server_command(kind):
+    """The S3 server's command line up to its options: the bench server (built here) or s3s-fs."""
+    if kind == "s3s-fs":
+        server = shutil.which("s3s-fs") or os.path.expanduser("~/.cargo/bin/s3s-fs")
+        if not os.path.exists(server):
+            sys.exit("s3.py: s3s-fs not installed (cargo install s3s-fs@0.14.1 --features binary --locked)")
+        return [server, "--host", "127.0.0.1"]
+    target = os.path.join(REPO, "target", "bench-s3server")
+    cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+    build = [cargo, "build", "--release", "--quiet", "--locked", "--manifest-path",
+             os.path.join(SERVER_CRATE, "Cargo.toml"), "--target-dir", target]
+    if subprocess.run(build).returncode != 0:
+        sys.exit(f"s3.py: cannot build the bench's S3 server ({' '.join(build)})")
+    return [os.path.join(target, "release", "stfs-bench-s3server")]
+
+
+class RustProxy:
+    """The bench's proxy (scripts/bench/s3server/src/bin/stfs-bench-proxy.rs): LatencyProxy's model."""
+
+    def __init__(self, upstream_port, latency, conn_rate):
+        program = os.path.join(REPO, "target", "bench-s3server", "release", "stfs-bench-proxy")
+        self.proc = subprocess.Popen([program, str(upstream_port), str(latency * 1000), str(conn_rate / 2**20)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
 def summary(values):
     return f"median {statistics.median(values):7.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
 
@@ -166,13 +219,15 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
     p.add_argument("--quick", action="store_true", help="32 MiB, 1 repetition: a smoke run")
     p.add_argument("--skip", action="append", default=[], help="skip a variant (s3fs, rclone, download, workers)")
+    p.add_argument("--server", choices=("bench", "s3s-fs"), default="bench",
+                   help="the S3 server: s3s-fs's store with 1 MiB body reads, or the s3s-fs binary [bench]")
+    p.add_argument("--proxy", choices=("rust", "python"), default="rust",
+                   help="the latency proxy: stfs-bench-proxy, or remote.py's LatencyProxy [rust]")
     args = p.parse_args()
     if args.quick:
         args.size_mb, args.reps, args.tensor_mb = 32, 1, min(args.tensor_mb, 4)
-    server = shutil.which("s3s-fs") or os.path.expanduser("~/.cargo/bin/s3s-fs")
-    for tool in (server, "s3fs", "rclone"):
-        if not (shutil.which(tool) or os.path.exists(tool)):
-            sys.exit(f"{tool} is not installed")
+    need_tools()
+    server = server_command(args.server)
     args.stfs = os.path.abspath(args.stfs)
     with tempfile.TemporaryDirectory(prefix="stfs-bench-s3-") as workdir:
         root = os.path.join(workdir, "store")
@@ -180,8 +235,8 @@ def main():
         header = os.path.join(workdir, "model.safetensors")
         tensors = write_checkpoint(header, args.size_mb << 20, args.tensor_mb)
         size = os.path.getsize(header)
-        port = free_port()
-        s3 = subprocess.Popen([server, "--host", "127.0.0.1", "--port", str(port), "--access-key", KEY_ID,
+        port, proxy = free_port(), None
+        s3 = subprocess.Popen([*server, "--port", str(port), "--access-key", KEY_ID,
                                "--secret-key", SECRET, root], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_port(port)
@@ -189,10 +244,14 @@ def main():
             # file dropped into its directory it hashes the whole file on every GET and HEAD).
             subprocess.run(["rclone", "copyto", header, f"b:{BUCKET}/model.safetensors", "--s3-upload-cutoff", "5G"],
                            check=True, env=rclone_env(f"http://127.0.0.1:{port}"), stderr=subprocess.DEVNULL)
-            proxy = LatencyProxy(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
+            proxy_kind = RustProxy if args.proxy == "rust" else LatencyProxy
+            if args.proxy == "rust" and args.server != "bench":
+                server_command("bench")  # builds the proxy too
+            proxy = proxy_kind(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
             bench = Bench(args, workdir, f"http://127.0.0.1:{proxy.port}", header, tensors)
-            print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on s3s-fs; "
-                  f"proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
+            print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on "
+                  f"{'the bench S3 server' if args.server == 'bench' else 's3s-fs'}; "
+                  f"{args.proxy} proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
                   f"{args.reps} repetitions, interleaved", flush=True)
             runs = {name: [] for name in ("stfs all", "s3fs all", "rclone all", "download+load", "download",
                                           "stfs one", "stfs 4w", "s3fs 4w")}
@@ -215,6 +274,8 @@ def main():
                     if "s3fs" not in args.skip:
                         measure("s3fs 4w", bench.s3fs_workers)
         finally:
+            if proxy is not None and hasattr(proxy, "stop"):
+                proxy.stop()
             s3.terminate()
             s3.wait()
     for name, values in runs.items():

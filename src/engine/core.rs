@@ -66,6 +66,7 @@ impl Engine {
         readahead.block_size = config.block_size;
         if config.io_threads == 0 {
             readahead.max_window_blocks = 0;
+            readahead.remote_max_window_blocks = 0;
         }
         let cache = BlockCache::new(config.cache_size, Arc::clone(&stats));
         let io_threads = config.io_threads;

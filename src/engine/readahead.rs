@@ -5,8 +5,8 @@
 //! continue a stream ([`Readahead::distance`]) if it starts no more than [`BACK_SLACK`] before its
 //! cursor or [`FORWARD_SLACK`] after it: the kernel's async readahead and mmap read-around deliver
 //! one sequential reader's requests slightly out of order, and those must not look like seeks. The
-//! engine's table of a source's streams (`engine::stream`) gives each read to the closest stream
-//! that accepts it, or starts a new one.
+//! engine's table of a source's streams (`engine::stream`) gives each read to the closest
+//! confirmed stream that accepts it, else the closest new one, or starts a new one.
 //!
 //! A new stream ([`Readahead::start`]) is *unconfirmed* and prefetches nothing, so a random reader
 //! costs no backing I/O beyond the blocks it touches; the exception is a read from the first byte
@@ -31,7 +31,7 @@ use std::ops::Range;
 
 use super::tuning::{
     max_window_bytes, BACK_SLACK, CONFIRM_SLACK, FILE_START_WINDOW_BYTES, FORWARD_SLACK, INITIAL_WINDOW_BYTES, LANES,
-    MAX_STREAMS, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES,
+    MAX_STREAMS, MAX_WINDOW_BYTES, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES, REMOTE_MAX_WINDOW_BYTES,
 };
 
 /// Tuning of the readahead; [`ReadaheadConfig::new`] gives the defaults.
@@ -41,6 +41,10 @@ pub struct ReadaheadConfig {
     pub block_size: u64,
     /// Largest window in blocks; 0 turns prefetch off.
     pub max_window_blocks: u64,
+    /// What replaces `max_window_blocks` for a remote source ([`Source::remote`]).
+    ///
+    /// [`Source::remote`]: crate::source::Source::remote
+    pub remote_max_window_blocks: u64,
     /// Most streams tracked per source (at least 1).
     pub max_streams: usize,
     /// Bytes before a cursor that a read may start at and still continue the stream.
@@ -58,12 +62,13 @@ pub struct ReadaheadConfig {
 
 impl ReadaheadConfig {
     /// Defaults for this block size and cache budget: the window is capped by
-    /// [`max_window_bytes`] (64 MiB, and at most half the cache).
+    /// [`max_window_bytes`] (64 MiB, 128 MiB for a remote source, and at most half the cache).
     pub fn new(block_size: u64, cache_size: u64) -> ReadaheadConfig {
         let block_size = block_size.max(1);
         ReadaheadConfig {
             block_size,
-            max_window_blocks: max_window_bytes(cache_size) / block_size,
+            max_window_blocks: max_window_bytes(cache_size, MAX_WINDOW_BYTES) / block_size,
+            remote_max_window_blocks: max_window_bytes(cache_size, REMOTE_MAX_WINDOW_BYTES) / block_size,
             max_streams: MAX_STREAMS,
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
@@ -220,6 +225,11 @@ impl Readahead {
         }
     }
 
+    /// Whether a read has continued this stream since it started (it is sequential).
+    pub fn confirmed(&self) -> bool {
+        self.confirmed
+    }
+
     /// The readahead window, in blocks.
     pub fn window_blocks(&self) -> u64 {
         self.window_blocks
@@ -244,6 +254,7 @@ mod tests {
         ReadaheadConfig {
             block_size: BS,
             max_window_blocks,
+            remote_max_window_blocks: max_window_blocks,
             max_streams: 4,
             back_slack: 300,
             forward_slack: 2 * BS,
@@ -444,6 +455,15 @@ mod tests {
         let large = ReadaheadConfig::new(4 << 20, 512 << 20);
         assert_eq!(large.file_start_window_blocks, (LANES as u64).max(FILE_START_WINDOW_BYTES / (4 << 20)));
         assert!(large.file_start_window_blocks <= large.max_window_blocks);
+    }
+
+    #[test]
+    fn a_remote_source_gets_a_larger_window_within_half_the_cache() {
+        let config = ReadaheadConfig::new(4 << 20, 512 << 20);
+        assert_eq!(config.max_window_blocks * (4 << 20), MAX_WINDOW_BYTES);
+        assert_eq!(config.remote_max_window_blocks * (4 << 20), REMOTE_MAX_WINDOW_BYTES);
+        let small_cache = ReadaheadConfig::new(4 << 20, 128 << 20);
+        assert_eq!((small_cache.max_window_blocks, small_cache.remote_max_window_blocks), (16, 16));
     }
 
     #[test]

@@ -53,17 +53,21 @@ pub(crate) struct SourceEntry {
 }
 
 impl SourceEntry {
-    /// Registers `source` as `id`, with streams tuned by `readahead`, its blocks stored on disk
-    /// under `disk_key` if given, served from its mapping if `map` and it has one.
+    /// Registers `source` as `id`, with streams tuned by `readahead` (its remote window for a
+    /// remote source), its blocks stored on disk under `disk_key` if given, served from its
+    /// mapping if `map` and it has one.
     pub(crate) fn new(
         id: SourceId,
         source: Arc<dyn Source>,
-        readahead: ReadaheadConfig,
+        mut readahead: ReadaheadConfig,
         disk_key: Option<ObjectKey>,
         map: bool,
     ) -> SourceEntry {
         let len = source.len();
         let mapped = map && source.mapping().is_some_and(|m| m.len() == len);
+        if source.remote() {
+            readahead.max_window_blocks = readahead.remote_max_window_blocks;
+        }
         SourceEntry {
             id,
             source,

@@ -160,9 +160,14 @@ impl Streams {
 }
 
 impl Table {
-    /// Gives the read of `[offset, offset + len)` to the closest stream that accepts it, or starts a
-    /// new one (replacing the least recently used if the table is full): the stream's index, what
-    /// to do, and the replaced stream.
+    /// Gives the read of `[offset, offset + len)` to the closest stream that accepts it, a
+    /// confirmed one before any new one, or starts a new one (replacing the least recently used if
+    /// the table is full): the stream's index, what to do, and the replaced stream.
+    ///
+    /// Confirmed first: a reader that seeks to a file's end and back before reading it (C stdio's
+    /// `fseek(SEEK_END)` reads the buffer-aligned tail, as numpy's `fromfile` does) leaves a new
+    /// stream whose cursor is exactly where the sequential reader arrives later; handing the
+    /// sequential reader to it would restart its window and lanes at every file.
     fn classify(
         &mut self,
         config: &ReadaheadConfig,
@@ -176,8 +181,11 @@ impl Table {
             .streams
             .iter()
             .enumerate()
-            .filter_map(|(index, s)| s.readahead.distance(config, offset).map(|distance| (index, distance)))
-            .min_by_key(|&(_, distance)| distance)
+            .filter_map(|(index, s)| {
+                let distance = s.readahead.distance(config, offset)?;
+                Some((index, (!s.readahead.confirmed(), distance)))
+            })
+            .min_by_key(|&(_, rank)| rank)
             .map(|(index, _)| index);
         if let Some(index) = closest {
             let stream = &mut self.streams[index];

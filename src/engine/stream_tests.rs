@@ -9,6 +9,7 @@ fn streams(max_window_blocks: u64, max_streams: usize) -> Streams {
     let config = ReadaheadConfig {
         block_size: BS,
         max_window_blocks,
+        remote_max_window_blocks: max_window_blocks,
         max_streams,
         back_slack: 300,
         forward_slack: 2 * BS,
@@ -54,6 +55,29 @@ fn reads_go_to_the_closest_stream_that_accepts_them() {
             "two interleaved sequential readers keep separate streams",
             &[(0, 100), (40_000, 100), (100, 100), (40_100, 100)],
             &[(0, false, 0..0), (1, false, 0..0), (0, true, 1..2), (1, true, 41..42)],
+        ),
+        (
+            "a new stream at a file's tail does not take over the sequential reader arriving there",
+            &[
+                (0, 100),
+                (100, 900),
+                (5_000, 500),
+                (1_000, 1_000),
+                (2_000, 1_000),
+                (3_000, 1_000),
+                (4_000, 1_000),
+                (5_500, 500),
+            ],
+            &[
+                (0, false, 0..0),
+                (0, true, 1..2),
+                (1, false, 0..0),
+                (0, true, 2..4),
+                (0, true, 4..7),
+                (0, true, 7..12),
+                (0, true, 12..13),
+                (0, true, 13..14),
+            ],
         ),
         (
             "a read close to a new stream confirms it, one within the forward slack does not",

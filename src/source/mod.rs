@@ -41,6 +41,11 @@ pub trait Source: Send + Sync + 'static {
     fn mapping(&self) -> Option<&Mapping> {
         None
     }
+    /// Whether every read is a request to a store with per-request latency (HTTP, object stores):
+    /// the engine then keeps a larger readahead window in flight. False (the default): a file.
+    fn remote(&self) -> bool {
+        false
+    }
     /// When the object was last modified, if known (for the mount's timestamps).
     fn modified(&self) -> Option<std::time::SystemTime> {
         None

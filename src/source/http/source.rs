@@ -89,6 +89,9 @@ impl fmt::Debug for HttpSource {
 }
 
 impl Source for HttpSource {
+    fn remote(&self) -> bool {
+        true
+    }
     fn modified(&self) -> Option<SystemTime> {
         self.modified_time()
     }
