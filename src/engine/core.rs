@@ -198,13 +198,19 @@ impl Engine {
                 Stats::add(&stats.prefetched_bytes, advice_end - start);
             }
         }
-        let reply = mapping.to_kernel(offset..end, to_kernel).map_err(|e| {
-            Stats::add(&shared.stats.backing_errors, 1);
-            entry.error(offset, e)
-        })?;
         let stats = &shared.stats;
-        Stats::add(&stats.mapped_reads, 1);
-        Stats::add(&stats.mapped_read_bytes, end - offset);
+        // Counted before the bytes go to the kernel: the reply wakes the reader, which may read
+        // `.stfs/stats.json` (on another thread) before this one runs again.
+        let reply = mapping
+            .to_kernel(offset..end, |bytes| {
+                Stats::add(&stats.mapped_reads, 1);
+                Stats::add(&stats.mapped_read_bytes, end - offset);
+                to_kernel(bytes)
+            })
+            .map_err(|e| {
+                Stats::add(&stats.backing_errors, 1);
+                entry.error(offset, e)
+            })?;
         let since = entry.mapped_since_release.fetch_add(end - offset, Relaxed) + (end - offset);
         if since >= mapped_resident_bytes(shared.config.cache_size) {
             entry.mapped_since_release.store(0, Relaxed);
