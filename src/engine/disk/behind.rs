@@ -69,6 +69,15 @@ impl State {
     fn drained(&self) -> bool {
         self.jobs.is_empty() && self.extents.is_empty() && !self.busy && self.waiting == 0
     }
+
+    /// Block `block` of `key` is no longer pending, if `data` is still what is pending for it (a
+    /// later copy of the same block stays).
+    fn unpend(&mut self, key: ObjectKey, block: u64, data: &Arc<Vec<u8>>) {
+        let entry = (key, block);
+        if self.pending.get(&entry).is_some_and(|p| Arc::ptr_eq(p, data)) {
+            self.pending.remove(&entry);
+        }
+    }
 }
 
 /// The queue and its writer thread.
@@ -107,10 +116,7 @@ impl WriteBehind {
             state.spares.pop()
         };
         // The copy runs outside the lock: readers of other pending blocks do not wait for it.
-        let mut copy = spare.unwrap_or_default();
-        copy.clear();
-        copy.extend_from_slice(data);
-        let data = Arc::new(copy);
+        let data = copy_into(spare, data);
         let mut state = lock(&self.state);
         state.pending.insert((key.clone(), block), Arc::clone(&data));
         state.jobs.push_back(Job::Block { key: key.clone(), block, data });
@@ -123,10 +129,8 @@ impl WriteBehind {
     /// handed to readers, so that from then on it is served from here and counted as there by
     /// [`WriteBehind::get`]; extent jobs wait until it is queued by [`WriteBehind::push_pending`].
     pub(crate) fn pend(&self, key: &ObjectKey, block: u64, data: &[u8]) -> Arc<Vec<u8>> {
-        let mut copy = lock(&self.state).spares.pop().unwrap_or_default();
-        copy.clear();
-        copy.extend_from_slice(data);
-        let copy = Arc::new(copy);
+        let spare = lock(&self.state).spares.pop();
+        let copy = copy_into(spare, data);
         let mut state = lock(&self.state);
         state.pending.insert((key.clone(), block), Arc::clone(&copy));
         state.waiting += 1;
@@ -150,10 +154,7 @@ impl WriteBehind {
         state = wait_while(&self.room, state, wait, full);
         state.waiting -= 1;
         if state.stopping || full(&mut state) || !self.start(tier) {
-            let entry = (key.clone(), block);
-            if state.pending.get(&entry).is_some_and(|p| Arc::ptr_eq(p, &data)) {
-                state.pending.remove(&entry);
-            }
+            state.unpend(key.clone(), block, &data);
             drop(state);
             self.work.notify_one();
             Stats::add(&tier.stats.disk_cache_write_drops, 1);
@@ -288,10 +289,7 @@ impl WriteBehind {
             };
             state = lock(&self.state);
             if let Some((key, block, data)) = done {
-                let entry = (key, block);
-                if state.pending.get(&entry).is_some_and(|p| Arc::ptr_eq(p, &data)) {
-                    state.pending.remove(&entry);
-                }
+                state.unpend(key, block, &data);
                 state.bytes = state.bytes.saturating_sub(data.len() as u64);
                 if let Ok(buffer) = Arc::try_unwrap(data) {
                     if state.spares.len() < SPARES {
@@ -306,4 +304,12 @@ impl WriteBehind {
             }
         }
     }
+}
+
+/// A copy of `data` in `spare` (a buffer a written block left) or a fresh one.
+fn copy_into(spare: Option<Vec<u8>>, data: &[u8]) -> Arc<Vec<u8>> {
+    let mut copy = spare.unwrap_or_default();
+    copy.clear();
+    copy.extend_from_slice(data);
+    Arc::new(copy)
 }

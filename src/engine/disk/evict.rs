@@ -80,8 +80,8 @@ fn scan_folder(dir: std::fs::ReadDir, clean: bool, out: &mut Scan) {
                     Ok(m) => (m.len(), m.modified().unwrap_or(used)),
                     Err(_) => (0, used),
                 };
-                out.bytes += meta.len() + record_bytes;
                 let bytes = meta.len() + record_bytes;
+                out.bytes += bytes;
                 out.blocks.push(Stored { path: file.path(), record: Some(record), bytes, used, extent: true });
             } else if is_meta_name(name) && !file.path().with_extension("").exists() {
                 // A record whose data file is gone: evicted (or cleared) like one.

@@ -32,10 +32,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::SystemTime;
 
 use super::store::{self, ObjectKey};
 
@@ -154,29 +152,10 @@ impl Record {
     }
 }
 
-/// Numbers this process's temporary files.
-static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// A temporary file next to `path`, created mode 0600 (its folder 0700 if missing).
-fn temp_for(path: &Path) -> io::Result<(PathBuf, File)> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), TEMP_SEQ.fetch_add(1, Relaxed)));
-    let create = || OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp);
-    let file = match create() {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-            create()?
-        }
-        other => other?,
-    };
-    Ok((temp, file))
-}
-
 /// Writes `record` for data file `path` (temporary name, then rename).
 fn write_record(path: &Path, record: Record) -> io::Result<u64> {
     let meta = meta_path(path);
-    let (temp, mut file) = temp_for(&meta)?;
+    let (temp, mut file) = store::temp_file(&meta)?;
     let result = file.write_all(&record.to_bytes()).and_then(|()| std::fs::rename(&temp, &meta));
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
@@ -195,7 +174,7 @@ pub(crate) fn assemble(
     range: &Range<u64>,
 ) -> io::Result<Option<u64>> {
     let path = extent_path(root, key, range);
-    let (temp, mut file) = temp_for(&path)?;
+    let (temp, mut file) = store::temp_file(&path)?;
     let result = (|| {
         let mut hasher = crc32fast::Hasher::new();
         let mut buf = Vec::new();
@@ -290,15 +269,11 @@ fn crc_of(file: &File, len: u64) -> io::Result<u32> {
 }
 
 /// Refreshes a record's mtime (the extent's LRU age; the data file's own times are part of its
-/// record and never touched) if older than [`store::TOUCH_AFTER`].
+/// record and never touched) as a block hit refreshes its file's.
 fn touch(meta: &Path) {
-    let Ok(file) = File::options().write(true).open(meta) else { return };
-    let now = SystemTime::now();
-    let old = file
-        .metadata()
-        .and_then(|m| m.modified())
-        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > store::TOUCH_AFTER));
-    if old {
-        let _ = file.set_modified(now);
+    if let Ok(file) = File::options().write(true).open(meta) {
+        if let Ok(m) = file.metadata() {
+            store::touch_if_old(&file, &m);
+        }
     }
 }

@@ -121,12 +121,17 @@ pub(crate) fn read_block(path: &Path, buf: &mut [u8]) -> Result<(), Miss> {
     if crc32fast::hash(buf) != crc {
         return Err(Miss::Corrupt("checksum mismatch".into()));
     }
+    touch_if_old(&file, &meta);
+    Ok(())
+}
+
+/// Sets `file`'s mtime (the LRU clock eviction sorts by) to now if `meta` shows it older than
+/// [`TOUCH_AFTER`]. Advice for eviction only: a failure leaves the file a little older than it is.
+pub(crate) fn touch_if_old(file: &File, meta: &std::fs::Metadata) {
     let now = SystemTime::now();
     if meta.modified().is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > TOUCH_AFTER)) {
-        // Advice for eviction only: a failure leaves the block a little older than it is.
         let _ = file.set_modified(now);
     }
-    Ok(())
 }
 
 fn read_exact_or_corrupt(file: &mut File, buf: &mut [u8]) -> Result<(), Miss> {
@@ -159,25 +164,32 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> Option<(u32, u32)> {
 /// Numbers this process's temporary files.
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// Writes block `block` of `key` atomically: to a temporary file in the block's folder (created,
-/// mode 0700, if missing), then renamed over the final name, so a reader in any process sees the
-/// whole block or no file. Returns the bytes the file takes. On any failure the temporary file is
-/// removed.
-pub(crate) fn write_block(root: &Path, key: &ObjectKey, block: u64, data: &[u8]) -> io::Result<u64> {
-    let dir = fanout(root, key);
-    let name = format!("{}-{block}", key.0);
+/// A new temporary file for `path` (`.NAME.PID.N.tmp` in its folder, which is created mode 0700
+/// if missing), created mode 0600: written whole, then renamed over `path`.
+pub(crate) fn temp_file(path: &Path) -> io::Result<(PathBuf, File)> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), TEMP_SEQ.fetch_add(1, Relaxed)));
     let create = || OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp);
-    let mut file = match create() {
+    let file = match create() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
             create()?
         }
         other => other?,
     };
+    Ok((temp, file))
+}
+
+/// Writes block `block` of `key` atomically: to a [`temp_file`] in the block's folder, then
+/// renamed over the final name, so a reader in any process sees the whole block or no file.
+/// Returns the bytes the file takes. On any failure the temporary file is removed.
+pub(crate) fn write_block(root: &Path, key: &ObjectKey, block: u64, data: &[u8]) -> io::Result<u64> {
+    let path = block_path(root, key, block);
+    let (temp, mut file) = temp_file(&path)?;
     let written = file.write_all(&header(data)).and_then(|()| file.write_all(data));
     drop(file);
-    let result = written.and_then(|()| std::fs::rename(&temp, dir.join(&name)));
+    let result = written.and_then(|()| std::fs::rename(&temp, &path));
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
