@@ -66,20 +66,14 @@ impl FuseAdapter {
 
     /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
     /// verified one for this tensor and the kernel takes it, else the ordinary way (the page cache
-    /// kept, as when OPEN is not answered).
+    /// kept, as when OPEN is not answered). An inode already open keeps its mode.
     fn open_file(&self, ino: u64, reply: ReplyOpen) {
-        let mut opens = lock(&self.opens);
-        if let Some(open) = opens.get_mut(&ino) {
+        if let Some(open) = lock(&self.opens).get_mut(&ino) {
             open.count += 1;
-            match &open.backing {
-                Some(id) => {
-                    self.count_passthrough(ino);
-                    reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
-                }
-                None => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            }
-            return;
+            return self.reply_open(ino, open.backing.as_ref(), reply);
         }
+        // Verifying an extent file can take a full checksum pass (its first open after a reboot):
+        // done outside the lock, so opens of other files never wait for it.
         let backing = self.fs.passthrough_file(ino).and_then(|file| match reply.open_backing(&file) {
             Ok(id) => Some(id),
             Err(e) => {
@@ -90,17 +84,27 @@ impl FuseAdapter {
                 None
             }
         });
-        match &backing {
+        let mut opens = lock(&self.opens);
+        // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
+        let open = opens.entry(ino).or_insert(Open { count: 0, backing });
+        open.count += 1;
+        let first_without = open.count == 1 && open.backing.is_none();
+        self.reply_open(ino, open.backing.as_ref(), reply);
+        drop(opens);
+        if first_without {
+            self.fs.tensor_used(ino);
+        }
+    }
+
+    /// Replies to an OPEN of `ino`: passed through to `backing`, or the ordinary way.
+    fn reply_open(&self, ino: u64, backing: Option<&BackingId>, reply: ReplyOpen) {
+        match backing {
             Some(id) => {
                 self.count_passthrough(ino);
                 reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
             }
-            None => {
-                self.fs.tensor_used(ino);
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
-            }
+            None => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
         }
-        opens.insert(ino, Open { count: 1, backing });
     }
 
     fn count_passthrough(&self, ino: u64) {
