@@ -43,9 +43,8 @@ fn uid_gid_and_masks_set_owner_and_modes() {
 fn allow_root_lets_root_in_but_not_other_users() {
     let dir = workdir();
     let file = checkpoint(dir.path());
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        return println!("skipping: needs root (to mount and to switch to another user)");
+    if not_root("to mount and to switch to another user") {
+        return;
     }
     let read_as_nobody = |path: &Path| {
         Command::new("setpriv")

@@ -231,9 +231,7 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_full_cache_directory_leaves_reads_exact_and_warns_once() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting a tmpfs needs root");
+    if not_root("mounting a tmpfs") {
         return;
     }
     let nginx = nginx_or_skip!();
@@ -359,15 +357,9 @@ fn cached_with_extents(work: &Path, nginx: &Nginx) -> (String, PathBuf, Vec<T>) 
     (url, cache, tensors)
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 #[test]
 fn a_second_mount_passes_whole_cached_tensors_to_the_kernel() {
-    if !is_root() {
-        eprintln!("skipped: FUSE passthrough needs root");
+    if not_root("FUSE passthrough") {
         return;
     }
     let nginx = nginx_or_skip!();
@@ -421,8 +413,7 @@ fn a_second_mount_passes_whole_cached_tensors_to_the_kernel() {
 
 #[test]
 fn a_changed_or_replaced_extent_file_is_never_served() {
-    if !is_root() {
-        eprintln!("skipped: FUSE passthrough needs root");
+    if not_root("FUSE passthrough") {
         return;
     }
     let nginx = nginx_or_skip!();

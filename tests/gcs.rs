@@ -362,9 +362,8 @@ const TOKEN_LIFE: u64 = 303;
 /// namespace's first process, and with it everything in the namespace, the daemon included.
 #[test]
 fn metadata_server_token_reads_every_tensor() {
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        return println!("skipping: needs root (network and mount namespaces, port 80)");
+    if not_root("network and mount namespaces, port 80") {
+        return;
     }
     if Command::new("unshare").arg("--version").output().is_err() {
         return tool_missing("unshare", "apt-get install util-linux");

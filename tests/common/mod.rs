@@ -17,7 +17,7 @@ pub mod faultfs;
 pub mod tools;
 pub mod users;
 pub mod wedge;
-pub use tools::tool_missing;
+pub use tools::{not_root, tool_missing};
 
 /// The binary under test.
 pub const STFS: &str = env!("CARGO_BIN_EXE_stfs");
