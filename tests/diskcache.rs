@@ -133,6 +133,33 @@ fn a_second_mount_reads_every_block_from_disk_and_no_tensor_byte_from_the_store(
 }
 
 #[test]
+fn two_mounts_at_once_share_one_cache_directory_and_a_third_reads_it_all() {
+    let nginx = nginx_or_skip!();
+    let work = workdir();
+    let cache = cache_dir(work.path());
+    let tensors = fixture(3);
+    write_checkpoint(&nginx.root.join("model.safetensors"), &tensors, None);
+    let url = nginx.url("model.safetensors");
+    // Two daemons (two processes) fill the same directory at once, each reading every tensor in
+    // its own thread: blocks both write race on their final names.
+    let (a, b) = (mount_cached(&url, &cache, &[]), mount_cached(&url, &cache, &[]));
+    std::thread::scope(|scope| {
+        for m in [&a, &b] {
+            scope.spawn(|| read_all_exact(m, &tensors));
+        }
+    });
+    unmount_and_wait(a);
+    unmount_and_wait(b);
+    let mark = nginx.settled_log(Duration::from_millis(300)).len();
+    let m = mount_cached(&url, &cache, &["-o", "no_passthrough"]);
+    read_all_exact(&m, &tensors);
+    let lines = requests_since(&nginx, mark);
+    assert_eq!(tensor_bytes(&lines), 0, "a block the two mounts wrote was not whole: {lines:?}");
+    let s = stats(&m);
+    assert_eq!((s["disk_cache_corrupt"].as_u64(), s["disk_cache_misses"].as_u64()), (Some(0), Some(0)), "{s}");
+}
+
+#[test]
 fn a_replaced_object_is_read_anew_never_from_the_old_blocks() {
     let nginx = nginx_or_skip!();
     let work = workdir();
