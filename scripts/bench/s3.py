@@ -42,7 +42,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mounts import is_mounted, wait_mounted  # noqa: E402
-from remote import LatencyProxy, free_port, wait_port, write_checkpoint  # noqa: E402
+from remote import LatencyProxy, free_port, summary, wait_port, write_checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 SERVER_CRATE = os.path.join(HERE, "s3server")
@@ -203,10 +203,6 @@ class RustProxy:
     def stop(self):
         self.proc.kill()
         self.proc.wait()
-
-
-def summary(values):
-    return f"median {statistics.median(values):7.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
 
 
 def main():
