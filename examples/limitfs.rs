@@ -8,17 +8,18 @@
 //! version of this row), whose copy source stays in the CPU's caches and so costs the kernel less
 //! than any distinct data can. It presents the same files the benchmark reads from stfs, so the kernel sees the
 //! same byte counts and file pattern, and it is mounted with the kernel settings stfs uses
-//! (`src/serve.rs`, `src/fuse.rs`, `src/mountpoint.rs`):
+//! (`src/mount/session.rs`, `src/fuse/mod.rs`, `src/mount/mountpoint.rs`):
 //! - as root: its own mount(2) of type `fuse.limitfs`, read-only, nosuid, nodev; otherwise
 //!   fuser's fusermount path with `ro`;
 //! - 16 FUSE threads (`--threads`), each with its own /dev/fuse descriptor (`clone_fd`);
-//! - INIT: `max_background` 64, `FUSE_DO_READDIRPLUS | FUSE_AUTO_INVAL_DATA`, fuser's default
-//!   max_readahead/max_write (so requests of up to the kernel's `max_pages`, 1 MiB);
+//! - INIT: `max_background` 64, `FUSE_DO_READDIRPLUS | FUSE_AUTO_INVAL_DATA`, `max_write` 1016
+//!   KiB (the kernel's `max_pages` follows it: reads of up to 1016 KiB, the cap stfs sets so that
+//!   a spliced reply fits one pipe; `--max-read-kib 1024` gives the kernel's own 1 MiB);
 //! - OPEN answered with ENOSYS (the kernel then opens files itself, keeping the page cache, and
 //!   sends no RELEASE), FLUSH with ENOSYS;
 //! - entry and attribute TTLs of one hour; `st_blksize` 64 KiB (`--blksize`: stfs reports its
 //!   block size, and `cat` sizes its reads from it);
-//! - the bdi's `read_ahead_kb` set to 1024 once the mount answers (root only).
+//! - the bdi's `read_ahead_kb` set to 1016 once the mount answers (root only): one whole read.
 //!
 //! With `--like` the bytes served are the checkpoint's (the benchmark byte-compares them); with
 //! `--size` or `--hot-buffer` they are a fixed pattern.
@@ -85,8 +86,12 @@ struct Args {
     /// st_blksize reported for files (stfs reports its block size, 64 KiB by default).
     #[arg(long, default_value_t = 64 << 10)]
     blksize: u32,
-    /// Kernel readahead of the mount in KiB, set after mounting (root only; 0 leaves it alone).
-    #[arg(long, default_value_t = 1024)]
+    /// Largest read the kernel may send, in KiB (its `max_write`; stfs caps reads at 1016 KiB).
+    #[arg(long, default_value_t = 1016)]
+    max_read_kib: u32,
+    /// Kernel readahead of the mount in KiB, set after mounting (root only; 0 leaves it alone;
+    /// stfs sets 1016, one whole read).
+    #[arg(long, default_value_t = 1016)]
     kernel_readahead_kb: u32,
     /// Also write the counters as JSON to this file at exit.
     #[arg(long)]
@@ -183,6 +188,7 @@ struct LimitFs {
     uid: u32,
     gid: u32,
     blksize: u32,
+    max_read_kib: u32,
     counters: Arc<Counters>,
     backing: Option<Mapping>,
 }
@@ -200,7 +206,7 @@ impl LimitFs {
         // SAFETY: getuid/getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let counters = Arc::new(Counters::default());
-        LimitFs { files, by_name, buffer, hot, mtime, uid, gid, blksize, counters, backing: None }
+        LimitFs { files, by_name, buffer, hot, mtime, uid, gid, blksize, max_read_kib: 1016, counters, backing: None }
     }
 
     fn file(&self, ino: u64) -> Option<&LimitFile> {
@@ -247,6 +253,7 @@ impl LimitFs {
 impl Filesystem for LimitFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_max_write(self.max_read_kib << 10);
         let wanted = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_AUTO_INVAL_DATA;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
@@ -516,6 +523,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (0..size).map(|i| (i % 251) as u8).collect()
     };
     let mut fs = LimitFs::new(files, buffer, args.hot_buffer || args.backing, mtime, args.blksize);
+    fs.max_read_kib = args.max_read_kib;
     let counters = Arc::clone(&fs.counters);
     if let (true, Some(path)) = (args.backing, &args.like) {
         fs.backing = Some(Mapping::new(path, args.populate)?);

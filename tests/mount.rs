@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::process::Command;
 
 use common::*;
+use stfs::format::Dtype;
 
 fn mixed_mount() -> (tempfile::TempDir, Vec<T>, Mount) {
     let dir = workdir();
@@ -300,4 +301,42 @@ fn concurrent_readers_get_the_right_bytes() {
             });
         }
     });
+}
+
+#[test]
+fn large_reads_of_a_local_file_are_spliced_whole_and_no_splice_copies_them() {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    // A first tensor of odd length puts the big one's bytes at no page boundary, so a full read
+    // spans one page more than its size (the case a pipe's slots are counted for).
+    let tensors = vec![T::new("a", Dtype::U8, &[4099]), T::new("big", Dtype::F32, &[3, 1 << 20])];
+    write_checkpoint(&file, &tensors, None);
+    for (extra, spliced) in [(&[][..], true), (&["--no-splice"][..], false)] {
+        let m = Mount::new(&file, extra);
+        let path = served_path(&m, "big");
+        // Reads of 1 MiB, as `dd bs=1M` makes them, then the whole file through a mapping.
+        let mut f = std::fs::File::open(&path).unwrap();
+        let (mut got, mut buf) = (Vec::new(), vec![0u8; 1 << 20]);
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == tensors[1].data, "{extra:?}: read() bytes differ");
+        let mapped = std::fs::read(served_path(&m, "a")).unwrap();
+        assert_eq!(mapped, tensors[0].data, "{extra:?}");
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+        let n = |key: &str| doc[key].as_u64().unwrap();
+        assert_eq!(n("read_errors"), 0, "{doc}");
+        assert!(n("mapped_read_bytes") >= tensors[1].data.len() as u64, "{doc}");
+        if spliced {
+            assert!(n("spliced_read_bytes") >= tensors[1].data.len() as u64, "every big read spliced: {doc}");
+            assert_eq!(n("spliced_reads"), n("mapped_reads"), "{doc}");
+        } else {
+            assert_eq!(n("spliced_reads"), 0, "{doc}");
+        }
+    }
 }

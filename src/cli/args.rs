@@ -144,6 +144,10 @@ pub struct MountArgs {
     /// from a read-only mapping of the file (the default on local filesystems).
     #[arg(long)]
     pub no_map: bool,
+    /// Reply to reads of a local file by copying from its mapping (`writev`) instead of splicing
+    /// the file's pages into the FUSE device.
+    #[arg(long)]
+    pub no_splice: bool,
     /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
     #[arg(long, value_name = "KIB")]
     pub kernel_readahead_kb: Option<u32>,
@@ -363,7 +367,7 @@ the same -o option, and of a repeated -o option the last wins):
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, no_passthrough,
   uid=N, gid=N (owner of every file), umask=M, fmask=M, dmask=M (octal: mode
   bits removed from files, directories), allow_root, auto_unmount,
-  endpoint_url=URL, region=REGION, no_sign_request
+  endpoint_url=URL, region=REGION, no_sign_request, no_map, no_splice
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to

@@ -193,6 +193,8 @@ pub struct MountConfig {
     pub threads: u32,
     /// Kernel readahead in KiB; 0 leaves it alone.
     pub kernel_readahead_kb: u32,
+    /// Splice read replies of a local file's pages (`--no-splice` clears it).
+    pub splice: bool,
     /// Path layout.
     pub layout: Layout,
     /// Extra views.
@@ -271,6 +273,7 @@ impl MountConfig {
         a.cache_dir_size = a.cache_dir_size.or(o.cache_dir_size);
         a.no_passthrough |= o.no_passthrough.unwrap_or(false);
         a.no_map |= o.no_map.unwrap_or(false);
+        a.no_splice |= o.no_splice.unwrap_or(false);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -318,6 +321,7 @@ impl MountConfig {
             log_file: a.log_file,
             threads,
             kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
+            splice: !a.no_splice,
         })
     }
 
@@ -343,6 +347,7 @@ impl MountConfig {
             allow_other: self.allow_other,
             allow_root: self.allow_root,
             kernel_readahead_kb: self.kernel_readahead_kb,
+            splice: self.splice,
         }
     }
 }
@@ -412,6 +417,7 @@ struct DashO {
     no_passthrough: Option<bool>,
     auto_unmount: Option<bool>,
     no_map: Option<bool>,
+    no_splice: Option<bool>,
     endpoint_url: Option<String>,
     region: Option<String>,
     no_sign_request: Option<bool>,
@@ -448,6 +454,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "no_passthrough",
     "auto_unmount",
     "no_map",
+    "no_splice",
     "endpoint_url",
     "region",
     "no_sign_request",
@@ -503,6 +510,7 @@ impl DashO {
                 "allow_root" => o.allow_root = switch()?,
                 "auto_unmount" => o.auto_unmount = switch()?,
                 "no_map" => o.no_map = switch()?,
+                "no_splice" => o.no_splice = switch()?,
                 "read_only" => {}
                 "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
                 "cache_dir_size" => o.cache_dir_size = size()?,

@@ -17,7 +17,7 @@ use super::prefetch::Prefetcher;
 use super::readahead::ReadaheadConfig;
 use super::shared::{Shared, SourceEntry};
 use super::tuning::{mapped_resident_bytes, EngineConfig, MAX_BLOCK_SIZE};
-use crate::source::{Source, SourceId};
+use crate::source::{KernelBytes, Source, SourceId};
 use crate::stats::Stats;
 use crate::util::{lock, read, write};
 
@@ -93,6 +93,12 @@ impl Engine {
         id
     }
 
+    /// Whether any source is served from its mapping (a local file): its replies to the kernel can
+    /// then be spliced from the file ([`Engine::read_for_kernel`]).
+    pub fn serves_mapped(&self) -> bool {
+        read(&self.sources).iter().any(|e| e.mapped)
+    }
+
     /// Starts the thread that keeps spare block buffers warm, once.
     fn start_warmer(&self) {
         let mut warmer = lock(&self.warmer);
@@ -159,11 +165,12 @@ impl Engine {
     }
 
     /// [`Engine::read_in`] for a reply the kernel copies: `to_kernel` must pass the bytes to a
-    /// system call (`writev` to the FUSE device) and never read them itself. For a source served
-    /// from its mapping (a local file, unless `map_files` is off) they are then a slice of the
-    /// mapping, handed over after the source's pin check: no block, no copy in user space, and a
-    /// file truncated under the mapping makes the kernel's copy fail (EIO for the reader), never
-    /// SIGBUS here. The read still goes to its stream, and this thread asks the kernel to read the
+    /// system call (`writev` or `splice` to the FUSE device) and never read them itself. For a
+    /// source served from its mapping (a local file, unless `map_files` is off) they are then a
+    /// range of the file, as a slice of the mapping and as the file and offset
+    /// ([`KernelBytes`]), handed over after the source's pin check: no block, no copy in user
+    /// space, and a file truncated under the mapping makes the kernel's copy fail (EIO for the
+    /// reader), never SIGBUS here. The read still goes to its stream, and this thread asks the kernel to read the
     /// stream's window ahead in whole aligned 8 MiB chunks (`POSIX_FADV_WILLNEED`, which only starts
     /// the reads). Other sources go through [`Engine::read_in`].
     pub fn read_for_kernel<R>(
@@ -172,17 +179,17 @@ impl Engine {
         extent: Range<u64>,
         offset: u64,
         len: usize,
-        to_kernel: impl FnOnce(&[u8]) -> R,
+        to_kernel: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> Result<R, ReadError> {
         let Some(entry) = self.entry(source).filter(|e| e.mapped) else {
-            return self.read_in(source, extent, offset, len, to_kernel);
+            return self.read_in(source, extent, offset, len, |bytes| to_kernel(bytes.into()));
         };
         let Some(mapping) = entry.mapping() else {
-            return self.read_in(source, extent, offset, len, to_kernel);
+            return self.read_in(source, extent, offset, len, |bytes| to_kernel(bytes.into()));
         };
         let end = offset.saturating_add(len as u64).min(entry.len);
         if offset >= end {
-            return Ok(to_kernel(&[]));
+            return Ok(to_kernel(KernelBytes::from(&[][..])));
         }
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;

@@ -314,6 +314,15 @@ fn local_file(len: usize) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>, Ar
     (dir, path, bytes, file)
 }
 
+/// The bytes a reply's file range holds, read with `pread` (what a splice would move).
+fn file_range_bytes(b: crate::source::KernelBytes<'_>) -> Option<Vec<u8>> {
+    let (fd, at) = b.file_range()?;
+    let mut out = vec![0u8; b.len()];
+    let file = std::fs::File::from(fd.try_clone_to_owned().unwrap());
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut out, at).unwrap();
+    Some(out)
+}
+
 #[test]
 fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_advises_ahead() {
     use crate::source::Source;
@@ -323,9 +332,14 @@ fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_advises_ahead() {
     let id = engine.add_source(file);
     let len = bytes.len() as u64;
     // A reader going through the file from its first byte, as `cat` does.
+    // Each reply is a slice of the mapping and the same range of the file, for a splice.
     for offset in (0..len).step_by(128 << 10) {
-        let got = engine.read_for_kernel(id, 0..len, offset, 128 << 10, <[u8]>::to_vec).unwrap();
-        assert_eq!(got, &bytes[offset as usize..(offset + (128 << 10)).min(len) as usize]);
+        let (got, spliceable) = engine
+            .read_for_kernel(id, 0..len, offset, 128 << 10, |b| (b.slice().to_vec(), file_range_bytes(b)))
+            .unwrap();
+        let want = &bytes[offset as usize..(offset + (128 << 10)).min(len) as usize];
+        assert_eq!(got, want);
+        assert_eq!(spliceable.as_deref(), Some(want), "the file range at {offset}");
     }
     assert_eq!(counter(&stats.mapped_reads), len / (128 << 10));
     assert_eq!(counter(&stats.mapped_read_bytes), len);
@@ -345,14 +359,17 @@ fn a_changed_file_fails_reads_for_the_kernel_and_map_files_off_uses_blocks() {
     let config = EngineConfig { block_size: 64 << 10, cache_size: 4 << 20, io_threads: 1, map_files: false };
     let blocks = Engine::new(config, Arc::clone(&stats));
     let on_blocks = blocks.add_source(Arc::clone(&file) as Arc<dyn crate::source::Source>);
-    let got = blocks.read_for_kernel(on_blocks, 0..1 << 20, 100, 1000, <[u8]>::to_vec).unwrap();
+    let (got, spliceable) = blocks
+        .read_for_kernel(on_blocks, 0..1 << 20, 100, 1000, |b| (b.slice().to_vec(), file_range_bytes(b)))
+        .unwrap();
     assert_eq!(got, &bytes[100..1100]);
+    assert_eq!(spliceable, None, "a block is no range of the file");
     assert_eq!((counter(&stats.mapped_reads), counter(&stats.cache_misses)), (0, 1), "map_files off: blocks");
 
     let (engine, stats) = engine(64 << 10, 4 << 20, 1);
     let id = engine.add_source(file);
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(1000).unwrap();
-    let err = engine.read_for_kernel(id, 0..1 << 20, 4096, 4096, <[u8]>::to_vec).unwrap_err();
+    let err = engine.read_for_kernel(id, 0..1 << 20, 4096, 4096, |b| b.len()).unwrap_err();
     assert!(err.to_string().contains("size"), "{err}");
     assert_eq!((counter(&stats.mapped_reads), counter(&stats.backing_errors)), (0, 1));
 }

@@ -18,6 +18,7 @@ use std::time::SystemTime;
 
 use crate::engine::Engine;
 use crate::fs::control::{is_stats, StatsFile};
+use crate::source::KernelBytes;
 use crate::stats::Stats;
 use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
 
@@ -120,6 +121,12 @@ impl Fs {
     /// The counters shared with the engine.
     pub fn stats(&self) -> &Arc<Stats> {
         self.engine.stats()
+    }
+
+    /// Whether some file's bytes reach the kernel as a range of a local file, which the adapter
+    /// can splice ([`Fs::read_for_kernel`]).
+    pub fn serves_file_ranges(&self) -> bool {
+        self.engine.serves_mapped()
     }
 
     /// Finds `name` in directory `parent`.
@@ -230,19 +237,20 @@ impl Fs {
     /// Like [`Fs::read`], but hands the bytes to `reply` instead of returning a copy: a raw tensor
     /// range inside one cached block reaches `reply` without any copy in between.
     pub fn read_with<R>(&self, ino: Ino, offset: u64, size: u32, reply: impl FnOnce(&[u8]) -> R) -> Result<R, FsError> {
-        self.read_dispatch(ino, offset, size, false, reply)
+        self.read_dispatch(ino, offset, size, false, |bytes| reply(bytes.slice()))
     }
 
-    /// Like [`Fs::read_with`] for a `reply` that hands the bytes to the kernel (`writev` to the
-    /// FUSE device) and **never reads them itself**: a raw tensor of a local file is then handed
-    /// over as a slice of the file's mapping ([`Engine::read_for_kernel`]), which a truncation of
-    /// the file would turn into SIGBUS for a user-space read (the kernel's copy fails with EIO).
+    /// Like [`Fs::read_with`] for a `reply` that hands the bytes to the kernel (`writev` or
+    /// `splice` to the FUSE device) and **never reads them itself**: a raw tensor of a local file
+    /// is then handed over as a range of the file, with a slice of the file's mapping
+    /// ([`Engine::read_for_kernel`]), which a truncation of the file would turn into SIGBUS for a
+    /// user-space read (the kernel's copy fails with EIO).
     pub fn read_for_kernel<R>(
         &self,
         ino: Ino,
         offset: u64,
         size: u32,
-        reply: impl FnOnce(&[u8]) -> R,
+        reply: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> Result<R, FsError> {
         self.read_dispatch(ino, offset, size, true, reply)
     }
@@ -253,7 +261,7 @@ impl Fs {
         offset: u64,
         size: u32,
         to_kernel: bool,
-        reply: impl FnOnce(&[u8]) -> R,
+        reply: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> Result<R, FsError> {
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::File { content, size: file_size } = &node.kind else { return Err(FsError::IsDir) };
@@ -261,7 +269,7 @@ impl Fs {
         let stats = self.stats();
         // Counted before the reply goes out, so a reader that looks at stats.json right after its
         // read returned sees that read.
-        let counted = |data: &[u8]| {
+        let counted = |data: KernelBytes<'_>| {
             sent = data.len();
             Stats::add(&stats.fuse_reads, 1);
             Stats::add(&stats.fuse_read_bytes, data.len() as u64);

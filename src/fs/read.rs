@@ -12,7 +12,7 @@ use std::ops::Range;
 use crate::engine::Engine;
 use crate::fs::control::StatsFile;
 use crate::fs::error::FsError;
-use crate::source::SourceId;
+use crate::source::{KernelBytes, SourceId};
 use crate::tree::namespace::{Content, Namespace, Tensor};
 use crate::views::f32::{convert_to_f32, converted_len, source_byte_range, source_range_for};
 
@@ -33,19 +33,19 @@ impl Source<'_> {
         content: &Content,
         offset: u64,
         size: u32,
-        reply: impl FnOnce(&[u8]) -> R,
+        reply: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> Result<R, FsError> {
         let (ns, engine, control) = (self.ns, self.engine, self.control);
         let tensor = |i: usize| ns.tensors().get(i).ok_or(FsError::NotFound);
         match content {
             Content::Tensor(i) => read_tensor(engine, self.to_kernel, tensor(*i)?, offset, size, reply),
             Content::Npy { tensor: i, header } => {
-                read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(&v))
+                read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(v[..].into()))
             }
-            Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(&v)),
+            Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(v[..].into())),
             Content::Checkpoint(s) => read_checkpoint(ns, engine, self.to_kernel, *s, offset, size, reply),
-            Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size))),
-            Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size))),
+            Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size).into())),
+            Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size).into())),
         }
     }
 }
@@ -57,10 +57,10 @@ fn read_tensor<R>(
     t: &Tensor,
     offset: u64,
     size: u32,
-    reply: impl FnOnce(&[u8]) -> R,
+    reply: impl FnOnce(KernelBytes<'_>) -> R,
 ) -> Result<R, FsError> {
     if offset >= t.len {
-        return Ok(reply(&[]));
+        return Ok(reply(KernelBytes::from(&[][..])));
     }
     let n = (t.len - offset).min(u64::from(size)) as usize;
     read_source(engine, to_kernel, t.source, t.start..t.start + t.len, t.start + offset, n, reply)
@@ -76,12 +76,12 @@ fn read_source<R>(
     extent: Range<u64>,
     offset: u64,
     len: usize,
-    reply: impl FnOnce(&[u8]) -> R,
+    reply: impl FnOnce(KernelBytes<'_>) -> R,
 ) -> Result<R, FsError> {
     let result = if to_kernel {
         engine.read_for_kernel(source, extent, offset, len, reply)
     } else {
-        engine.read_in(source, extent, offset, len, reply)
+        engine.read_in(source, extent, offset, len, |bytes| reply(bytes.into()))
     };
     result.map_err(FsError::Read)
 }
@@ -97,12 +97,12 @@ fn read_checkpoint<R>(
     shard: usize,
     offset: u64,
     size: u32,
-    reply: impl FnOnce(&[u8]) -> R,
+    reply: impl FnOnce(KernelBytes<'_>) -> R,
 ) -> Result<R, FsError> {
     let s = ns.shards().get(shard).ok_or(FsError::NotFound)?;
     let len = s.header.file_len;
     if offset >= len {
-        return Ok(reply(&[]));
+        return Ok(reply(KernelBytes::from(&[][..])));
     }
     let n = (len - offset).min(u64::from(size));
     let extent = ns.checkpoint_extent(shard, offset..offset + n);
@@ -140,7 +140,7 @@ fn read_with_prefix(engine: &Engine, prefix: &[u8], t: &Tensor, offset: u64, siz
     let rest = size - out.len() as u32;
     if rest > 0 {
         let tensor_offset = offset.saturating_sub(prefix.len() as u64);
-        read_tensor(engine, false, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes))?;
+        read_tensor(engine, false, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes.slice()))?;
     }
     Ok(out)
 }

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use fuser::{Config, MountOption, SessionACL};
 use log::{info, warn};
 
 use crate::fs::Fs;
-use crate::fuse::FuseAdapter;
+use crate::fuse::{readahead_in_whole_reads, FuseAdapter, SpliceTarget};
 use crate::mount::mountpoint::{self, MountPointError};
 use crate::mount::signals::wait_for_signal;
 use crate::mount::watcher::AutoUnmount;
@@ -34,6 +35,8 @@ pub struct ServeOptions {
     pub allow_root: bool,
     /// Kernel readahead to set after mounting, in KiB (0: leave alone).
     pub kernel_readahead_kb: u32,
+    /// Splice read replies of a local file's bytes into the FUSE device (`--no-splice` clears it).
+    pub splice: bool,
 }
 
 /// Why serving a mount failed.
@@ -100,7 +103,7 @@ fn mount_source(fsname: &str) -> String {
 }
 
 /// The fuser configuration for a mount.
-fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
+fn fuse_config(fsname: &str, options: &ServeOptions, splice: bool) -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -120,8 +123,9 @@ fn fuse_config(fsname: &str, options: &ServeOptions) -> Config {
     config.n_threads = Some(options.threads as usize);
     // One /dev/fuse descriptor per thread spreads requests without a shared-queue bottleneck; it
     // needs permission to open /dev/fuse, which an unprivileged user mounting through fusermount
-    // may lack, so probe first.
-    config.clone_fd = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_ok();
+    // may lack, so probe first. Spliced replies need the one shared descriptor instead (the
+    // kernel finds a reply's request only on the descriptor it was read from).
+    config.clone_fd = !splice && std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_ok();
     config
 }
 
@@ -136,8 +140,10 @@ pub fn serve(
     on_ready: impl FnOnce(Result<(), &ServeError>),
 ) -> Result<(), ServeError> {
     let mp = options.mountpoint.clone();
-    let config = fuse_config(fsname, options);
-    let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config) {
+    // Spliced replies only carry a local file's bytes: without one, keep per-thread descriptors.
+    let splice = options.splice && fs.serves_file_ranges();
+    let config = fuse_config(fsname, options, splice);
+    let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config, splice) {
         Ok(s) => s,
         Err(error) => return Err(not_ready(on_ready, ServeError::Mount { mountpoint: mp, error })),
     };
@@ -152,8 +158,13 @@ pub fn serve(
     };
     match wait_until_answering(&mp) {
         Ok(()) => {
-            if options.kernel_readahead_kb > 0 {
-                if let Err(e) = mountpoint::set_kernel_readahead(&mp, options.kernel_readahead_kb) {
+            let readahead_kb = if splice {
+                readahead_in_whole_reads(options.kernel_readahead_kb)
+            } else {
+                options.kernel_readahead_kb
+            };
+            if readahead_kb > 0 {
+                if let Err(e) = mountpoint::set_kernel_readahead(&mp, readahead_kb) {
                     info!("kernel readahead left at its default: {e}");
                 }
             }
@@ -181,8 +192,12 @@ pub fn serve(
         })
         .map_err(|error| ServeError::Thread { purpose: "signal thread", error })?;
     let result = runner.join().map_err(|_| ServeError::Panicked);
-    if own_mount && mountpoint::is_stale(&mp) {
-        // The session ended without an unmount (its descriptor is closed): detach the dead mount.
+    // A session that ended because its mount went away (fuser's loop then returns Ok) has no
+    // connection left, and statfs answers at once. One that failed or panicked may still hold
+    // the kernel's connection open (a spliced reply keeps a reference to the descriptor: see
+    // `fuse/mod.rs`), where statfs would wait for an answer: it is detached without asking.
+    let ended_by_unmount = matches!(result, Ok(Ok(())));
+    if own_mount && (!ended_by_unmount || mountpoint::is_stale(&mp)) {
         let _ = mountpoint::unmount_own(&mp, true);
     }
     let result = result?;
@@ -223,20 +238,37 @@ fn open_session(
     fsname: &str,
     options: &ServeOptions,
     config: &Config,
+    splice: bool,
 ) -> io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
     let mp = &options.mountpoint;
+    let adapter = FuseAdapter::new(fs).splicing(splice);
+    let target = adapter.splice_target();
     let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root)?
     else {
-        let mut session = fuser::Session::new(FuseAdapter::new(fs), mp, config)?;
+        let mut session = fuser::Session::new(adapter, mp, config)?;
         let unmounter = Unmounter::Fuser(session.unmount_callable());
+        connect_splice(splice, &target, &session);
         return Ok((session, unmounter));
     };
-    match fuser::Session::from_fd(FuseAdapter::new(fs), device, config.acl, config.clone()) {
-        Ok(session) => Ok((session, Unmounter::Own(mp.clone()))),
+    match fuser::Session::from_fd(adapter, device, config.acl, config.clone()) {
+        Ok(session) => {
+            connect_splice(splice, &target, &session);
+            Ok((session, Unmounter::Own(mp.clone())))
+        }
         Err(e) => {
             // The handshake failed: the mount must not outlive this error.
             let _ = mountpoint::unmount_own(mp, true);
             Err(e)
+        }
+    }
+}
+
+/// Gives the adapter the session's descriptor for spliced replies, if they are wanted; without
+/// it (no descriptor to spare) every reply goes through fuser, which is only slower.
+fn connect_splice(splice: bool, target: &SpliceTarget, session: &fuser::Session<FuseAdapter>) {
+    if splice {
+        if let Err(e) = target.connect(session.as_fd()) {
+            info!("read replies are copied, not spliced: {e}");
         }
     }
 }

@@ -1,7 +1,8 @@
 //! [`Mapping`]: a read-only shared mapping of a whole local file whose bytes only the kernel ever
-//! reads. The engine replies to a FUSE read with a slice of it (fuser hands the slice to `writev`,
-//! so the kernel copies straight from the file's page cache into the FUSE page cache: no copy in
-//! user space, no block buffer).
+//! reads, and [`KernelBytes`], the form in which a reply's bytes reach the FUSE adapter. The engine
+//! replies to a FUSE read with a range of the mapping, which the adapter either splices from the
+//! file into the FUSE device (no mapping touched, no copy in user space) or hands to `writev` as a
+//! slice (the kernel copies straight from the file's page cache): no block buffer either way.
 //!
 //! Why a raw `mmap` and not `memmap2`: `memmap2::Mmap` dereferences to `&[u8]`, which makes it one
 //! `.to_vec()` away from reading the mapping in user space, where a truncation of the file turns
@@ -13,8 +14,46 @@
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
+
+/// A reply's bytes on their way to the kernel: a slice (of a cached block, a buffer, or a
+/// mapping), and, when they are a range of a mapped local file, that file and the range's offset
+/// in it, so the reply can move them with `splice(2)` instead of having the kernel copy them out
+/// of the mapping. A slice of a mapping must only be handed to a system call (see [`Mapping`]).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelBytes<'a> {
+    slice: &'a [u8],
+    file: Option<(BorrowedFd<'a>, u64)>,
+}
+
+impl<'a> KernelBytes<'a> {
+    /// The bytes as a slice.
+    pub fn slice(&self) -> &'a [u8] {
+        self.slice
+    }
+
+    /// The file the bytes are a range of, and the range's offset in it (a mapped source only).
+    pub fn file_range(&self) -> Option<(BorrowedFd<'a>, u64)> {
+        self.file
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+}
+
+impl<'a> From<&'a [u8]> for KernelBytes<'a> {
+    fn from(slice: &'a [u8]) -> KernelBytes<'a> {
+        KernelBytes { slice, file: None }
+    }
+}
 
 /// The check a mapping runs before handing out bytes: the file is still the pinned one.
 type Check = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
@@ -60,19 +99,20 @@ impl Mapping {
     }
 
     /// Checks the file is still the pinned one, then hands bytes `range` (clipped to the mapping)
-    /// to `to_kernel`. **`to_kernel` must only pass the slice to a system call** (`writev` to the
-    /// FUSE device, `write` to a file) and never read it itself: if the file shrinks under the
-    /// mapping, a user-space read of the lost pages is SIGBUS, while the kernel's copy fails with
-    /// EFAULT (and the FUSE reader gets EIO).
-    pub fn to_kernel<R>(&self, range: Range<u64>, to_kernel: impl FnOnce(&[u8]) -> R) -> io::Result<R> {
+    /// to `to_kernel`, as a slice of the mapping and as a range of the file. **`to_kernel` must
+    /// only pass the slice to a system call** (`writev` to the FUSE device, `write` to a file) and
+    /// never read it itself: if the file shrinks under the mapping, a user-space read of the lost
+    /// pages is SIGBUS, while the kernel's copy fails with EFAULT (and the FUSE reader gets EIO).
+    /// A splice of the file range that comes up short means the same: the file shrank.
+    pub fn to_kernel<R>(&self, range: Range<u64>, to_kernel: impl FnOnce(KernelBytes<'_>) -> R) -> io::Result<R> {
         (self.check)()?;
         let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(self.len);
         let end = usize::try_from(range.end).unwrap_or(usize::MAX).clamp(start, self.len);
         // SAFETY: `[start, end)` lies inside the live mapping, which is read-only and outlives the
         // borrow; the slice is only passed to the kernel (the contract above), so a page that
         // disappears under it is the kernel's EFAULT, never a user-space fault.
-        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), end - start) };
-        Ok(to_kernel(bytes))
+        let slice = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), end - start) };
+        Ok(to_kernel(KernelBytes { slice, file: Some((self.file.as_fd(), start as u64)) }))
     }
 
     /// Asks the kernel to read bytes `range` of the file into its page cache now
@@ -121,11 +161,11 @@ mod tests {
         // No pin check: this is the race where the file shrinks after the check passed.
         let mapping = Mapping::new(File::open(&path).unwrap(), 1 << 20, Box::new(|| Ok(()))).unwrap();
         let mut out = tempfile::tempfile().unwrap();
-        assert_eq!(mapping.to_kernel(0..8192, |b| out.write(b)).unwrap().unwrap(), 8192);
+        assert_eq!(mapping.to_kernel(0..8192, |b| out.write(b.slice())).unwrap().unwrap(), 8192);
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
         mapping.release();
         // The lost pages: the kernel's copy fails (EFAULT) where a user-space read would be SIGBUS.
-        let err = mapping.to_kernel(512 << 10..(512 << 10) + 8192, |b| out.write(b)).unwrap().unwrap_err();
+        let err = mapping.to_kernel(512 << 10..(512 << 10) + 8192, |b| out.write(b.slice())).unwrap().unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
         // Clipped to the mapping; the check's error is returned before anything is handed out.
         assert_eq!(mapping.to_kernel(1 << 30..1 << 31, |b| b.len()).unwrap(), 0);

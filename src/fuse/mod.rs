@@ -1,13 +1,19 @@
 //! The `fuser::Filesystem` adapter: translates kernel requests into [`Fs`] calls and results into
 //! replies and errnos, and nothing more. The only file that touches fuser's Reply types; every
-//! errno of a failure comes from [`FsError::errno`].
+//! errno of a failure comes from [`FsError::errno`]. `splice` writes the read replies that move a
+//! local file's pages into the FUSE device without fuser.
+
+mod splice;
+
+pub use splice::{readahead_in_whole_reads, MAX_READ_BYTES as MAX_SPLICED_READ_BYTES};
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -48,6 +54,35 @@ pub struct FuseAdapter {
     opens: Mutex<HashMap<u64, Open>>,
     /// The kernel refused a backing file once (logged once).
     refused: AtomicBool,
+    /// Read replies of a local file's bytes are to be spliced: `init` caps reads so that one
+    /// fits a pipe ([`FuseAdapter::splicing`]).
+    splice: bool,
+    /// Where they are spliced to, once the session's descriptor is known
+    /// ([`SpliceTarget::connect`]); unset, every reply goes through fuser.
+    splicer: SpliceTarget,
+}
+
+/// Where an adapter splices read replies: unset until [`SpliceTarget::connect`] gives it the
+/// session's `/dev/fuse` descriptor (known only once the session is made, and the adapter is
+/// then inside it).
+#[derive(Clone, Debug, Default)]
+pub struct SpliceTarget(Arc<OnceLock<splice::Splicer>>);
+
+impl SpliceTarget {
+    /// Splices read replies of local files' bytes to `device`, the session's `/dev/fuse`
+    /// descriptor. The session must read every request from that one descriptor (no per-thread
+    /// clones: a reply is only found on the descriptor its request came from), and the adapter
+    /// must have capped reads at [`MAX_SPLICED_READ_BYTES`] ([`FuseAdapter::splicing`]). Called
+    /// before the session runs.
+    pub fn connect(&self, device: BorrowedFd<'_>) -> io::Result<()> {
+        let splicer = splice::Splicer::new(device)?;
+        let _ = self.0.set(splicer);
+        Ok(())
+    }
+
+    fn get(&self) -> Option<&splice::Splicer> {
+        self.0.get()
+    }
 }
 
 /// One inode's opens while passthrough is on.
@@ -61,7 +96,27 @@ struct Open {
 impl FuseAdapter {
     /// An adapter serving `fs`.
     pub fn new(fs: Arc<Fs>) -> FuseAdapter {
-        FuseAdapter { fs, passthrough: false, opens: Mutex::default(), refused: AtomicBool::new(false) }
+        FuseAdapter {
+            fs,
+            passthrough: false,
+            opens: Mutex::default(),
+            refused: AtomicBool::new(false),
+            splice: false,
+            splicer: SpliceTarget::default(),
+        }
+    }
+
+    /// This adapter, set to splice read replies of local files' bytes once its target is
+    /// connected: the FUSE handshake (which runs when the session is made) caps the kernel's
+    /// reads at [`MAX_SPLICED_READ_BYTES`] so that a reply fits one pipe.
+    pub fn splicing(mut self, splice: bool) -> FuseAdapter {
+        self.splice = splice;
+        self
+    }
+
+    /// Where this adapter splices read replies, to be connected once the session exists.
+    pub fn splice_target(&self) -> SpliceTarget {
+        self.splicer.clone()
     }
 
     /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
@@ -173,6 +228,11 @@ fn reply_xattr(op: &str, ino: u64, result: Result<Xattr, FsError>, reply: ReplyX
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if self.splice {
+            if let Err(max) = config.set_max_write(MAX_SPLICED_READ_BYTES) {
+                debug!("kernel refused max_write {MAX_SPLICED_READ_BYTES}, keeps {max}");
+            }
+        }
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             debug!("kernel refused max_background {MAX_BACKGROUND}, keeps {max}");
         }
@@ -257,7 +317,7 @@ impl Filesystem for FuseAdapter {
     #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -267,16 +327,39 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         // The reply is written from inside the read, so bytes go from the cached block (or the
-        // backing file's mapping) to the kernel; fuser hands the slice to `writev` as it is, and
-        // nothing here reads it (the contract of `read_for_kernel`).
+        // backing file) to the kernel: a local file's pages are spliced into the device, else
+        // fuser hands the slice to `writev` as it is; nothing here reads it (the contract of
+        // `read_for_kernel`).
         let mut reply = Some(reply);
         let sent = self.fs.read_for_kernel(ino.0, offset, size, |data| {
-            if let Some(reply) = reply.take() {
-                reply.data(data);
+            let Some(reply) = reply.take() else { return Ok(()) };
+            if let (Some(splicer), Some((file, at))) = (self.splicer.get(), data.file_range()) {
+                match splicer.reply(req.unique().0, file, at, data.len()) {
+                    splice::Spliced::Sent => {
+                        let stats = self.fs.stats();
+                        Stats::add(&stats.spliced_reads, 1);
+                        Stats::add(&stats.spliced_read_bytes, data.len() as u64);
+                        // fuser 0.18 cannot be told a reply went out another way: dropping it
+                        // would send a second one (EIO). Forgetting it skips that, and leaks one
+                        // count of the session's shared descriptor (no memory).
+                        std::mem::forget(reply);
+                        return Ok(());
+                    }
+                    splice::Spliced::Failed(e) => {
+                        warn!("read of inode {} at {offset}: the backing file: {e}", ino.0);
+                        reply.error(Errno::EIO);
+                        return Err(());
+                    }
+                    splice::Spliced::NotSent => {}
+                }
             }
+            reply.data(data.slice());
+            Ok(())
         });
-        if let (Err(e), Some(reply)) = (sent, reply) {
-            reply.error(errno("read", ino.0, &e));
+        match (sent, reply) {
+            (Err(e), Some(reply)) => reply.error(errno("read", ino.0, &e)),
+            (Ok(Err(())), None) => Stats::add(&self.fs.stats().read_errors, 1),
+            _ => {}
         }
     }
 
