@@ -144,3 +144,11 @@ fn hidden_http_knobs_reach_the_options() {
     assert!(e.to_string().starts_with("--header: "), "{e}");
     assert!(std::error::Error::source(&e).is_some());
 }
+
+#[test]
+fn splicing_is_on_by_default_and_no_splice_turns_it_off() {
+    assert!(MountConfig::from_args(args(&[])).unwrap().serve_options().splice);
+    assert!(!MountConfig::from_args(args(&["no_splice"])).unwrap().serve_options().splice);
+    let flag = MountArgs { no_splice: true, ..args(&[]) };
+    assert!(!MountConfig::from_args(flag).unwrap().serve_options().splice);
+}

@@ -10,6 +10,11 @@
 //! of at most [`MAX_READ_BYTES`]: their data covers at most 255 pages at any file offset, and the
 //! header takes the last slot.
 //!
+//! A pipe holds page references only while a reply passes through it, but the kernel charges its
+//! 256 slots to the user (`/proc/sys/fs/pipe-user-pages-soft`, 16384 pages by default, which root
+//! with CAP_SYS_ADMIN is exempt from): a user whose pipes are over it gets no pipe of this size,
+//! and that thread then copies its replies instead.
+//!
 //! A reply must go to the descriptor its request was read from (the kernel looks the request up in
 //! that descriptor's queue), so a session that splices runs its threads on one shared descriptor,
 //! not per-thread clones, and [`Splicer`] writes to a duplicate of it.
