@@ -7,6 +7,8 @@
 //! names it loopback. Skips without openssl or unshare (fails under `CI=true`), and without root.
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
 
@@ -362,34 +364,7 @@ const TOKEN_LIFE: u64 = 303;
 /// namespace's first process, and with it everything in the namespace, the daemon included.
 #[test]
 fn metadata_server_token_reads_every_tensor() {
-    if not_root("network and mount namespaces, port 80") {
-        return;
-    }
-    if Command::new("unshare").arg("--version").output().is_err() {
-        return tool_missing("unshare", "apt-get install util-linux");
-    }
-    let child = Command::new("unshare")
-        .args(["--net", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc"])
-        .arg("--")
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "metadata_server_inside_namespaces", "--nocapture", "--test-threads=1"])
-        .env(INSIDE, namespaces())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn unshare");
-    let out = wait_output(child, 4 * TIMEOUT);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    println!("{stdout}");
-    assert!(out.status.success(), "inside the namespaces:\n{stdout}\n{stderr}");
-    assert!(stdout.contains(FINISHED), "the test inside the namespaces did not run:\n{stdout}\n{stderr}");
-}
-
-/// This process's mount and network namespaces, as `/proc/self/ns` names them.
-fn namespaces() -> String {
-    let link = |ns: &str| std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap().display().to_string();
-    format!("{} {}", link("mnt"), link("net"))
+    netns::run_in_namespaces("metadata_server_inside_namespaces", INSIDE, FINISHED);
 }
 
 /// What the loopback metadata server was asked, and whether it has a service account to issue for.
@@ -441,29 +416,6 @@ fn start_metadata_server(issued: Arc<Mutex<Vec<String>>>, log: Arc<MetadataLog>)
     })
 }
 
-/// Brings up `lo` in this (new) network namespace, as `ip link set lo up` does.
-fn loopback_up() {
-    /// `struct ifreq` with its flags member (40 bytes on Linux).
-    #[repr(C)]
-    struct IfreqFlags {
-        name: [u8; 16],
-        flags: libc::c_short,
-        _rest: [u8; 22],
-    }
-    let mut request = IfreqFlags { name: [0; 16], flags: 0, _rest: [0; 22] };
-    request.name[..2].copy_from_slice(b"lo");
-    // SAFETY: a socket this function owns and closes; the ioctls read and write `request`, which
-    // has the size and layout of an ifreq.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        assert_eq!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request), 0, "{}", std::io::Error::last_os_error());
-        request.flags |= libc::IFF_UP as libc::c_short;
-        assert_eq!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut request), 0, "{}", std::io::Error::last_os_error());
-        libc::close(fd);
-    }
-}
-
 /// Bind-mounts `file` over `target` (in this private mount namespace only).
 fn bind_over(file: &Path, target: &Path) {
     let (source, target_c) = (path_c(file), path_c(target));
@@ -511,16 +463,8 @@ fn wait_alone() {
 #[test]
 #[ignore = "run by metadata_server_token_reads_every_tensor inside its namespaces"]
 fn metadata_server_inside_namespaces() {
-    let Ok(outside) = std::env::var(INSIDE) else {
-        return println!("runs only inside the namespaces metadata_server_token_reads_every_tensor makes");
-    };
-    // Never touch the machine's /etc/hosts or port 80: refuse unless both namespaces are new.
-    let inside = namespaces();
-    for (here, there) in inside.split(' ').zip(outside.split(' ')) {
-        assert_ne!(here, there, "not in a private namespace ({inside} vs {outside})");
-    }
-    assert_eq!(std::process::id(), 1, "not the first process of a new PID namespace");
-    loopback_up();
+    // Never touch the machine's /etc/hosts or port 80: only in new namespaces.
+    let Some(()) = netns::inside(INSIDE) else { return };
     let etc = workdir();
     let hosts = etc.path().join("hosts");
     std::fs::write(&hosts, "127.0.0.1 localhost metadata.google.internal metadata\n::1 localhost\n").unwrap();

@@ -2,19 +2,23 @@
 //! every SigV4 signature) with the chain's endpoints served on loopback by the test: web identity
 //! (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`, STS's AssumeRoleWithWebIdentity reached through
 //! `AWS_ENDPOINT_URL_STS`), ECS container credentials (`AWS_CONTAINER_CREDENTIALS_FULL_URI` with
-//! an authorization token or token file), short-lived credentials fetched again on a long-lived
+//! an authorization token or token file, and `AWS_CONTAINER_CREDENTIALS_RELATIVE_URI` served on
+//! 169.254.170.2 in private namespaces), short-lived credentials fetched again on a long-lived
 //! mount (a gate in front of s3s-fs refuses an expired session token, as S3 does), no secret in
 //! a trace log, and the refusals S3 gives that s3s-fs cannot (access denied, no such bucket, an
 //! expired token, a bucket in another region), each one line naming the object.
 //! Skips when `s3s-fs` is missing (fails under `CI=true`).
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
 #[macro_use]
 #[path = "common/s3server.rs"]
 mod s3server;
 
+use std::net::Ipv4Addr;
 use std::os::unix::fs::FileExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -173,6 +177,67 @@ fn container_credentials_with_an_authorization_token_or_token_file() {
     ];
     let line = assert_refused_hiding(&url, home.path(), &wrong, "AWS credentials could not be loaded", &["stfs-wrong"]);
     assert!(line.contains("401") || line.to_lowercase().contains("unauthorized"), "{line}");
+}
+
+/// Set, to the outer test's namespaces, in the child that runs
+/// [`container_relative_uri_inside_namespaces`].
+const ECS_INSIDE: &str = "STFS_ECS_RELATIVE_OUTSIDE_NS";
+/// Printed by that child at its end, so that a child that ran no test is not taken for a pass.
+const ECS_FINISHED: &str = "stfs-ecs-relative: finished inside the namespaces";
+/// Where ECS (and the AWS SDK, which cannot be pointed elsewhere) serves task credentials.
+const ECS_ADDRESS: Ipv4Addr = Ipv4Addr::new(169, 254, 170, 2);
+
+/// ECS task credentials named by `AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`, which the SDK always
+/// asks at `http://169.254.170.2` (port 80). The test runs in private network, mount and PID
+/// namespaces, where loopback also has that address and the test serves port 80 on it.
+#[test]
+fn container_credentials_by_relative_uri_read_every_tensor() {
+    netns::run_in_namespaces("container_relative_uri_inside_namespaces", ECS_INSIDE, ECS_FINISHED);
+}
+
+/// Run by [`container_credentials_by_relative_uri_read_every_tensor`] as the first process of its
+/// namespaces.
+#[test]
+#[ignore = "run by container_credentials_by_relative_uri_read_every_tensor inside its namespaces"]
+fn container_relative_uri_inside_namespaces() {
+    // Never add an address to the machine's loopback: only in new namespaces.
+    let Some(()) = netns::inside(ECS_INSIDE) else { return };
+    netns::add_loopback_address(ECS_ADDRESS);
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&asked);
+    // No Authorization is needed on the relative path, as on ECS: the address is the proof.
+    let _ecs = TinyHttp::start_at(&format!("{ECS_ADDRESS}:80"), move |request| {
+        log.lock().unwrap().push(request.target.clone());
+        if request.target != "/v2/credentials/task-7f3e" {
+            return Response::new(404, r#"{"Message":"no such task"}"#);
+        }
+        let body = serde_json::json!({
+            "AccessKeyId": ACCESS_KEY,
+            "SecretAccessKey": SECRET_KEY,
+            "Token": "ecs-task-session",
+            "Expiration": rfc3339(now_secs() + 3600),
+            "RoleArn": ROLE_ARN,
+        });
+        Response::new(200, body.to_string()).header("Content-Type", "application/json")
+    });
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let mut vars = vec![
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/credentials/task-7f3e".to_string()),
+    ];
+    let m = S3Mount::new(&url, home.path(), &vars);
+    assert_all_exact(&m, &tensors);
+    drop(m);
+    assert!(asked.lock().unwrap().iter().any(|t| t == "/v2/credentials/task-7f3e"), "{:?}", asked.lock().unwrap());
+    // A task the endpoint does not know: one line naming the object and the cause.
+    vars[1].1 = "/v2/credentials/task-gone".to_string();
+    let line = assert_refused(&url, home.path(), &vars, "AWS credentials could not be loaded");
+    assert!(line.contains("m.safetensors"), "{line}");
+    println!("{ECS_FINISHED}");
 }
 
 /// A gate that lets a request through only while its session token (`tok-N`) is unexpired, as

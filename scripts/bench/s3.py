@@ -14,6 +14,9 @@ mount, mount time included, unmount excluded; the variants are interleaved in ev
   stfs one       stfs mount + the middle tensor (~16 MiB)
   stfs 4w        stfs mount + 4 workers forked after opening, each loading every 4th tensor
   s3fs 4w        s3fs mount + safe_open, then 4 forked workers, each loading every 4th tensor
+  ceiling        no mount: the object pulled through the proxy by 16 parallel ranged GETs of a
+                 presigned URL (curl to /dev/null), the fastest any client gets it here; with the
+                 per-connection pace, 16 connections are past the point where more stop helping
 
 Targets (issue 16): stfs all >= 3x faster than s3fs and rclone, >= 2x faster than download+load;
 one tensor < 5% of the download time; 4 workers >= 10x faster than through s3fs.
@@ -32,6 +35,7 @@ numpy and safetensors.
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -109,7 +113,8 @@ class Bench:
 
     def stfs_mount(self, mp):
         url = f"s3://{BUCKET}/model.safetensors"
-        subprocess.run([self.args.stfs, "mount", url, mp, "--endpoint-url", self.endpoint], check=True, env=env())
+        subprocess.run([self.args.stfs, "mount", url, mp, "--endpoint-url", self.endpoint, *self.args.stfs_opts],
+                       check=True, env=env())
 
     def s3fs_mount(self, mp):
         subprocess.run(["s3fs", BUCKET, mp, "-o", f"url={self.endpoint}", "-o", "use_path_request_style",
@@ -148,6 +153,20 @@ class Bench:
     def rclone_all(self):
         return self.timed(self.rclone_mount, lambda mp: load("ref", os.path.join(mp, "model.safetensors"), self.header))
 
+    def ceiling(self, connections=16):
+        if getattr(self, "presigned", None) is None:
+            self.presigned = subprocess.run(["rclone", "link", f"b:{BUCKET}/model.safetensors", "--expire", "1h"],
+                                            check=True, env=rclone_env(self.endpoint), capture_output=True,
+                                            text=True).stdout.strip()
+        size = os.path.getsize(self.header)
+        part = -(-size // connections)
+        started = time.perf_counter()
+        curls = [subprocess.Popen(["curl", "-sf", "-o", "/dev/null", "-r", f"{i * part}-{min(size, (i + 1) * part) - 1}",
+                                   self.presigned]) for i in range(connections)]
+        if any(c.wait() != 0 for c in curls):
+            raise RuntimeError("a ranged GET of the presigned URL failed")
+        return time.perf_counter() - started
+
     def download_load(self):
         target = os.path.join(self.workdir, "dl")
         started = time.perf_counter()
@@ -161,8 +180,8 @@ class Bench:
 
 
 def need_tools():
-    """s3fs and rclone, installed with apt-get when missing (as root on Debian), else one line and exit."""
-    missing = [tool for tool in ("s3fs", "rclone") if shutil.which(tool) is None]
+    """s3fs, rclone and curl, installed with apt-get when missing (as root on Debian), else one line and exit."""
+    missing = [tool for tool in ("s3fs", "rclone", "curl") if shutil.which(tool) is None]
     if missing and os.geteuid() == 0 and shutil.which("apt-get"):
         print(f"installing {' '.join(missing)} with apt-get", flush=True)
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -172,7 +191,7 @@ def need_tools():
             subprocess.run(["apt-get", "install", "-y", *missing], env=env, **quiet)
         missing = [tool for tool in missing if shutil.which(tool) is None]
     if missing:
-        sys.exit(f"s3.py: {' and '.join(missing)} not installed (Debian: apt-get install -y s3fs rclone)")
+        sys.exit(f"s3.py: {' and '.join(missing)} not installed (Debian: apt-get install -y s3fs rclone curl)")
 
 
 def server_command(kind):
@@ -214,12 +233,16 @@ def main():
     p.add_argument("--conn-mib-s", type=float, default=100.0, help="pace each connection to this rate [100]")
     p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
     p.add_argument("--quick", action="store_true", help="32 MiB, 1 repetition: a smoke run")
-    p.add_argument("--skip", action="append", default=[], help="skip a variant (s3fs, rclone, download, workers)")
+    p.add_argument("--stfs-opts", default="", metavar="ARGS",
+                   help="extra arguments for every stfs mount, e.g. \"--io-threads 16\" (default: none)")
+    p.add_argument("--skip", action="append", default=[],
+                   help="skip a variant (s3fs, rclone, download, workers, ceiling)")
     p.add_argument("--server", choices=("bench", "s3s-fs"), default="bench",
                    help="the S3 server: s3s-fs's store with 1 MiB body reads, or the s3s-fs binary [bench]")
     p.add_argument("--proxy", choices=("rust", "python"), default="rust",
                    help="the latency proxy: stfs-bench-proxy, or remote.py's LatencyProxy [rust]")
     args = p.parse_args()
+    args.stfs_opts = shlex.split(args.stfs_opts)
     if args.quick:
         args.size_mb, args.reps, args.tensor_mb = 32, 1, min(args.tensor_mb, 4)
     need_tools()
@@ -250,7 +273,7 @@ def main():
                   f"{args.proxy} proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
                   f"{args.reps} repetitions, interleaved", flush=True)
             runs = {name: [] for name in ("stfs all", "s3fs all", "rclone all", "download+load", "download",
-                                          "stfs one", "stfs 4w", "s3fs 4w")}
+                                          "stfs one", "stfs 4w", "s3fs 4w", "ceiling")}
             for rep in range(args.reps):
                 def measure(name, run):
                     runs[name].append(run())
@@ -269,6 +292,8 @@ def main():
                     measure("stfs 4w", bench.stfs_workers)
                     if "s3fs" not in args.skip:
                         measure("s3fs 4w", bench.s3fs_workers)
+                if "ceiling" not in args.skip:
+                    measure("ceiling", bench.ceiling)
         finally:
             if proxy is not None and hasattr(proxy, "stop"):
                 proxy.stop()
@@ -289,6 +314,12 @@ def main():
         print(f"{'one tensor / download':40} {share:6.1%}   target < 5%    {'MET' if share < 0.05 else 'MISSED'}")
     if "s3fs 4w" in med:
         target("4 workers: s3fs 4w / stfs 4w", med["s3fs 4w"] / med["stfs 4w"], 10)
+    if "ceiling" in med:
+        print(f"{'transfer ceiling (16 GETs, no mount)':40} {med['ceiling']:6.3f} s; stfs all is {med['stfs all'] / med['ceiling']:.2f}x it")
+        for other, goal in (("s3fs all", 3), ("s3fs 4w", 10)):
+            if other in med:
+                need = med[other] / goal
+                print(f"  {other} / {goal} = {need:.3f} s: {'under' if need < med['ceiling'] else 'over'} the ceiling")
     print(json.dumps({k: round(v, 4) for k, v in med.items()}))
 
 
