@@ -4,6 +4,7 @@
 //! over system files without touching the machine's.
 
 #![allow(dead_code)] // shared by several test binaries, each using part of it
+
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
