@@ -332,34 +332,38 @@ impl Filesystem for FuseAdapter {
         // `read_for_kernel`).
         let mut reply = Some(reply);
         let sent = self.fs.read_for_kernel(ino.0, offset, size, |data| {
-            let Some(reply) = reply.take() else { return Ok(()) };
+            let Some(reply) = reply.take() else { return };
             if let (Some(splicer), Some((file, at))) = (self.splicer.get(), data.file_range()) {
-                match splicer.reply(req.unique().0, file, at, data.len()) {
+                // Counted before the reply goes out (the reader may look at stats.json as soon as
+                // it has its bytes), and taken back if it does not.
+                let stats = self.fs.stats();
+                Stats::add(&stats.spliced_reads, 1);
+                Stats::add(&stats.spliced_read_bytes, data.len() as u64);
+                let outcome = splicer.reply(req.unique().0, file, at, data.len());
+                if !matches!(outcome, splice::Spliced::Sent) {
+                    stats.spliced_reads.fetch_sub(1, Relaxed);
+                    stats.spliced_read_bytes.fetch_sub(data.len() as u64, Relaxed);
+                }
+                match outcome {
                     splice::Spliced::Sent => {
-                        let stats = self.fs.stats();
-                        Stats::add(&stats.spliced_reads, 1);
-                        Stats::add(&stats.spliced_read_bytes, data.len() as u64);
                         // fuser 0.18 cannot be told a reply went out another way: dropping it
                         // would send a second one (EIO). Forgetting it skips that, and leaks one
                         // count of the session's shared descriptor (no memory).
                         std::mem::forget(reply);
-                        return Ok(());
+                        return;
                     }
                     splice::Spliced::Failed(e) => {
                         warn!("read of inode {} at {offset}: the backing file: {e}", ino.0);
-                        reply.error(Errno::EIO);
-                        return Err(());
+                        Stats::add(&stats.read_errors, 1);
+                        return reply.error(Errno::EIO);
                     }
                     splice::Spliced::NotSent => {}
                 }
             }
             reply.data(data.slice());
-            Ok(())
         });
-        match (sent, reply) {
-            (Err(e), Some(reply)) => reply.error(errno("read", ino.0, &e)),
-            (Ok(Err(())), None) => Stats::add(&self.fs.stats().read_errors, 1),
-            _ => {}
+        if let (Err(e), Some(reply)) = (sent, reply) {
+            reply.error(errno("read", ino.0, &e));
         }
     }
 
