@@ -6,9 +6,13 @@
 //! server, served on port 80 inside private network, mount and PID namespaces where `/etc/hosts`
 //! names it loopback. Skips without openssl or unshare (fails under `CI=true`), and without root.
 
+#[path = "common/certs.rs"]
+mod certs;
 mod common;
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/nginx.rs"]
+mod nginx;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
 
@@ -365,6 +369,134 @@ const TOKEN_LIFE: u64 = 303;
 #[test]
 fn metadata_server_token_reads_every_tensor() {
     netns::run_in_namespaces("metadata_server_inside_namespaces", INSIDE, FINISHED);
+}
+
+/// Set, to the outer test's namespaces, in the child that runs [`gcloud_adc_inside_namespaces`].
+const ADC_INSIDE: &str = "STFS_GCS_ADC_OUTSIDE_NS";
+/// Printed by that child at its end.
+const ADC_FINISHED: &str = "stfs-gcs-adc: finished inside the namespaces";
+
+/// The gcloud ADC file (`gcloud auth application-default login`: an `authorized_user` with a
+/// refresh token), whose token endpoint `gcp_auth` 0.12 hard-codes as
+/// `https://accounts.google.com/o/oauth2/token`. The test runs in private network, mount and PID
+/// namespaces: there `/etc/hosts` maps that name to loopback, nginx terminates TLS on port 443
+/// with a certificate for it from a test CA (trusted through `SSL_CERT_FILE`, which the native
+/// roots honour) and hands the requests to the test's token endpoint.
+#[test]
+fn gcloud_user_credentials_are_refreshed_at_the_token_endpoint() {
+    netns::run_in_namespaces("gcloud_adc_inside_namespaces", ADC_INSIDE, ADC_FINISHED);
+}
+
+/// Run by [`gcloud_user_credentials_are_refreshed_at_the_token_endpoint`] as the first process
+/// of its namespaces.
+#[test]
+#[ignore = "run by gcloud_user_credentials_are_refreshed_at_the_token_endpoint inside its namespaces"]
+fn gcloud_adc_inside_namespaces() {
+    // Never touch the machine's /etc/hosts or port 443: only in new namespaces.
+    let Some(()) = netns::inside(ADC_INSIDE) else { return };
+    if nginx::find_nginx().is_none() {
+        return tool_missing("nginx", "apt-get install nginx");
+    }
+    let etc = workdir();
+    let hosts = etc.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost accounts.google.com\n::1 localhost\n").unwrap();
+    bind_over(&hosts, Path::new("/etc/hosts"));
+    let certificates = workdir();
+    assert!(certs::make_certificates(certificates.path(), "DNS:accounts.google.com"), "openssl failed");
+
+    // Google's token endpoint for a refresh token: a new access token, living TOKEN_LIFE, per call.
+    let tokens = Tokens::default();
+    let issued = Arc::clone(&tokens.issued);
+    let refused_grants = Arc::new(AtomicUsize::new(0));
+    let refusals = Arc::clone(&refused_grants);
+    let endpoint = TinyHttp::start(move |request| {
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap_or_default();
+        let grant = (body["grant_type"].as_str(), body["refresh_token"].as_str(), body["client_secret"].as_str());
+        if request.method != "POST"
+            || request.target != "/o/oauth2/token"
+            || grant != (Some("refresh_token"), Some("1//stfs-refresh-token"), Some("stfs-client-secret"))
+        {
+            refusals.fetch_add(1, Ordering::SeqCst);
+            return Response::new(400, r#"{"error":"invalid_grant","error_description":"Bad Request"}"#);
+        }
+        let mut issued = issued.lock().unwrap();
+        let token = format!("ya29.user-{}", issued.len() + 1);
+        issued.push(token.clone());
+        let body = serde_json::json!({"access_token": token, "expires_in": TOKEN_LIFE, "token_type": "Bearer",
+                                      "scope": "https://www.googleapis.com/auth/cloud-platform"});
+        Response::new(200, body.to_string()).header("Content-Type", "application/json")
+    });
+    let tls = (certificates.path().join("leaf.pem"), certificates.path().join("leaf.key"));
+    let front =
+        nginx::Nginx::start_tls_proxy("127.0.0.1:443", (&tls.0, &tls.1), &endpoint.url()).expect("nginx is installed");
+
+    let objects: Objects = Arc::default();
+    let server = start_gcs_accepting(Arc::clone(&objects), tokens.clone());
+    let home = workdir();
+    let gcloud = home.path().join(".config/gcloud");
+    std::fs::create_dir_all(&gcloud).unwrap();
+    let adc = serde_json::json!({
+        "type": "authorized_user",
+        "client_id": "stfs-test.apps.googleusercontent.com",
+        "client_secret": "stfs-client-secret",
+        "refresh_token": "1//stfs-refresh-token",
+    });
+    std::fs::write(gcloud.join("application_default_credentials.json"), adc.to_string()).unwrap();
+    let mut tensors = mixed_tensors();
+    tensors.push(T::new("big.weight", Dtype::F32, &[300, 1000]));
+    let bytes = write_checkpoint(&home.path().join("m.safetensors"), &tensors, None);
+    std::fs::remove_file(home.path().join("m.safetensors")).unwrap();
+    objects.lock().unwrap().insert("dir/m.safetensors".to_string(), (1_700_000_000_000_002, bytes));
+    let url = "gs://models/dir/m.safetensors";
+    let trust = [("SSL_CERT_FILE", certificates.path().join("ca.pem").display().to_string())];
+
+    let mp = workdir();
+    let args = ["mount", "--block-size", "64K", "--endpoint-url", &server.url(), url, mp.path().to_str().unwrap()];
+    let mounted = Instant::now();
+    let out = run(&args, home.path(), &trust);
+    let guard = Unmount(mp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first = tokens.issued.lock().unwrap().first().cloned().expect("the token endpoint issued no token");
+    let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
+    let (big, small) = tensors.split_last().unwrap();
+    for t in small {
+        assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
+    }
+    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the refreshed user token");
+    // Within 5 minutes of the token's expiry the daemon refreshes it again.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
+    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
+    let seen = tokens.seen.lock().unwrap().clone();
+    let issued = tokens.issued.lock().unwrap().clone();
+    assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
+    assert!(seen.iter().any(|t| t != &first), "no second refresh reached the store: {seen:?}");
+    assert_eq!(refused_grants.load(Ordering::SeqCst), 0, "the token endpoint refused a request");
+    let metadata = std::fs::read_to_string(mp.path().join("metadata.json")).unwrap();
+    assert!(!metadata.contains("ya29.") && !metadata.contains("stfs-refresh-token"));
+    drop(guard);
+
+    // A refresh token the endpoint refuses: one line naming the object and the file, the token
+    // not shown.
+    let revoked = serde_json::json!({
+        "type": "authorized_user",
+        "client_id": "stfs-test.apps.googleusercontent.com",
+        "client_secret": "stfs-client-secret",
+        "refresh_token": "1//stfs-revoked-token",
+    });
+    std::fs::write(gcloud.join("application_default_credentials.json"), revoked.to_string()).unwrap();
+    let dir = workdir();
+    let args = ["mount", "--endpoint-url", &server.url(), url, dir.path().to_str().unwrap()];
+    let out = run(&args, home.path(), &trust);
+    let _guard = Unmount(dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(&format!("stfs: {url}: ")), "{err}");
+    assert!(!err.contains("stfs-revoked-token") && !err.contains("stfs-client-secret"), "{err}");
+    assert!(refused_grants.load(Ordering::SeqCst) > 0, "the token endpoint was not asked");
+    drop(front);
+    wait_alone();
+    println!("{ADC_FINISHED}");
 }
 
 /// What the loopback metadata server was asked, and whether it has a service account to issue for.

@@ -3,13 +3,13 @@
 //! Skips with a message when nginx (or openssl, for the HTTPS half) is not installed, and fails under
 //! `CI=true`.
 
+#[path = "common/certs.rs"]
+mod certs;
 #[path = "common/nginx.rs"]
 mod nginx;
 #[path = "common/tools.rs"]
 mod tools;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,75 +29,6 @@ fn pattern(len: usize) -> Vec<u8> {
             state as u8
         })
         .collect()
-}
-
-/// Makes a CA and a leaf certificate for 127.0.0.1 signed by it; returns false if openssl fails.
-fn make_certificates(dir: &Path) -> bool {
-    let ext = dir.join("leaf.ext");
-    std::fs::write(
-        &ext,
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    let steps: [&[&str]; 3] = [
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=stfs test CA",
-        ],
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "leaf.key",
-            "-out",
-            "leaf.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "leaf.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "leaf.ext",
-        ],
-    ];
-    steps.iter().all(|args| {
-        Command::new("openssl")
-            .args(*args)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-    })
 }
 
 fn options() -> HttpOptions {
@@ -136,7 +67,7 @@ fn check_byte_exact(source: &Arc<HttpSource>, data: &Arc<Vec<u8>>) {
 #[test]
 fn nginx_serves_byte_exact_ranges_over_http_and_https() {
     let certs = tempfile::tempdir().unwrap();
-    let tls = find_program("openssl").is_some() && make_certificates(certs.path());
+    let tls = find_program("openssl").is_some() && certs::make_certificates(certs.path(), "IP:127.0.0.1");
     let (cert, key) = (certs.path().join("leaf.pem"), certs.path().join("leaf.key"));
     let Some(nginx) = Nginx::start_with_tls(tls.then_some((cert.as_path(), key.as_path()))) else {
         return tool_missing("nginx", "apt-get install nginx");

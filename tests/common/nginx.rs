@@ -65,16 +65,35 @@ impl Nginx {
 
     /// [`Nginx::start`], also serving the directory over HTTPS with `(certificate, key)` (PEM files).
     pub fn start_with_tls(tls: Option<(&Path, &Path)>) -> Option<Nginx> {
-        Nginx::start_configured(tls, "")
+        Nginx::start_configured(tls, "", None)
     }
 
     /// [`Nginx::start`] with `directives` added to the plain-HTTP server block (`location`s,
     /// `default_type`, ...).
     pub fn start_with_directives(directives: &str) -> Option<Nginx> {
-        Nginx::start_configured(None, directives)
+        Nginx::start_configured(None, directives, None)
     }
 
-    fn start_configured(tls: Option<(&Path, &Path)>, directives: &str) -> Option<Nginx> {
+    /// [`Nginx::start`], also terminating TLS on `listen` (`127.0.0.1:443`) with `(certificate,
+    /// key)` and passing every request on to `upstream` (`http://127.0.0.1:PORT`): an HTTPS front
+    /// for a plain-HTTP test server, speaking HTTP/2 as well (a client may offer only `h2`; the
+    /// `listen ... http2` form, which nginx 1.22 needs and later ones still take).
+    pub fn start_tls_proxy(listen: &str, tls: (&Path, &Path), upstream: &str) -> Option<Nginx> {
+        let (cert, key) = (tls.0.display(), tls.1.display());
+        let server = format!(
+            "server {{ listen {listen} ssl http2; ssl_certificate {cert}; ssl_certificate_key {key}; \
+             location / {{ proxy_pass {upstream}; proxy_set_header Host $host; }} }}"
+        );
+        let nginx = Nginx::start_configured(None, "", Some(&server))?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(listen).is_err() {
+            assert!(Instant::now() < deadline, "nginx did not listen on {listen}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Some(nginx)
+    }
+
+    fn start_configured(tls: Option<(&Path, &Path)>, directives: &str, extra_server: Option<&str>) -> Option<Nginx> {
         let program = find_nginx()?;
         let dir = tempfile::Builder::new().prefix("stfs-nginx-").tempdir().unwrap();
         let d = dir.path().display();
@@ -90,7 +109,7 @@ impl Nginx {
                 key.display()
             ),
             _ => String::new(),
-        };
+        } + extra_server.unwrap_or("");
         // master_process off: one process to kill. open_file_cache stays off (the default), so a file
         // swapped on disk is served (with its new ETag) from the very next request.
         let config = format!(
