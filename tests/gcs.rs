@@ -397,6 +397,9 @@ fn gcloud_adc_inside_namespaces() {
     if nginx::find_nginx().is_none() {
         return tool_missing("nginx", "apt-get install nginx");
     }
+    if nginx::find_program("openssl").is_none() {
+        return tool_missing("openssl", "apt-get install openssl");
+    }
     let etc = workdir();
     let hosts = etc.path().join("hosts");
     std::fs::write(&hosts, "127.0.0.1 localhost accounts.google.com\n::1 localhost\n").unwrap();
