@@ -20,8 +20,10 @@
 //! The mapped path ([`Engine::read_for_kernel`], `core`): a read whose reply only goes to the
 //! kernel (a raw tensor through FUSE) of a source with a [`Mapping`](crate::source::Mapping) (a
 //! file on a local filesystem, unless `EngineConfig::map_files` is off) takes steps 1 and 2 as
-//! above, then skips 3: after the source's pin check it hands the caller a slice of the mapping,
-//! which fuser passes to `writev`, so the kernel copies straight from the file's page cache. Its
+//! above, then skips 3: after the source's pin check it hands the caller the range as
+//! [`KernelBytes`](crate::source::KernelBytes), the file and offset and a slice of the mapping,
+//! which the FUSE adapter splices into the device (or passes to `writev`), so the kernel copies
+//! straight from the file's page cache. Its
 //! stream's window is not given to lanes (step 4): the reading thread asks the kernel to read it
 //! in whole aligned 8 MiB chunks (`POSIX_FADV_WILLNEED`, which only starts the reads), counted as
 //! backing reads, with no thread hand-off per chunk; the daemon drops its page-table entries for
