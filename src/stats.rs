@@ -33,7 +33,8 @@ pub struct Stats {
     pub spliced_reads: AtomicU64,
     /// Bytes of those replies.
     pub spliced_read_bytes: AtomicU64,
-    /// Times the daemon dropped its page-table entries of a mapping to bound its resident set.
+    /// Times the daemon dropped its page-table entries of a mapping to bound its resident set
+    /// (after replies copied from the mapping; spliced replies map nothing).
     pub mapping_releases: AtomicU64,
     /// Backing reads that failed.
     pub backing_errors: AtomicU64,

@@ -170,9 +170,11 @@ impl Engine {
     /// range of the file, as a slice of the mapping and as the file and offset
     /// ([`KernelBytes`]), handed over after the source's pin check: no block, no copy in user
     /// space, and a file truncated under the mapping makes the kernel's copy fail (EIO for the
-    /// reader), never SIGBUS here. The read still goes to its stream, and this thread asks the kernel to read the
-    /// stream's window ahead in whole aligned 8 MiB chunks (`POSIX_FADV_WILLNEED`, which only starts
-    /// the reads). Other sources go through [`Engine::read_in`].
+    /// reader), never SIGBUS here. The read still goes to its stream, and this thread asks the
+    /// kernel to read the stream's window ahead in whole aligned 8 MiB chunks
+    /// (`POSIX_FADV_WILLNEED`, which only starts the reads). Only replies copied from the mapping
+    /// (not spliced) count towards dropping its page-table entries. Other sources go through
+    /// [`Engine::read_in`].
     pub fn read_for_kernel<R>(
         &self,
         source: SourceId,
@@ -189,7 +191,7 @@ impl Engine {
         };
         let end = offset.saturating_add(len as u64).min(entry.len);
         if offset >= end {
-            return Ok(to_kernel(KernelBytes::from(&[][..])));
+            return Ok(to_kernel(KernelBytes::default()));
         }
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
@@ -208,7 +210,7 @@ impl Engine {
         let stats = &shared.stats;
         // Counted before the bytes go to the kernel: the reply wakes the reader, which may read
         // `.stfs/stats.json` (on another thread) before this one runs again.
-        let reply = mapping
+        let (reply, sliced) = mapping
             .to_kernel(offset..end, |bytes| {
                 Stats::add(&stats.mapped_reads, 1);
                 Stats::add(&stats.mapped_read_bytes, end - offset);
@@ -218,6 +220,9 @@ impl Engine {
                 Stats::add(&stats.backing_errors, 1);
                 entry.error(offset, e)
             })?;
+        if !sliced {
+            return Ok(reply);
+        }
         let since = entry.mapped_since_release.fetch_add(end - offset, Relaxed) + (end - offset);
         if since >= mapped_resident_bytes(shared.config.cache_size) {
             entry.mapped_since_release.store(0, Relaxed);

@@ -48,7 +48,8 @@ pub(crate) struct SourceEntry {
     /// Whether the kernel's reads are served from the source's mapping (`EngineConfig::map_files`
     /// and the source has one); its prefetch lanes then advise instead of loading blocks.
     pub(crate) mapped: bool,
-    /// Reply bytes copied from the mapping since its page-table entries were last dropped.
+    /// Reply bytes copied from the mapping (not spliced) since its page-table entries were last
+    /// dropped.
     pub(crate) mapped_since_release: AtomicU64,
 }
 

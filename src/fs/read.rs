@@ -60,7 +60,7 @@ fn read_tensor<R>(
     reply: impl FnOnce(KernelBytes<'_>) -> R,
 ) -> Result<R, FsError> {
     if offset >= t.len {
-        return Ok(reply(KernelBytes::from(&[][..])));
+        return Ok(reply(KernelBytes::default()));
     }
     let n = (t.len - offset).min(u64::from(size)) as usize;
     read_source(engine, to_kernel, t.source, t.start..t.start + t.len, t.start + offset, n, reply)
@@ -102,7 +102,7 @@ fn read_checkpoint<R>(
     let s = ns.shards().get(shard).ok_or(FsError::NotFound)?;
     let len = s.header.file_len;
     if offset >= len {
-        return Ok(reply(KernelBytes::from(&[][..])));
+        return Ok(reply(KernelBytes::default()));
     }
     let n = (len - offset).min(u64::from(size));
     let extent = ns.checkpoint_extent(shard, offset..offset + n);

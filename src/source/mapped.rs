@@ -11,6 +11,7 @@
 //! into an error, EIO for the reader, and never a signal), and every use first runs the source's
 //! check that the file is still the one pinned at open.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
@@ -21,15 +22,21 @@ use std::ptr::NonNull;
 /// mapping), and, when they are a range of a mapped local file, that file and the range's offset
 /// in it, so the reply can move them with `splice(2)` instead of having the kernel copy them out
 /// of the mapping. A slice of a mapping must only be handed to a system call (see [`Mapping`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct KernelBytes<'a> {
     slice: &'a [u8],
     file: Option<(BorrowedFd<'a>, u64)>,
+    /// Set when the slice of a mapping is taken: the kernel's copy from it maps its pages into
+    /// the daemon, and [`Mapping::to_kernel`] reports that.
+    sliced: Option<&'a Cell<bool>>,
 }
 
 impl<'a> KernelBytes<'a> {
     /// The bytes as a slice.
     pub fn slice(&self) -> &'a [u8] {
+        if let Some(sliced) = self.sliced {
+            sliced.set(true);
+        }
         self.slice
     }
 
@@ -51,7 +58,7 @@ impl<'a> KernelBytes<'a> {
 
 impl<'a> From<&'a [u8]> for KernelBytes<'a> {
     fn from(slice: &'a [u8]) -> KernelBytes<'a> {
-        KernelBytes { slice, file: None }
+        KernelBytes { slice, file: None, sliced: None }
     }
 }
 
@@ -103,8 +110,14 @@ impl Mapping {
     /// only pass the slice to a system call** (`writev` to the FUSE device, `write` to a file) and
     /// never read it itself: if the file shrinks under the mapping, a user-space read of the lost
     /// pages is SIGBUS, while the kernel's copy fails with EFAULT (and the FUSE reader gets EIO).
-    /// A splice of the file range that comes up short means the same: the file shrank.
-    pub fn to_kernel<R>(&self, range: Range<u64>, to_kernel: impl FnOnce(KernelBytes<'_>) -> R) -> io::Result<R> {
+    /// A splice of the file range that comes up short means the same: the file shrank. Also
+    /// returns whether `to_kernel` took the slice (its pages may now be mapped in this process,
+    /// until [`Mapping::release`]); a spliced range maps nothing.
+    pub fn to_kernel<R>(
+        &self,
+        range: Range<u64>,
+        to_kernel: impl FnOnce(KernelBytes<'_>) -> R,
+    ) -> io::Result<(R, bool)> {
         (self.check)()?;
         let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(self.len);
         let end = usize::try_from(range.end).unwrap_or(usize::MAX).clamp(start, self.len);
@@ -112,7 +125,10 @@ impl Mapping {
         // borrow; the slice is only passed to the kernel (the contract above), so a page that
         // disappears under it is the kernel's EFAULT, never a user-space fault.
         let slice = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), end - start) };
-        Ok(to_kernel(KernelBytes { slice, file: Some((self.file.as_fd(), start as u64)) }))
+        let sliced = Cell::new(false);
+        let file = Some((self.file.as_fd(), start as u64));
+        let reply = to_kernel(KernelBytes { slice, file, sliced: Some(&sliced) });
+        Ok((reply, sliced.get()))
     }
 
     /// Asks the kernel to read bytes `range` of the file into its page cache now
@@ -161,14 +177,18 @@ mod tests {
         // No pin check: this is the race where the file shrinks after the check passed.
         let mapping = Mapping::new(File::open(&path).unwrap(), 1 << 20, Box::new(|| Ok(()))).unwrap();
         let mut out = tempfile::tempfile().unwrap();
-        assert_eq!(mapping.to_kernel(0..8192, |b| out.write(b.slice())).unwrap().unwrap(), 8192);
+        let (written, sliced) = mapping.to_kernel(0..8192, |b| out.write(b.slice())).unwrap();
+        assert_eq!((written.unwrap(), sliced), (8192, true));
+        // A reply that does not take the slice (a splice of the file range) is reported as such.
+        let (range, sliced) = mapping.to_kernel(100..200, |b| b.file_range().map(|(_, at)| at)).unwrap();
+        assert_eq!((range, sliced), (Some(100), false));
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
         mapping.release();
         // The lost pages: the kernel's copy fails (EFAULT) where a user-space read would be SIGBUS.
-        let err = mapping.to_kernel(512 << 10..(512 << 10) + 8192, |b| out.write(b.slice())).unwrap().unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
+        let (err, _) = mapping.to_kernel(512 << 10..(512 << 10) + 8192, |b| out.write(b.slice())).unwrap();
+        assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EFAULT));
         // Clipped to the mapping; the check's error is returned before anything is handed out.
-        assert_eq!(mapping.to_kernel(1 << 30..1 << 31, |b| b.len()).unwrap(), 0);
+        assert_eq!(mapping.to_kernel(1 << 30..1 << 31, |b| b.len()).unwrap().0, 0);
         let refusing = Mapping::new(File::open(&path).unwrap(), 4096, Box::new(|| Err(io::Error::other("changed"))));
         assert!(refusing.unwrap().to_kernel(0..10, |_| unreachable!()).is_err());
     }
