@@ -445,38 +445,13 @@ fn gcloud_adc_inside_namespaces() {
         "refresh_token": "1//stfs-refresh-token",
     });
     std::fs::write(gcloud.join("application_default_credentials.json"), adc.to_string()).unwrap();
-    let mut tensors = mixed_tensors();
-    tensors.push(T::new("big.weight", Dtype::F32, &[300, 1000]));
-    let bytes = write_checkpoint(&home.path().join("m.safetensors"), &tensors, None);
-    std::fs::remove_file(home.path().join("m.safetensors")).unwrap();
-    objects.lock().unwrap().insert("dir/m.safetensors".to_string(), (1_700_000_000_000_002, bytes));
+    let tensors = store_fixture(&objects, 1_700_000_000_000_002);
     let url = "gs://models/dir/m.safetensors";
     let trust = [("SSL_CERT_FILE", certificates.path().join("ca.pem").display().to_string())];
 
-    let mp = workdir();
-    let args = ["mount", "--block-size", "64K", "--endpoint-url", &server.url(), url, mp.path().to_str().unwrap()];
-    let mounted = Instant::now();
-    let out = run(&args, home.path(), &trust);
-    let guard = Unmount(mp.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let first = tokens.issued.lock().unwrap().first().cloned().expect("the token endpoint issued no token");
-    let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
-    let (big, small) = tensors.split_last().unwrap();
-    for t in small {
-        assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
-    }
-    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the refreshed user token");
-    // Within 5 minutes of the token's expiry the daemon refreshes it again.
-    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
-    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
-    let seen = tokens.seen.lock().unwrap().clone();
-    let issued = tokens.issued.lock().unwrap().clone();
-    assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
-    assert!(seen.iter().any(|t| t != &first), "no second refresh reached the store: {seen:?}");
+    let secrets = ["stfs-refresh-token"];
+    read_across_a_token_refresh(home.path(), url, &server.url(), &trust, &tensors, &tokens, &secrets);
     assert_eq!(refused_grants.load(Ordering::SeqCst), 0, "the token endpoint refused a request");
-    let metadata = std::fs::read_to_string(mp.path().join("metadata.json")).unwrap();
-    assert!(!metadata.contains("ya29.") && !metadata.contains("stfs-refresh-token"));
-    drop(guard);
 
     // A refresh token the endpoint refuses: one line naming the object and the file, the token
     // not shown.
@@ -564,6 +539,63 @@ fn path_c(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).unwrap()
 }
 
+/// The mixed tensors and one of 1.2 MB (last), stored in `objects` as `dir/m.safetensors` at
+/// `generation`.
+fn store_fixture(objects: &Objects, generation: u64) -> Vec<T> {
+    let dir = workdir();
+    let mut tensors = mixed_tensors();
+    tensors.push(T::new("big.weight", Dtype::F32, &[300, 1000]));
+    let bytes = write_checkpoint(&dir.path().join("m.safetensors"), &tensors, None);
+    objects.lock().unwrap().insert("dir/m.safetensors".to_string(), (generation, bytes));
+    tensors
+}
+
+/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), reads every tensor
+/// but the last, then, 4 s after the mount (the first token lives [`TOKEN_LIFE`], so it is then
+/// within the 5 minutes before expiry in which the daemon fetches a new one), the last. Checks
+/// the bytes, that the store got only tokens `tokens` issued, the first and a refreshed one among
+/// them, and that neither a token nor any of `secrets` shows in `metadata.json` or the mount
+/// table. Unmounts, and returns the tokens the store saw.
+fn read_across_a_token_refresh(
+    home: &Path,
+    url: &str,
+    endpoint: &str,
+    vars: &[(&str, String)],
+    tensors: &[T],
+    tokens: &Tokens,
+    secrets: &[&str],
+) -> Vec<String> {
+    let mp = workdir();
+    let args = ["mount", "--block-size", "64K", "--endpoint-url", endpoint, url, mp.path().to_str().unwrap()];
+    let mounted = Instant::now();
+    let out = run(&args, home, vars);
+    let guard = Unmount(mp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(is_mounted(mp.path()));
+    let first = tokens.issued.lock().unwrap().first().cloned().expect("no token was issued at the mount");
+    let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
+    let (big, small) = tensors.split_last().unwrap();
+    for t in small {
+        assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
+    }
+    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
+    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
+    let seen = tokens.seen.lock().unwrap().clone();
+    let issued = tokens.issued.lock().unwrap().clone();
+    assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
+    assert!(seen.iter().any(|t| t != &first), "no refreshed token reached the store: {seen:?}");
+    let metadata = std::fs::read_to_string(mp.path().join("metadata.json")).unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(metadata.contains(url));
+    for secret in secrets.iter().chain(&["ya29."]) {
+        assert!(!metadata.contains(secret) && !mounts.contains(secret), "{secret} shown");
+    }
+    drop(guard);
+    assert!(!is_mounted(mp.path()));
+    seen
+}
+
 /// Unmounts on drop, whatever happened.
 struct Unmount<'a>(&'a Path);
 
@@ -614,38 +646,11 @@ fn metadata_server_inside_namespaces() {
     let server = start_gcs_accepting(Arc::clone(&objects), tokens.clone());
     // No GOOGLE_* variable and no ADC file under HOME: only the metadata server can give a token.
     let home = workdir();
-    let mut tensors = mixed_tensors();
-    tensors.push(T::new("big.weight", Dtype::F32, &[300, 1000]));
-    let bytes = write_checkpoint(&home.path().join("m.safetensors"), &tensors, None);
-    std::fs::remove_file(home.path().join("m.safetensors")).unwrap();
-    objects.lock().unwrap().insert("dir/m.safetensors".to_string(), (1_700_000_000_000_001, bytes));
+    let tensors = store_fixture(&objects, 1_700_000_000_000_001);
     let url = "gs://models/dir/m.safetensors";
     let endpoint = server.url();
 
-    let mp = workdir();
-    let args = ["mount", "--block-size", "64K", "--endpoint-url", &endpoint, url, mp.path().to_str().unwrap()];
-    let mounted = Instant::now();
-    let out = run(&args, home.path(), &[]);
-    let guard = Unmount(mp.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(is_mounted(mp.path()));
-    let first = tokens.issued.lock().unwrap().first().cloned().expect("the metadata server issued no token");
-    let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
-    let (big, small) = tensors.split_last().unwrap();
-    for t in small {
-        assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
-    }
-    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the metadata server's token");
-    // Once the first token is within 5 minutes of expiring, the daemon asks the metadata server again.
-    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
-    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
-    let seen = tokens.seen.lock().unwrap().clone();
-    let issued = tokens.issued.lock().unwrap().clone();
-    assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
-    assert!(seen.iter().any(|t| t != &first), "no refreshed token reached the store: {seen:?}");
-    let metadata = std::fs::read_to_string(mp.path().join("metadata.json")).unwrap();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(metadata.contains(url) && !metadata.contains("ya29.") && !mounts.contains("ya29."));
+    let seen = read_across_a_token_refresh(home.path(), url, &endpoint, &[], &tensors, &tokens, &[]);
     assert!(log.refused.lock().unwrap().is_empty(), "refused: {:?}", log.refused.lock().unwrap());
     println!(
         "metadata server: {} token requests, {} project-id requests; the store saw {} requests with {} tokens",
@@ -654,8 +659,6 @@ fn metadata_server_inside_namespaces() {
         seen.len(),
         seen.iter().collect::<std::collections::HashSet<_>>().len()
     );
-    drop(guard);
-    assert!(!is_mounted(mp.path()));
     wait_alone();
 
     // No service account attached (the token request answers 404): one line naming the server.
