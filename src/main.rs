@@ -3,6 +3,17 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let args = std::env::args_os().collect();
+    // The arguments are copied: clear header values and URL queries from what `ps` shows (the
+    // background daemon is a fork of this process and would show them for the life of the mount).
+    match stfs::cli::scrub::hide_secret_arguments() {
+        Ok(found) if found.header => eprintln!(
+            "stfs: warning: a header value on the command line was visible to other users until now; \
+             use --header-file or STFS_HEADER_* variables"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("stfs: warning: could not clear secrets from the command line: {e}"),
+    }
     // Not `Cli::parse()`: the binary also answers as mount(8)'s helper, told apart by its arguments.
-    stfs::cli::run_args(std::env::args_os().collect())
+    stfs::cli::run_args(args)
 }

@@ -22,7 +22,9 @@ Examples:
 Exit status: 0 success, 1 failure (bad input, mount or unmount failed), 2 usage error (a bad
 flag or -o option); as mount(8)'s helper mount.fuse.stfs: 32 failure, 1 usage error.
 Logging: RUST_LOG=stfs=debug (to stderr in the foreground, to --log-file in
-the background, else warnings and errors to syslog as stfs[PID]).";
+the background, else warnings and errors to syslog as stfs[PID]).
+Secrets: header values and URL query strings are cleared from the process's
+command line once read; pass headers with --header-file or STFS_HEADER_<ANY>.";
 
 /// Mount a safetensors checkpoint as a read-only directory with one raw file per tensor.
 #[derive(Parser, Debug)]
@@ -177,8 +179,14 @@ pub struct MountArgs {
 #[command(next_help_heading = "Remote checkpoints")]
 pub struct RemoteArgs {
     /// Send this header with every request (repeatable): `--header 'Authorization: Bearer ...'`.
+    /// Other users can see a command line: put credentials in --header-file or STFS_HEADER_*.
     #[arg(long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
+    /// Send the headers of this file with every request: one `NAME: VALUE` per line (`#` comments
+    /// and blank lines skipped), read once at start; refused if group or others may read it.
+    /// Every environment variable STFS_HEADER_<ANY> holding `NAME: VALUE` adds one header too.
+    #[arg(long, value_name = "PATH")]
+    pub header_file: Option<PathBuf>,
     /// Send the bearer token held in this environment variable (HF_TOKEN is used for hub URLs and hf://).
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
@@ -363,7 +371,8 @@ Mount options (-o, comma-separated; each long flag works as -o name=value; a fla
 the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
   kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
-  layout=flat|tree, header=NAME:VALUE, token_env=VAR, timeout=DURATION,
+  layout=flat|tree, header=NAME:VALUE, header_file=PATH, token_env=VAR,
+  timeout=DURATION,
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, no_passthrough,
   uid=N, gid=N (owner of every file), umask=M, fmask=M, dmask=M (octal: mode
   bits removed from files, directories), allow_root, auto_unmount,

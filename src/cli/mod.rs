@@ -9,12 +9,14 @@ mod args;
 mod cache;
 mod defaults;
 mod extract;
+mod headers;
 mod helper;
 mod inspect;
 mod mount;
 mod options;
 mod progress;
 mod report;
+pub mod scrub;
 mod stats;
 mod umount;
 

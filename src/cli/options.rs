@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::checkpoint::OpenOptions;
 use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MountArgs, RemoteArgs};
 use crate::cli::defaults::*;
+use crate::cli::headers::{add_env_headers, add_header_file, HeaderSourceError};
 use crate::engine::EngineConfig;
 use crate::mount::build::{FsOptions, Owner};
 use crate::mount::session::ServeOptions;
@@ -118,6 +119,8 @@ pub enum ConfigError {
     Header(HttpError),
     /// A `--token-env` whose variable is unset or empty.
     TokenEnv(HttpError),
+    /// A `--header-file` or `STFS_HEADER_*` variable that cannot be used.
+    HeaderSource(HeaderSourceError),
     /// A `umask`, `fmask` or `dmask` that is not an octal mode.
     BadMask {
         /// The option.
@@ -157,6 +160,7 @@ impl fmt::Display for ConfigError {
             ConfigError::Layout(l) => write!(f, "unknown layout `{l}` (use `flat` or `tree`)"),
             ConfigError::Header(e) => write!(f, "--header: {e}"),
             ConfigError::TokenEnv(e) => write!(f, "--token-env: {e}"),
+            ConfigError::HeaderSource(e) => e.fmt(f),
             ConfigError::BadMask { key, value } => {
                 write!(f, "mount option `{key}` needs an octal mode such as 022 or 0077, got `{value}`")
             }
@@ -169,6 +173,7 @@ impl std::error::Error for ConfigError {
         match self {
             ConfigError::BadDuration(e) => Some(e),
             ConfigError::Header(e) | ConfigError::TokenEnv(e) => Some(e),
+            ConfigError::HeaderSource(e) => Some(e),
             _ => None,
         }
     }
@@ -253,6 +258,7 @@ impl MountConfig {
         a.as_dtype = a.as_dtype.or(o.as_dtype);
         a.layout = a.layout.or(o.layout);
         a.remote.headers.extend(o.headers);
+        a.remote.header_file = a.remote.header_file.or(o.header_file);
         a.remote.token_env = a.remote.token_env.or(o.token_env);
         a.remote.timeout = a.remote.timeout.or(o.timeout);
         a.remote.http_retries = a.remote.http_retries.or(o.http_retries);
@@ -359,6 +365,10 @@ impl RemoteArgs {
         for h in &self.headers {
             http.add_header_arg(h).map_err(ConfigError::Header)?;
         }
+        if let Some(path) = &self.header_file {
+            add_header_file(&mut http, path).map_err(ConfigError::HeaderSource)?;
+        }
+        add_env_headers(&mut http, std::env::vars_os()).map_err(ConfigError::HeaderSource)?;
         if let Some(var) = &self.token_env {
             http.token_from_env(var).map_err(ConfigError::TokenEnv)?;
         }
@@ -399,6 +409,7 @@ struct DashO {
     as_dtype: Option<String>,
     layout: Option<String>,
     headers: Vec<String>,
+    header_file: Option<PathBuf>,
     token_env: Option<String>,
     timeout: Option<Duration>,
     http_retries: Option<u32>,
@@ -437,6 +448,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "as",
     "layout",
     "header",
+    "header_file",
     "token_env",
     "timeout",
     "no_checkpoint_file",
@@ -494,6 +506,7 @@ impl DashO {
                 "as" => o.as_dtype = text()?,
                 "layout" => o.layout = text()?,
                 "header" => o.headers.push(need()?.to_string()),
+                "header_file" => o.header_file = need().map(|p| Some(PathBuf::from(p)))?,
                 "token_env" => o.token_env = text()?,
                 "timeout" => o.timeout = timeout()?,
                 "http_retries" => o.http_retries = count(1, 100)?,
