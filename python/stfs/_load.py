@@ -61,14 +61,29 @@ def is_mount_dir(path: PathLike) -> bool:
 def entries(mountpoint: PathLike) -> List[Entry]:
     """Every tensor of the mount at `mountpoint`, in checkpoint order (shard, then offset)."""
     root = os.fspath(mountpoint)
+    real_root = os.path.realpath(root)
     with open(os.path.join(root, "metadata.json")) as f:
         meta = json.load(f)
     ordered = sorted(meta["tensors"].items(), key=lambda kv: (kv[1].get("shard", 0), kv[1].get("offset", 0)))
     return [
         Entry(name, info.get("served_dtype", info["dtype"]), list(info["shape"]),
-              int(info.get("served_byte_len", info["byte_len"])), os.path.join(root, info["path"]))
+              int(info.get("served_byte_len", info["byte_len"])), tensor_path(root, name, info["path"], real_root))
         for name, info in ordered
     ]
+
+
+def tensor_path(root: str, name: str, path: Any, real_root: Optional[str] = None) -> str:
+    """`root`/`path` for a tensor's metadata.json `path`, refused (StfsError) unless it names a file
+    inside `root` once resolved: not absolute, no ``..`` out of it, no link leading out of it
+    (`real_root`: os.path.realpath(root), when the caller has it)."""
+    real_root = real_root or os.path.realpath(root)
+    if isinstance(path, str) and path and "\0" not in path and not os.path.isabs(path):
+        joined = os.path.join(root, path)
+        real = os.path.realpath(joined)
+        if real != real_root and os.path.commonpath([real_root, real]) == real_root:
+            return joined
+    raise StfsError(f"stfs: {os.path.join(root, 'metadata.json')}: tensor {name!r} has path {path!r}, "
+                    "which is not a file inside the mount")
 
 
 def _check_size(entry: Entry, count: int, itemsize: float) -> None:

@@ -105,17 +105,17 @@ def _message(stderr: str, fallback: str) -> str:
     return fallback
 
 
-def _run(command: List[str], timeout: float) -> subprocess.CompletedProcess:
+def _run(command: List[str], timeout: float, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise StfsError(f"stfs: `{' '.join(command[1:3])}` did not finish within {timeout:g} s", command=command) from e
     except OSError as e:
         raise StfsError(f"stfs: cannot run {command[0]}: {e.strerror or e}", command=command) from e
 
 
-def _check(command: List[str], timeout: float) -> None:
-    out = _run(command, timeout)
+def _check(command: List[str], timeout: float, env: Optional[dict] = None) -> None:
+    out = _run(command, timeout, env)
     if out.returncode != 0:
         message = _message(out.stderr, f"stfs: {command[1]} failed with exit status {out.returncode}")
         raise StfsError(message, command=command, returncode=out.returncode, stderr=out.stderr)
@@ -171,8 +171,27 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
                         returncode=out.returncode, stderr=out.stderr)
 
 
+def _header_env(headers) -> Optional[dict]:
+    """The environment for the binary carrying `headers` (``"Name: value"`` strings) as STFS_HEADER_*
+    variables, which only this user can read (/proc/PID/environ), never on the command line, which
+    every user can (``ps``); None when there are none."""
+    headers = [headers] if isinstance(headers, str) else [h for h in (headers or []) if h is not None]
+    if not headers:
+        return None
+    env = dict(os.environ)
+    n = 0
+    for header in headers:
+        while f"STFS_HEADER_PY{n:04d}" in env:
+            n += 1
+        env[f"STFS_HEADER_PY{n:04d}"] = str(header)
+    return env
+
+
 def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
-    """Mounts and returns (binary, mount point, the temporary directory made for it or None)."""
+    """Mounts and returns (binary, mount point, the temporary directory made for it or None).
+    ``header=`` options travel in the environment (see _header_env), the rest as flags."""
+    options = dict(options)
+    env = _header_env(options.pop("header", None))
     flags = mount_flags(options)
     binary = find_binary()
     made = None
@@ -184,7 +203,7 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
     command = [binary, "mount", os.fspath(source), str(mp), *flags]
     mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
     try:
-        _check(command, timeout)
+        _check(command, timeout, env)
     except BaseException:
         # A mount that timed out may still have come up in the background daemon: take it down (but
         # never one that was there before: then stfs refused to mount over it).

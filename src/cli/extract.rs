@@ -214,13 +214,28 @@ fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> 
     }
 }
 
+/// Creates `path` for writing, only if nothing is there (not even a dangling link: O_EXCL, and
+/// O_NOFOLLOW), so a link planted under the temporary name never redirects the write.
+fn create_exclusive(path: &Path) -> Result<std::fs::File, Failure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    options.open(path).map_err(|e| match e.kind() {
+        io::ErrorKind::AlreadyExists => Failure::at(
+            path.display(),
+            "already exists (left by an interrupted extract, or planted there); remove it and retry",
+        ),
+        _ => Failure::io(path.display(), e),
+    })
+}
+
 /// Writes `item` to `dir/PATH`: first under a temporary name, renamed into place once complete, so
 /// an interrupted extract never leaves a truncated file under the tensor's name.
 fn write_file(fs: &Fs, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), Failure> {
     let target = dir.join(&item.path);
     // A short temporary name: the tensor's own may already be near NAME_MAX.
     let temp = dir.join(format!(".stfs-partial-{}-{}", std::process::id(), item.ino));
-    let file = std::fs::File::create(&temp).map_err(|e| Failure::io(temp.display(), e))?;
+    let file = create_exclusive(&temp)?;
     let mut out = io::BufWriter::with_capacity(CHUNK as usize, file);
     let copied = copy(fs, item, &mut out, progress).and_then(|()| out.flush().map_err(CopyError::Write));
     let result = match copied {

@@ -9,6 +9,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -102,13 +103,7 @@ impl std::error::Error for DaemonError {
 /// error otherwise. In the child, returns its end of the pipe. Call before starting any thread.
 pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
     let log = match log_file {
-        Some(p) => Some(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|error| DaemonError::LogFile { path: p.to_path_buf(), error })?,
-        ),
+        Some(p) => Some(open_log(p).map_err(|error| DaemonError::LogFile { path: p.to_path_buf(), error })?),
         None => None,
     };
     let mut fds = [0; 2];
@@ -135,6 +130,38 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
             wait_for_child(File::from(read_end), child).map(|()| Role::Parent)
         }
     }
+}
+
+/// Opens the log file for appending, never through a symbolic link (O_NOFOLLOW): an existing
+/// regular file is appended to, as log tools do; a missing one is created exclusively (O_EXCL),
+/// mode 0600; a character device (`/dev/null`) is written to; anything else (a link, a directory, a
+/// FIFO) is refused.
+fn open_log(path: &Path) -> io::Result<File> {
+    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    for _ in 0..2 {
+        let file = match OpenOptions::new().append(true).custom_flags(flags).open(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match OpenOptions::new().append(true).create_new(true).mode(0o600).custom_flags(flags).open(path) {
+                    // Created by someone else in between: open what is there now, with the same checks.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                    other => other?,
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "is a symbolic link; refused as a log file"))
+            }
+            other => other?,
+        };
+        let kind = file.metadata()?.file_type();
+        if !kind.is_file() && !kind.is_char_device() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file; refused as a log file"));
+        }
+        // Writes to the log are ordinary blocking writes.
+        // SAFETY: fcntl on a descriptor this function owns; F_SETFL takes an int.
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) };
+        return Ok(file);
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, "created and removed while being opened"))
 }
 
 /// Reads the child's report with a timeout: `Ok` once the mount answers.
