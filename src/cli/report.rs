@@ -86,7 +86,11 @@ macro_rules! failure_from {
 /// A bad flag or `-o` option is a usage error, exit 2, whichever way it was given.
 impl From<crate::cli::options::ConfigError> for Failure {
     fn from(e: crate::cli::options::ConfigError) -> Failure {
-        Failure::usage(e)
+        match e {
+            // A header file that cannot be used is bad input, not a mistake in the command line.
+            crate::cli::options::ConfigError::HeaderSource(_) => Failure::new(e),
+            _ => Failure::usage(e),
+        }
     }
 }
 
