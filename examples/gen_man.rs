@@ -36,6 +36,10 @@ stderr in the foreground, to \\fB\\-\\-log\\-file\\fR in the background.
 .TP
 \\fBHF_TOKEN\\fR
 Sent as a bearer token to huggingface.co and hf.co URLs (\\fB\\-\\-token\\-env\\fR names another variable).
+.TP
+\\fBSTFS_HEADER_\\fR\\fINAME\\fR
+Each variable whose name starts with \\fBSTFS_HEADER_\\fR holds one header, \\fBName: value\\fR, sent with every
+request to a URL's origin (in the variables' name order), as \\fB\\-\\-header\\fR would without showing it in ps(1).
 ";
 
 fn main() -> std::io::Result<()> {

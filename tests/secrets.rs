@@ -188,7 +188,8 @@ fn a_log_file_that_is_a_link_is_refused_and_a_new_one_is_private() {
     std::fs::write(&victim, b"precious").unwrap();
     std::os::unix::fs::symlink(&victim, &link).unwrap();
     let mp = workdir();
-    let out = stfs(&["mount", file.to_str().unwrap(), mp.path().to_str().unwrap(), "--log-file", link.to_str().unwrap()]);
+    let out =
+        stfs(&["mount", file.to_str().unwrap(), mp.path().to_str().unwrap(), "--log-file", link.to_str().unwrap()]);
     let mounted = is_mounted(mp.path());
     if mounted {
         force_unmount(mp.path());

@@ -60,11 +60,9 @@ impl fmt::Display for HeaderSourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HeaderSourceError::Read { path, error } => write!(f, "{}: {}", path.display(), describe_io(error)),
-            HeaderSourceError::Exposed { path, mode } => write!(
-                f,
-                "{}: header file is readable by other users (mode {mode:04o}); chmod 600 it",
-                path.display()
-            ),
+            HeaderSourceError::Exposed { path, mode } => {
+                write!(f, "{}: header file is readable by other users (mode {mode:04o}); chmod 600 it", path.display())
+            }
             HeaderSourceError::NotHeaders { path } => {
                 write!(f, "{}: not a header file (more than 1 MiB, or not UTF-8 text)", path.display())
             }
@@ -161,7 +159,10 @@ mod tests {
         std::fs::write(&path, "Authorization: Bearer s3cr3t\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let error = add_header_file(&mut HttpOptions::default(), &path).unwrap_err().to_string();
-        assert_eq!(error, format!("{}: header file is readable by other users (mode 0644); chmod 600 it", path.display()));
+        assert_eq!(
+            error,
+            format!("{}: header file is readable by other users (mode 0644); chmod 600 it", path.display())
+        );
         std::fs::write(&path, "X-Ok: 1\nAuthorization Bearer s3cr3t\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let error = add_header_file(&mut HttpOptions::default(), &path).unwrap_err().to_string();

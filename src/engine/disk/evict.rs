@@ -137,8 +137,14 @@ pub(crate) fn evict(mut scan: Scan, limit: u64) -> Evicted {
 /// An exclusive `flock` on `root/lock`, released when dropped. With `wait` false, `None` when
 /// another process holds it.
 pub(crate) fn lock(root: &Path, wait: bool) -> io::Result<Option<File>> {
-    let file =
-        OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(root.join(LOCK))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(root.join(LOCK))?;
     let flags = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
     // SAFETY: flock on a descriptor we own; released when the file is closed.
     if unsafe { libc::flock(file.as_raw_fd(), flags) } == 0 {
