@@ -227,7 +227,7 @@ mod tests {
         ]);
         assert_eq!(
             text,
-            "stfs mount https://user:**@host/m.safetensors?**************************************#frag /mnt/m \
+            "stfs mount https://user:**@host/m.safetensors?****************************************#frag /mnt/m \
              -o endpoint_url=http://h:9000/?*****,region=x"
         );
         assert_eq!(found, Scrubbed { header: false, url: true });
