@@ -80,7 +80,9 @@ fn a_reader_waiting_on_a_shared_load_gives_up_only_after_what_timeout_allows() {
     let ((a, a_took), (b, b_took), tensors) = shared_slow_load("1s");
     assert!(a_took >= LOAD_TAKES - Duration::from_secs(1), "the store did not hold the load: {a_took:?}");
     assert_eq!(a.unwrap(), tensors[0].data[90_112..94_208], "the load itself succeeds");
-    let e = b.map(|v| v.len()).expect_err("with --timeout 1s the wait (2 x 1 s + 6 s, at most twice) ends before the 17 s load");
+    let e = b
+        .map(|v| v.len())
+        .expect_err("with --timeout 1s the wait (2 x 1 s + 6 s, at most twice) ends before the 17 s load");
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert!(b_took < LOAD_TAKES, "{b_took:?}");
 

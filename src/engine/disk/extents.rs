@@ -127,10 +127,9 @@ impl Extents {
     /// assembly of its extent file if it has none and every block it covers is on disk or
     /// queued for it. Costs one `stat` and a look at the blocks known to be on disk.
     pub(crate) fn closed(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent) {
-        if self.usable(extent) && !lock(&self.states).contains_key(&extent.id()) {
-            if !extent::extent_path(&tier.root, &extent.key, &extent.range).exists() {
-                self.want(tier, queue, extent);
-            }
+        let idle = || !lock(&self.states).contains_key(&extent.id());
+        if self.usable(extent) && idle() && !extent::extent_path(&tier.root, &extent.key, &extent.range).exists() {
+            self.want(tier, queue, extent);
         }
     }
 
