@@ -532,3 +532,30 @@ fn extent_files_are_counted_evicted_and_cleared_with_their_records() {
     let info = super::info(dir.path()).unwrap();
     assert_eq!((info.blocks, info.extents, info.bytes), (0, 0, 0));
 }
+
+/// Issue 23, item 8: dropping the cache (at unmount) waits a bounded time for a writer busy with
+/// a long job (a multi-GB extent, a hung disk), then leaves it behind: the daemon can exit.
+#[test]
+fn dropping_the_cache_leaves_a_writer_busy_past_the_bound_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, _) = open(dir.path(), 64 << 20);
+    let started = Arc::new(std::sync::Barrier::new(2));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (job_started, job_done) = (Arc::clone(&started), Arc::clone(&done));
+    let job = super::behind::Job::Extent(Box::new(move |_| {
+        job_started.wait();
+        // Busy until the test lets go (after the drop is measured), 30 s at most.
+        let since = std::time::Instant::now();
+        while !job_done.load(Relaxed) && since.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }));
+    assert!(cache.queue.push_extent(&cache.tier, job));
+    started.wait();
+    let start = std::time::Instant::now();
+    drop(cache);
+    let took = start.elapsed();
+    done.store(true, Relaxed);
+    let bound = super::behind::FLUSH_WAIT + super::behind::STOP_WAIT;
+    assert!(took >= bound && took < bound + Duration::from_secs(2), "dropping the cache took {took:?}");
+}
