@@ -147,7 +147,11 @@ impl Tier {
         let (word, bit) = ((block / 64) as usize, 1u64 << (block % 64));
         let mut present = lock(&self.present);
         if on {
-            let bits = present.entry(key.clone()).or_default();
+            // The key is cloned only for its first block, not on every hit.
+            if !present.contains_key(key) {
+                present.insert(key.clone(), Vec::new());
+            }
+            let Some(bits) = present.get_mut(key) else { return };
             if bits.len() <= word {
                 bits.resize(word + 1, 0);
             }
