@@ -80,5 +80,6 @@ pub fn default_engine(source: &str) -> EngineConfig {
         cache_size: DEFAULT_CACHE_SIZE,
         io_threads: default_io_threads(source) as usize,
         map_files: true,
+        source_timeout: crate::source::http::DEFAULT_TIMEOUT,
     }
 }

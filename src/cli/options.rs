@@ -295,6 +295,7 @@ impl MountConfig {
             cache_size,
             io_threads: a.io_threads.unwrap_or_else(|| default_io_threads(&a.source)) as usize,
             map_files: !a.no_map,
+            source_timeout: a.remote.timeout.unwrap_or(crate::source::http::DEFAULT_TIMEOUT),
         };
         let as_f32 = match a.as_dtype.as_deref() {
             None => false,

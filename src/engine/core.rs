@@ -238,21 +238,24 @@ impl Engine {
         self.shared.disk.as_ref().is_some_and(|d| d.enable_extents())
     }
 
-    /// A verified disk-tier file holding exactly `extent` of `source` (offset N of the file is byte
-    /// `extent.start + N`), if there is one (extent files on, the source cached on disk).
-    pub fn extent_file(&self, source: SourceId, extent: Range<u64>) -> Option<std::fs::File> {
+    /// A file spanning `extent` of `source` is opened: a verified disk-tier file holding exactly
+    /// those bytes (offset N of the file is byte `extent.start + N`) if one is ready at once
+    /// (extent files on, the source cached on disk); otherwise the disk tier queues what would
+    /// make one ready (its full check, or its assembly) off the calling thread.
+    pub fn extent_opened(&self, source: SourceId, extent: Range<u64>) -> Option<std::fs::File> {
         let entry = self.entry(source)?;
         let (disk, key) = (self.shared.disk.as_ref()?, entry.disk_key.as_ref()?);
-        disk.open_extent(key, &(extent.start..extent.end.min(entry.len)))
+        let range = extent.start..extent.end.min(entry.len);
+        disk.extent_opened(key, self.shared.config.block_size, entry.len, range)
     }
 
-    /// Tells the disk tier a file spanning `extent` of `source` was opened or closed: once every
-    /// block it covers is on disk, its extent file is assembled by the disk tier's writer.
-    pub fn extent_used(&self, source: SourceId, extent: Range<u64>) {
+    /// A file spanning `extent` of `source` was closed: once every block it covers is on disk,
+    /// its extent file is assembled by the disk tier's writer.
+    pub fn extent_closed(&self, source: SourceId, extent: Range<u64>) {
         let Some(entry) = self.entry(source) else { return };
         if let (Some(disk), Some(key)) = (self.shared.disk.as_ref(), entry.disk_key.as_ref()) {
             let range = extent.start..extent.end.min(entry.len);
-            disk.want_extent(key, self.shared.config.block_size, entry.len, range);
+            disk.extent_closed(key, self.shared.config.block_size, entry.len, range);
         }
     }
 
@@ -283,6 +286,9 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // Queued jobs end at their next block; the pool then joins its threads as it is dropped.
         self.shared.stopping.store(true, Relaxed);
+        if let Some(disk) = &self.shared.disk {
+            disk.close_lanes();
+        }
         self.shared.cache.wake_warmer();
         if let Some(warmer) = lock(&self.warmer).take() {
             let _ = warmer.join();

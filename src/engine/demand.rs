@@ -14,7 +14,7 @@ use super::cache::{BlockData, LoadTicket, Lookup};
 use super::error::ReadError;
 use super::shared::{Shared, SourceEntry};
 use super::stream::StreamIo;
-use super::tuning::{JOIN_BUFFER_KEEP_BYTES, LOAD_WAIT_TIMEOUT};
+use super::tuning::{load_wait, JOIN_BUFFER_KEEP_BYTES};
 
 thread_local! {
     /// Where a read spanning several blocks is joined, reused by each FUSE thread so that joining
@@ -87,7 +87,7 @@ impl Demand<'_> {
         loop {
             match shared.cache.lookup((entry.id, block), len) {
                 Lookup::Hit(data) => return Ok(data),
-                Lookup::Wait(slot) => match slot.wait(LOAD_WAIT_TIMEOUT) {
+                Lookup::Wait(slot) => match slot.wait(load_wait(shared.config.source_timeout)) {
                     Ok(data) => return Ok(data),
                     // A failed prefetch is retried once on demand: the reader should see its own error.
                     Err(_) if slot.is_prefetch() && !retried_prefetch => retried_prefetch = true,
@@ -133,7 +133,7 @@ impl Demand<'_> {
         }
         self.load_run(first, &mut run, &mut ready)?;
         for (i, slot) in waits {
-            ready[i] = Some(match slot.wait(LOAD_WAIT_TIMEOUT) {
+            ready[i] = Some(match slot.wait(load_wait(shared.config.source_timeout)) {
                 Ok(data) => data,
                 // A failed prefetch is retried on demand: the reader should see its own error.
                 Err(_) if slot.is_prefetch() => self.block(first + i as u64)?,

@@ -33,7 +33,7 @@
 //! Every load goes through `backing` (one read of whole blocks, counted), which asks the disk
 //! tier (`disk`, with `--cache-dir`; a source it caches takes the block path, never the mapping)
 //! first and fetches only the blocks it lacks (queued for the disk tier's writer thread). The disk
-//! tier also keeps whole tensor files for FUSE passthrough ([`Engine::extent_file`]). The cache's budget
+//! tier also keeps whole tensor files for FUSE passthrough ([`Engine::extent_opened`]). The cache's budget
 //! counts blocks being loaded and spare buffers, and `cache::warm` keeps a few spares faulted in.
 //! `shared` holds what the jobs share, `tuning` every constant with its reason, `error` the
 //! [`ReadError`] a failed read returns.

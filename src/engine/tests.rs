@@ -16,7 +16,13 @@ use crate::util::test_support::eventually;
 
 fn engine(block_size: u64, cache_size: u64, io_threads: usize) -> (Arc<Engine>, Arc<Stats>) {
     let stats = Arc::new(Stats::default());
-    let config = EngineConfig { block_size, cache_size, io_threads, map_files: true };
+    let config = EngineConfig {
+        block_size,
+        cache_size,
+        io_threads,
+        map_files: true,
+        source_timeout: std::time::Duration::from_secs(30),
+    };
     let mut readahead = ReadaheadConfig::new(block_size, cache_size);
     // Slack scaled to the small test blocks, so that random tests look random.
     (readahead.back_slack, readahead.forward_slack) = (block_size / 2, 2 * block_size);
@@ -134,7 +140,13 @@ fn prefetch_coalesces_neighbouring_blocks_into_chunk_reads_on_several_lanes() {
     let mut readahead = ReadaheadConfig::new(bs, 1 << 30);
     readahead.max_window_blocks = LANES as u64 * chunk_blocks;
     let stats = Arc::new(Stats::default());
-    let config = EngineConfig { block_size: bs, cache_size: 1 << 30, io_threads: 4, map_files: true };
+    let config = EngineConfig {
+        block_size: bs,
+        cache_size: 1 << 30,
+        io_threads: 4,
+        map_files: true,
+        source_timeout: std::time::Duration::from_secs(30),
+    };
     let engine = Engine::with_readahead(config, readahead, Arc::clone(&stats));
     let id = engine.add_source(Arc::new(Arc::clone(&source)));
     let mut offset = 0;
@@ -356,7 +368,13 @@ fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_advises_ahead() {
 fn a_changed_file_fails_reads_for_the_kernel_and_map_files_off_uses_blocks() {
     let (_dir, path, bytes, file) = local_file(1 << 20);
     let stats = Arc::new(Stats::default());
-    let config = EngineConfig { block_size: 64 << 10, cache_size: 4 << 20, io_threads: 1, map_files: false };
+    let config = EngineConfig {
+        block_size: 64 << 10,
+        cache_size: 4 << 20,
+        io_threads: 1,
+        map_files: false,
+        source_timeout: std::time::Duration::from_secs(30),
+    };
     let blocks = Engine::new(config, Arc::clone(&stats));
     let on_blocks = blocks.add_source(Arc::clone(&file) as Arc<dyn crate::source::Source>);
     let (got, spliceable) = blocks

@@ -20,6 +20,10 @@ pub struct EngineConfig {
     /// of through cache blocks. The switch for anything that needs every read to go through the
     /// block path (a disk cache tier): false keeps local files on blocks, as remote sources are.
     pub map_files: bool,
+    /// The longest one read of a source may take, retries included (`--timeout`; a remote
+    /// source gives up after it). Waits on another thread's load are derived from it
+    /// ([`load_wait`]).
+    pub source_timeout: Duration,
 }
 
 // ---- Reads and loads ----------------------------------------------------------------------------
@@ -27,9 +31,20 @@ pub struct EngineConfig {
 /// Largest block the engine accepts: one allocation per block, and far above any useful size.
 pub const MAX_BLOCK_SIZE: u64 = 1 << 30;
 
-/// How long a reader waits for another thread's load of the same block before failing with EIO:
-/// long enough for a slow network store to deliver a block, short enough that a hung one surfaces.
-pub const LOAD_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a reader waits for another thread's load of the same block before failing with EIO,
+/// for a source whose reads may each take up to `source_timeout` (`--timeout`): at least as long
+/// as that load may itself take, so a healthy load shared by several readers never fails one of
+/// them, and no longer, so a hung one surfaces. A load is one store read, or two when a block
+/// found on disk splits its run (the disk tier) or a descriptor is opened first; plus
+/// [`LOAD_WAIT_SLACK`].
+pub fn load_wait(source_timeout: Duration) -> Duration {
+    source_timeout.saturating_mul(2).saturating_add(LOAD_WAIT_SLACK)
+}
+
+/// What a load may take besides its store reads: the disk tier's reads of the blocks it holds,
+/// and a prefetch lane's wait for room in the disk tier's write queue (`disk::behind::LANE_WAIT`,
+/// 5 s) before its next block lands.
+pub const LOAD_WAIT_SLACK: Duration = Duration::from_secs(6);
 
 /// Capacity a FUSE thread's join buffer (where a read spanning blocks is joined) may keep between
 /// requests: a few MiB per thread, so one huge read does not pin its size for the mount's life.

@@ -192,24 +192,25 @@ impl Fs {
         Ok(())
     }
 
-    /// Turns on whole tensor files on disk for FUSE passthrough ([`Fs::passthrough_file`]); false
+    /// Turns on whole tensor files on disk for FUSE passthrough ([`Fs::tensor_opened`]); false
     /// if the mount has no disk cache.
     pub fn enable_passthrough(&self) -> bool {
         self.engine.enable_extent_files()
     }
 
-    /// A verified file on local disk holding exactly raw tensor file `ino`'s bytes (offset for
-    /// offset), for the kernel to read directly, if the disk cache has one.
-    pub fn passthrough_file(&self, ino: Ino) -> Option<std::fs::File> {
+    /// Raw tensor file `ino` is opened: a verified file on local disk holding exactly its bytes
+    /// (offset for offset), for the kernel to read directly, if the disk cache has one ready;
+    /// otherwise the disk cache prepares one for a later open, off this thread.
+    pub fn tensor_opened(&self, ino: Ino) -> Option<std::fs::File> {
         let t = self.raw_tensor(ino)?;
-        self.engine.extent_file(t.source, t.start..t.start + t.len)
+        self.engine.extent_opened(t.source, t.start..t.start + t.len)
     }
 
-    /// Raw tensor file `ino` was opened or closed: the disk cache may now assemble its file for
-    /// [`Fs::passthrough_file`].
-    pub fn tensor_used(&self, ino: Ino) {
+    /// Raw tensor file `ino` was closed (not passed through): the disk cache may now assemble its
+    /// file for [`Fs::tensor_opened`].
+    pub fn tensor_closed(&self, ino: Ino) {
         if let Some(t) = self.raw_tensor(ino) {
-            self.engine.extent_used(t.source, t.start..t.start + t.len);
+            self.engine.extent_closed(t.source, t.start..t.start + t.len);
         }
     }
 

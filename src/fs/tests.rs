@@ -50,7 +50,13 @@ fn fixture(views: Views) -> (Fs, Tensors, Arc<std::sync::atomic::AtomicBool>) {
     let bytes = Arc::new(crate::format::writer::serialize(&tensors, None).unwrap());
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let engine = Engine::new(
-        EngineConfig { block_size: 64, cache_size: 256, io_threads: 1, map_files: true },
+        EngineConfig {
+            block_size: 64,
+            cache_size: 256,
+            io_threads: 1,
+            map_files: true,
+            source_timeout: std::time::Duration::from_secs(30),
+        },
         Arc::new(Stats::default()),
     );
     let source = engine.add_source(Arc::new(MemSource { bytes: bytes.clone(), fail: fail.clone() }));

@@ -120,16 +120,17 @@ impl FuseAdapter {
     }
 
     /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
-    /// verified one for this tensor and the kernel takes it, else the ordinary way (the page cache
-    /// kept, as when OPEN is not answered). An inode already open keeps its mode.
+    /// verified one for this tensor ready and the kernel takes it, else the ordinary way (the page
+    /// cache kept, as when OPEN is not answered). An inode already open keeps its mode. The disk
+    /// cache decides the rest (`engine::disk::extents`): it never verifies or assembles an
+    /// extent on this thread.
     fn open_file(&self, ino: u64, reply: ReplyOpen) {
         if let Some(open) = lock(&self.opens).get_mut(&ino) {
             open.count += 1;
             return self.reply_open(ino, open.backing.as_ref(), reply);
         }
-        // Verifying an extent file can take a full checksum pass (its first open after a reboot):
-        // done outside the lock, so opens of other files never wait for it.
-        let backing = self.fs.passthrough_file(ino).and_then(|file| match reply.open_backing(&file) {
+        // Outside the lock: opening and checking the file costs a few system calls.
+        let backing = self.fs.tensor_opened(ino).and_then(|file| match reply.open_backing(&file) {
             Ok(id) => Some(id),
             Err(e) => {
                 Stats::add(&self.fs.stats().passthrough_refused, 1);
@@ -143,12 +144,7 @@ impl FuseAdapter {
         // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
         let open = opens.entry(ino).or_insert(Open { count: 0, backing });
         open.count += 1;
-        let first_without = open.count == 1 && open.backing.is_none();
         self.reply_open(ino, open.backing.as_ref(), reply);
-        drop(opens);
-        if first_without {
-            self.fs.tensor_used(ino);
-        }
     }
 
     /// Replies to an OPEN of `ino`: passed through to `backing`, or the ordinary way.
@@ -285,7 +281,7 @@ impl Filesystem for FuseAdapter {
     }
 
     /// Sent only when OPEN was answered (passthrough on): the last release of an inode drops its
-    /// backing file and may let the disk cache assemble its extent file.
+    /// backing file, or tells the disk cache it was closed (it may assemble its extent file).
     fn release(
         &self,
         _req: &Request,
@@ -305,7 +301,7 @@ impl Filesystem for FuseAdapter {
         drop(opens);
         reply.ok();
         if closed.is_some_and(|open| open.backing.is_none()) {
-            self.fs.tensor_used(ino.0);
+            self.fs.tensor_closed(ino.0);
         }
     }
 

@@ -118,6 +118,7 @@ mod tests {
                 cache_size: 1 << 20,
                 io_threads: 1,
                 map_files: true,
+                source_timeout: std::time::Duration::from_secs(30),
             },
             layout: Layout::Tree,
             views: Views { npy: true, as_f32: false },

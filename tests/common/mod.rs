@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use stfs::format::Dtype;
 
 pub mod faultfs;
+pub mod slowdisk;
 pub mod tools;
 pub mod users;
 pub mod wedge;

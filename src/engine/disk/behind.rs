@@ -5,17 +5,17 @@
 //! only because its write is late. When the queue is full a reader's own load drops its write
 //! (counted in `disk_cache_write_drops`; a later mount fetches that block again) rather than wait
 //! for the disk; a prefetch lane makes its block pending before readers get it and then waits,
-//! bounded by [`LANE_WAIT`], for room. Extent jobs (`extent::assemble`) run on the same thread
-//! once no block is queued or pending. The queue is flushed, for at most [`FLUSH_WAIT`], when
-//! the cache is dropped (at unmount).
+//! bounded by [`LANE_WAIT`], for room. Extent jobs (`extents`: assembly, verification) run on
+//! the same thread once no block is queued or pending. When the cache is dropped (at unmount)
+//! the queue is flushed for at most [`FLUSH_WAIT`] and the writer given [`STOP_WAIT`] to end its
+//! job; a writer still busy then (a multi-GB extent, a hung disk) is abandoned to the process's
+//! exit, and the temporary file it leaves is removed by a later scan (`evict`).
 
 use std::collections::{HashMap, VecDeque};
-use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::extent;
 use super::store::ObjectKey;
 use super::tier::Tier;
 use crate::stats::Stats;
@@ -28,8 +28,13 @@ pub(crate) const QUEUE_BYTES: u64 = 64 << 20;
 /// How long a prefetch lane waits for room in a full queue before dropping its write.
 pub(crate) const LANE_WAIT: Duration = Duration::from_secs(5);
 
-/// How long dropping the cache waits for the queue to drain before giving up on the rest.
-pub(crate) const FLUSH_WAIT: Duration = Duration::from_secs(10);
+/// How long dropping the cache waits for the queue to drain before giving up on the rest: with
+/// [`STOP_WAIT`], what the disk cache adds to a daemon's exit at most, well within the 10 s an
+/// unmount may take to end its daemon.
+pub(crate) const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// How long stopping the writer waits for it to end its current job before leaving it behind.
+pub(crate) const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// Spare buffers kept for the next copies (fresh 4 MiB allocations cost page faults).
 const SPARES: usize = 4;
@@ -38,10 +43,9 @@ const SPARES: usize = 4;
 pub(crate) enum Job {
     /// Store block `block` of `key`.
     Block { key: ObjectKey, block: u64, data: Arc<Vec<u8>> },
-    /// Assemble the extent file of `range` of the source under `key` (`extent::assemble`) from
-    /// its blocks on disk. Taken only when no block waits, so the blocks queued before it are
-    /// written by then.
-    Extent { key: ObjectKey, block_size: u64, source_len: u64, range: Range<u64> },
+    /// Work on an extent file (`extents`: its assembly from the blocks on disk, or its full
+    /// check). Taken only when no block waits, so the blocks queued before it are written by then.
+    Extent(Box<dyn FnOnce(&Tier) + Send>),
 }
 
 #[derive(Default)]
@@ -56,6 +60,10 @@ struct State {
     /// The writer is working on a job it took off the queue.
     busy: bool,
     stopping: bool,
+    /// The writer thread has returned.
+    exited: bool,
+    /// No lane waits for room any more (the engine is stopping).
+    closed: bool,
     /// Blocks of prefetch lanes made pending and not queued yet (handed to readers, or waiting for
     /// room): extent jobs wait for them.
     waiting: usize,
@@ -150,6 +158,7 @@ impl WriteBehind {
     ) -> bool {
         let len = data.len() as u64;
         let full = |s: &mut State| !s.stopping && s.bytes + len > QUEUE_BYTES.max(len);
+        let wait = if lock(&self.state).closed { Duration::ZERO } else { wait };
         let mut state = lock(&self.state);
         state = wait_while(&self.room, state, wait, full);
         state.waiting -= 1;
@@ -202,8 +211,17 @@ impl WriteBehind {
         true
     }
 
-    /// Stops the writer after its current job; what is still queued is dropped (and counted).
-    pub(crate) fn stop(&self, stats: &Stats) {
+    /// Lanes no longer wait for room (the engine is stopping): a block the full queue cannot
+    /// take is dropped at once, so the lanes end without waiting on the disk.
+    pub(crate) fn close(&self) {
+        lock(&self.state).closed = true;
+        self.room.notify_all();
+    }
+
+    /// Stops the writer after its current job, waiting at most `wait` for it; what is still
+    /// queued is dropped (and counted). A writer that does not end in time is left running (it
+    /// holds only its own references) and ends with the process.
+    pub(crate) fn stop(&self, stats: &Stats, wait: Duration) {
         let left = {
             let mut state = lock(&self.state);
             state.stopping = true;
@@ -216,8 +234,15 @@ impl WriteBehind {
         };
         Stats::add(&stats.disk_cache_write_drops, left);
         self.work.notify_all();
-        if let Some(thread) = lock(&self.thread).take() {
+        let Some(thread) = lock(&self.thread).take() else { return };
+        let state = wait_while(&self.idle, lock(&self.state), wait, |s| !s.exited);
+        if state.exited {
+            drop(state);
             let _ = thread.join();
+        } else {
+            log::warn!(
+                "the disk cache's writer is still busy after {wait:?} (a large extent or a slow disk); left behind"
+            );
         }
     }
 
@@ -252,6 +277,8 @@ impl WriteBehind {
         let mut state = lock(&self.state);
         loop {
             if state.stopping {
+                state.exited = true;
+                self.idle.notify_all();
                 return;
             }
             // An extent job only once every block queued or waiting for room is written.
@@ -275,15 +302,8 @@ impl WriteBehind {
                     tier.save(&key, block, &data);
                     Some((key, block, data))
                 }
-                Job::Extent { key, block_size, source_len, range } => {
-                    match extent::assemble(&tier.root, &key, block_size, source_len, &range) {
-                        Ok(Some(bytes)) => {
-                            Stats::add(&tier.stats.disk_cache_extents_written, 1);
-                            tier.wrote(bytes);
-                        }
-                        Ok(None) => log::debug!("extent {range:?} of {}: a block is not on disk", key.as_str()),
-                        Err(e) => tier.failed_write(&e),
-                    }
+                Job::Extent(work) => {
+                    work(tier);
                     None
                 }
             };

@@ -20,20 +20,28 @@
 //!   bytes have not changed since they were checksummed;
 //! - a torn file (a crash before its pages reached the disk; nothing is `fsync`'d) needs a crash,
 //!   and a crash means a new boot: so an equal boot id means the file is still the one in the page
-//!   cache the record was taken of.
+//!   cache, whole, whatever reached the disk.
 //!
-//! When both match the file is handed over at the cost of two `stat`s and a 100-byte read. When
-//! either differs (the first open after a reboot, a restored copy) the file gets a full CRC pass
-//! against the record: a match rewrites the record (for this boot), a mismatch removes the file,
-//! as does a missing or unparsable record. What this cannot see is what no `stat` shows, e.g.
-//! the medium corrupting data under the filesystem within one boot, as for any file read from
-//! disk.
+//! When both match the file is handed over at the cost of two `stat`s and a 100-byte read
+//! ([`open_checked`]). When either differs (the first open after a reboot, a restored copy) the
+//! file needs a full CRC pass against the record ([`check`], run off the threads that answer
+//! requests by `extents`): a match rewrites the record (for this boot), a mismatch removes the
+//! file, as does an unparsable record. What this cannot see is what no `stat` shows, e.g. the
+//! medium corrupting data under the filesystem within one boot, as for any file read from disk.
+//!
+//! Publication. The record holds the stats of the data file in place (a rename moves its ctime),
+//! so the data file is renamed into place first and its record follows. Another process (a mount
+//! sharing the directory) can open the data file in between: a data file without a record is
+//! taken for one being published ([`Opened::Unpublished`]: not used, not removed) until it is
+//! [`UNPUBLISHED_AGE`] old, when only a crash between the two renames can explain it and it is
+//! removed. A record never shows half written (it is renamed into place too).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use super::store::{self, ObjectKey};
 
@@ -163,16 +171,26 @@ fn write_record(path: &Path, record: Record) -> io::Result<u64> {
     result.map(|()| RECORD_LEN as u64)
 }
 
+/// What an assembly came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Assembled {
+    /// The extent file and its record are in place: the bytes they take.
+    Written(u64),
+    /// This block is not on disk, or failed its check: nothing was left behind.
+    Missing(u64),
+}
+
 /// Assembles the extent file of `range` (within a source of `source_len` bytes read in blocks of
-/// `block_size`) from the block files under `key`, each verified as it is read. `Ok(None)` when a
-/// block is missing or fails its check (nothing is left behind); else the bytes stored.
+/// `block_size`) from the block files under `key`, each verified as it is read, and publishes it:
+/// the data file renamed into place, then its record (module note: until the record is there, an
+/// open takes the file for one still being published, not for a corrupt one).
 pub(crate) fn assemble(
     root: &Path,
     key: &ObjectKey,
     block_size: u64,
     source_len: u64,
     range: &Range<u64>,
-) -> io::Result<Option<u64>> {
+) -> io::Result<Assembled> {
     let path = extent_path(root, key, range);
     let (temp, mut file) = store::temp_file(&path)?;
     let result = (|| {
@@ -182,7 +200,7 @@ pub(crate) fn assemble(
             let at = block * block_size;
             buf.resize(source_len.saturating_sub(at).min(block_size) as usize, 0);
             if store::read_block(&store::block_path(root, key, block), &mut buf).is_err() {
-                return Ok(None);
+                return Ok(Assembled::Missing(block));
             }
             let from = (range.start.max(at) - at) as usize;
             let to = (range.end.min(at + block_size) - at) as usize;
@@ -191,64 +209,114 @@ pub(crate) fn assemble(
             file.write_all(part)?;
         }
         std::fs::rename(&temp, &path)?;
+        // From an fstat after the rename, which moves the file's ctime on most filesystems.
         let record = Record::of(hasher.finalize(), &file.metadata()?);
-        Ok(Some(range.end - range.start + write_record(&path, record)?))
+        Ok(Assembled::Written(range.end - range.start + write_record(&path, record)?))
     })();
-    if !matches!(result, Ok(Some(_))) {
+    if !matches!(result, Ok(Assembled::Written(_))) {
         let _ = std::fs::remove_file(&temp);
     }
     result
 }
 
+/// A data file without a record younger than this (by its mtime, which nothing but its writer
+/// sets) is being published by another process, between its rename and its record's; an older
+/// one was left by a crash there and is removed as corrupt.
+pub(crate) const UNPUBLISHED_AGE: Duration = Duration::from_secs(600);
+
 /// What opening an extent file found.
 #[derive(Debug)]
 pub(crate) enum Opened {
-    /// The file, verified; `checked` when that took a full CRC pass.
-    Verified { file: File, checked: bool },
+    /// The file, verified.
+    Verified(File),
+    /// The file and its record are there, but its stats or the boot differ from the record's: it
+    /// needs a full CRC pass ([`check`]) before it may be used.
+    Unchecked,
     /// No such file.
     Absent,
-    /// The file is not the one recorded (or has no record): it was removed.
+    /// A data file whose record is not written yet: another process is publishing it.
+    Unpublished,
+    /// The file is not the one recorded (or has no record and is old): it was removed.
     Corrupt(String),
     /// It could not be read.
     Io(io::Error),
 }
 
-/// Opens the extent file of `range` under `key` and verifies it (module note): the record's stats
-/// and boot id, or a full CRC pass when they differ. A file that fails is removed with its record.
-pub(crate) fn open_verified(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Opened {
-    let path = extent_path(root, key, range);
-    // Not following a link, and not blocking on a FIFO planted in its place (then refused below).
-    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Opened::Absent,
-        Err(e) => return Opened::Io(e),
-    };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => return Opened::Io(e),
-    };
-    let record = std::fs::read(meta_path(&path)).ok().and_then(|b| Record::from_bytes(&b));
-    let corrupt = |why: String| {
-        let _ = std::fs::remove_file(&path);
-        let _ = std::fs::remove_file(meta_path(&path));
-        Opened::Corrupt(why)
-    };
-    let Some(record) = record else { return corrupt("no valid checksum record".into()) };
-    if !meta.is_file() || meta.len() != range.end - range.start || record.len != meta.len() {
-        return corrupt(format!("{} bytes, the extent has {}", meta.len(), range.end - range.start));
+/// Opens the extent file of `range` under `key` and checks it against its record (module note)
+/// at the cost of two `stat`s and a 100-byte read; never reads the data. A file that fails is
+/// removed with its record; one that needs a full pass is [`Opened::Unchecked`].
+pub(crate) fn open_checked(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Opened {
+    match open_data(root, key, range) {
+        Ok((file, meta, record)) if record.boot != 0 && Record::of(record.crc, &meta) == record => {
+            touch(&meta_path(&extent_path(root, key, range)));
+            Opened::Verified(file)
+        }
+        Ok(_) => Opened::Unchecked,
+        Err(opened) => opened,
     }
+}
+
+/// [`open_checked`] with a full CRC pass where the stats or the boot differ: a match rewrites the
+/// record (for this boot and these stats), so the next [`open_checked`] passes; a mismatch
+/// removes the file. Reads the whole file: never on a thread that answers requests.
+pub(crate) fn check(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Opened {
+    let path = extent_path(root, key, range);
+    let (file, meta, record) = match open_data(root, key, range) {
+        Ok(opened) => opened,
+        Err(opened) => return opened,
+    };
     if record.boot != 0 && Record::of(record.crc, &meta) == record {
-        touch(&meta_path(&path));
-        return Opened::Verified { file, checked: false };
+        return Opened::Verified(file);
     }
     match crc_of(&file, meta.len()) {
         Ok(crc) if crc == record.crc => {
             // Same bytes, another boot, inode or time (a restored copy): recorded as it is now.
             let _ = write_record(&path, Record::of(crc, &meta));
-            Opened::Verified { file, checked: true }
+            Opened::Verified(file)
         }
-        Ok(_) => corrupt("checksum mismatch".into()),
+        Ok(_) => remove_corrupt(&path, "checksum mismatch".into()),
         Err(e) => Opened::Io(e),
+    }
+}
+
+/// Removes a data file and its record: `why` they are corrupt.
+fn remove_corrupt(path: &Path, why: String) -> Opened {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(meta_path(path));
+    Opened::Corrupt(why)
+}
+
+/// The data file of `range` under `key` open, its stats, and its record if both are there and
+/// agree on the length; else what [`open_checked`] answers.
+fn open_data(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Result<(File, std::fs::Metadata, Record), Opened> {
+    let path = extent_path(root, key, range);
+    // Not following a link, and not blocking on a FIFO planted in its place (then refused below).
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Opened::Absent),
+        Err(e) => return Err(Opened::Io(e)),
+    };
+    let meta = file.metadata().map_err(Opened::Io)?;
+    if !meta.is_file() || meta.len() != range.end - range.start {
+        return Err(remove_corrupt(&path, format!("{} bytes, the extent has {}", meta.len(), range.end - range.start)));
+    }
+    let record = match std::fs::read(meta_path(&path)) {
+        Ok(bytes) => Record::from_bytes(&bytes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let age = meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok());
+            if age.is_none_or(|age| age < UNPUBLISHED_AGE) {
+                return Err(Opened::Unpublished);
+            }
+            None
+        }
+        Err(e) => return Err(Opened::Io(e)),
+    };
+    match record {
+        Some(record) if record.len == meta.len() => Ok((file, meta, record)),
+        Some(record) => {
+            Err(remove_corrupt(&path, format!("recorded {} bytes, the file has {}", record.len, meta.len())))
+        }
+        None => Err(remove_corrupt(&path, "no valid checksum record".into())),
     }
 }
 

@@ -9,40 +9,40 @@
 //! blocks, in order.
 //!
 //! With FUSE passthrough (root), the writer also assembles an extent file for each tensor whose
-//! blocks are all on disk when it is closed ([`DiskCache::want_extent`]); a later open is handed
-//! a verified one ([`DiskCache::open_extent`]) to pass to the kernel.
+//! blocks are all on disk when it is closed ([`DiskCache::extent_closed`]); a later open is
+//! handed a verified one ([`DiskCache::extent_opened`]) to pass to the kernel.
 //!
 //! `store` holds the block files (key, layout, checksum, atomic write), `extent` the extent files
-//! and their check, `tier` the directory's state (accounting, the verified read, the write),
-//! `behind` the write-behind queue, `evict` the size bound and LRU, `open` the directory's checks
-//! at mount and the default bound. Faults never fail a read: a write that fails (disk full,
+//! and their check, `extents` their lifecycle (what is assembled or verified when, off the FUSE
+//! threads), `tier` the directory's state (accounting, the verified read, the write, the blocks
+//! known on disk), `behind` the write-behind queue, `evict` the size bound and LRU, `open` the
+//! directory's checks at mount and the default bound. Faults never fail a read: a write that fails (disk full,
 //! read-only) is counted and warned about once, a corrupt file is counted, removed and fetched
 //! again, a reader's write the full queue cannot take is counted and dropped.
 
 mod behind;
 mod evict;
 mod extent;
+mod extents;
 mod open;
 mod store;
 #[cfg(test)]
 mod tests;
 mod tier;
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub use open::{default_limit, DiskCacheError, DEFAULT_LIMIT_MAX, DEFAULT_LIMIT_PERCENT, MIN_LIMIT};
 pub use store::ObjectKey;
 
 use crate::stats::Stats;
-use crate::util::lock;
-use behind::{Job, WriteBehind};
+use behind::WriteBehind;
+use extents::{Extent, Extents};
 use tier::Tier;
 
 /// A store read of whole blocks from `first` into the buffers, handing each to the callback as
@@ -55,12 +55,8 @@ pub struct DiskCache {
     tier: Arc<Tier>,
     /// The writes waiting for the disk (`behind`).
     queue: Arc<WriteBehind>,
-    /// Extent files are made and served (the mount can pass them to the kernel).
-    extents: AtomicBool,
-    /// Extent files may be turned on (not `--no-passthrough`).
-    extents_allowed: AtomicBool,
-    /// Extents this process queued for assembly (each once).
-    extents_queued: Mutex<HashSet<(ObjectKey, u64, u64)>>,
+    /// The extent files' lifecycle (`extents`).
+    extents: Arc<Extents>,
 }
 
 impl DiskCache {
@@ -80,13 +76,7 @@ impl DiskCache {
         if scan.bytes > limit {
             tier.evict_now();
         }
-        Ok(DiskCache {
-            tier,
-            queue: Arc::default(),
-            extents: AtomicBool::new(false),
-            extents_allowed: AtomicBool::new(true),
-            extents_queued: Mutex::default(),
-        })
+        Ok(DiskCache { tier, queue: Arc::default(), extents: Arc::default() })
     }
 
     /// The directory (absolute).
@@ -184,70 +174,40 @@ impl DiskCache {
     /// Turns extent files on, unless forbidden: a mount that can hand files to the kernel (FUSE
     /// passthrough). Returns whether they are on.
     pub fn enable_extents(&self) -> bool {
-        let on = self.extents_allowed.load(Relaxed);
-        self.extents.store(on, Relaxed);
-        on
+        self.extents.enable()
     }
 
     /// Keeps extent files off for this mount (`--no-passthrough`).
     pub fn forbid_extents(&self) {
-        self.extents_allowed.store(false, Relaxed);
-        self.extents.store(false, Relaxed);
+        self.extents.forbid();
     }
 
-    /// The extent file holding exactly `range` of the source under `key`, verified
-    /// (`extent::open_verified`); `None` if extents are off, it is absent or it failed (counted
-    /// in `disk_cache_corrupt` and removed, or in `disk_cache_errors`).
-    pub(crate) fn open_extent(&self, key: &ObjectKey, range: &Range<u64>) -> Option<File> {
-        if !self.extents.load(Relaxed) || range.is_empty() {
-            return None;
-        }
-        let stats = &self.tier.stats;
-        match extent::open_verified(&self.tier.root, key, range) {
-            extent::Opened::Verified { file, checked } => {
-                if checked {
-                    log::info!("extent {range:?} of {}: verified in full (its record was stale)", key.as_str());
-                }
-                Some(file)
-            }
-            extent::Opened::Absent => None,
-            extent::Opened::Corrupt(why) => {
-                Stats::add(&stats.disk_cache_corrupt, 1);
-                log::warn!("extent {range:?} of {}: {why}; removed, served from blocks", key.as_str());
-                None
-            }
-            extent::Opened::Io(e) => {
-                Stats::add(&stats.disk_cache_errors, 1);
-                log::debug!("extent {range:?} of {}: {e}", key.as_str());
-                None
-            }
-        }
+    /// A file holding exactly `range` of the source under `key` (of `source_len` bytes, read in
+    /// blocks of `block_size`) is opened: its extent file, verified, if one is ready at once
+    /// (`extents`); else `None`, and what would make one ready for a later open is queued. Never
+    /// reads the extent's data on the calling thread.
+    pub(crate) fn extent_opened(
+        &self,
+        key: &ObjectKey,
+        block_size: u64,
+        source_len: u64,
+        range: Range<u64>,
+    ) -> Option<File> {
+        let extent = Extent { key: key.clone(), block_size, source_len, range };
+        self.extents.opened(&self.tier, &self.queue, &extent)
     }
 
-    /// Queues the assembly of the extent file of `range` (a source of `source_len` bytes in blocks
-    /// of `block_size`) if extents are on, it is not there yet and every block it covers is on
-    /// disk or queued; once per process and extent. Costs a few `stat`s: callers run it when a
-    /// file is opened or closed, never on a read.
-    pub(crate) fn want_extent(&self, key: &ObjectKey, block_size: u64, source_len: u64, range: Range<u64>) {
-        if !self.extents.load(Relaxed) || range.is_empty() || block_size == 0 {
-            return;
-        }
-        let id = (key.clone(), range.start, range.end);
-        if lock(&self.extents_queued).contains(&id) {
-            return;
-        }
-        let root = &self.tier.root;
-        if extent::extent_path(root, key, &range).exists() {
-            return;
-        }
-        let blocks = range.start / block_size..range.end.div_ceil(block_size);
-        let present = |b: u64| self.queue.get(key, b).is_some() || store::block_path(root, key, b).exists();
-        if !blocks.clone().all(present) {
-            return;
-        }
-        if lock(&self.extents_queued).insert(id) {
-            self.queue.push_extent(&self.tier, Job::Extent { key: key.clone(), block_size, source_len, range });
-        }
+    /// A file holding exactly `range` of the source under `key` was closed: its extent file is
+    /// assembled (off this thread) if it has none and every block it covers is on disk or
+    /// queued. Cheap: one `stat` and a look at the blocks this process knows are on disk.
+    pub(crate) fn extent_closed(&self, key: &ObjectKey, block_size: u64, source_len: u64, range: Range<u64>) {
+        let extent = Extent { key: key.clone(), block_size, source_len, range };
+        self.extents.closed(&self.tier, &self.queue, &extent);
+    }
+
+    /// The engine is stopping: prefetch lanes no longer wait for room in the write queue.
+    pub(crate) fn close_lanes(&self) {
+        self.queue.close();
     }
 
     /// Waits until the queued writes are on disk, at most `timeout`; false if some are left.
@@ -262,12 +222,13 @@ impl DiskCache {
 }
 
 impl Drop for DiskCache {
-    /// Flushes the queued writes (for at most [`behind::FLUSH_WAIT`]) and stops the writer.
+    /// Flushes the queued writes (for at most [`behind::FLUSH_WAIT`]) and stops the writer (for
+    /// at most [`behind::STOP_WAIT`]; a writer busy longer is left to end with the process).
     fn drop(&mut self) {
         if !self.queue.flush(behind::FLUSH_WAIT) {
             log::warn!("{}: gave up waiting for the disk cache's queued writes", self.tier.root.display());
         }
-        self.queue.stop(&self.tier.stats);
+        self.queue.stop(&self.tier.stats, behind::STOP_WAIT);
     }
 }
 

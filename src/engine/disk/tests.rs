@@ -343,24 +343,41 @@ fn read_file(mut f: std::fs::File) -> Vec<u8> {
     out
 }
 
+/// The extent file of `range` of [`with_blocks`]'s source, if `cache` hands one over at once.
+fn opened(cache: &DiskCache, key: &ObjectKey, range: &std::ops::Range<u64>) -> Option<std::fs::File> {
+    cache.extent_opened(key, 1000, 5500, range.clone())
+}
+
+/// Tells `cache` a file of `range` of [`with_blocks`]'s source was closed.
+fn closed(cache: &DiskCache, key: &ObjectKey, range: std::ops::Range<u64>) {
+    cache.extent_closed(key, 1000, 5500, range);
+}
+
+/// Sets `path`'s mtime `age` in the past.
+fn age(path: &std::path::Path, age: Duration) {
+    std::fs::File::options().write(true).open(path).unwrap().set_modified(SystemTime::now() - age).unwrap();
+}
+
 #[test]
 fn an_extent_file_holds_exactly_its_bytes_and_is_checked_before_each_use() {
     let dir = tempfile::tempdir().unwrap();
     let (cache, stats, key, source) = with_blocks(dir.path());
     let range = 1500..5200;
-    assert!(cache.open_extent(&key, &range).is_none(), "no extent file yet");
-    cache.want_extent(&key, 1000, 5500, range.clone());
+    // No extent file yet: served from blocks, and (every block being on disk) one is assembled.
+    assert!(opened(&cache, &key, &range).is_none(), "no extent file yet");
     assert!(cache.flush(Duration::from_secs(10)));
     assert_eq!(stats.disk_cache_extents_written.load(Relaxed), 1);
     let path = extent::extent_path(dir.path(), &key, &range);
     assert_eq!(std::fs::read(&path).unwrap(), &source[1500..5200]);
-    assert_eq!(read_file(cache.open_extent(&key, &range).unwrap()), &source[1500..5200]);
+    assert_eq!(read_file(opened(&cache, &key, &range).unwrap()), &source[1500..5200]);
 
-    // The same bytes written again (a restored copy: new times): a full check passes and the
-    // record is renewed, so the next open is served from the record again.
+    // The same bytes written again (a restored copy: new times): not handed over until a full
+    // check (off this thread) passes and renews the record; then served from the record again.
     let record = std::fs::read(extent::meta_path(&path)).unwrap();
     std::fs::write(&path, &source[1500..5200]).unwrap();
-    assert_eq!(read_file(cache.open_extent(&key, &range).unwrap()), &source[1500..5200]);
+    assert!(opened(&cache, &key, &range).is_none(), "handed over unchecked");
+    assert!(cache.flush(Duration::from_secs(10)));
+    assert_eq!(read_file(opened(&cache, &key, &range).unwrap()), &source[1500..5200]);
     assert_ne!(std::fs::read(extent::meta_path(&path)).unwrap(), record, "the record was not renewed");
     assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 0);
 
@@ -370,15 +387,91 @@ fn an_extent_file_holds_exactly_its_bytes_and_is_checked_before_each_use() {
     std::os::unix::fs::FileExt::write_at(&file, &[source[1600] ^ 1], 100).unwrap();
     file.set_modified(mtime).unwrap();
     drop(file);
-    assert!(cache.open_extent(&key, &range).is_none());
+    cache.queue().hold(true);
+    assert!(opened(&cache, &key, &range).is_none());
+    assert!(path.exists(), "checked on the caller's thread");
+    cache.queue().hold(false);
+    assert!(cache.flush(Duration::from_secs(10)));
     assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 1);
     assert!(!path.exists() && !extent::meta_path(&path).exists());
 
-    // A data file without a record is never trusted.
+    // A data file without a record is never used: a young one is being published (left alone),
+    // an old one was left by a crash (removed as corrupt).
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, &source[1500..5200]).unwrap();
-    assert!(cache.open_extent(&key, &range).is_none());
+    assert!(opened(&cache, &key, &range).is_none());
+    assert!(path.exists());
+    assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 1);
+    age(&path, extent::UNPUBLISHED_AGE + Duration::from_secs(60));
+    assert!(opened(&cache, &key, &range).is_none());
     assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 2);
+    assert!(!path.exists());
+}
+
+/// Issue 23, item 4: two processes sharing a directory. One publishes an extent (the data file
+/// renamed into place, then its record); the other opens it in between. It must take the file
+/// for one being published, not remove it as corrupt, and use it once the record is there; and a
+/// process that did find one corrupt assembles it again.
+#[test]
+fn an_extent_opened_between_its_data_and_its_record_is_not_taken_for_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, _, key, source) = with_blocks(dir.path());
+    let (reader, reader_stats) = open(dir.path(), 64 << 20);
+    reader.enable_extents();
+    let range = 0..5500;
+    let path = extent::extent_path(dir.path(), &key, &range);
+    // The writer's state between its two renames: the data file in place, no record yet.
+    let temp = dir.path().join("data");
+    std::fs::write(&temp, &source).unwrap();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::rename(&temp, &path).unwrap();
+    assert!(opened(&reader, &key, &range).is_none());
+    assert!(reader.flush(Duration::from_secs(10)));
+    assert!(path.exists(), "the file being published was removed");
+    assert_eq!(reader_stats.disk_cache_corrupt.load(Relaxed), 0);
+    // The writer publishes (its assembly renames its data over, then writes the record).
+    let written = extent::assemble(dir.path(), &key, 1000, 5500, &range).unwrap();
+    assert!(matches!(written, extent::Assembled::Written(_)), "{written:?}");
+    drop(writer);
+    assert_eq!(read_file(opened(&reader, &key, &range).unwrap()), source);
+
+    // A corrupt one is removed, and the process that found it assembles it again at the next close.
+    std::fs::write(&path, vec![0u8; 5500]).unwrap();
+    assert!(opened(&reader, &key, &range).is_none());
+    assert!(reader.flush(Duration::from_secs(10)));
+    assert_eq!(reader_stats.disk_cache_corrupt.load(Relaxed), 1);
+    assert!(!path.exists());
+    for b in 0..6 {
+        assert!(reader.load(&key, b, vec![0; if b == 5 { 500 } else { 1000 }]).is_ok());
+    }
+    closed(&reader, &key, range.clone());
+    assert!(reader.flush(Duration::from_secs(10)));
+    assert_eq!(read_file(opened(&reader, &key, &range).unwrap()), source);
+}
+
+/// Issue 23, item 7: an extent whose record is stale (after a reboot, a restored copy) needs a
+/// full CRC pass: never on the opening thread. The open answers at once (the tensor is served
+/// from blocks) while the writer thread, held here, has not run the check.
+#[test]
+fn an_extent_with_a_stale_record_is_checked_off_the_opening_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, stats, key, source) = with_blocks(dir.path());
+    let range = 0..5500;
+    closed(&cache, &key, range.clone());
+    assert!(cache.flush(Duration::from_secs(10)));
+    let path = extent::extent_path(dir.path(), &key, &range);
+    // A copy of the file in its place: another inode, the record no longer matches.
+    let copy = dir.path().join("copy");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::rename(&copy, &path).unwrap();
+    cache.queue().hold(true);
+    for _ in 0..3 {
+        assert!(opened(&cache, &key, &range).is_none(), "checked in full on the opening thread");
+    }
+    cache.queue().hold(false);
+    assert!(cache.flush(Duration::from_secs(10)));
+    assert_eq!(read_file(opened(&cache, &key, &range).unwrap()), source);
+    assert_eq!(stats.disk_cache_corrupt.load(Relaxed), 0);
 }
 
 #[test]
@@ -386,8 +479,8 @@ fn an_extent_is_assembled_only_when_every_block_is_there_and_only_when_enabled()
     let dir = tempfile::tempdir().unwrap();
     let (cache, stats, key, _) = with_blocks(dir.path());
     std::fs::remove_file(block_path(dir.path(), &key, 3)).unwrap();
-    cache.want_extent(&key, 1000, 5500, 2500..3500);
-    cache.want_extent(&key, 1000, 5500, 0..900);
+    closed(&cache, &key, 2500..3500);
+    closed(&cache, &key, 0..900);
     assert!(cache.flush(Duration::from_secs(10)));
     assert!(!extent::extent_path(dir.path(), &key, &(2500..3500)).exists());
     assert!(extent::extent_path(dir.path(), &key, &(0..900)).exists());
@@ -395,7 +488,7 @@ fn an_extent_is_assembled_only_when_every_block_is_there_and_only_when_enabled()
     // A block removed after the job was queued: assembly finds it missing and leaves nothing.
     let (cache, _, key, _) = with_blocks(dir.path());
     cache.queue().hold(true);
-    cache.want_extent(&key, 1000, 5500, 4000..5500);
+    closed(&cache, &key, 4000..5500);
     std::fs::remove_file(block_path(dir.path(), &key, 5)).unwrap();
     cache.queue().hold(false);
     assert!(cache.flush(Duration::from_secs(10)));
@@ -404,17 +497,17 @@ fn an_extent_is_assembled_only_when_every_block_is_there_and_only_when_enabled()
     // Off (no passthrough): nothing is made and nothing is served.
     let (off, _) = open(dir.path(), 64 << 20);
     off.save(&key, 5, &bytes(9, 5500)[5000..]);
-    off.want_extent(&key, 1000, 5500, 1000..2000);
+    closed(&off, &key, 1000..2000);
     assert!(off.flush(Duration::from_secs(10)));
     assert!(!extent::extent_path(dir.path(), &key, &(1000..2000)).exists());
-    assert!(off.open_extent(&key, &(0..900)).is_none());
+    assert!(opened(&off, &key, &(0..900)).is_none());
 }
 
 #[test]
 fn extent_files_are_counted_evicted_and_cleared_with_their_records() {
     let dir = tempfile::tempdir().unwrap();
     let (cache, _, key, _) = with_blocks(dir.path());
-    cache.want_extent(&key, 1000, 5500, 0..5500);
+    closed(&cache, &key, 0..5500);
     assert!(cache.flush(Duration::from_secs(10)));
     let info = super::info(dir.path()).unwrap();
     assert_eq!((info.blocks, info.extents, info.objects), (6, 1, 1));
@@ -432,10 +525,37 @@ fn extent_files_are_counted_evicted_and_cleared_with_their_records() {
     assert!(!path.exists() && !extent::meta_path(&path).exists());
     assert!(block_path(dir.path(), &key, 5).exists());
     // clear removes everything.
-    cache.want_extent(&key, 1000, 5500, 100..200);
+    closed(&cache, &key, 100..200);
     drop(cache);
     assert_eq!(super::info(dir.path()).unwrap().extents, 1);
     super::clear(dir.path()).unwrap();
     let info = super::info(dir.path()).unwrap();
     assert_eq!((info.blocks, info.extents, info.bytes), (0, 0, 0));
+}
+
+/// Issue 23, item 8: dropping the cache (at unmount) waits a bounded time for a writer busy with
+/// a long job (a multi-GB extent, a hung disk), then leaves it behind: the daemon can exit.
+#[test]
+fn dropping_the_cache_leaves_a_writer_busy_past_the_bound_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, _) = open(dir.path(), 64 << 20);
+    let started = Arc::new(std::sync::Barrier::new(2));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (job_started, job_done) = (Arc::clone(&started), Arc::clone(&done));
+    let job = super::behind::Job::Extent(Box::new(move |_| {
+        job_started.wait();
+        // Busy until the test lets go (after the drop is measured), 30 s at most.
+        let since = std::time::Instant::now();
+        while !job_done.load(Relaxed) && since.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }));
+    assert!(cache.queue.push_extent(&cache.tier, job));
+    started.wait();
+    let start = std::time::Instant::now();
+    drop(cache);
+    let took = start.elapsed();
+    done.store(true, Relaxed);
+    let bound = super::behind::FLUSH_WAIT + super::behind::STOP_WAIT;
+    assert!(took >= bound && took < bound + Duration::from_secs(2), "dropping the cache took {took:?}");
 }

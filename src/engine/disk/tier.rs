@@ -1,15 +1,23 @@
 //! One cache directory's shared state as this process sees it: the bound, the bytes believed
 //! stored, the verified read of a block and its atomic write with the accounting, warnings and
-//! eviction each needs. The reading threads use it through `DiskCache`; the write-behind thread
-//! (`behind`) writes through it.
+//! eviction each needs, and which blocks this process knows are on disk (so that deciding to
+//! assemble an extent costs no `stat` per block). The reading threads use it through `DiskCache`;
+//! the write-behind thread (`behind`) writes through it.
 
+use std::collections::HashMap;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::evict;
 use super::store::{self, ObjectKey};
 use crate::stats::Stats;
+use crate::util::lock;
+
+/// Most blocks [`Tier::all_present`] asks the write queue about: more than it holds of the
+/// smallest blocks (64 MiB of 16 KiB).
+const MAX_PENDING_ASKED: usize = 4096;
 
 /// A cache directory's state (every field but the counters is this process's view).
 #[derive(Debug)]
@@ -26,6 +34,10 @@ pub(crate) struct Tier {
     evicting: AtomicBool,
     /// A failed write was already logged.
     warned: AtomicBool,
+    /// Blocks this process wrote or read verified, by key (a bit per block): set on a write or a
+    /// hit, cleared on a miss and, wholesale, when this process evicts. Another process may
+    /// still remove a block meanwhile; whoever reads it then finds it missing.
+    present: Mutex<HashMap<ObjectKey, Vec<u64>>>,
 }
 
 impl Tier {
@@ -40,6 +52,7 @@ impl Tier {
             written_since_scan: AtomicU64::new(0),
             evicting: AtomicBool::new(false),
             warned: AtomicBool::new(false),
+            present: Mutex::default(),
         };
         tier.publish_stored();
         tier
@@ -52,6 +65,7 @@ impl Tier {
         let stats = &self.stats;
         match store::read_block(&path, &mut buffer) {
             Ok(()) => {
+                self.mark(key, block, true);
                 Stats::add(&stats.disk_cache_hits, 1);
                 Stats::add(&stats.disk_cache_hit_bytes, buffer.len() as u64);
                 return Ok(buffer);
@@ -67,6 +81,7 @@ impl Tier {
                 log::debug!("{}: {e}", path.display());
             }
         }
+        self.mark(key, block, false);
         Stats::add(&stats.disk_cache_misses, 1);
         Err(buffer)
     }
@@ -75,7 +90,10 @@ impl Tier {
     /// counted and logged once per mount: reads go on from the store.
     pub(crate) fn save(&self, key: &ObjectKey, block: u64, data: &[u8]) {
         match store::write_block(&self.root, key, block, data) {
-            Ok(bytes) => self.wrote(bytes),
+            Ok(bytes) => {
+                self.mark(key, block, true);
+                self.wrote(bytes);
+            }
             Err(e) => self.failed_write(&e),
         }
     }
@@ -112,6 +130,9 @@ impl Tier {
         if let Ok(Some(_lock)) = evict::lock(&self.root, false) {
             if let Ok(scan) = evict::scan(&self.root, true) {
                 let done = evict::evict(scan, self.limit);
+                if done.blocks > 0 {
+                    lock(&self.present).clear();
+                }
                 Stats::add(&self.stats.disk_cache_evictions, done.blocks);
                 self.stored.store(done.remaining, Relaxed);
                 self.written_since_scan.store(0, Relaxed);
@@ -119,6 +140,47 @@ impl Tier {
             }
         }
         self.evicting.store(false, Relaxed);
+    }
+
+    /// Records that block `block` of `key` is (or is not) on disk.
+    pub(crate) fn mark(&self, key: &ObjectKey, block: u64, on: bool) {
+        let (word, bit) = ((block / 64) as usize, 1u64 << (block % 64));
+        let mut present = lock(&self.present);
+        if on {
+            // The key is cloned only for its first block, not on every hit.
+            if !present.contains_key(key) {
+                present.insert(key.clone(), Vec::new());
+            }
+            let Some(bits) = present.get_mut(key) else { return };
+            if bits.len() <= word {
+                bits.resize(word + 1, 0);
+            }
+            bits[word] |= bit;
+        } else if let Some(w) = present.get_mut(key).and_then(|bits| bits.get_mut(word)) {
+            *w &= !bit;
+        }
+    }
+
+    /// Whether every block of `blocks` of `key` is known to be on disk, or `pending` (queued for
+    /// the disk) says it soon will be.
+    pub(crate) fn all_present(&self, key: &ObjectKey, blocks: Range<u64>, pending: impl Fn(u64) -> bool) -> bool {
+        let missing: Vec<u64> = {
+            let present = lock(&self.present);
+            let bits = present.get(key).map_or(&[][..], Vec::as_slice);
+            let on = |b: u64| bits.get((b / 64) as usize).is_some_and(|w| w & (1 << (b % 64)) != 0);
+            let mut missing = Vec::new();
+            for block in blocks {
+                if !on(block) {
+                    missing.push(block);
+                    // More holes than the write queue can hold blocks: not worth asking it.
+                    if missing.len() > MAX_PENDING_ASKED {
+                        return false;
+                    }
+                }
+            }
+            missing
+        };
+        missing.into_iter().all(pending)
     }
 
     fn publish_stored(&self) {

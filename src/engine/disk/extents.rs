@@ -1,0 +1,224 @@
+//! The extent files' lifecycle in this process: when one is assembled, when it is verified, and
+//! when it is handed over for FUSE passthrough, all decided here; the FUSE adapter only says that
+//! a tensor file was opened (and takes the file it is given, if any) or closed.
+//!
+//! Nothing here runs long on the caller's thread (a FUSE thread answering OPEN or RELEASE): an
+//! open costs the quick check of `extent::open_checked` (two `stat`s and a 100-byte read), and
+//! deciding to assemble costs a look at the blocks this process knows are on disk (`Tier`), not
+//! a `stat` per block. Everything that reads a whole extent, its assembly and its full check (the
+//! first open after a reboot, a restored copy), is queued for the disk tier's writer thread; the
+//! tensor is served from its blocks meanwhile, and an open after the work is done gets the file.
+//!
+//! Each extent has at most one piece of work queued at a time. An assembly that found a block
+//! missing forgets that block (the next close asks again once it is back); one that failed to
+//! write is not retried by this process (a full or read-only disk). An extent found corrupt is
+//! removed and may be assembled again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use super::behind::{Job, WriteBehind};
+use super::extent::{self, Assembled, Opened};
+use super::store::ObjectKey;
+use super::tier::Tier;
+use crate::stats::Stats;
+use crate::util::lock;
+
+/// One extent: the source's key and the byte range.
+type Id = (ObjectKey, u64, u64);
+
+/// Where an extent stands in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Its assembly or its full check is queued or running.
+    Queued,
+    /// Its assembly failed to write: not tried again by this process.
+    Failed,
+}
+
+/// A tensor file's extent: which source, which bytes, and the source's layout in blocks.
+#[derive(Debug, Clone)]
+pub(crate) struct Extent {
+    pub(crate) key: ObjectKey,
+    pub(crate) block_size: u64,
+    pub(crate) source_len: u64,
+    pub(crate) range: Range<u64>,
+}
+
+impl Extent {
+    fn id(&self) -> Id {
+        (self.key.clone(), self.range.start, self.range.end)
+    }
+
+    fn blocks(&self) -> Range<u64> {
+        self.range.start / self.block_size..self.range.end.div_ceil(self.block_size)
+    }
+
+    fn name(&self) -> String {
+        format!("extent {:?} of {}", self.range, self.key.as_str())
+    }
+}
+
+/// The extent files of one cache directory as this process handles them.
+#[derive(Debug)]
+pub(crate) struct Extents {
+    /// Extent files are made and served (the mount can pass them to the kernel).
+    on: AtomicBool,
+    /// Extent files may be turned on (not `--no-passthrough`).
+    allowed: AtomicBool,
+    states: Mutex<HashMap<Id, State>>,
+}
+
+impl Default for Extents {
+    fn default() -> Self {
+        Extents { on: AtomicBool::new(false), allowed: AtomicBool::new(true), states: Mutex::default() }
+    }
+}
+
+impl Extents {
+    /// Turns extent files on, unless forbidden; returns whether they are on.
+    pub(crate) fn enable(&self) -> bool {
+        let on = self.allowed.load(Relaxed);
+        self.on.store(on, Relaxed);
+        on
+    }
+
+    /// Keeps extent files off (`--no-passthrough`).
+    pub(crate) fn forbid(&self) {
+        self.allowed.store(false, Relaxed);
+        self.on.store(false, Relaxed);
+    }
+
+    /// A tensor file spanning `extent` is opened: its extent file if it is there and passes the
+    /// quick check, for the kernel to read. Otherwise `None` (the tensor is served from its
+    /// blocks), having queued what would make the next open find one: the full check of a file
+    /// whose stats or boot differ from its record, or the assembly of a missing one whose blocks
+    /// are all on disk.
+    pub(crate) fn opened(
+        self: &Arc<Self>,
+        tier: &Arc<Tier>,
+        queue: &Arc<WriteBehind>,
+        extent: &Extent,
+    ) -> Option<File> {
+        if !self.usable(extent) {
+            return None;
+        }
+        match extent::open_checked(&tier.root, &extent.key, &extent.range) {
+            Opened::Verified(file) => Some(file),
+            Opened::Unchecked => {
+                self.queue_work(tier, queue, extent, Work::Check);
+                None
+            }
+            Opened::Absent => {
+                self.want(tier, queue, extent);
+                None
+            }
+            opened => {
+                self.failed(tier, extent, opened);
+                None
+            }
+        }
+    }
+
+    /// A tensor file spanning `extent` was closed (its blocks may all be on disk now): queues the
+    /// assembly of its extent file if it has none and every block it covers is on disk or
+    /// queued for it. Costs one `stat` and a look at the blocks known to be on disk.
+    pub(crate) fn closed(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent) {
+        let idle = || !lock(&self.states).contains_key(&extent.id());
+        if self.usable(extent) && idle() && !extent::extent_path(&tier.root, &extent.key, &extent.range).exists() {
+            self.want(tier, queue, extent);
+        }
+    }
+
+    fn usable(&self, extent: &Extent) -> bool {
+        self.on.load(Relaxed) && !extent.range.is_empty() && extent.block_size > 0
+    }
+
+    /// Queues the assembly of `extent` if every block it covers is on disk or queued.
+    fn want(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent) {
+        if tier.all_present(&extent.key, extent.blocks(), |b| queue.get(&extent.key, b).is_some()) {
+            self.queue_work(tier, queue, extent, Work::Assemble);
+        }
+    }
+
+    /// Queues `work` on `extent` for the writer thread, unless work on it is queued already (or
+    /// its assembly failed before).
+    fn queue_work(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent, work: Work) {
+        let id = extent.id();
+        {
+            let mut states = lock(&self.states);
+            if states.contains_key(&id) {
+                return;
+            }
+            states.insert(id.clone(), State::Queued);
+        }
+        let (this, job_extent) = (Arc::clone(self), extent.clone());
+        let job = Job::Extent(Box::new(move |tier: &Tier| this.run(tier, &job_extent, work)));
+        if !queue.push_extent(tier, job) {
+            lock(&self.states).remove(&id);
+        }
+    }
+
+    /// Runs `work` on `extent` (on the writer thread).
+    fn run(&self, tier: &Tier, extent: &Extent, work: Work) {
+        let Extent { key, block_size, source_len, range } = extent;
+        let mut next = None;
+        match work {
+            Work::Assemble => match extent::assemble(&tier.root, key, *block_size, *source_len, range) {
+                Ok(Assembled::Written(bytes)) => {
+                    Stats::add(&tier.stats.disk_cache_extents_written, 1);
+                    tier.wrote(bytes);
+                }
+                Ok(Assembled::Missing(block)) => {
+                    log::debug!("{}: block {block} is not on disk", extent.name());
+                    tier.mark(key, block, false);
+                }
+                Err(e) => {
+                    tier.failed_write(&e);
+                    next = Some(State::Failed);
+                }
+            },
+            Work::Check => match extent::check(&tier.root, key, range) {
+                Opened::Verified(_) => log::info!("{}: verified in full (its record was stale)", extent.name()),
+                Opened::Absent | Opened::Unpublished => {}
+                opened => self.failed(tier, extent, opened),
+            },
+        }
+        let mut states = lock(&self.states);
+        match next {
+            Some(state) => states.insert(extent.id(), state),
+            None => states.remove(&extent.id()),
+        };
+    }
+
+    /// Counts and logs an extent file that could not be used; one found corrupt was removed, and
+    /// may be assembled again.
+    fn failed(&self, tier: &Tier, extent: &Extent, opened: Opened) {
+        let stats = &tier.stats;
+        match opened {
+            Opened::Corrupt(why) => {
+                Stats::add(&stats.disk_cache_corrupt, 1);
+                log::warn!("{}: {why}; removed, served from blocks", extent.name());
+                lock(&self.states).remove(&extent.id());
+            }
+            Opened::Io(e) => {
+                Stats::add(&stats.disk_cache_errors, 1);
+                log::debug!("{}: {e}", extent.name());
+            }
+            Opened::Unpublished => log::debug!("{}: being published by another process", extent.name()),
+            Opened::Verified(_) | Opened::Unchecked | Opened::Absent => {}
+        }
+    }
+}
+
+/// What the writer thread does to an extent.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    /// Assemble it from its blocks (`extent::assemble`).
+    Assemble,
+    /// Check it in full against its record (`extent::check`).
+    Check,
+}
