@@ -72,10 +72,74 @@ impl Budget {
             }
         }
     }
+}
 
-    /// Sources counted as holding descriptors.
-    #[cfg(test)]
-    pub(crate) fn open_sources(&self) -> usize {
-        self.open.load(Relaxed)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::readahead::ReadaheadConfig;
+    use crate::source::{Source, SourceReader};
+    use std::io;
+
+    /// A source whose readers count themselves while open.
+    struct Counted(Arc<AtomicUsize>);
+
+    struct Reader(Arc<AtomicUsize>);
+
+    impl Drop for Reader {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Relaxed);
+        }
+    }
+
+    impl SourceReader for Reader {
+        fn read_exact_at(&mut self, _: &mut [u8], _: u64) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Source for Counted {
+        fn len(&self) -> u64 {
+            1
+        }
+        fn name(&self) -> &str {
+            "counted"
+        }
+        fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
+            self.0.fetch_add(1, Relaxed);
+            Ok(Box::new(Reader(Arc::clone(&self.0))))
+        }
+    }
+
+    #[test]
+    fn only_the_most_recently_read_sources_keep_descriptors() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let entries: Vec<Arc<SourceEntry>> = (0..10 * OPEN_SOURCES)
+            .map(|id| {
+                let source = Arc::new(Counted(Arc::clone(&open)));
+                Arc::new(SourceEntry::new(id, source, ReadaheadConfig::new(1, 1 << 20), None, false))
+            })
+            .collect();
+        let budget = Budget::default();
+        for entry in &entries {
+            if budget.on_read(&entry.activity) {
+                budget.close_least_recent(&entries);
+            }
+            // A read leaves two idle descriptors behind; one read again leaves none more.
+            entry.spares.keep(entry.source.open_reader().ok());
+            entry.spares.keep(entry.source.open_reader().ok());
+            assert!(budget.open.load(Relaxed) <= OPEN_SOURCES);
+            assert!(open.load(Relaxed) <= 2 * OPEN_SOURCES, "{} descriptors open", open.load(Relaxed));
+        }
+        // The sources read last kept theirs; the first ones closed theirs.
+        assert!(entries.last().unwrap().activity.open.load(Relaxed));
+        assert!(entries.last().unwrap().spares.take().is_some());
+        assert!(!entries[0].activity.open.load(Relaxed));
+        assert!(entries[0].spares.take().is_none());
+        // Read again, a source counts again, and is the last to be closed.
+        if budget.on_read(&entries[0].activity) {
+            budget.close_least_recent(&entries);
+        }
+        assert!(entries[0].activity.open.load(Relaxed));
     }
 }
