@@ -161,7 +161,7 @@ fn slow_checkpoint(work: &Path, backing_dir: &Path) -> (FaultMount, PathBuf, Pat
     let data_offset = (bytes.len() - LEN) as u64;
     let slow_dir = work.join("slow");
     std::fs::create_dir(&slow_dir).unwrap();
-    let slow = FaultMount::uncached(&backing_dir, &slow_dir);
+    let slow = FaultMount::uncached(backing_dir, &slow_dir);
     // Each read of the passthrough waits first: a 1 MiB read of stfs takes tens of milliseconds,
     // so the writer's rewrites land in the middle of them.
     slow.read_delay_us.store(25_000, SeqCst);
