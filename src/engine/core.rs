@@ -279,7 +279,8 @@ impl Engine {
     /// recently read sources when too many hold some (`descriptors`).
     fn on_read(&self, entry: &SourceEntry) {
         if self.shared.descriptors.on_read(&entry.activity) {
-            self.shared.descriptors.close_least_recent(&read(&self.sources));
+            let sources = read(&self.sources);
+            self.shared.descriptors.close_least_recent(&sources, |e| &e.activity, |e| e.close_descriptors());
         }
     }
 

@@ -8,9 +8,8 @@
 //! every shard it has read, and never runs into the process's limit on open files.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use super::shared::SourceEntry;
 use super::tuning::OPEN_SOURCES;
 
 /// The engine's count of sources holding descriptors, and the clock that orders their reads.
@@ -45,29 +44,36 @@ impl Budget {
         self.open.fetch_add(1, Relaxed) + 1 > OPEN_SOURCES
     }
 
-    /// Closes the descriptors of the least recently read of `sources` until three quarters of
-    /// [`OPEN_SOURCES`] hold any (a quarter of room, so this runs once per that many newly read
-    /// sources, not at each). A source with a descriptor in use right now (a load in flight)
-    /// keeps it and stays counted, to be closed at a later round. Another thread already closing:
-    /// nothing (it will have made room).
-    pub(crate) fn close_least_recent(&self, sources: &[Arc<SourceEntry>]) {
+    /// Closes the descriptors of the least recently read of `sources` (each with its part of the
+    /// budget, `activity`, and `close`, which closes its descriptors and says whether it could
+    /// close them all) until three quarters of [`OPEN_SOURCES`] hold any (a quarter of room, so
+    /// this runs once per that many newly read sources, not at each). A source with a descriptor
+    /// in use right now (a load in flight) keeps it and stays counted, to be closed at a later
+    /// round. Another thread already closing: nothing (it will have made room).
+    pub(crate) fn close_least_recent<T>(
+        &self,
+        sources: &[T],
+        activity: impl Fn(&T) -> &Activity,
+        close: impl Fn(&T) -> bool,
+    ) {
         let Ok(_closing) = self.closing.try_lock() else { return };
-        let mut open: Vec<(u64, &SourceEntry)> = sources
+        let mut open: Vec<(u64, &T)> = sources
             .iter()
-            .filter(|e| e.activity.open.load(Relaxed))
-            .map(|e| (e.activity.last_read.load(Relaxed), &**e))
+            .filter(|e| activity(e).open.load(Relaxed))
+            .map(|e| (activity(e).last_read.load(Relaxed), e))
             .collect();
         let keep = OPEN_SOURCES / 4 * 3;
         if open.len() <= keep {
             return;
         }
         open.sort_unstable_by_key(|&(last_read, _)| last_read);
-        for &(_, entry) in &open[..open.len() - keep] {
+        for &(_, source) in &open[..open.len() - keep] {
+            let activity = activity(source);
             // Unmarked first: a read racing with the close marks it again (and counts it).
-            if entry.activity.open.swap(false, Relaxed) {
+            if activity.open.swap(false, Relaxed) {
                 self.open.fetch_sub(1, Relaxed);
             }
-            if !entry.close_descriptors() && !entry.activity.open.swap(true, Relaxed) {
+            if !close(source) && !activity.open.swap(true, Relaxed) {
                 self.open.fetch_add(1, Relaxed);
             }
         }
@@ -77,69 +83,60 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::readahead::ReadaheadConfig;
-    use crate::source::{Source, SourceReader};
-    use std::io;
+    use std::sync::atomic::AtomicUsize;
 
-    /// A source whose readers count themselves while open.
-    struct Counted(Arc<AtomicUsize>);
-
-    struct Reader(Arc<AtomicUsize>);
-
-    impl Drop for Reader {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, Relaxed);
-        }
+    /// A source as the budget sees it: its part, and its idle descriptors (a count).
+    #[derive(Default)]
+    struct Held {
+        activity: Activity,
+        descriptors: AtomicUsize,
+        busy: AtomicBool,
     }
 
-    impl SourceReader for Reader {
-        fn read_exact_at(&mut self, _: &mut [u8], _: u64) -> io::Result<()> {
-            Ok(())
+    fn close(held: &Held) -> bool {
+        if held.busy.load(Relaxed) {
+            return false;
         }
-    }
-
-    impl Source for Counted {
-        fn len(&self) -> u64 {
-            1
-        }
-        fn name(&self) -> &str {
-            "counted"
-        }
-        fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
-            self.0.fetch_add(1, Relaxed);
-            Ok(Box::new(Reader(Arc::clone(&self.0))))
-        }
+        held.descriptors.store(0, Relaxed);
+        true
     }
 
     #[test]
     fn only_the_most_recently_read_sources_keep_descriptors() {
-        let open = Arc::new(AtomicUsize::new(0));
-        let entries: Vec<Arc<SourceEntry>> = (0..10 * OPEN_SOURCES)
-            .map(|id| {
-                let source = Arc::new(Counted(Arc::clone(&open)));
-                Arc::new(SourceEntry::new(id, source, ReadaheadConfig::new(1, 1 << 20), None, false))
-            })
-            .collect();
+        let sources: Vec<Held> = (0..10 * OPEN_SOURCES).map(|_| Held::default()).collect();
         let budget = Budget::default();
-        for entry in &entries {
-            if budget.on_read(&entry.activity) {
-                budget.close_least_recent(&entries);
+        let open = |sources: &[Held]| sources.iter().map(|h| h.descriptors.load(Relaxed)).sum::<usize>();
+        // One source has a load in flight throughout: it keeps its descriptors and stays counted.
+        sources[1].busy.store(true, Relaxed);
+        for held in &sources {
+            if budget.on_read(&held.activity) {
+                budget.close_least_recent(&sources, |h| &h.activity, close);
             }
-            // A read leaves two idle descriptors behind; one read again leaves none more.
-            entry.spares.keep(entry.source.open_reader().ok());
-            entry.spares.keep(entry.source.open_reader().ok());
+            // A read leaves two descriptors behind.
+            held.descriptors.fetch_add(2, Relaxed);
             assert!(budget.open.load(Relaxed) <= OPEN_SOURCES);
-            assert!(open.load(Relaxed) <= 2 * OPEN_SOURCES, "{} descriptors open", open.load(Relaxed));
+            assert!(open(&sources) <= 2 * OPEN_SOURCES, "{} descriptors open", open(&sources));
         }
-        // The sources read last kept theirs; the first ones closed theirs.
-        assert!(entries.last().unwrap().activity.open.load(Relaxed));
-        assert!(entries.last().unwrap().spares.take().is_some());
-        assert!(!entries[0].activity.open.load(Relaxed));
-        assert!(entries[0].spares.take().is_none());
+        // The sources read last kept theirs; the first ones closed theirs, but the busy one.
+        assert!(sources.last().unwrap().activity.open.load(Relaxed));
+        assert_eq!(sources.last().unwrap().descriptors.load(Relaxed), 2);
+        assert!(!sources[0].activity.open.load(Relaxed));
+        assert_eq!(sources[0].descriptors.load(Relaxed), 0);
+        assert!(sources[1].activity.open.load(Relaxed));
+        assert_eq!(sources[1].descriptors.load(Relaxed), 2);
+        // Once its load is done, the next round closes it.
+        sources[1].busy.store(false, Relaxed);
+        let fresh: Vec<Held> = (0..OPEN_SOURCES).map(|_| Held::default()).collect();
+        for held in &fresh {
+            if budget.on_read(&held.activity) {
+                budget.close_least_recent(&sources, |h| &h.activity, close);
+            }
+        }
+        assert_eq!(sources[1].descriptors.load(Relaxed), 0);
         // Read again, a source counts again, and is the last to be closed.
-        if budget.on_read(&entries[0].activity) {
-            budget.close_least_recent(&entries);
+        if budget.on_read(&sources[0].activity) {
+            budget.close_least_recent(&sources, |h| &h.activity, close);
         }
-        assert!(entries[0].activity.open.load(Relaxed));
+        assert!(sources[0].activity.open.load(Relaxed));
     }
 }
