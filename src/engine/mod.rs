@@ -36,8 +36,8 @@
 //! tier also keeps whole tensor files for FUSE passthrough ([`Engine::extent_file`]). The cache's budget
 //! counts blocks being loaded and spare buffers, and `cache::warm` keeps a few spares faulted in.
 //! `descriptors` bounds how many sources keep descriptors open at once (the least recently read
-//! close theirs). `shared` holds what the jobs share, `tuning` every constant with its reason, `error` the
-//! [`ReadError`] a failed read returns.
+//! close theirs). `shared` holds what the jobs share, `tuning` every constant with its reason,
+//! `error` the [`ReadError`] a failed read returns.
 
 mod backing;
 pub mod cache;

@@ -390,6 +390,36 @@ mod tests {
         assert_eq!(read(&file, 0, 10).unwrap(), b"0123456789");
     }
 
+    /// Descriptors of this process open on `path`.
+    fn descriptors_on(path: &Path) -> usize {
+        let entries = std::fs::read_dir("/proc/self/fd").unwrap().flatten();
+        entries.filter(|e| std::fs::read_link(e.path()).is_ok_and(|target| target == path)).count()
+    }
+
+    #[test]
+    fn opening_keeps_no_descriptor_and_an_idle_mapping_closes_its_own() {
+        let (_dir, path) = file_with(&[7; 4096]);
+        let file = LocalFile::open(&path).unwrap();
+        assert_eq!(descriptors_on(&path), 0, "pinned, and closed again");
+        assert_eq!(read(&file, 0, 10).unwrap(), [7; 10]);
+        assert_eq!(descriptors_on(&path), 0, "a reader's descriptor closes with it");
+        assert!(file.mappable(), "a file on a local filesystem can be mapped");
+        let mapping = file.mapping().unwrap();
+        assert!(Arc::ptr_eq(&mapping, &file.mapping().unwrap()), "mapped once");
+        assert_eq!(descriptors_on(&path), 1);
+        file.close_idle();
+        assert_eq!(descriptors_on(&path), 1, "a reply still using the mapping keeps it");
+        drop(mapping);
+        assert_eq!(descriptors_on(&path), 0);
+        assert!(file.mapping().is_some(), "mapped again at the next use");
+        // A file changed since it was pinned is not mapped again: its reads take the block path,
+        // whose check says what changed.
+        file.close_idle();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(10).unwrap();
+        assert!(file.mapping().is_none());
+        assert_eq!(descriptors_on(&path), 0);
+    }
+
     #[test]
     fn vectored_reads_fill_each_buffer_in_turn() {
         let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
