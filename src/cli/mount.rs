@@ -26,6 +26,8 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         std::path::absolute(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
     // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
+    // Before any shard is opened: a checkpoint of hundreds of shards needs more than a soft 1,024.
+    crate::mount::limits::raise_open_files_limit();
     let opened = checkpoint::open(&config.source, &config.open_options(stats.clone())?)?;
     check_place(&config.mountpoint, &opened)?;
     let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use super::cache::BlockCache;
 use super::demand::Demand;
+use super::descriptors::Budget;
 use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
 use super::prefetch::Prefetcher;
@@ -70,7 +71,8 @@ impl Engine {
         }
         let cache = BlockCache::new(config.cache_size, Arc::clone(&stats));
         let io_threads = config.io_threads;
-        let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false), disk });
+        let descriptors = Budget::default();
+        let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false), disk, descriptors });
         let prefetcher = Prefetcher::start(&shared, io_threads);
         let warmer = Mutex::new(None);
         Arc::new(Engine { shared, readahead, sources: RwLock::new(Vec::new()), prefetcher, warmer })
@@ -152,6 +154,7 @@ impl Engine {
         if offset >= end {
             return Ok(consume(&[]));
         }
+        self.on_read(&entry);
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
         let stream =
@@ -193,6 +196,7 @@ impl Engine {
         if offset >= end {
             return Ok(to_kernel(KernelBytes::default()));
         }
+        self.on_read(&entry);
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
         if let Some(advice) = entry.streams.on_mapped_read(offset..end, extent, &entry.spares, &shared.stats) {
@@ -272,6 +276,15 @@ impl Engine {
     /// Length of a registered source (0 for an unknown id).
     pub fn source_len(&self, source: SourceId) -> u64 {
         self.entry(source).map_or(0, |e| e.len)
+    }
+
+    /// Counts a read of `entry` in the descriptor budget, closing the descriptors of the least
+    /// recently read sources when too many hold some (`descriptors`).
+    fn on_read(&self, entry: &SourceEntry) {
+        if self.shared.descriptors.on_read(&entry.activity) {
+            let sources = read(&self.sources);
+            self.shared.descriptors.close_least_recent(&sources, |e| &e.activity, |e| e.close_descriptors());
+        }
     }
 
     fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {

@@ -35,13 +35,15 @@
 //! first and fetches only the blocks it lacks (queued for the disk tier's writer thread). The disk
 //! tier also keeps whole tensor files for FUSE passthrough ([`Engine::extent_opened`]). The cache's budget
 //! counts blocks being loaded and spare buffers, and `cache::warm` keeps a few spares faulted in.
-//! `shared` holds what the jobs share, `tuning` every constant with its reason, `error` the
-//! [`ReadError`] a failed read returns.
+//! `descriptors` bounds how many sources keep descriptors open at once (the least recently read
+//! close theirs). `shared` holds what the jobs share, `tuning` every constant with its reason,
+//! `error` the [`ReadError`] a failed read returns.
 
 mod backing;
 pub mod cache;
 mod core;
 mod demand;
+mod descriptors;
 pub mod disk;
 mod error;
 mod pool;

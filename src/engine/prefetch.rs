@@ -56,7 +56,7 @@ fn run_lane(shared: &Shared, job: &Job) {
         return;
     };
     if let Some(mapping) = job.source.mapping() {
-        return advise_lane(shared, job, mapping);
+        return advise_lane(shared, job, &mapping);
     }
     while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
         let mut run: Vec<LoadTicket<'_>> = Vec::new();

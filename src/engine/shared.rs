@@ -1,12 +1,14 @@
 //! What the engine's jobs share, passed to them by reference: [`Shared`], the engine-wide state
 //! that the reading threads, the prefetch lanes and the warming thread all use, and
-//! [`SourceEntry`], one registered source with its streams and spare descriptors.
+//! [`SourceEntry`], one registered source with its streams and spare descriptors (all of which
+//! [`SourceEntry::close_descriptors`] closes when the descriptor budget says so).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::cache::BlockCache;
+use super::descriptors::{Activity, Budget};
 use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
 use super::readahead::ReadaheadConfig;
@@ -29,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     /// The disk tier below the cache (`--cache-dir`), if any.
     pub(crate) disk: Option<Arc<DiskCache>>,
+    /// How many sources hold descriptors, and which were read last (`descriptors`).
+    pub(crate) descriptors: Budget,
 }
 
 /// One registered source as the engine holds it.
@@ -51,6 +55,8 @@ pub(crate) struct SourceEntry {
     /// Reply bytes copied from the mapping (not spliced) since its page-table entries were last
     /// dropped.
     pub(crate) mapped_since_release: AtomicU64,
+    /// Its part of the descriptor budget: when it was last read, whether it may hold descriptors.
+    pub(crate) activity: Activity,
 }
 
 impl SourceEntry {
@@ -65,7 +71,8 @@ impl SourceEntry {
         map: bool,
     ) -> SourceEntry {
         let len = source.len();
-        let mapped = map && source.mapping().is_some_and(|m| m.len() == len);
+        // Not mapped yet: a source maps (and opens) itself at its first reply.
+        let mapped = map && source.mappable();
         if source.remote() {
             readahead.max_window_blocks = readahead.remote_max_window_blocks;
         }
@@ -78,12 +85,26 @@ impl SourceEntry {
             disk_key,
             mapped,
             mapped_since_release: AtomicU64::new(0),
+            activity: Activity::default(),
         }
     }
 
-    /// The mapping the kernel's reads are served from, if they are.
-    pub(crate) fn mapping(&self) -> Option<&Mapping> {
-        self.source.mapping().filter(|_| self.mapped)
+    /// The mapping the kernel's reads are served from, if they are (mapped now if it was not).
+    pub(crate) fn mapping(&self) -> Option<Arc<Mapping>> {
+        if self.mapped {
+            self.source.mapping().filter(|m| m.len() == self.len)
+        } else {
+            None
+        }
+    }
+
+    /// Closes every descriptor this source holds (its streams', its spares, its mapping's) but
+    /// those in use by a load right now; false if some were. Each reopens at its next use.
+    pub(crate) fn close_descriptors(&self) -> bool {
+        let all = self.streams.close_descriptors();
+        self.spares.clear();
+        self.source.close_idle();
+        all
     }
 
     /// Length of block `block`: a whole block, except the last one of the source.

@@ -20,6 +20,11 @@ impl Spares {
         lock(&self.0).pop()
     }
 
+    /// Closes every idle descriptor kept.
+    pub(crate) fn clear(&self) {
+        lock(&self.0).clear();
+    }
+
     /// Keeps `descriptor` for a later read, unless enough are kept already (it is then closed).
     pub(crate) fn keep(&self, descriptor: Option<Box<dyn SourceReader>>) {
         let mut spares = lock(&self.0);

@@ -123,6 +123,22 @@ impl Streams {
         advice
     }
 
+    /// Closes the descriptors of every stream (they reopen at the stream's next load); those a
+    /// load is using right now stay open. False if any did.
+    pub(crate) fn close_descriptors(&self) -> bool {
+        let table = lock(&self.table);
+        let mut all = true;
+        for stream in &table.streams {
+            for descriptor in std::iter::once(&stream.io.descriptor).chain(&stream.io.lanes) {
+                match descriptor.try_lock() {
+                    Ok(mut descriptor) => drop(descriptor.take()),
+                    Err(_) => all = false,
+                }
+            }
+        }
+        all
+    }
+
     /// Finds (or starts) the stream of the read of `range` in `extent`, runs `prefetch` on it with
     /// the readahead's decision under the table's lock, records what the stream has left behind
     /// and the table's totals. Returns the stream's I/O and whether it is sequential.

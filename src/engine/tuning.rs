@@ -175,3 +175,12 @@ pub const MAX_HELD_BEHIND: usize = 64;
 
 /// Bytes of warm spares kept ready (at most [`MAX_SPARES`] buffers): a few FUSE requests' worth.
 pub const WARM_SPARE_BYTES: u64 = 4 << 20;
+
+// ---- Descriptors --------------------------------------------------------------------------------
+
+/// Sources that may keep descriptors open at once (`descriptors`): beyond this, the least recently
+/// read ones close theirs, to reopen at their next read. A source being read sequentially holds
+/// one for its reads and one per busy prefetch lane ([`LANES`]), plus a few spares: 32 sources
+/// read at once (more than any loader reads in parallel) stay within a few hundred descriptors,
+/// well under a soft limit of 1,024, while reopening a shard costs one `open` or one connection.
+pub const OPEN_SOURCES: usize = 32;

@@ -3,7 +3,7 @@
 //! mount point itself ([`mountpoint`]), where the log goes ([`logging`], [`syslog`]) and the
 //! `auto_unmount` watcher ([`watcher`]); what a user needs to mount ([`access`]), what is mounted
 //! where ([`mountinfo`]), and `stfs umount` ([`unmount`]), whose system calls have deadlines
-//! ([`bounded`]).
+//! ([`bounded`]). The soft limit on open descriptors is raised at start ([`limits`]).
 //!
 //! Nothing here prints: every failure is a typed error that `cli` reports as one line.
 
@@ -11,6 +11,7 @@ pub mod access;
 pub mod bounded;
 pub mod build;
 pub mod daemon;
+pub mod limits;
 pub mod logging;
 pub mod mountinfo;
 pub mod mountpoint;

@@ -1,15 +1,20 @@
-//! A local file as a source: pinned by its identity at open, checked before every read, read with
-//! `pread`/`preadv` on a descriptor per stream, and (on a local filesystem) mapped, so the engine
-//! can reply from its page cache with no copy in user space ([`Mapping`]).
+//! A local file as a source: pinned by its identity at open, checked before and after every read
+//! (bytes read while the file changed are an error, never data), read with `pread`/`preadv` on a
+//! descriptor per stream, and (on a local filesystem) mapped, so the engine can reply from its page
+//! cache with no copy in user space ([`Mapping`]). Opening pins the file and keeps no descriptor:
+//! the mapping and every stream's descriptor are opened when first used (a checkpoint of a thousand
+//! shards mounts with none open), and the mapping is closed again by [`Source::close_idle`].
 
 use std::fs::{File, Metadata};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::mapped::Mapping;
 use super::{read_in_pieces, Source, SourceReader};
+use crate::util::lock;
 
 /// How much of a long read a local file stream reads per `preadv` in
 /// [`SourceReader::read_blocks_at`]: the next piece continues where the previous one ended (the
@@ -45,17 +50,22 @@ impl Identity {
     }
 }
 
-/// A local file pinned by identity (device, inode, size, mtime) when opened.
+/// A local file pinned by identity (device, inode, size, mtime, ctime) when opened.
 pub struct LocalFile {
     path: PathBuf,
     name: String,
     pinned: Identity,
-    /// The whole file mapped, unless it is empty or on a network or FUSE filesystem ([`mappable`]).
-    mapping: Option<Mapping>,
+    /// Whether the file is worth mapping: not empty, and not on a network or FUSE filesystem
+    /// ([`mappable`]), as found at open.
+    mappable: bool,
+    /// The whole file mapped, once a reply has wanted it; dropped (with its descriptor) by
+    /// [`Source::close_idle`], mapped again at the next use.
+    mapping: Mutex<Option<Arc<Mapping>>>,
 }
 
 impl LocalFile {
-    /// Opens `path` and records its identity. Fails for anything that is not a readable regular file.
+    /// Opens `path`, records its identity and closes it again. Fails for anything that is not a
+    /// readable regular file.
     pub fn open(path: &Path) -> io::Result<LocalFile> {
         let name = path.to_string_lossy().into_owned();
         // stat before open: opening a FIFO read-only would block until a writer shows up.
@@ -65,14 +75,15 @@ impl LocalFile {
         let meta = file.metadata()?;
         check_regular(&meta)?;
         let pinned = Identity::of(&meta);
-        let mapping = if mappable(&file) {
-            let (mapped, path) = (file.try_clone()?, path.to_path_buf());
-            let checked = file;
-            Mapping::new(mapped, pinned.size, Box::new(move || check_unchanged(&checked, &path, pinned)))
-        } else {
-            None
-        };
-        Ok(LocalFile { path: path.to_path_buf(), name, pinned, mapping })
+        let mappable = pinned.size > 0 && mappable(&file);
+        Ok(LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) })
+    }
+
+    /// A new descriptor on the pinned file: fails if the path no longer names it unchanged.
+    fn open_pinned(&self) -> io::Result<File> {
+        let file = File::open(&self.path)?;
+        check_unchanged(&file, &self.path, self.pinned)?;
+        Ok(file)
     }
 
     /// The backing file's modification time (for the mount's attributes).
@@ -111,24 +122,48 @@ impl Source for LocalFile {
         &self.name
     }
 
-    fn mapping(&self) -> Option<&Mapping> {
-        self.mapping.as_ref()
+    fn mappable(&self) -> bool {
+        self.mappable
+    }
+
+    /// Maps the file at its first use (and again after [`Source::close_idle`]); `None` if it is not
+    /// [`mappable`](Source::mappable), no longer the pinned file, or `mmap` fails: the reads then
+    /// take the block path, whose check reports the change.
+    fn mapping(&self) -> Option<Arc<Mapping>> {
+        if !self.mappable {
+            return None;
+        }
+        let mut slot = lock(&self.mapping);
+        if let Some(mapping) = slot.as_ref() {
+            return Some(Arc::clone(mapping));
+        }
+        let file = self.open_pinned().map_err(|e| log::debug!("{}: not mapped: {e}", self.name)).ok()?;
+        let (path, pinned) = (self.path.clone(), self.pinned);
+        let check = Box::new(move |file: &File| check_unchanged(file, &path, pinned));
+        let mapping = Arc::new(Mapping::new(file, self.pinned.size, check)?);
+        *slot = Some(Arc::clone(&mapping));
+        Some(mapping)
+    }
+
+    /// Drops the mapping: its descriptor closes once the replies using it are done.
+    fn close_idle(&self) {
+        lock(&self.mapping).take();
     }
 
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
-        let file = File::open(&self.path)?;
+        let file = self.open_pinned()?;
         // The engine already reads whole blocks and prefetches on its own; kernel readahead on
         // top would read past what it asked for (on a network mount: bytes fetched twice or for
         // nothing). Advice only: failure changes nothing but speed.
         // SAFETY: plain syscall on a descriptor we own.
         unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_RANDOM) };
-        let stream = LocalStream { file, path: self.path.clone(), pinned: self.pinned };
-        stream.check_unchanged()?;
-        Ok(Box::new(stream))
+        Ok(Box::new(LocalStream { file, path: self.path.clone(), pinned: self.pinned }))
     }
 }
 
-/// One descriptor on a [`LocalFile`]; checks the file is still the pinned one before every read.
+/// One descriptor on a [`LocalFile`]; checks the file is still the pinned one before every read,
+/// and again after it: bytes read while a writer rewrote the file in place (same size, a block
+/// mixing old and new bytes) are an error, never handed to the cache or the disk tier.
 struct LocalStream {
     file: File,
     path: PathBuf,
@@ -143,7 +178,10 @@ impl LocalStream {
 
 /// Whether `file` is the one `pinned` at `path`: one fstat of the descriptor (catches writes and
 /// truncation) and one stat of the path (catches a rename over it or a delete). Two syscalls per
-/// read (a block run, or one FUSE request on the mapped path) cost nothing visible.
+/// check (a piece of a block run, before and after it is read, or one FUSE request on the mapped
+/// path) cost nothing visible. A write moves the ctime before its bytes land, so a check after a
+/// read sees any write whose bytes the read may have picked up (on a network or FUSE filesystem,
+/// as soon as its attributes are fresh: they are cached for up to its attribute timeout).
 fn check_unchanged(file: &File, path: &Path, pinned: Identity) -> io::Result<()> {
     let ours = Identity::of(&file.metadata()?);
     if ours.dev != pinned.dev || ours.ino != pinned.ino {
@@ -290,7 +328,8 @@ impl SourceReader for LocalStream {
                 index += 1;
             }
         }
-        Ok(())
+        // Checked again after the read: a rewrite in place during it may have mixed versions.
+        self.check_unchanged()
     }
 
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -302,7 +341,9 @@ impl SourceReader for LocalStream {
             } else {
                 e
             }
-        })
+        })?;
+        // Checked again after the read: a rewrite in place during it may have mixed versions.
+        self.check_unchanged()
     }
 }
 
@@ -347,6 +388,36 @@ mod tests {
         assert_eq!(file.mtime(), std::fs::metadata(&path).unwrap().modified().unwrap());
         assert_eq!(read(&file, 3, 4).unwrap(), b"3456");
         assert_eq!(read(&file, 0, 10).unwrap(), b"0123456789");
+    }
+
+    /// Descriptors of this process open on `path`.
+    fn descriptors_on(path: &Path) -> usize {
+        let entries = std::fs::read_dir("/proc/self/fd").unwrap().flatten();
+        entries.filter(|e| std::fs::read_link(e.path()).is_ok_and(|target| target == path)).count()
+    }
+
+    #[test]
+    fn opening_keeps_no_descriptor_and_an_idle_mapping_closes_its_own() {
+        let (_dir, path) = file_with(&[7; 4096]);
+        let file = LocalFile::open(&path).unwrap();
+        assert_eq!(descriptors_on(&path), 0, "pinned, and closed again");
+        assert_eq!(read(&file, 0, 10).unwrap(), [7; 10]);
+        assert_eq!(descriptors_on(&path), 0, "a reader's descriptor closes with it");
+        assert!(file.mappable(), "a file on a local filesystem can be mapped");
+        let mapping = file.mapping().unwrap();
+        assert!(Arc::ptr_eq(&mapping, &file.mapping().unwrap()), "mapped once");
+        assert_eq!(descriptors_on(&path), 1);
+        file.close_idle();
+        assert_eq!(descriptors_on(&path), 1, "a reply still using the mapping keeps it");
+        drop(mapping);
+        assert_eq!(descriptors_on(&path), 0);
+        assert!(file.mapping().is_some(), "mapped again at the next use");
+        // A file changed since it was pinned is not mapped again: its reads take the block path,
+        // whose check says what changed.
+        file.close_idle();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(10).unwrap();
+        assert!(file.mapping().is_none());
+        assert_eq!(descriptors_on(&path), 0);
     }
 
     #[test]

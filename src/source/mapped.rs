@@ -62,8 +62,9 @@ impl<'a> From<&'a [u8]> for KernelBytes<'a> {
     }
 }
 
-/// The check a mapping runs before handing out bytes: the file is still the pinned one.
-type Check = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
+/// The check a mapping runs on its descriptor before handing out bytes: the file is still the
+/// pinned one.
+type Check = Box<dyn Fn(&File) -> io::Result<()> + Send + Sync>;
 
 /// A read-only mapping of a whole file; see the module doc.
 pub struct Mapping {
@@ -118,7 +119,7 @@ impl Mapping {
         range: Range<u64>,
         to_kernel: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> io::Result<(R, bool)> {
-        (self.check)()?;
+        (self.check)(&self.file)?;
         let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(self.len);
         let end = usize::try_from(range.end).unwrap_or(usize::MAX).clamp(start, self.len);
         // SAFETY: `[start, end)` lies inside the live mapping, which is read-only and outlives the
@@ -175,7 +176,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
         // No pin check: this is the race where the file shrinks after the check passed.
-        let mapping = Mapping::new(File::open(&path).unwrap(), 1 << 20, Box::new(|| Ok(()))).unwrap();
+        let mapping = Mapping::new(File::open(&path).unwrap(), 1 << 20, Box::new(|_| Ok(()))).unwrap();
         let mut out = tempfile::tempfile().unwrap();
         let (written, sliced) = mapping.to_kernel(0..8192, |b| out.write(b.slice())).unwrap();
         assert_eq!((written.unwrap(), sliced), (8192, true));
@@ -189,7 +190,7 @@ mod tests {
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EFAULT));
         // Clipped to the mapping; the check's error is returned before anything is handed out.
         assert_eq!(mapping.to_kernel(1 << 30..1 << 31, |b| b.len()).unwrap().0, 0);
-        let refusing = Mapping::new(File::open(&path).unwrap(), 4096, Box::new(|| Err(io::Error::other("changed"))));
+        let refusing = Mapping::new(File::open(&path).unwrap(), 4096, Box::new(|_| Err(io::Error::other("changed"))));
         assert!(refusing.unwrap().to_kernel(0..10, |_| unreachable!()).is_err());
     }
 }

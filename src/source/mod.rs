@@ -10,6 +10,7 @@
 //! [`http`] the remote source, and [`object`] the object stores (`s3://`, `gs://`) read through it.
 
 use std::io;
+use std::sync::Arc;
 
 pub mod http;
 pub mod hub;
@@ -35,12 +36,24 @@ pub trait Source: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Opens a new independent reader with its own descriptor or connection.
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>>;
+    /// Whether the source offers a [`Source::mapping`] (found when it was opened, without mapping
+    /// it). False (the default): read only through [`SourceReader`]s, into blocks (a remote
+    /// object, or a file on a network filesystem).
+    fn mappable(&self) -> bool {
+        false
+    }
     /// The whole source mapped read-only, for replies the kernel copies straight from its page
-    /// cache ([`Mapping::to_kernel`] checks the pin first). `None` (the default): read only through
-    /// [`SourceReader`]s, into blocks (a remote object, or a file on a network filesystem).
-    fn mapping(&self) -> Option<&Mapping> {
+    /// cache ([`Mapping::to_kernel`] checks the pin first): mapped at the first call, kept until
+    /// [`Source::close_idle`]. `None` if the source is not [`Source::mappable`] or cannot be mapped
+    /// now.
+    fn mapping(&self) -> Option<Arc<Mapping>> {
         None
     }
+    /// Closes what the source itself keeps open (a local file's mapping and its descriptor) until
+    /// its next use: the engine calls it for sources nobody has read for a while, so a mount of
+    /// many shards keeps a bounded number of descriptors. Nothing (the default) for a source that
+    /// keeps nothing open between reads.
+    fn close_idle(&self) {}
     /// Whether every read is a request to a store with per-request latency (HTTP, object stores):
     /// the engine then keeps a larger readahead window in flight. False (the default): a file.
     fn remote(&self) -> bool {

@@ -5,7 +5,10 @@
 //! It stands in for a disk or network filesystem that returns I/O errors, so a test can put a
 //! checkpoint on it, mount stfs on top, and check how a backing EIO surfaces and recovers.
 //! Opens reply FOPEN_DIRECT_IO so that every read reaches this process (the kernel page cache
-//! would otherwise hide the injected faults).
+//! would otherwise hide the injected faults). It can also make every read slow (a delay before
+//! the bytes are read, so a write to the backing file can land in the middle of a long read) and
+//! serve attributes that are never cached ([`FaultMount::uncached`]), so a check of the file's
+//! identity always sees its latest size and times.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -25,6 +28,10 @@ const TTL: Duration = Duration::from_millis(100);
 /// The filesystem: a backing directory, the failure switch, and inode numbers handed out by name.
 struct FaultFs {
     backing: PathBuf,
+    /// How long the kernel may cache attributes.
+    ttl: Duration,
+    /// Microseconds each read waits before reading.
+    read_delay_us: Arc<AtomicU64>,
     fail_reads: Arc<AtomicBool>,
     failed_reads: Arc<AtomicU64>,
     hang_reads: Arc<AtomicBool>,
@@ -86,7 +93,7 @@ impl Filesystem for FaultFs {
         }
         let ino = self.ino_of(name);
         match self.attr(ino, &path) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Ok(a) => reply.entry(&self.ttl, &a, Generation(0)),
             Err(e) => reply.error(errno_of(&e)),
         }
     }
@@ -94,7 +101,7 @@ impl Filesystem for FaultFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let path = if ino.0 == 1 { Some(self.backing.clone()) } else { self.path_of(ino.0) };
         match path.map(|p| self.attr(ino.0, &p)) {
-            Some(Ok(a)) => reply.attr(&TTL, &a),
+            Some(Ok(a)) => reply.attr(&self.ttl, &a),
             Some(Err(e)) => reply.error(errno_of(&e)),
             None => reply.error(Errno::ENOENT),
         }
@@ -123,6 +130,10 @@ impl Filesystem for FaultFs {
         let held_since = std::time::Instant::now();
         while self.hang_reads.load(SeqCst) && held_since.elapsed() < super::TIMEOUT {
             std::thread::sleep(Duration::from_millis(5));
+        }
+        let delay = self.read_delay_us.load(SeqCst);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
         }
         if self.fail_reads.load(SeqCst) {
             self.failed_reads.fetch_add(1, SeqCst);
@@ -178,18 +189,33 @@ pub struct FaultMount {
     pub failed_reads: Arc<AtomicU64>,
     /// While true, every read waits (up to the test timeout) until it is cleared.
     pub hang_reads: Arc<AtomicBool>,
+    /// Microseconds every read waits before reading the backing file (0: none).
+    pub read_delay_us: Arc<AtomicU64>,
     session: Option<fuser::BackgroundSession>,
 }
 
 impl FaultMount {
     /// Mounts a passthrough of `backing` on the (existing, empty) directory `mountpoint`.
     pub fn new(backing: &Path, mountpoint: &Path) -> FaultMount {
+        FaultMount::with_ttl(backing, mountpoint, TTL)
+    }
+
+    /// [`FaultMount::new`] whose attributes the kernel never caches: every `stat` and `fstat` of
+    /// a file sees the backing file as it is now.
+    pub fn uncached(backing: &Path, mountpoint: &Path) -> FaultMount {
+        FaultMount::with_ttl(backing, mountpoint, Duration::ZERO)
+    }
+
+    fn with_ttl(backing: &Path, mountpoint: &Path, ttl: Duration) -> FaultMount {
+        let read_delay_us = Arc::new(AtomicU64::new(0));
         let fail_reads = Arc::new(AtomicBool::new(false));
         let failed_reads = Arc::new(AtomicU64::new(0));
         let hang_reads = Arc::new(AtomicBool::new(false));
         let fs = FaultFs {
             hang_reads: Arc::clone(&hang_reads),
             backing: backing.to_path_buf(),
+            ttl,
+            read_delay_us: Arc::clone(&read_delay_us),
             fail_reads: Arc::clone(&fail_reads),
             failed_reads: Arc::clone(&failed_reads),
             names: Mutex::new(Vec::new()),
@@ -202,7 +228,14 @@ impl FaultMount {
             super::wait_until(super::TIMEOUT, || std::fs::metadata(mountpoint).map(|m| m.ino() == 1).unwrap_or(false)),
             "fault filesystem never answered"
         );
-        FaultMount { path: mountpoint.to_path_buf(), fail_reads, failed_reads, hang_reads, session: Some(session) }
+        FaultMount {
+            path: mountpoint.to_path_buf(),
+            fail_reads,
+            failed_reads,
+            hang_reads,
+            read_delay_us,
+            session: Some(session),
+        }
     }
 }
 

@@ -1,0 +1,142 @@
+//! The mount's descriptor budget: how many sources may keep descriptors open at once.
+//!
+//! A source keeps descriptors from its first read on: its streams' and their prefetch lanes', its
+//! spares (`spares`), and what the source keeps itself (a local file's mapping, an HTTP reader's
+//! keep-alive connection is its reader's). Once more than [`OPEN_SOURCES`] sources hold them,
+//! the least recently read ones close all they hold (each reopens at its next read), so a mount
+//! of a thousand shards read one after the other keeps the descriptors of a few dozen, not of
+//! every shard it has read, and never runs into the process's limit on open files.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use super::tuning::OPEN_SOURCES;
+
+/// The engine's count of sources holding descriptors, and the clock that orders their reads.
+#[derive(Default)]
+pub(crate) struct Budget {
+    /// Counts reads, to find the least recently read sources.
+    clock: AtomicU64,
+    /// Sources marked as holding descriptors ([`Activity::open`]).
+    open: AtomicUsize,
+    /// Held while one thread closes sources' descriptors; others do not wait for it.
+    closing: Mutex<()>,
+}
+
+/// One source's part of the budget.
+#[derive(Default)]
+pub(crate) struct Activity {
+    /// The budget's clock at the source's last read.
+    last_read: AtomicU64,
+    /// Whether the source may hold descriptors (read since they were last all closed).
+    open: AtomicBool,
+}
+
+impl Budget {
+    /// Records a read of the source whose part is `activity`. True when this made more than
+    /// [`OPEN_SOURCES`] sources hold descriptors: the caller then calls
+    /// [`Budget::close_least_recent`].
+    pub(crate) fn on_read(&self, activity: &Activity) -> bool {
+        activity.last_read.store(self.clock.fetch_add(1, Relaxed), Relaxed);
+        if activity.open.load(Relaxed) || activity.open.swap(true, Relaxed) {
+            return false;
+        }
+        self.open.fetch_add(1, Relaxed) + 1 > OPEN_SOURCES
+    }
+
+    /// Closes the descriptors of the least recently read of `sources` (each with its part of the
+    /// budget, `activity`, and `close`, which closes its descriptors and says whether it could
+    /// close them all) until three quarters of [`OPEN_SOURCES`] hold any (a quarter of room, so
+    /// this runs once per that many newly read sources, not at each). A source with a descriptor
+    /// in use right now (a load in flight) keeps it and stays counted, to be closed at a later
+    /// round. Another thread already closing: nothing (it will have made room).
+    pub(crate) fn close_least_recent<T>(
+        &self,
+        sources: &[T],
+        activity: impl Fn(&T) -> &Activity,
+        close: impl Fn(&T) -> bool,
+    ) {
+        let Ok(_closing) = self.closing.try_lock() else { return };
+        let mut open: Vec<(u64, &T)> = sources
+            .iter()
+            .filter(|e| activity(e).open.load(Relaxed))
+            .map(|e| (activity(e).last_read.load(Relaxed), e))
+            .collect();
+        let keep = OPEN_SOURCES / 4 * 3;
+        if open.len() <= keep {
+            return;
+        }
+        open.sort_unstable_by_key(|&(last_read, _)| last_read);
+        for &(_, source) in &open[..open.len() - keep] {
+            let activity = activity(source);
+            // Unmarked first: a read racing with the close marks it again (and counts it).
+            if activity.open.swap(false, Relaxed) {
+                self.open.fetch_sub(1, Relaxed);
+            }
+            if !close(source) && !activity.open.swap(true, Relaxed) {
+                self.open.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A source as the budget sees it: its part, and its idle descriptors (a count).
+    #[derive(Default)]
+    struct Held {
+        activity: Activity,
+        descriptors: AtomicUsize,
+        busy: AtomicBool,
+    }
+
+    fn close(held: &Held) -> bool {
+        if held.busy.load(Relaxed) {
+            return false;
+        }
+        held.descriptors.store(0, Relaxed);
+        true
+    }
+
+    #[test]
+    fn only_the_most_recently_read_sources_keep_descriptors() {
+        let sources: Vec<Held> = (0..10 * OPEN_SOURCES).map(|_| Held::default()).collect();
+        let budget = Budget::default();
+        let open = |sources: &[Held]| sources.iter().map(|h| h.descriptors.load(Relaxed)).sum::<usize>();
+        // One source has a load in flight throughout: it keeps its descriptors and stays counted.
+        sources[1].busy.store(true, Relaxed);
+        for held in &sources {
+            if budget.on_read(&held.activity) {
+                budget.close_least_recent(&sources, |h| &h.activity, close);
+            }
+            // A read leaves two descriptors behind.
+            held.descriptors.fetch_add(2, Relaxed);
+            assert!(budget.open.load(Relaxed) <= OPEN_SOURCES);
+            assert!(open(&sources) <= 2 * OPEN_SOURCES, "{} descriptors open", open(&sources));
+        }
+        // The sources read last kept theirs; the first ones closed theirs, but the busy one.
+        assert!(sources.last().unwrap().activity.open.load(Relaxed));
+        assert_eq!(sources.last().unwrap().descriptors.load(Relaxed), 2);
+        assert!(!sources[0].activity.open.load(Relaxed));
+        assert_eq!(sources[0].descriptors.load(Relaxed), 0);
+        assert!(sources[1].activity.open.load(Relaxed));
+        assert_eq!(sources[1].descriptors.load(Relaxed), 2);
+        // Once its load is done, the next round closes it.
+        sources[1].busy.store(false, Relaxed);
+        let fresh: Vec<Held> = (0..OPEN_SOURCES).map(|_| Held::default()).collect();
+        for held in &fresh {
+            if budget.on_read(&held.activity) {
+                budget.close_least_recent(&sources, |h| &h.activity, close);
+            }
+        }
+        assert_eq!(sources[1].descriptors.load(Relaxed), 0);
+        // Read again, a source counts again, and is the last to be closed.
+        if budget.on_read(&sources[0].activity) {
+            budget.close_least_recent(&sources, |h| &h.activity, close);
+        }
+        assert!(sources[0].activity.open.load(Relaxed));
+    }
+}
