@@ -124,9 +124,9 @@ def random_tensor(gen, dtype, shape):
 def every_dtype(tmp_path_factory):
     """A checkpoint written by safetensors.torch.save_file with every dtype of DTYPES in every shape
     of SHAPES (F4 as float4_e2m1fn_x2: pairs along the last dimension)."""
+    need_torch()
     from safetensors.torch import save_file
 
-    need_torch()
     missing = [n for n in DTYPES.values() if not isinstance(getattr(torch, n, None), torch.dtype)]
     assert not missing, f"torch {torch.__version__} lacks {missing}: pin a torch that has them"
     gen = torch.Generator().manual_seed(25)
