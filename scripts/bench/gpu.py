@@ -94,8 +94,6 @@ def parse_args(argv=None):
 # --- the measured process --------------------------------------------------------------------------
 
 def load_with(loader, path, device):
-    import torch
-
     if loader == "stfs":
         import stfs
         return stfs.load(path, framework="torch", device=device)
