@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -264,6 +265,8 @@ def main():
     import checkpoint
     import mounts  # noqa: F401
 
+    # `timeout` (scripts/test) stops the run with SIGTERM: exit through the mount contexts, which unmount.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         sys.exit("scripts/bench/gpu.py: needs root (it mounts stfs and slowfs)")
     kinds = [k for k in args.only.split(",") if k]
