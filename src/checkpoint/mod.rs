@@ -6,11 +6,13 @@
 //! - `open`: [`open`], from a file, an index, a directory or a URL to shards; [`OpenOptions`];
 //! - `shard`: [`OpenedShard`] and [`Checkpoint`], opening shards (several at once) and the check
 //!   that they make one checkpoint;
+//! - `beside`: the small files (configs, tokenizers) beside a local directory or index;
 //! - `hub`: `hf://` names, through the hub's API, to shards at a pinned commit;
 //! - `error`: [`OpenError`] and its [`OpenProblem`].
 //!
 //! It does not import `tree`: the caller turns a [`Checkpoint`] into a namespace.
 
+mod beside;
 mod error;
 mod hub;
 mod open;

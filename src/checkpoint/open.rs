@@ -19,9 +19,10 @@ pub struct OpenOptions {
     /// Headers, token, timeouts and the counters for `http://` and `https://` sources (and the
     /// object stores read through them).
     pub http: HttpOptions,
-    /// For an `hf://` name, also fetch the repository's small files (configs, tokenizers) into
-    /// [`Checkpoint::repo_files`]: a mount serves them (`stfs mount` asks, unless
-    /// `-o no_checkpoint_file`); inspecting or extracting has no use for them.
+    /// For an `hf://` name, a directory or a local index, also take the small files beside the
+    /// checkpoint (configs, tokenizers) into [`Checkpoint::repo_files`]: a mount serves them
+    /// (`stfs mount` asks, unless `-o no_checkpoint_file`); inspecting or extracting has no use
+    /// for them.
     pub repo_files: bool,
     /// Endpoint, region and credential settings of `s3://` and `gs://` sources.
     pub object: ObjectOptions,
@@ -67,13 +68,19 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
         return Err(OpenError::new(spec, OpenProblem::UnknownScheme(scheme.to_string())));
     }
     let path = Path::new(spec);
-    if path.is_dir() {
-        return open_dir(path);
+    let mut checkpoint = if path.is_dir() {
+        open_dir(path)?
+    } else if spec.ends_with(".json") {
+        open_index(path)?
+    } else {
+        return open_file(path).map(single);
+    };
+    if options.repo_files {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = if path.is_dir() { path } else { parent.unwrap_or(Path::new(".")) };
+        checkpoint.repo_files = super::beside::small_files_beside(dir);
     }
-    if spec.ends_with(".json") {
-        return open_index(path);
-    }
-    open_file(path).map(single)
+    Ok(checkpoint)
 }
 
 fn single(shard: OpenedShard) -> Checkpoint {

@@ -18,12 +18,12 @@
 //!   "files": { PATH: NAME },          // every served tensor path back to its tensor name
 //!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
 //!                           "shard": I } ],               // root; "shard" absent for an index
-//!   "repo_files": [ { "path": NAME, "size": N } ] }       // an hf:// repository's small files
+//!   "repo_files": [ { "path": NAME, "size": N } ] }       // small files beside the checkpoint
 //! ```
 //!
 //! `checkpoint_files` and `repo_files` are empty under `-o no_checkpoint_file`, `repo_files` for
-//! anything but an `hf://` name (and each is absent before it was added: readers should treat a
-//! missing one as empty).
+//! a single file or a URL of a file or index (`hf://` names, directories and local indexes bring
+//! them; each is absent before it was added: readers should treat a missing one as empty).
 
 use std::collections::BTreeMap;
 

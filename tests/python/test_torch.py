@@ -366,11 +366,12 @@ def test_from_pretrained_loads_a_model_from_a_mount(tmp_path, monkeypatch, shard
         source.update(load_file(str(saved / name)))
 
     with mounted(saved) as mp:
-        assert sorted(n for n in os.listdir(mp) if n.endswith(".safetensors")) == shards
-        # A local directory's mount serves the checkpoint (shards and index), not config.json: the
-        # config comes from the saved directory, every weight from the mount.
-        loaded = transformers.AutoModel.from_pretrained(mp, config=transformers.AutoConfig.from_pretrained(saved),
-                                                        device_map=device)
+        meta = json.loads(open(os.path.join(mp, "metadata.json")).read())
+        served = sorted(f["path"] for f in meta["checkpoint_files"] if "shard" in f)
+        assert served == shards, served
+        # The directory's config.json comes along beside the checkpoint, as an hf:// mount's does.
+        assert "config.json" in [f["path"] for f in meta["repo_files"]], meta["repo_files"]
+        loaded = transformers.AutoModel.from_pretrained(mp, device_map=device)
         state = loaded.state_dict()
         assert set(source) <= set(state), sorted(set(source) - set(state))
         for name, want in source.items():
