@@ -30,6 +30,9 @@ const EXPIRY_SKEW: Duration = Duration::from_secs(1);
 /// to finish and be joined.
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(2);
 
+/// The name of a lookup runtime's blocking threads.
+const LOOKUP_THREAD: &str = "stfs-lookup";
+
 /// Whether fetches may run on threads of their own (see [`start_background_refresh`]).
 static BACKGROUND: AtomicBool = AtomicBool::new(false);
 
@@ -227,6 +230,7 @@ fn words(d: Duration) -> String {
 pub(crate) fn block_on<F: Future>(bound: Duration, future: F) -> Result<F::Output, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .thread_name(LOOKUP_THREAD)
         .build()
         .map_err(|e| format!("cannot start the credential lookup: {e}"))?;
     let output = runtime.block_on(async { tokio::time::timeout(bound, future).await });
@@ -326,12 +330,23 @@ mod tests {
     }
 
     #[test]
-    fn the_runtime_of_a_lookup_is_bounded() {
+    fn the_runtime_of_a_lookup_is_bounded_and_leaves_no_thread() {
         let started = Instant::now();
         let never = block_on(Duration::from_millis(200), std::future::pending::<()>());
         assert_eq!(never.unwrap_err(), "the credential lookup did not finish within 200 ms (--timeout)");
         assert!(started.elapsed() < Duration::from_secs(2));
-        assert_eq!(block_on(Duration::from_secs(1), async { 7 }), Ok(7));
+        // A lookup that used the blocking pool (as DNS lookups and file reads do): its thread is
+        // joined when the lookup returns, not left idling into a fork.
+        let answer = block_on(Duration::from_secs(5), async {
+            tokio::task::spawn_blocking(|| std::thread::current().name().map(str::to_string)).await
+        });
+        assert_eq!(answer.unwrap().unwrap().as_deref(), Some(LOOKUP_THREAD));
+        let lookups = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == LOOKUP_THREAD)
+            .count();
+        assert_eq!(lookups, 0, "a lookup thread is still alive");
     }
 
     fn wait_for(mut done: impl FnMut() -> bool) -> bool {
