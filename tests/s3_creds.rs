@@ -535,7 +535,8 @@ fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid()
     std::thread::sleep((mounted + Duration::from_secs(11)).saturating_duration_since(Instant::now()));
     let big: Vec<&T> = tensors.iter().filter(|t| t.name.starts_with("big.")).collect();
     let results = read_concurrently(&m, &big);
-    let held = stall.held.load(Ordering::SeqCst);
+    // The refresh those reads started reaches the endpoint on its own thread, soon.
+    let held = wait_until(TIMEOUT, || stall.held.load(Ordering::SeqCst) >= 1);
     stall.on.store(false, Ordering::SeqCst);
     drop(m);
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -544,7 +545,7 @@ fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid()
         assert!(got == t.data, "{} differs", t.name);
         assert!(slowest < READ_BOUND, "a read of {} waited {slowest:?} on the stalled endpoint; log: {log}", t.name);
     }
-    assert!(held >= 1, "no refresh reached the credential endpoint: {log}");
+    assert!(held, "no refresh reached the credential endpoint: {log}");
     assert_no_secret_in(&log);
 }
 
@@ -573,6 +574,8 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     let log_path = home.path().join("stfs.log");
     let m = mount_with_timeout(&url, home.path(), &vars, "2s", &log_path);
     assert_all_exact(&m, &tensors[..1]);
+    // That read started a refresh (the credentials expire within 5 minutes): let it land first.
+    std::thread::sleep(Duration::from_secs(1));
     stall.on.store(true, Ordering::SeqCst);
     let expiry = issued.lock().unwrap().last().unwrap().0 + lifetime;
     std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
@@ -595,10 +598,16 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     assert!(said.iter().any(|l| l.contains("expired") && l.contains("2 s")), "no line says why: {log}");
     assert_no_secret_in(&log);
 
-    // The endpoint answers again: the next read fetches new credentials.
+    // The endpoint answers again: soon a read fetches new credentials (the fetch held when the
+    // stall ends fails, and for a second after a failure reads fail at once), and every tensor reads.
     stall.on.store(false, Ordering::SeqCst);
-    for (t, (result, _)) in big.iter().zip(read_concurrently(&m, &big)) {
-        let got = result.unwrap_or_else(|e| panic!("{} after the endpoint came back: {e}", t.name));
-        assert!(got == t.data, "{} differs", t.name);
+    let mut last = Vec::new();
+    let back = wait_until(TIMEOUT, || {
+        last = read_concurrently(&m, &big).into_iter().map(|(result, _)| result).collect();
+        last.iter().all(|r| r.is_ok())
+    });
+    assert!(back, "reads still fail once the endpoint answers again: {:?}", last.iter().map(|r| r.as_ref().err()));
+    for (t, result) in big.iter().zip(last) {
+        assert!(result.unwrap() == t.data, "{} differs", t.name);
     }
 }

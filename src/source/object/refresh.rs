@@ -26,6 +26,10 @@ const REFRESH_PAUSE: Duration = Duration::from_secs(10);
 /// Credentials this close to their expiry are not handed out: a request signed with them could
 /// reach the store after it.
 const EXPIRY_SKEW: Duration = Duration::from_secs(1);
+/// For this long after a fetch failed, a caller without valid credentials gets its reason at once
+/// rather than starting another fetch: the kernel retries a failed read (and the readahead that
+/// failed with it) right away, and each retry must not wait a whole `--timeout` again.
+const FAILURE_HOLD: Duration = Duration::from_secs(1);
 /// How long the end of a fetch's runtime waits for its blocking threads (DNS lookups, file reads)
 /// to finish and be joined.
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(2);
@@ -77,13 +81,22 @@ struct State<C> {
     finished: u64,
     /// Why the last fetch failed (none if it succeeded).
     last_error: Option<String>,
+    /// When the last fetch failed.
+    last_failure: Option<Instant>,
 }
 
 impl<C: Expiring> Refreshing<C> {
     /// Starts from `first` (fetched at open time), fetching again with `fetch`, each fetch and each
     /// wait for one bounded by `timeout`.
     pub fn new(what: &'static str, first: C, timeout: Duration, fetch: Fetch<C>) -> Refreshing<C> {
-        let state = State { current: first, in_flight: false, last_start: None, finished: 0, last_error: None };
+        let state = State {
+            current: first,
+            in_flight: false,
+            last_start: None,
+            finished: 0,
+            last_error: None,
+            last_failure: None,
+        };
         let shared = Shared { what, fetch, timeout, state: Mutex::new(state), finished: Condvar::new() };
         Refreshing { shared: Arc::new(shared) }
     }
@@ -113,6 +126,10 @@ impl<C: Expiring> Refreshing<C> {
             }
             match waiting_since {
                 Some(seen) if state.finished != seen => {
+                    let why = state.last_error.as_deref().unwrap_or("they expire as they arrive");
+                    return Err(format!("{} expired and fetching new ones failed: {why}", shared.what));
+                }
+                None if !state.in_flight && state.last_failure.is_some_and(|at| at.elapsed() < FAILURE_HOLD) => {
                     let why = state.last_error.as_deref().unwrap_or("they expire as they arrive");
                     return Err(format!("{} expired and fetching new ones failed: {why}", shared.what));
                 }
@@ -191,6 +208,7 @@ impl<C: Expiring> Shared<C> {
                     state.current = fresh;
                 }
                 state.last_error = None;
+                state.last_failure = None;
             }
             Err(detail) => {
                 match state.current.expires().filter(|at| *at > now + EXPIRY_SKEW) {
@@ -202,6 +220,7 @@ impl<C: Expiring> Shared<C> {
                     None => log::warn!("fetching {} again failed: {detail}", self.what),
                 }
                 state.last_error = Some(detail);
+                state.last_failure = Some(Instant::now());
             }
         }
         self.finished.notify_all();
