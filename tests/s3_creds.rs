@@ -611,3 +611,30 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
         assert!(result.unwrap() == t.data, "{} differs", t.name);
     }
 }
+
+/// A credential lookup that resolves a host name (the container endpoint named `localhost`) runs
+/// a thread of tokio's blocking pool; the lookup joins it before the daemon forks, so the daemon's
+/// log reports no thread alive at the fork.
+#[test]
+fn credential_lookups_leave_no_thread_alive_at_the_fork() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let ecs = start_container_endpoint(Duration::from_secs(3600), Arc::clone(&issued));
+    let vars = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("http://localhost:{}/v2/credentials/stfs", ecs.port)),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+    ];
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let log_path = home.path().join("stfs.log");
+    let m = mount_with_timeout(&url, home.path(), &vars, "30s", &log_path);
+    assert_all_exact(&m, &tensors);
+    drop(m);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!issued.lock().unwrap().is_empty(), "the container endpoint was not asked");
+    assert!(log.contains("mounted"), "not the daemon's log: {log}");
+    assert!(!log.contains("alive at fork"), "{log}");
+}
