@@ -550,9 +550,10 @@ fn store_fixture(objects: &Objects, generation: u64) -> Vec<T> {
     tensors
 }
 
-/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), reads every tensor
-/// but the last, then, 4 s after the mount (the first token lives [`TOKEN_LIFE`], so it is then
-/// within the 5 minutes before expiry in which the daemon fetches a new one), the last. Checks
+/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), then, 6 s after the
+/// mount started (the first token lives [`TOKEN_LIFE`], so it is then within the 5 minutes before
+/// expiry in which the daemon fetches a new one, off the read path), reads the end of the last
+/// tensor, and every tensor once a new token is in. Checks
 /// the bytes, that the store got only tokens `tokens` issued, the first and a refreshed one among
 /// them, and that neither a token nor any of `secrets` shows in `metadata.json` or the mount
 /// table. Unmounts, and returns the tokens the store saw.
@@ -575,12 +576,17 @@ fn read_across_a_token_refresh(
     let first = tokens.issued.lock().unwrap().first().cloned().expect("no token was issued at the mount");
     let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
     let (big, small) = tensors.split_last().unwrap();
-    for t in small {
+    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(mounted.elapsed()));
+    // This read, with the current token (still valid), starts the refresh, which runs off the read
+    // path; the rest of the tensor, read once the new token is in, goes out with that one.
+    let tail = big.data.len() as u64 - 1000;
+    std::fs::File::open(file(big)).unwrap().read_exact_at(&mut [0; 1000], tail).unwrap();
+    let refreshed = wait_until(TIMEOUT, || tokens.issued.lock().unwrap().len() >= 2);
+    assert!(refreshed, "no new token was fetched: {:?}", tokens.issued.lock().unwrap());
+    for t in small.iter().chain([big]) {
         assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
     }
-    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
-    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
-    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
     let seen = tokens.seen.lock().unwrap().clone();
     let issued = tokens.issued.lock().unwrap().clone();
     assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
