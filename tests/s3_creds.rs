@@ -504,9 +504,9 @@ fn assert_no_secret_in(log: &str) {
     }
 }
 
-/// The longest a read may wait while valid credentials are at hand (a read of 64 KiB from the
-/// loopback store takes milliseconds).
-const READ_BOUND: Duration = Duration::from_millis(1500);
+/// The longest a read may wait while valid credentials are at hand: a read of 64 KiB from the
+/// loopback store takes milliseconds, a read held by the refresh would wait its `--timeout 10s`.
+const READ_BOUND: Duration = Duration::from_millis(2500);
 
 /// Credentials within stfs's refresh margin (they expire in 2 minutes, and stfs fetches new ones
 /// once less than 5 are left), then a credential endpoint that accepts each request and never
@@ -530,7 +530,7 @@ fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid()
     let url = format!("s3://{BUCKET}/m.safetensors");
     let log_path = home.path().join("stfs.log");
     let mounted = Instant::now();
-    let m = mount_with_timeout(&url, home.path(), &vars, "5s", &log_path);
+    let m = mount_with_timeout(&url, home.path(), &vars, "10s", &log_path);
     stall.on.store(true, Ordering::SeqCst);
     std::thread::sleep((mounted + Duration::from_secs(11)).saturating_duration_since(Instant::now()));
     let big: Vec<&T> = tensors.iter().filter(|t| t.name.starts_with("big.")).collect();
