@@ -567,7 +567,11 @@ fn read_across_a_token_refresh(
     secrets: &[&str],
 ) -> Vec<String> {
     let mp = workdir();
-    let args = ["mount", "--block-size", "64K", "--endpoint-url", endpoint, url, mp.path().to_str().unwrap()];
+    let log_path = home.join("stfs-refresh.log");
+    let log = log_path.to_str().unwrap();
+    // A block cache smaller than the object, so that blocks read after the refresh come from the store.
+    let args = ["mount", "--block-size", "64K", "--cache-size", "256K", "--log-file", log, "--endpoint-url", endpoint];
+    let args = [&args[..], &[url, mp.path().to_str().unwrap()]].concat();
     let mounted = Instant::now();
     let out = run(&args, home, vars);
     let guard = Unmount(mp.path());
@@ -579,11 +583,32 @@ fn read_across_a_token_refresh(
     assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
     std::thread::sleep(Duration::from_secs(6).saturating_sub(mounted.elapsed()));
     // This read, with the current token (still valid), starts the refresh, which runs off the read
-    // path; the rest of the tensor, read once the new token is in, goes out with that one.
+    // path: the read does not wait for it, and later reads from the store carry the new token.
     let tail = big.data.len() as u64 - 1000;
     std::fs::File::open(file(big)).unwrap().read_exact_at(&mut [0; 1000], tail).unwrap();
     let refreshed = wait_until(TIMEOUT, || tokens.issued.lock().unwrap().len() >= 2);
     assert!(refreshed, "no new token was fetched: {:?}", tokens.issued.lock().unwrap());
+    // Once the daemon has the new token, the next block read from the store carries it: read one
+    // block of the tensor every 250 ms from its start until the store sees it.
+    let handle = std::fs::File::open(file(big)).unwrap();
+    let mut offsets = (0..tail).step_by(64 * 1024);
+    let reached = wait_until(TIMEOUT, || {
+        if tokens.seen.lock().unwrap().iter().any(|t| t != &first) {
+            return true;
+        }
+        if let Some(offset) = offsets.next() {
+            handle.read_exact_at(&mut [0; 100], offset).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        false
+    });
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        reached,
+        "no refreshed token reached the store: {:?}; issued {:?}; log: {log}",
+        tokens.seen.lock().unwrap(),
+        tokens.issued.lock().unwrap()
+    );
     for t in small.iter().chain([big]) {
         assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
     }

@@ -124,17 +124,18 @@ impl<C: Expiring> Refreshing<C> {
                 }
                 return Ok(state.current.clone());
             }
-            match waiting_since {
-                Some(seen) if state.finished != seen => {
-                    let why = state.last_error.as_deref().unwrap_or("they expire as they arrive");
-                    return Err(format!("{} expired and fetching new ones failed: {why}", shared.what));
-                }
-                None if !state.in_flight && state.last_failure.is_some_and(|at| at.elapsed() < FAILURE_HOLD) => {
-                    let why = state.last_error.as_deref().unwrap_or("they expire as they arrive");
-                    return Err(format!("{} expired and fetching new ones failed: {why}", shared.what));
-                }
-                None if !state.in_flight => {
-                    waiting_since = Some(state.finished);
+            // The fetch this caller waited for has ended, or one failed a moment ago: its reason.
+            let failed = match waiting_since {
+                Some(seen) => state.finished != seen,
+                None => !state.in_flight && state.last_failure.is_some_and(|at| at.elapsed() < FAILURE_HOLD),
+            };
+            if failed {
+                let why = state.last_error.as_deref().unwrap_or("the new ones had expired too");
+                return Err(format!("{} expired and fetching new ones failed: {why}", shared.what));
+            }
+            if waiting_since.is_none() {
+                waiting_since = Some(state.finished);
+                if !state.in_flight {
                     log::info!("{} expired; fetching them again", shared.what);
                     if BACKGROUND.load(Ordering::SeqCst) {
                         Shared::spawn(shared, &mut state);
@@ -143,8 +144,6 @@ impl<C: Expiring> Refreshing<C> {
                     }
                     continue;
                 }
-                None => waiting_since = Some(state.finished),
-                Some(_) => {}
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -335,17 +334,26 @@ mod tests {
             slow_fetch(Arc::new(AtomicUsize::new(0)), Duration::from_millis(100)),
         );
         assert_eq!(cache.get().unwrap().0, 1);
-        // A failing fetch: the waiting caller gets its reason.
+        // A failing fetch: the waiting caller gets its reason, and so does a caller a moment
+        // later (the kernel's repeat of a failed read) without another fetch; later, one more.
+        let failures = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&failures);
         let failing = Refreshing::new(
             "test credentials",
             Token(0, SystemTime::now() - Duration::from_secs(1)),
             Duration::from_secs(5),
-            Box::new(|_| Err("the endpoint said 403".to_string())),
+            Box::new(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Err("the endpoint said 403".to_string())
+            }),
         );
-        assert_eq!(
-            failing.get().unwrap_err(),
-            "test credentials expired and fetching new ones failed: the endpoint said 403"
-        );
+        let said = "test credentials expired and fetching new ones failed: the endpoint said 403";
+        assert_eq!(failing.get().unwrap_err(), said);
+        assert_eq!(failing.get().unwrap_err(), said);
+        assert_eq!(failures.load(Ordering::SeqCst), 1);
+        std::thread::sleep(FAILURE_HOLD);
+        assert_eq!(failing.get().unwrap_err(), said);
+        assert_eq!(failures.load(Ordering::SeqCst), 2);
     }
 
     #[test]
