@@ -550,9 +550,10 @@ fn store_fixture(objects: &Objects, generation: u64) -> Vec<T> {
     tensors
 }
 
-/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), reads every tensor
-/// but the last, then, 4 s after the mount (the first token lives [`TOKEN_LIFE`], so it is then
-/// within the 5 minutes before expiry in which the daemon fetches a new one), the last. Checks
+/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), then, 6 s after the
+/// mount started (the first token lives [`TOKEN_LIFE`], so it is then within the 5 minutes before
+/// expiry in which the daemon fetches a new one, off the read path), reads the end of the last
+/// tensor, and every tensor once a new token is in. Checks
 /// the bytes, that the store got only tokens `tokens` issued, the first and a refreshed one among
 /// them, and that neither a token nor any of `secrets` shows in `metadata.json` or the mount
 /// table. Unmounts, and returns the tokens the store saw.
@@ -566,7 +567,11 @@ fn read_across_a_token_refresh(
     secrets: &[&str],
 ) -> Vec<String> {
     let mp = workdir();
-    let args = ["mount", "--block-size", "64K", "--endpoint-url", endpoint, url, mp.path().to_str().unwrap()];
+    let log_path = home.join("stfs-refresh.log");
+    let log = log_path.to_str().unwrap();
+    // A block cache smaller than the object, so that blocks read after the refresh come from the store.
+    let args = ["mount", "--block-size", "64K", "--cache-size", "256K", "--log-file", log, "--endpoint-url", endpoint];
+    let args = [&args[..], &[url, mp.path().to_str().unwrap()]].concat();
     let mounted = Instant::now();
     let out = run(&args, home, vars);
     let guard = Unmount(mp.path());
@@ -575,12 +580,38 @@ fn read_across_a_token_refresh(
     let first = tokens.issued.lock().unwrap().first().cloned().expect("no token was issued at the mount");
     let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
     let (big, small) = tensors.split_last().unwrap();
-    for t in small {
+    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(mounted.elapsed()));
+    // This read, with the current token (still valid), starts the refresh, which runs off the read
+    // path: the read does not wait for it, and later reads from the store carry the new token.
+    let tail = big.data.len() as u64 - 1000;
+    std::fs::File::open(file(big)).unwrap().read_exact_at(&mut [0; 1000], tail).unwrap();
+    let refreshed = wait_until(TIMEOUT, || tokens.issued.lock().unwrap().len() >= 2);
+    assert!(refreshed, "no new token was fetched: {:?}", tokens.issued.lock().unwrap());
+    // Once the daemon has the new token, the next block read from the store carries it: read one
+    // block of the tensor every 250 ms from its start until the store sees it.
+    let handle = std::fs::File::open(file(big)).unwrap();
+    let mut offsets = (0..tail).step_by(64 * 1024);
+    let reached = wait_until(TIMEOUT, || {
+        if tokens.seen.lock().unwrap().iter().any(|t| t != &first) {
+            return true;
+        }
+        if let Some(offset) = offsets.next() {
+            handle.read_exact_at(&mut [0; 100], offset).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        false
+    });
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        reached,
+        "no refreshed token reached the store: {:?}; issued {:?}; log: {log}",
+        tokens.seen.lock().unwrap(),
+        tokens.issued.lock().unwrap()
+    );
+    for t in small.iter().chain([big]) {
         assert!(std::fs::read(file(t)).unwrap() == t.data, "{} differs", t.name);
     }
-    assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
-    std::thread::sleep(Duration::from_secs(4).saturating_sub(mounted.elapsed()));
-    assert!(std::fs::read(file(big)).unwrap() == big.data, "{} differs", big.name);
     let seen = tokens.seen.lock().unwrap().clone();
     let issued = tokens.issued.lock().unwrap().clone();
     assert!(seen.iter().all(|t| issued.contains(t)), "the store was sent a token not issued: {seen:?}");
@@ -677,4 +708,196 @@ fn metadata_server_inside_namespaces() {
     assert!(!is_mounted(dir.path()));
     wait_alone();
     println!("{FINISHED}");
+}
+
+/// Whether the stalling token endpoint holds its requests, and how many it held.
+#[derive(Default)]
+struct Stall {
+    on: AtomicBool,
+    held: AtomicUsize,
+}
+
+/// A service account's token endpoint (`POST /token`) issuing a new token living `life` seconds
+/// at each call (added to `tokens.issued`, its time to `times`), that while `stall.on` is set
+/// accepts each request and never answers it, as a wedged token service does (it lets go once
+/// the stall ends, or after 20 s, with a 503).
+fn start_stalling_token_endpoint(
+    life: u64,
+    tokens: Tokens,
+    times: Arc<Mutex<Vec<Instant>>>,
+    stall: Arc<Stall>,
+) -> TinyHttp {
+    TinyHttp::start(move |request| {
+        if stall.on.load(Ordering::SeqCst) {
+            stall.held.fetch_add(1, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(20);
+            while stall.on.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return error(503, "stalled");
+        }
+        if request.method != "POST" || request.target != "/token" {
+            return error(404, "no such endpoint");
+        }
+        let mut issued = tokens.issued.lock().unwrap();
+        let token = format!("ya29.stall-{}", issued.len() + 1);
+        issued.push(token.clone());
+        times.lock().unwrap().push(Instant::now());
+        let body = serde_json::json!({"access_token": token, "expires_in": life, "token_type": "Bearer"});
+        Response::new(200, body.to_string()).header("Content-Type", "application/json")
+    })
+}
+
+/// A reader of [`read_parts`] stops after a pread this slow (so a test of a stall ends soon).
+const GIVE_UP: Duration = Duration::from_secs(5);
+
+/// Reads `data`, the file at `path`, in `parts` ranges at once, each on its own thread in 64 KiB
+/// preads: per range, whether it read back exactly (or its first error), and its longest pread.
+fn read_parts(path: &Path, data: &[u8], parts: usize) -> Vec<(std::io::Result<bool>, Duration)> {
+    let share = data.len().div_ceil(parts);
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = data
+            .chunks(share)
+            .enumerate()
+            .map(|(i, expected)| {
+                scope.spawn(move || {
+                    let mut slowest = Duration::ZERO;
+                    let file = match std::fs::File::open(path) {
+                        Ok(file) => file,
+                        Err(e) => return (Err(e), slowest),
+                    };
+                    let mut bytes = vec![0; expected.len()];
+                    for (j, chunk) in bytes.chunks_mut(64 * 1024).enumerate() {
+                        let started = Instant::now();
+                        let read = file.read_exact_at(chunk, (i * share + j * 64 * 1024) as u64);
+                        slowest = slowest.max(started.elapsed());
+                        if let Err(e) = read {
+                            return (Err(e), slowest);
+                        }
+                        if slowest > GIVE_UP {
+                            return (Ok(false), slowest);
+                        }
+                    }
+                    (Ok(bytes == expected), slowest)
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+/// Mounts `url` from `endpoint` in the background with `--timeout timeout` and `vars`, its log
+/// in `log`; the caller unmounts.
+fn mount_with_timeout(
+    home: &Path,
+    url: &str,
+    endpoint: &str,
+    vars: &[(&str, String)],
+    timeout: &str,
+    log: &Path,
+    mp: &Path,
+) {
+    let args = ["mount", "--block-size", "64K", "--timeout", timeout, "--log-file", log.to_str().unwrap()];
+    let args = [&args[..], &["--endpoint-url", endpoint, url, mp.to_str().unwrap()]].concat();
+    let out = run(&args, home, vars);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A token within stfs's refresh margin (it expires in 2 minutes, and stfs fetches a new one once
+/// less than 5 are left), then a token endpoint that accepts each request and never answers:
+/// reads go on with the current token, none waiting on the endpoint, while the refresh waits
+/// there off the read path.
+#[test]
+fn a_stalled_token_endpoint_holds_no_read_while_the_token_is_valid() {
+    let objects: Objects = Arc::default();
+    let tokens = Tokens::default();
+    let server = start_gcs_accepting(Arc::clone(&objects), tokens.clone());
+    let stall = Arc::new(Stall::default());
+    let endpoint = start_stalling_token_endpoint(120, tokens.clone(), Arc::default(), Arc::clone(&stall));
+    let home = workdir();
+    let Some(account) = service_account(home.path(), &endpoint) else {
+        return tool_missing("openssl", "apt-get install openssl");
+    };
+    let tensors = store_fixture(&objects, 1_700_000_000_000_003);
+    let vars = [("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string())];
+    let (mp, log) = (workdir(), home.path().join("stfs.log"));
+    mount_with_timeout(home.path(), "gs://models/dir/m.safetensors", &server.url(), &vars, "10s", &log, mp.path());
+    let guard = Unmount(mp.path());
+    stall.on.store(true, Ordering::SeqCst);
+    let big = tensors.last().unwrap();
+    let results = read_parts(&mp.path().join("big.weight"), &big.data, 4);
+    // The refresh those reads started reaches the endpoint on its own thread, soon.
+    let held = wait_until(TIMEOUT, || stall.held.load(Ordering::SeqCst) >= 1);
+    stall.on.store(false, Ordering::SeqCst);
+    drop(guard);
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    for (i, (result, slowest)) in results.into_iter().enumerate() {
+        // Milliseconds from the loopback store; a read held by the refresh would wait its 10 s.
+        assert!(slowest < Duration::from_millis(2500), "a read waited {slowest:?} on the stalled endpoint; log: {log}");
+        let exact = result.unwrap_or_else(|e| panic!("reading part {i} failed: {e}; log: {log}"));
+        assert!(exact, "part {i} differs");
+    }
+    assert!(held, "no refresh reached the token endpoint: {log}");
+    assert!(!log.contains("ya29."), "the log shows a token: {log}");
+}
+
+/// An expired token and a token endpoint that accepts each request and never answers: every read
+/// fails with EIO within `--timeout` (plus a margin), concurrent readers included, no request
+/// reaches the store (the expired token is never sent), and the log says why without a token;
+/// once the endpoint answers again, reads go on.
+#[test]
+fn an_expired_token_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
+    let objects: Objects = Arc::default();
+    let tokens = Tokens::default();
+    let server = start_gcs_accepting(Arc::clone(&objects), tokens.clone());
+    let stall = Arc::new(Stall::default());
+    let times: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let life = 8;
+    let endpoint = start_stalling_token_endpoint(life, tokens.clone(), Arc::clone(&times), Arc::clone(&stall));
+    let home = workdir();
+    let Some(account) = service_account(home.path(), &endpoint) else {
+        return tool_missing("openssl", "apt-get install openssl");
+    };
+    let tensors = store_fixture(&objects, 1_700_000_000_000_004);
+    let vars = [("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string())];
+    let (mp, log_path) = (workdir(), home.path().join("stfs.log"));
+    mount_with_timeout(home.path(), "gs://models/dir/m.safetensors", &server.url(), &vars, "2s", &log_path, mp.path());
+    let _guard = Unmount(mp.path());
+    let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
+    assert!(std::fs::read(file(&tensors[0])).unwrap() == tensors[0].data);
+    // That read started a refresh (the token expires within 5 minutes): let it land first.
+    std::thread::sleep(Duration::from_secs(1));
+    stall.on.store(true, Ordering::SeqCst);
+    let expiry = *times.lock().unwrap().last().unwrap() + Duration::from_secs(life);
+    std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+
+    let seen = tokens.seen.lock().unwrap().len();
+    let big = tensors.last().unwrap();
+    let started = Instant::now();
+    let results = read_parts(&file(big), &big.data, 4);
+    let took = started.elapsed();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let bound = Duration::from_secs(2 + 3);
+    for (i, (result, slowest)) in results.iter().enumerate() {
+        let error = result.as_ref().err().unwrap_or_else(|| panic!("part {i} read with an expired token"));
+        assert_eq!(error.raw_os_error(), Some(libc::EIO), "part {i}: {error}");
+        assert!(*slowest < bound, "a read of part {i} waited {slowest:?} (--timeout 2s); log: {log}");
+    }
+    assert!(took < 2 * bound, "the readers took {took:?} (--timeout 2s)");
+    assert_eq!(tokens.seen.lock().unwrap().len(), seen, "a request reached the store with an expired token");
+    assert!(stall.held.load(Ordering::SeqCst) >= 1, "the token endpoint was not asked: {log}");
+    let said: Vec<&str> = log.lines().filter(|l| l.contains("Google credentials")).collect();
+    assert!(said.iter().any(|l| l.contains("expired") && l.contains("2 s")), "no line says why: {log}");
+    assert!(!log.contains("ya29."), "the log shows a token: {log}");
+
+    // The endpoint answers again: soon a read fetches a new token (the fetch held when the stall
+    // ends fails, and for a second after a failure reads fail at once), and every part reads.
+    stall.on.store(false, Ordering::SeqCst);
+    let mut last = Vec::new();
+    let back = wait_until(TIMEOUT, || {
+        last = read_parts(&file(big), &big.data, 4).into_iter().map(|(result, _)| result).collect();
+        last.iter().all(|r| r.is_ok())
+    });
+    assert!(back, "reads still fail once the endpoint answers again: {last:?}");
+    assert!(last.iter().all(|r| matches!(r, Ok(true))), "a part differs");
 }

@@ -20,8 +20,9 @@ mod s3server;
 
 use std::net::Ipv4Addr;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -118,25 +119,28 @@ fn web_identity_credentials_from_sts_read_every_tensor() {
 /// ECS's credentials endpoint: the test's keys for the right `Authorization`, a new session token
 /// `tok-N` valid `lifetime` on each call (the issue times and expiries kept in `issued`).
 fn start_container_endpoint(lifetime: Duration, issued: Arc<Mutex<Vec<(Instant, u64)>>>) -> TinyHttp {
-    TinyHttp::start(move |request| {
-        if request.headers.get("authorization").map(String::as_str) != Some(CONTAINER_AUTH) {
-            return Response::new(401, r#"{"Message":"unauthorized"}"#);
-        }
-        if request.target != "/v2/credentials/stfs" {
-            return Response::new(404, "");
-        }
-        let mut issued = issued.lock().unwrap();
-        let expires = now_secs() + lifetime.as_secs();
-        issued.push((Instant::now(), expires));
-        let body = serde_json::json!({
-            "AccessKeyId": ACCESS_KEY,
-            "SecretAccessKey": SECRET_KEY,
-            "Token": format!("tok-{}", issued.len()),
-            "Expiration": rfc3339(expires),
-            "RoleArn": ROLE_ARN,
-        });
-        Response::new(200, body.to_string()).header("Content-Type", "application/json")
-    })
+    TinyHttp::start(move |request| container_answer(request, lifetime, &issued))
+}
+
+/// The container endpoint's answer to `request` (see [`start_container_endpoint`]).
+fn container_answer(request: &Request, lifetime: Duration, issued: &Mutex<Vec<(Instant, u64)>>) -> Response {
+    if request.headers.get("authorization").map(String::as_str) != Some(CONTAINER_AUTH) {
+        return Response::new(401, r#"{"Message":"unauthorized"}"#);
+    }
+    if request.target != "/v2/credentials/stfs" {
+        return Response::new(404, "");
+    }
+    let mut issued = issued.lock().unwrap();
+    let expires = now_secs() + lifetime.as_secs();
+    issued.push((Instant::now(), expires));
+    let body = serde_json::json!({
+        "AccessKeyId": ACCESS_KEY,
+        "SecretAccessKey": SECRET_KEY,
+        "Token": format!("tok-{}", issued.len()),
+        "Expiration": rfc3339(expires),
+        "RoleArn": ROLE_ARN,
+    });
+    Response::new(200, body.to_string()).header("Content-Type", "application/json")
 }
 
 #[test]
@@ -247,6 +251,16 @@ fn expiry_gate(
     issued: Arc<Mutex<Vec<(Instant, u64)>>>,
     accepted: Arc<Mutex<Vec<(usize, Instant)>>>,
 ) -> S3Gate {
+    expiry_gate_counting(s3_port, issued, accepted, Arc::default())
+}
+
+/// [`expiry_gate`], counting in `expired` the requests it refused.
+fn expiry_gate_counting(
+    s3_port: u16,
+    issued: Arc<Mutex<Vec<(Instant, u64)>>>,
+    accepted: Arc<Mutex<Vec<(usize, Instant)>>>,
+    expired: Arc<AtomicUsize>,
+) -> S3Gate {
     S3Gate::start(s3_port, move |request: &Request| {
         let token = request.headers.get("x-amz-security-token")?;
         let index: usize = token.strip_prefix("tok-").and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -256,7 +270,10 @@ fn expiry_gate(
                 accepted.lock().unwrap().push((index, Instant::now()));
                 None
             }
-            _ => Some(s3_error(400, "ExpiredToken", "The provided token has expired.")),
+            _ => {
+                expired.fetch_add(1, Ordering::SeqCst);
+                Some(s3_error(400, "ExpiredToken", "The provided token has expired."))
+            }
         }
     })
 }
@@ -406,4 +423,218 @@ fn access_denied_no_bucket_expired_token_and_wrong_region_are_one_line_each() {
     let mut tail = vec![0; 1000];
     std::fs::File::open(m.tensor(&big.name)).unwrap().read_exact_at(&mut tail, big.data.len() as u64 - 1000).unwrap();
     assert_eq!(tail, big.data[big.data.len() - 1000..]);
+}
+
+/// Whether the stalling credential endpoint holds its requests, and how many it held.
+#[derive(Default)]
+struct Stall {
+    on: AtomicBool,
+    held: AtomicUsize,
+}
+
+/// The endpoint of [`start_container_endpoint`] that, while `stall.on` is set, accepts each request
+/// and never answers it, as a wedged credential service does (it lets go once the stall ends, or
+/// after a minute, with a 503).
+fn start_stalling_container_endpoint(
+    lifetime: Duration,
+    issued: Arc<Mutex<Vec<(Instant, u64)>>>,
+    stall: Arc<Stall>,
+) -> TinyHttp {
+    TinyHttp::start(move |request| {
+        if stall.on.load(Ordering::SeqCst) {
+            stall.held.fetch_add(1, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(60);
+            while stall.on.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return Response::new(503, r#"{"Message":"stalled"}"#);
+        }
+        container_answer(request, lifetime, &issued)
+    })
+}
+
+/// Mounts `url` in the background with `--timeout timeout`, its log in `log`.
+fn mount_with_timeout(url: &str, home: &Path, vars: &[(&str, String)], timeout: &str, log: &Path) -> S3Mount {
+    let (dir, path) = S3Mount::point();
+    let args = ["mount", "--block-size", "64K", "--timeout", timeout, "--log-file", log.to_str().unwrap(), url];
+    let out = run(&[&args[..], &[path.to_str().unwrap()]].concat(), home, vars);
+    let m = S3Mount::adopt(dir, path);
+    assert!(out.status.success(), "stfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(is_mounted(&m.path));
+    m
+}
+
+/// Reads each of `tensors` on a thread of its own at once, in 64 KiB preads: per tensor, its
+/// bytes or the first error, and the longest single pread (the failing one included).
+fn read_concurrently(m: &S3Mount, tensors: &[&T]) -> Vec<(std::io::Result<Vec<u8>>, Duration)> {
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = tensors
+            .iter()
+            .map(|t| {
+                let path = m.tensor(&t.name);
+                let len = t.data.len();
+                scope.spawn(move || {
+                    let mut slowest = Duration::ZERO;
+                    let file = match std::fs::File::open(&path) {
+                        Ok(file) => file,
+                        Err(e) => return (Err(e), slowest),
+                    };
+                    let mut bytes = vec![0; len];
+                    for (i, chunk) in bytes.chunks_mut(64 * 1024).enumerate() {
+                        let started = Instant::now();
+                        let read = file.read_exact_at(chunk, i as u64 * 64 * 1024);
+                        slowest = slowest.max(started.elapsed());
+                        if let Err(e) = read {
+                            return (Err(e), slowest);
+                        }
+                    }
+                    (Ok(bytes), slowest)
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+/// Asserts that none of the secrets the container endpoint handed out shows in `log`.
+fn assert_no_secret_in(log: &str) {
+    for secret in [SECRET_KEY, CONTAINER_AUTH, "tok-1", "tok-2", "tok-3"] {
+        let shown: Vec<&str> = log.lines().filter(|l| l.contains(secret)).take(3).collect();
+        assert!(shown.is_empty(), "the log shows {secret}: {shown:?}");
+    }
+}
+
+/// The longest a read may wait while valid credentials are at hand: a read of 64 KiB from the
+/// loopback store takes milliseconds, a read held by the refresh would wait its `--timeout 10s`.
+const READ_BOUND: Duration = Duration::from_millis(2500);
+
+/// Credentials within stfs's refresh margin (they expire in 2 minutes, and stfs fetches new ones
+/// once less than 5 are left), then a credential endpoint that accepts each request and never
+/// answers: reads go on with the current credentials, none waiting on the endpoint, while the
+/// refresh waits there off the read path. The reads come 11 s after the mount, past the 10 s
+/// stfs leaves between two fetches of credentials that are still valid.
+#[test]
+fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let stall = Arc::new(Stall::default());
+    let ecs = start_stalling_container_endpoint(Duration::from_secs(120), Arc::clone(&issued), Arc::clone(&stall));
+    let vars = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+    ];
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let log_path = home.path().join("stfs.log");
+    let mounted = Instant::now();
+    let m = mount_with_timeout(&url, home.path(), &vars, "10s", &log_path);
+    stall.on.store(true, Ordering::SeqCst);
+    std::thread::sleep((mounted + Duration::from_secs(11)).saturating_duration_since(Instant::now()));
+    let big: Vec<&T> = tensors.iter().filter(|t| t.name.starts_with("big.")).collect();
+    let results = read_concurrently(&m, &big);
+    // The refresh those reads started reaches the endpoint on its own thread, soon.
+    let held = wait_until(TIMEOUT, || stall.held.load(Ordering::SeqCst) >= 1);
+    stall.on.store(false, Ordering::SeqCst);
+    drop(m);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    for (t, (result, slowest)) in big.iter().zip(results) {
+        let got = result.unwrap_or_else(|e| panic!("reading {} failed: {e}; log: {log}", t.name));
+        assert!(got == t.data, "{} differs", t.name);
+        assert!(slowest < READ_BOUND, "a read of {} waited {slowest:?} on the stalled endpoint; log: {log}", t.name);
+    }
+    assert!(held, "no refresh reached the credential endpoint: {log}");
+    assert_no_secret_in(&log);
+}
+
+/// Expired credentials and a credential endpoint that accepts each request and never answers:
+/// every read fails with EIO within `--timeout` (plus a margin), concurrent readers included,
+/// no request carries the expired credentials, and the log says why in words that show no
+/// secret; once the endpoint answers again, reads go on.
+#[test]
+fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let lifetime = Duration::from_secs(8);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let (accepted, expired) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicUsize::new(0)));
+    let stall = Arc::new(Stall::default());
+    let ecs = start_stalling_container_endpoint(lifetime, Arc::clone(&issued), Arc::clone(&stall));
+    let gate = expiry_gate_counting(server.port, Arc::clone(&issued), accepted, Arc::clone(&expired));
+    let vars = [
+        ("AWS_ENDPOINT_URL", gate.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+    ];
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let log_path = home.path().join("stfs.log");
+    let m = mount_with_timeout(&url, home.path(), &vars, "2s", &log_path);
+    assert_all_exact(&m, &tensors[..1]);
+    // That read started a refresh (the credentials expire within 5 minutes): let it land first.
+    std::thread::sleep(Duration::from_secs(1));
+    stall.on.store(true, Ordering::SeqCst);
+    let expiry = issued.lock().unwrap().last().unwrap().0 + lifetime;
+    std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+
+    let big: Vec<&T> = tensors.iter().filter(|t| t.name.starts_with("big.")).collect();
+    let started = Instant::now();
+    let results = read_concurrently(&m, &big);
+    let took = started.elapsed();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let bound = Duration::from_secs(2 + 3);
+    for (t, (result, slowest)) in big.iter().zip(&results) {
+        let error = result.as_ref().err().unwrap_or_else(|| panic!("{} read with expired credentials", t.name));
+        assert_eq!(error.raw_os_error(), Some(libc::EIO), "{}: {error}", t.name);
+        assert!(*slowest < bound, "a read of {} waited {slowest:?} (--timeout 2s); log: {log}", t.name);
+    }
+    assert!(took < 2 * bound, "the readers took {took:?} (--timeout 2s)");
+    assert_eq!(expired.load(Ordering::SeqCst), 0, "the store was sent expired credentials");
+    assert!(stall.held.load(Ordering::SeqCst) >= 1, "the credential endpoint was not asked: {log}");
+    let said: Vec<&str> = log.lines().filter(|l| l.contains("AWS credentials")).collect();
+    assert!(said.iter().any(|l| l.contains("expired") && l.contains("2 s")), "no line says why: {log}");
+    assert_no_secret_in(&log);
+
+    // The endpoint answers again: soon a read fetches new credentials (the fetch held when the
+    // stall ends fails, and for a second after a failure reads fail at once), and every tensor reads.
+    stall.on.store(false, Ordering::SeqCst);
+    let mut last = Vec::new();
+    let back = wait_until(TIMEOUT, || {
+        last = read_concurrently(&m, &big).into_iter().map(|(result, _)| result).collect();
+        last.iter().all(|r| r.is_ok())
+    });
+    assert!(back, "reads still fail once the endpoint answers again: {:?}", last.iter().map(|r| r.as_ref().err()));
+    for (t, result) in big.iter().zip(last) {
+        assert!(result.unwrap() == t.data, "{} differs", t.name);
+    }
+}
+
+/// A credential lookup that resolves a host name (the container endpoint named `localhost`) runs
+/// a thread of tokio's blocking pool; the lookup joins it before the daemon forks, so the daemon's
+/// log reports no thread alive at the fork.
+#[test]
+fn credential_lookups_leave_no_thread_alive_at_the_fork() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let ecs = start_container_endpoint(Duration::from_secs(3600), Arc::clone(&issued));
+    let vars = [
+        ("AWS_ENDPOINT_URL", server.endpoint()),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("http://localhost:{}/v2/credentials/stfs", ecs.port)),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+    ];
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let log_path = home.path().join("stfs.log");
+    let m = mount_with_timeout(&url, home.path(), &vars, "30s", &log_path);
+    assert_all_exact(&m, &tensors);
+    drop(m);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!issued.lock().unwrap().is_empty(), "the container endpoint was not asked");
+    assert!(log.contains("mounted"), "not the daemon's log: {log}");
+    assert!(!log.contains("alive at fork"), "{log}");
 }

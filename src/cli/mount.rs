@@ -51,6 +51,8 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         init();
         log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
         block_signals();
+        // No fork from here on: credentials may be fetched again on a thread of their own.
+        crate::source::object::start_background_refresh();
         let fs = build_fs(opened, &fs_options, stats)?;
         serve(fs, &fsname, &serve_options, watcher, |_| {})?;
         return Ok(ExitCode::SUCCESS);
@@ -72,6 +74,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         }
     };
     block_signals();
+    crate::source::object::start_background_refresh();
     let fs = match build_fs(opened, &fs_options, stats) {
         Ok(fs) => fs,
         Err(e) => {

@@ -100,7 +100,8 @@ impl std::error::Error for DaemonError {
 }
 
 /// Forks. In the parent, waits for the child's report: [`Role::Parent`] once the mount answers, an
-/// error otherwise. In the child, returns its end of the pipe. Call before starting any thread.
+/// error otherwise. In the child, returns its end of the pipe. Call before starting any thread
+/// (a thread alive at the fork is reported in the child's log: `N threads alive at fork`).
 pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
     let log = match log_file {
         Some(p) => Some(open_log(p).map_err(|error| DaemonError::LogFile { path: p.to_path_buf(), error })?),
@@ -113,6 +114,9 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
     }
     // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
     let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // A thread alive at the fork is not copied into the child, and a lock it held stays locked
+    // there: the caller's contract is a single thread, checked here and reported in the log.
+    let threads = threads_alive();
     // SAFETY: the process is single-threaded here (the caller's contract), so fork is sound.
     match unsafe { libc::fork() } {
         -1 => Err(DaemonError::Fork(io::Error::last_os_error())),
@@ -123,6 +127,11 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
             // Do not keep the caller's directory busy; every path was made absolute before the fork.
             let _ = std::env::set_current_dir("/");
             redirect_std_streams(log.as_ref()).map_err(DaemonError::Redirect)?;
+            if let Some(threads) = threads.filter(|n| *n > 1) {
+                // The log is not set up yet; stderr is the log file (or /dev/null) by now.
+                let line = format!("stfs: warning: {threads} threads alive at fork (expected 1)\n");
+                let _ = io::stderr().write_all(line.as_bytes());
+            }
             Ok(Role::Child(Readiness { pipe: File::from(write_end) }))
         }
         child => {
@@ -162,6 +171,12 @@ fn open_log(path: &Path) -> io::Result<File> {
         return Ok(file);
     }
     Err(io::Error::new(io::ErrorKind::AlreadyExists, "created and removed while being opened"))
+}
+
+/// How many threads this process has (`Threads:` of `/proc/self/status`), if it can tell.
+pub fn threads_alive() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|line| line.strip_prefix("Threads:")).and_then(|n| n.trim().parse().ok())
 }
 
 /// Reads the child's report with a timeout: `Ok` once the mount answers.
@@ -216,6 +231,16 @@ mod tests {
     use std::error::Error;
 
     use crate::mount::daemon::DaemonError;
+
+    #[test]
+    fn threads_are_counted() {
+        let before = crate::mount::daemon::threads_alive().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || rx.recv());
+        assert!(crate::mount::daemon::threads_alive().unwrap() > before.min(1));
+        drop(tx);
+        let _ = thread.join();
+    }
 
     #[test]
     fn messages_are_one_line_and_keep_their_cause() {

@@ -1,10 +1,9 @@
 //! The AWS side of `s3://`: settings (region, endpoint) and credentials from the standard chain of
 //! `aws-config` (environment, shared config and credentials files with `AWS_PROFILE`, web identity,
 //! ECS container credentials, EC2 instance metadata with IMDSv2), cached and fetched again before
-//! they expire, so a mount outlives its temporary credentials.
+//! they expire (off the read path, `refresh`), so a mount outlives its temporary credentials.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use aws_config::default_provider::credentials::DefaultCredentialsChain;
 use aws_config::{BehaviorVersion, Region};
@@ -12,14 +11,8 @@ use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::ProvideCredentials;
 use aws_credential_types::Credentials;
 
+use super::refresh::{block_on, Expiring, Refreshing};
 use crate::source::http::HttpError;
-use crate::util::lock;
-
-/// Credentials are fetched again when they expire within this long.
-const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
-/// Least time between two fetches while the chain keeps handing out credentials inside the margin
-/// (instance metadata serves the old ones until it rotates them), unless they have expired.
-const REFRESH_PAUSE: Duration = Duration::from_secs(10);
 
 /// What the AWS chain said at open time, and the credentials it gave (none for unsigned requests).
 pub(crate) struct AwsSession {
@@ -31,11 +24,27 @@ pub(crate) struct AwsSession {
     pub credentials: Option<CredentialCache>,
 }
 
+/// The current credentials, fetched again from the chain shortly before they expire (off the
+/// read path, see [`Refreshing`]).
+pub(crate) type CredentialCache = Refreshing<Credentials>;
+
+impl Expiring for Credentials {
+    fn expires(&self) -> Option<SystemTime> {
+        self.expiry()
+    }
+}
+
 impl AwsSession {
-    /// Runs the chain once (before the daemon forks): region, endpoint and first credentials.
-    pub fn load(shown: &str, region: Option<&str>, no_sign_request: bool) -> Result<AwsSession, HttpError> {
+    /// Runs the chain once (before the daemon forks): region, endpoint and first credentials, all
+    /// within `timeout` (`--timeout`), which also bounds each later fetch of credentials.
+    pub fn load(
+        shown: &str,
+        region: Option<&str>,
+        no_sign_request: bool,
+        timeout: Duration,
+    ) -> Result<AwsSession, HttpError> {
         let auth_error = |detail: String| HttpError::Auth { name: shown.to_string(), detail };
-        let loaded = block_on(async {
+        let loaded = block_on(timeout, async {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
             if let Some(region) = region {
                 loader = loader.region(Region::new(region.to_string()));
@@ -53,71 +62,33 @@ impl AwsSession {
             };
             (region, endpoint, credentials)
         })
-        .map_err(|e| auth_error(format!("cannot start the credential lookup: {e}")))?;
+        .map_err(auth_error)?;
         let (region, endpoint_url, first) = loaded;
         let credentials = match first {
             None if no_sign_request => None,
             None => return Err(auth_error(no_credentials_message())),
             Some(Err(error)) => return Err(auth_error(describe(&error))),
             Some(Ok(credentials)) => {
-                Some(CredentialCache { region: region.clone(), current: Mutex::new((credentials, None)) })
+                Some(Refreshing::new("AWS credentials", credentials, timeout, fetch(region.clone())))
             }
         };
         Ok(AwsSession { region, endpoint_url, credentials })
     }
 }
 
-/// The current credentials, fetched again from the chain shortly before they expire.
-pub(crate) struct CredentialCache {
-    region: Option<String>,
-    /// The credentials and when they were last fetched again (none since the first fetch).
-    current: Mutex<(Credentials, Option<Instant>)>,
-}
-
-impl CredentialCache {
-    /// Credentials valid for at least a few more minutes (or the old ones, while still valid, if a
-    /// refresh fails). The error holds no secret.
-    pub fn get(&self) -> Result<Credentials, String> {
-        let mut guard = lock(&self.current);
-        let (current, last_fetch) = &mut *guard;
-        let expires = current.expiry();
-        let now = SystemTime::now();
-        let paused = last_fetch.is_some_and(|at| at.elapsed() < REFRESH_PAUSE) && expires.is_some_and(|at| at > now);
-        if expires.is_none_or(|at| at > now + REFRESH_BEFORE) || paused {
-            return Ok(current.clone());
-        }
-        *last_fetch = Some(Instant::now());
-        log::info!("AWS credentials expire soon; fetching them again");
-        let region = self.region.clone();
-        let fresh = block_on(async move {
+/// Fetches credentials from the chain again (in `region`, as at open time).
+fn fetch(region: Option<String>) -> super::refresh::Fetch<Credentials> {
+    Box::new(move |timeout| {
+        let region = region.clone();
+        let fresh = block_on(timeout, async move {
             let mut chain = DefaultCredentialsChain::builder();
             if let Some(region) = region {
                 chain = chain.region(Region::new(region));
             }
             chain.build().await.provide_credentials().await
-        });
-        match fresh {
-            Ok(Ok(credentials)) => {
-                *current = credentials;
-                Ok(current.clone())
-            }
-            Ok(Err(error)) if expires.is_some_and(|at| at > now) => {
-                log::warn!("refreshing AWS credentials failed, the current ones are still valid: {}", describe(&error));
-                Ok(current.clone())
-            }
-            Ok(Err(error)) => Err(describe(&error)),
-            Err(error) => Err(format!("cannot start the credential lookup: {error}")),
-        }
-    }
-}
-
-/// Runs `future` to completion on a current-thread runtime made for it and dropped after: the
-/// chain's HTTP clients never outlive the runtime (nor cross the daemon's fork).
-fn block_on<F: std::future::Future>(future: F) -> std::io::Result<F::Output> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let output = runtime.block_on(future);
-    runtime.shutdown_background();
-    Ok(output)
+        })?;
+        fresh.map_err(|error| describe(&error))
+    })
 }
 
 /// Which sources the chain tried, for "no credentials found".

@@ -5,31 +5,49 @@
 //! before it expires. `--no-sign-request` reads public objects anonymously; `--endpoint-url` or
 //! `STORAGE_EMULATOR_HOST` (anonymous, as Google's clients do) points at an emulator.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use ureq::http::Uri;
 
 use super::names::{encode_path, ObjectName};
+use super::refresh::{block_on, Expiring, Refreshing};
 use crate::source::http::{Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
-use crate::util::lock;
 
 /// The OAuth scope asked for: reading objects only.
 const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_only";
-/// Tokens are fetched again when they expire within this long.
-const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
 
 /// Where requests go and the bearer token they carry (none: anonymous).
 pub(crate) struct GcsAuth {
     endpoint: String,
-    token: Option<Mutex<(String, SystemTime)>>,
+    /// Fetched again shortly before it expires, off the read path (see [`Refreshing`]).
+    token: Option<Refreshing<Token>>,
     shown: String,
 }
 
+/// An access token and its expiry.
+#[derive(Clone)]
+struct Token {
+    value: String,
+    expires: SystemTime,
+}
+
+impl Expiring for Token {
+    fn expires(&self) -> Option<SystemTime> {
+        Some(self.expires)
+    }
+}
+
 impl GcsAuth {
-    /// Finds the endpoint and, unless anonymous, a first token (before the daemon forks).
-    pub fn load(shown: &str, endpoint_url: Option<&str>, no_sign_request: bool) -> Result<GcsAuth, HttpError> {
+    /// Finds the endpoint and, unless anonymous, a first token (before the daemon forks), within
+    /// `timeout` (`--timeout`), which also bounds each later fetch of a token.
+    pub fn load(
+        shown: &str,
+        endpoint_url: Option<&str>,
+        no_sign_request: bool,
+        timeout: Duration,
+    ) -> Result<GcsAuth, HttpError> {
         let emulator = std::env::var("STORAGE_EMULATOR_HOST").ok().filter(|h| !h.is_empty());
         let endpoint = match (endpoint_url, &emulator) {
             (Some(url), _) => url.trim_end_matches('/').to_string(),
@@ -38,26 +56,19 @@ impl GcsAuth {
             (None, None) => "https://storage.googleapis.com".to_string(),
         };
         let anonymous = no_sign_request || (emulator.is_some() && endpoint_url.is_none());
-        let token =
-            if anonymous { None } else { Some(Mutex::new(fetch_token().map_err(|detail| auth_error(shown, detail))?)) };
+        let token = if anonymous {
+            None
+        } else {
+            let first = fetch_token(timeout).map_err(|detail| auth_error(shown, detail))?;
+            Some(Refreshing::new("Google credentials", first, timeout, Box::new(fetch_token)))
+        };
         Ok(GcsAuth { endpoint, token, shown: shown.to_string() })
     }
 
     /// The current token, fetched again shortly before it expires.
     fn bearer(&self) -> Result<Option<String>, HttpError> {
-        let Some(slot) = &self.token else { return Ok(None) };
-        let mut current = lock(slot);
-        let now = SystemTime::now();
-        if current.1 <= now + REFRESH_BEFORE {
-            match fetch_token() {
-                Ok(fresh) => *current = fresh,
-                Err(detail) if current.1 > now => {
-                    log::warn!("refreshing the Google token failed, the current one is still valid: {detail}")
-                }
-                Err(detail) => return Err(auth_error(&self.shown, detail)),
-            }
-        }
-        Ok(Some(current.0.clone()))
+        let Some(token) = &self.token else { return Ok(None) };
+        token.get().map(|t| Some(t.value)).map_err(|detail| auth_error(&self.shown, detail))
     }
 }
 
@@ -74,13 +85,9 @@ fn auth_error(shown: &str, detail: String) -> HttpError {
     HttpError::Auth { name: shown.to_string(), detail }
 }
 
-/// One token from Application Default Credentials, on a runtime made for the fetch.
-fn fetch_token() -> Result<(String, SystemTime), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the credential lookup: {e}"))?;
-    let outcome = runtime.block_on(async {
+/// One token from Application Default Credentials, within `timeout`, on a runtime made for the fetch.
+fn fetch_token(timeout: Duration) -> Result<Token, String> {
+    block_on(timeout, async {
         let provider = gcp_auth::provider().await.map_err(|e| match e {
             // Each source's own failure, in the order tried (gcp_auth names no file or host).
             gcp_auth::Error::NoAuthMethod(gcloud, metadata, user_file) => format!(
@@ -104,10 +111,8 @@ fn fetch_token() -> Result<(String, SystemTime), String> {
         let token =
             provider.token(&[SCOPE]).await.map_err(|e| format!("getting a Google token failed: {}", one_line(&e)))?;
         let expires = UNIX_EPOCH + Duration::from_secs(u64::try_from(token.expires_at().timestamp()).unwrap_or(0));
-        Ok((token.as_str().to_string(), expires))
-    });
-    runtime.shutdown_background();
-    outcome
+        Ok(Token { value: token.as_str().to_string(), expires })
+    })?
 }
 
 /// An error and its causes on one line.

@@ -5,17 +5,21 @@
 //! - `names`: [`ObjectName`] parsing and key encoding;
 //! - `s3`: endpoints, path-style and virtual-hosted addressing, region following, SigV4 signing;
 //! - `aws`: the AWS credential chain (`aws-config`) and its refresh before expiry;
-//! - `gcs`: the JSON API, generation pinning and Application Default Credentials (`gcp_auth`).
+//! - `gcs`: the JSON API, generation pinning and Application Default Credentials (`gcp_auth`);
+//! - `refresh`: expiring credentials fetched again off the read path, one fetch at a time, each
+//!   bounded by `--timeout`.
 //!
-//! Credentials are fetched on a current-thread tokio runtime made for that fetch and dropped after
-//! it (nothing async crosses the daemon's fork or sits on the read path).
+//! Credentials are fetched on a current-thread tokio runtime made for that fetch and shut down
+//! after it, its threads joined (nothing async crosses the daemon's fork or sits on the read path).
 
 mod aws;
 mod gcs;
 mod names;
+mod refresh;
 mod s3;
 
 pub use names::{ObjectName, Store};
+pub use refresh::start_background_refresh;
 
 use std::sync::{Arc, OnceLock};
 
@@ -49,7 +53,8 @@ pub fn open(spec: &str, http: &HttpOptions, options: &ObjectOptions) -> Result<H
     match name.store {
         Store::S3 => {
             let session = options.aws.get_or_init(|| {
-                aws::AwsSession::load(&name.shown(), options.region.as_deref(), options.no_sign_request).map(Arc::new)
+                let (region, anonymous) = (options.region.as_deref(), options.no_sign_request);
+                aws::AwsSession::load(&name.shown(), region, anonymous, http.timeout).map(Arc::new)
             });
             s3::open(
                 &name,
@@ -61,8 +66,8 @@ pub fn open(spec: &str, http: &HttpOptions, options: &ObjectOptions) -> Result<H
         }
         Store::Gcs => {
             let auth = options.gcs.get_or_init(|| {
-                gcs::GcsAuth::load(&name.shown(), options.endpoint_url.as_deref(), options.no_sign_request)
-                    .map(Arc::new)
+                let (endpoint, anonymous) = (options.endpoint_url.as_deref(), options.no_sign_request);
+                gcs::GcsAuth::load(&name.shown(), endpoint, anonymous, http.timeout).map(Arc::new)
             });
             gcs::open(&name, http, Arc::clone(auth.as_ref().map_err(HttpError::clone_message)?))
         }
