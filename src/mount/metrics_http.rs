@@ -4,7 +4,7 @@
 //! up) a FUSE thread.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use log::debug;
@@ -53,7 +53,20 @@ fn answer(mut stream: TcpStream, stats: &Stats, labels: &Labels) -> io::Result<(
     if !head_only {
         stream.write_all(body.as_bytes())?;
     }
-    stream.flush()
+    stream.flush()?;
+    if request.is_none() {
+        // The rest of a request too large to read: closing with it unread would reset the
+        // connection and could lose the answer, so it is read (until the deadline) and dropped.
+        stream.shutdown(Shutdown::Write)?;
+        let mut sink = [0u8; 4096];
+        while let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+            stream.set_read_timeout(Some(left))?;
+            if stream.read(&mut sink)? == 0 {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The request's line and headers, up to the blank line; `None` if they exceed [`MAX_REQUEST`].
