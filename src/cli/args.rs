@@ -170,9 +170,9 @@ pub struct MountArgs {
     /// Remote checkpoints.
     #[command(flatten)]
     pub remote: RemoteArgs,
-    /// Prometheus metrics.
+    /// Prometheus metrics (boxed: rarely given, and the other subcommands' arguments are small).
     #[command(flatten)]
-    pub metrics: MetricsArgs,
+    pub metrics: Box<MetricsArgs>,
 }
 
 /// Exporting a mount's counters (those of `.stfs/stats.json`) in the Prometheus text format.

@@ -230,7 +230,7 @@ pub struct MountConfig {
     /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
     pub auto_unmount: bool,
     /// `--metrics-file`, `--metrics-addr`: where the counters go in the Prometheus text format.
-    pub metrics: MetricsArgs,
+    pub metrics: Box<MetricsArgs>,
 }
 
 /// Parses an octal mask (`022`, `0077`, `7`).

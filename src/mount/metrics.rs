@@ -170,7 +170,7 @@ pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 }
 
 /// Stop flag and its condition variable, shared with the exporter's threads.
-pub(crate) type StopSignal = Arc<(Mutex<bool>, Condvar)>;
+type StopSignal = Arc<(Mutex<bool>, Condvar)>;
 
 /// The running exporter; dropping it stops its threads and removes the metrics file (a file left
 /// behind would show an unmounted mount's last counters as if it were alive).
@@ -200,7 +200,7 @@ impl Exporter {
             let stop = stop.clone();
             let http = std::thread::Builder::new()
                 .name("metrics-http".into())
-                .spawn(move || metrics_http::serve(listener, &stats, &labels, &stop))?;
+                .spawn(move || metrics_http::serve(listener, &|| render(&stats, &labels), &|| *lock(&stop.0)))?;
             exporter.threads.push(http);
         }
         Ok(exporter)
@@ -312,5 +312,25 @@ mod tests {
         drop(exporter);
         assert!(started.elapsed() < Duration::from_secs(2), "stopping waited for the interval");
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn the_listener_serves_the_labelled_counters_until_the_exporter_stops() {
+        use std::io::Read;
+        let stats = Arc::new(Stats::default());
+        Stats::add(&stats.cache_hits, 5);
+        let targets = MetricsTargets::prepare(None, Some("127.0.0.1:0".parse().unwrap())).unwrap();
+        let addr = targets.listener.as_ref().unwrap().local_addr().unwrap();
+        let exporter = Exporter::start(stats, labels(Path::new("/m"), "src"), targets).unwrap();
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        assert!(reply.contains("stfs_cache_hits_total{mountpoint=\"/m\",source=\"src\"} 5\n"), "{reply}");
+        let started = std::time::Instant::now();
+        drop(exporter);
+        assert!(started.elapsed() < Duration::from_secs(3), "stopping took {:?}", started.elapsed());
+        assert!(std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(), "still listening");
     }
 }

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use log::debug;
 
-use crate::mount::metrics::{render, Labels, StopSignal};
-use crate::stats::{prometheus, Stats};
-use crate::util::lock;
+use crate::stats::prometheus;
 
 /// The most a request (line and headers) may take; a longer one is answered 431 unread.
 const MAX_REQUEST: usize = 8 << 10;
@@ -19,16 +17,16 @@ const MAX_REQUEST: usize = 8 << 10;
 /// The most time one connection may take, reading and writing, before it is dropped.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Answers connections on `listener` until `stop` is set (the exporter then connects once to wake
-/// the accept).
-pub(crate) fn serve(listener: TcpListener, stats: &Stats, labels: &Labels, stop: &StopSignal) {
+/// Answers connections on `listener` with the text of `metrics` until `stopped` says so (checked
+/// after each accept: whoever stops it connects once to wake the accept).
+pub(crate) fn serve(listener: TcpListener, metrics: &dyn Fn() -> String, stopped: &dyn Fn() -> bool) {
     for connection in listener.incoming() {
-        if *lock(&stop.0) {
+        if stopped() {
             return;
         }
         match connection {
             Ok(stream) => {
-                if let Err(e) = answer(stream, stats, labels) {
+                if let Err(e) = answer(stream, metrics) {
                     debug!("metrics listener: {e}");
                 }
             }
@@ -39,10 +37,10 @@ pub(crate) fn serve(listener: TcpListener, stats: &Stats, labels: &Labels, stop:
 }
 
 /// Reads one request and writes its answer.
-fn answer(mut stream: TcpStream, stats: &Stats, labels: &Labels) -> io::Result<()> {
+fn answer(mut stream: TcpStream, metrics: &dyn Fn() -> String) -> io::Result<()> {
     let deadline = Instant::now() + CONNECTION_DEADLINE;
     let request = read_request(&mut stream, deadline)?;
-    let (status, content_type, body) = reply_to(request.as_deref(), || render(stats, labels));
+    let (status, content_type, body) = reply_to(request.as_deref(), metrics);
     let head_only = request.as_deref().is_some_and(|r| r.starts_with("HEAD "));
     stream.set_write_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))?;
     let head = format!(
@@ -109,10 +107,10 @@ fn reply_to(request: Option<&str>, metrics: impl FnOnce() -> String) -> (&'stati
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     use std::sync::Arc;
 
     use super::*;
-    use crate::mount::metrics::{labels, Exporter, MetricsTargets};
 
     fn exchange(addr: SocketAddr, request: &[u8]) -> String {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
@@ -127,16 +125,15 @@ mod tests {
     fn answers_metrics_and_nothing_else_and_a_silent_client_holds_it_up_only_so_long() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let stats = Arc::new(Stats::default());
-        Stats::add(&stats.cache_hits, 5);
-        let targets = MetricsTargets::prepare(None, Some(addr)).unwrap();
-        let exporter = Exporter::start(stats, labels("/m".as_ref(), "src"), targets).unwrap();
-        let reply = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || {
+            serve(listener, &|| "stfs_cache_hits_total 5\n".to_string(), &|| flag.load(Relaxed))
+        });
+        let reply = exchange(addr, b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
         assert!(reply.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{reply}");
-        assert!(reply.contains("\r\n\r\n# HELP stfs_"), "{reply}");
-        assert!(reply.contains("stfs_cache_hits_total{mountpoint=\"/m\",source=\"src\"} 5\n"), "{reply}");
+        assert!(reply.ends_with("\r\n\r\nstfs_cache_hits_total 5\n"), "{reply}");
         let (head, body) = reply.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}\r\n", body.len())), "{head}");
         assert!(exchange(addr, b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
@@ -151,9 +148,9 @@ mod tests {
         assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
         assert!(started.elapsed() < CONNECTION_DEADLINE + Duration::from_secs(3), "{:?}", started.elapsed());
         drop(silent);
-        let started = Instant::now();
-        drop(exporter);
-        assert!(started.elapsed() < Duration::from_secs(3), "stopping took {:?}", started.elapsed());
+        stop.store(true, Relaxed);
+        let _ = TcpStream::connect(addr);
+        server.join().unwrap();
         assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(), "still listening");
     }
 }
