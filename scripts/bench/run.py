@@ -53,7 +53,7 @@ def parse_args():
     p.add_argument("--slow-bandwidth-mbps", type=float, default=200.0, help="slowfs MB/s per handle")
     p.add_argument("--slow-latency-ms", type=float, default=10.0, help="slowfs cost per range request")
     p.add_argument("--tp-size-mb", type=int, help="checkpoint size for (h) (default 512; --quick: 16)")
-    p.add_argument("--tp-ranks", default="2,4,8", help="rank counts for (h) (default 2,4,8)")
+    p.add_argument("--tp-ranks", help="rank counts for (h) (default 2,4,8; --quick: 2,8)")
     p.add_argument("--quick", action="store_true", help="smoke mode: tiny sizes, 2 reps, about a minute")
     p.add_argument("--stfs-opts", default="", metavar="ARGS",
                    help="extra arguments for every `stfs mount`, e.g. \"--block-size 256K\" (for tuning runs)")

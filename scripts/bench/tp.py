@@ -2,7 +2,8 @@
 N rank processes (2, 4 and 8), each started on its own, `safe_open` the checkpoint and load their
 1/N of every tensor with `get_slice`: a block of rows for even tensors, a block of columns (a piece
 of every row) for odd ones. Directly on the slow store (slowfs) against the same ranks on the
-checkpoint an stfs mount over the store re-serves (`MNT/model.safetensors`, mount time included).
+checkpoint an stfs mount over the store re-serves (`MNT/model.safetensors`, mount time included),
+and, as the floor, on the local file in the page cache.
 
 The checkpoint is the one the issue measured: 32 F32 matrices written by the reference package
 (`--tp-size-mb`, default 512). Each rank imports its libraries and waits for a go line first, so
@@ -84,9 +85,29 @@ def expected_checksums(path, ranks):
     return out
 
 
+def children_cpu():
+    """User + system CPU seconds of this process's waited-for children so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid):
+    """User + system CPU seconds of a running process (/proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_ranks(path, ranks, expected):
     """Starts `ranks` rank processes on `path`, releases them at once; returns the wall seconds from
-    the go to the last rank done. A wrong checksum or a failed rank aborts the run."""
+    the go to the last rank done, and the CPU seconds the ranks used in all (start-up included).
+    A wrong checksum or a failed rank aborts the run."""
+    cpu_before = children_cpu()
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "rank", path, str(r), str(ranks)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(ranks)]
     try:
@@ -115,7 +136,7 @@ def run_ranks(path, ranks, expected):
     for r in results:
         if r["checksum"] != expected[r["rank"]]:
             raise RuntimeError(f"rank {r['rank']} of {ranks} loaded other bytes than the local file holds")
-    return wall
+    return wall, children_cpu() - cpu_before
 
 
 def _p50_ms(histogram):
@@ -137,17 +158,28 @@ def _run(bench, impl, ranks, expected):
     ckpt = bench.tp_ckpt
     args = bench.args
     out = {}
+    if impl == "local":
+        # The floor: the same ranks on the local file in the page cache, no FUSE, no store.
+        mounts.warm_page_cache([ckpt["checkpoint"]])
+        out["total"], out["rank_cpu"] = run_ranks(ckpt["checkpoint"], ranks, expected)
+        return out
     with mounts.slowfs(bench.slowfs, ckpt["checkpoint_dir"], args.slow_bandwidth_mbps, args.slow_latency_ms) as slow:
         name = os.path.basename(ckpt["checkpoint"])
         slow_file = os.path.join(slow.path, name)
         before = mounts.slowfs_stats(slow.path)
+        store_cpu = process_cpu(slow.pid)
         if impl == "direct":
-            out["total"] = run_ranks(slow_file, ranks, expected)
+            out["total"], out["rank_cpu"] = run_ranks(slow_file, ranks, expected)
         else:
             with mounts.stfs(bench.stfs, slow_file) as m:
-                out["total"] = m.mount_seconds + run_ranks(os.path.join(m.path, name), ranks, expected)
+                wall, out["rank_cpu"] = run_ranks(os.path.join(m.path, name), ranks, expected)
+                out["mount"] = m.mount_seconds
+                out["total"] = m.mount_seconds + wall
                 out["stats"] = mounts.stfs_stats(m.path)
+                out["daemon_cpu"] = process_cpu(m.pid) if m.pid else None
         after = mounts.slowfs_stats(slow.path)
+        if store_cpu is not None and process_cpu(slow.pid) is not None:
+            out["store_cpu"] = process_cpu(slow.pid) - store_cpu
     out["slow_bytes"] = after["bytes"] - before["bytes"]
     out["slow_range_requests"] = after["range_requests"] - before["range_requests"]
     return out
@@ -177,7 +209,7 @@ def scenario_tp(bench):
     _prepare(bench)
     ckpt = bench.tp_ckpt
     args = bench.args
-    rank_counts = [int(n) for n in str(args.tp_ranks).split(",") if n.strip()]
+    rank_counts = [int(n) for n in (args.tp_ranks or ("2,8" if args.quick else "2,4,8")).split(",") if n.strip()]
     res = Results("h", f"tensor-parallel ranks slicing every tensor with get_slice (slowfs "
                        f"{args.slow_bandwidth_mbps:g} MB/s per handle, {args.slow_latency_ms:g} ms per range "
                        f"request), {ckpt['file_size'] / 2**20:.0f} MiB file of {len(ckpt['header'])} F32 matrices")
@@ -189,12 +221,20 @@ def scenario_tp(bench):
     res.note("each rank's slices are checked (a checksum of every element) against the local file's")
     for rep in range(bench.reps):
         for ranks in rank_counts:
-            for impl in scenarios.rotated(["direct", "stfs"], rep):
+            for impl in scenarios.rotated(["direct", "stfs", "local"], rep):
                 run = _run(bench, impl, ranks, expected[ranks])
                 label = f"{impl} {ranks} ranks"
                 res.add(label, run["total"])
-                res.add(f"{label} range requests", run["slow_range_requests"], "")
-                res.add(f"{label} storage bytes / file size", run["slow_bytes"] / ckpt["file_size"], "")
+                if impl != "local":
+                    res.add(f"{label} range requests", run["slow_range_requests"], "")
+                    res.add(f"{label} storage bytes / file size", run["slow_bytes"] / ckpt["file_size"], "")
+                res.add(f"{label} CPU of the ranks", run["rank_cpu"])
+                if run.get("store_cpu") is not None:
+                    res.add(f"{label} CPU of the store (slowfs)", run["store_cpu"])
+                if run.get("daemon_cpu") is not None:
+                    res.add(f"{label} CPU of the stfs daemon", run["daemon_cpu"])
+                if run.get("mount") is not None:
+                    res.add(f"{label} stfs mount time", run["mount"])
                 stats = run.get("stats")
                 if stats:
                     for key in ("backing_reads", "cache_misses", "single_flight_waits", "fuse_reads"):
@@ -212,7 +252,11 @@ def scenario_tp(bench):
                             f"stfs {ranks} ranks storage bytes / file size", "<=", 1.1)
         else:
             scenarios.ratio_note(res, f"{ranks} ranks: stfs re-served vs direct (speed-up)", slower, faster)
-    res.note("wall seconds from releasing the ranks to the last rank done; stfs rows add the stfs mount time")
+        scenarios.ratio_note(res, f"{ranks} ranks: local page-cache floor vs stfs (how far stfs is from it)",
+                             faster, f"local {ranks} ranks")
+    res.note("wall seconds from releasing the ranks to the last rank done; stfs rows add the stfs mount time; "
+             "local: the same ranks on the local file in the page cache (no FUSE, no store), the floor of "
+             "this machine for the ranks' own work")
     return res
 
 
