@@ -1,5 +1,7 @@
 //! Counters shared by the FUSE layer and the block engine, and their JSON snapshot.
 
+pub mod prometheus;
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Monotonic counters and gauges, updated with relaxed atomics from any thread.
@@ -38,6 +40,12 @@ pub struct Stats {
     pub mapping_releases: AtomicU64,
     /// Backing reads that failed.
     pub backing_errors: AtomicU64,
+    /// Sum of the durations of the backing reads made of the store (block loads; not a mapped
+    /// source's prefetch advice, which waits for nothing), in microseconds.
+    pub backing_read_micros: AtomicU64,
+    /// How many of those reads took how long: one bucket per bound of
+    /// [`BACKING_LATENCY_BOUNDS_US`], plus one for the rest.
+    pub backing_latency_buckets: [AtomicU64; BACKING_LATENCY_BOUNDS_US.len() + 1],
     /// Bytes loaded by readahead rather than on demand.
     pub prefetched_bytes: AtomicU64,
     /// Prefetched bytes evicted before anyone read them.
@@ -102,6 +110,32 @@ pub struct Stats {
 /// loopback or same-zone answer to a stalled one (the last bucket holds everything slower).
 pub const HTTP_LATENCY_BOUNDS_MS: [u64; 9] = [1, 5, 20, 50, 100, 250, 500, 1000, 5000];
 
+/// Exclusive upper bounds, in microseconds, of the backing read histogram's buckets: from a block
+/// in the page cache (well under a millisecond) to a store that stalls (the last bucket holds
+/// everything slower than 10 s).
+pub const BACKING_LATENCY_BOUNDS_US: [u64; 14] = [
+    100, 500, 1_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+    10_000_000,
+];
+
+/// The bucket of `value` among exclusive upper `bounds` (`bounds.len()` for the rest).
+fn bucket_of(bounds: &[u64], value: u64) -> usize {
+    bounds.iter().position(|&bound| value < bound).unwrap_or(bounds.len())
+}
+
+/// A histogram as a JSON object: `"<B"` for each bound B, in order, then `">=LAST"`.
+fn histogram_json(bounds: &[u64], buckets: &[AtomicU64]) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    for (i, count) in buckets.iter().enumerate() {
+        let key = match bounds.get(i) {
+            Some(bound) => format!("<{bound}"),
+            None => format!(">={}", bounds.last().copied().unwrap_or(0)),
+        };
+        map.insert(key, count.load(Relaxed).into());
+    }
+    map.into()
+}
+
 impl Stats {
     /// Adds `n` to a counter.
     pub fn add(counter: &AtomicU64, n: u64) {
@@ -113,23 +147,14 @@ impl Stats {
     pub fn record_http_latency(&self, micros: u64) {
         Stats::add(&self.http_request_micros, micros);
         self.http_request_max_micros.fetch_max(micros, Relaxed);
-        let ms = micros / 1000;
-        let bucket =
-            HTTP_LATENCY_BOUNDS_MS.iter().position(|&bound| ms < bound).unwrap_or(HTTP_LATENCY_BOUNDS_MS.len());
+        let bucket = bucket_of(&HTTP_LATENCY_BOUNDS_MS, micros / 1000);
         Stats::add(&self.http_latency_buckets[bucket], 1);
     }
 
-    /// The latency histogram as a JSON object: `"<1"`, `"<5"`, ... milliseconds, then `">=5000"`.
-    fn latency_json(&self) -> serde_json::Value {
-        let mut map = serde_json::Map::new();
-        for (i, count) in self.http_latency_buckets.iter().enumerate() {
-            let key = match HTTP_LATENCY_BOUNDS_MS.get(i) {
-                Some(bound) => format!("<{bound}"),
-                None => format!(">={}", HTTP_LATENCY_BOUNDS_MS[HTTP_LATENCY_BOUNDS_MS.len() - 1]),
-            };
-            map.insert(key, count.load(Relaxed).into());
-        }
-        map.into()
+    /// Records one backing read of the store that took `micros`: in the total and the histogram.
+    pub fn record_backing_latency(&self, micros: u64) {
+        Stats::add(&self.backing_read_micros, micros);
+        Stats::add(&self.backing_latency_buckets[bucket_of(&BACKING_LATENCY_BOUNDS_US, micros)], 1);
     }
 
     /// Changes the resident-bytes gauge by `delta` and keeps the peak.
@@ -156,6 +181,8 @@ impl Stats {
             ("backing_reads", g(&self.backing_reads)),
             ("backing_read_bytes", g(&self.backing_read_bytes)),
             ("backing_errors", g(&self.backing_errors)),
+            ("backing_read_micros", g(&self.backing_read_micros)),
+            ("backing_read_latency_us", histogram_json(&BACKING_LATENCY_BOUNDS_US, &self.backing_latency_buckets)),
             ("mapped_reads", g(&self.mapped_reads)),
             ("mapped_read_bytes", g(&self.mapped_read_bytes)),
             ("spliced_reads", g(&self.spliced_reads)),
@@ -173,7 +200,7 @@ impl Stats {
             ("http_retries", g(&self.http_retries)),
             ("http_request_micros", g(&self.http_request_micros)),
             ("http_request_max_micros", g(&self.http_request_max_micros)),
-            ("http_request_latency_ms", self.latency_json()),
+            ("http_request_latency_ms", histogram_json(&HTTP_LATENCY_BOUNDS_MS, &self.http_latency_buckets)),
             ("disk_cache_hits", g(&self.disk_cache_hits)),
             ("disk_cache_hit_bytes", g(&self.disk_cache_hit_bytes)),
             ("disk_cache_misses", g(&self.disk_cache_misses)),
@@ -214,14 +241,37 @@ mod tests {
     }
 
     #[test]
+    fn backing_latencies_land_in_their_buckets() {
+        let stats = Stats::default();
+        for micros in [0, 99, 100, 4_999, 10_000_000, u64::MAX / 2] {
+            stats.record_backing_latency(micros);
+        }
+        let json = stats.to_json();
+        let histogram = &json["backing_read_latency_us"];
+        for (key, want) in [("<100", 2), ("<500", 1), ("<1000", 0), ("<5000", 1), ("<10000000", 0), (">=10000000", 2)] {
+            assert_eq!(histogram[key], want, "{key}: {histogram}");
+        }
+        assert_eq!(histogram.as_object().map(|m| m.len()), Some(BACKING_LATENCY_BOUNDS_US.len() + 1));
+        assert_eq!(json["backing_read_micros"], 99 + 100 + 4_999 + 10_000_000 + u64::MAX / 2);
+    }
+
+    #[test]
     fn latency_buckets_print_in_numeric_order() {
         // `stfs stats` prints the document as rendered: the buckets must read <1, <5, <20, ...
         let text = serde_json::to_string(&Stats::default().to_json()).unwrap();
         let at = |key: &str| text.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("{key} in {text}"));
-        let mut keys: Vec<String> = HTTP_LATENCY_BOUNDS_MS.iter().map(|b| format!("<{b}")).collect();
-        keys.push(format!(">={}", HTTP_LATENCY_BOUNDS_MS[HTTP_LATENCY_BOUNDS_MS.len() - 1]));
-        let places: Vec<usize> = keys.iter().map(|k| at(k)).collect();
-        assert!(places.windows(2).all(|w| w[0] < w[1]), "{text}");
+        // Each histogram's keys, looked for after the histogram's own name (both have a "<1000").
+        for (name, bounds) in [
+            ("http_request_latency_ms", &HTTP_LATENCY_BOUNDS_MS[..]),
+            ("backing_read_latency_us", &BACKING_LATENCY_BOUNDS_US),
+        ] {
+            let from = at(name);
+            let after = |key: &str| from + text[from..].find(&format!("\"{key}\"")).unwrap_or(text.len());
+            let mut keys: Vec<String> = bounds.iter().map(|b| format!("<{b}")).collect();
+            keys.push(format!(">={}", bounds[bounds.len() - 1]));
+            let places: Vec<usize> = keys.iter().map(|k| after(k)).collect();
+            assert!(places.windows(2).all(|w| w[0] < w[1]) && places[keys.len() - 1] < text.len(), "{name}: {text}");
+        }
         // The counters keep the order they are declared in, too.
         assert!(at("fuse_reads") < at("cache_hits") && at("cache_hits") < at("http_requests"), "{text}");
     }

@@ -52,7 +52,7 @@ pub enum Command {
     )]
     Inspect(InspectArgs),
     /// Print the live counters of a mount (cache hits, backing reads, resident bytes).
-    #[command(after_help = "Example:\n  stfs stats /mnt/model | jq .cache_hits", display_name = "stfs")]
+    #[command(after_help = STATS_HELP, display_name = "stfs")]
     Stats(StatsArgs),
     /// Show or empty a disk cache directory (`--cache-dir`).
     #[command(after_help = CACHE_HELP, display_name = "stfs", disable_help_subcommand = true)]
@@ -172,6 +172,24 @@ pub struct MountArgs {
     /// Remote checkpoints.
     #[command(flatten)]
     pub remote: RemoteArgs,
+    /// Prometheus metrics (boxed: rarely given, and the other subcommands' arguments are small).
+    #[command(flatten)]
+    pub metrics: Box<MetricsArgs>,
+}
+
+/// Exporting a mount's counters (those of `.stfs/stats.json`) in the Prometheus text format.
+#[derive(Args, Debug, Default, Clone)]
+#[command(next_help_heading = "Metrics")]
+pub struct MetricsArgs {
+    /// Write the counters in the Prometheus text format to this file every 5 s, atomically (a new
+    /// file renamed over it), for node_exporter's textfile collector (name it *.prom in the
+    /// collector's directory); removed at unmount [default: off].
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
+    /// Serve the counters in the Prometheus text format at http://ADDR/metrics; loopback addresses
+    /// only (127.0.0.1:9400, [::1]:9400) [default: off].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Options for `http://`, `https://`, `s3://` and `gs://` checkpoints.
@@ -363,6 +381,10 @@ Examples:
 pub struct StatsArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
+    /// Print the counters in the Prometheus text format (labelled with the mount point and the
+    /// source) instead of JSON.
+    #[arg(long)]
+    pub prometheus: bool,
 }
 
 /// Extra help for `stfs mount`.
@@ -377,6 +399,7 @@ the same -o option, and of a repeated -o option the last wins):
   uid=N, gid=N (owner of every file), umask=M, fmask=M, dmask=M (octal: mode
   bits removed from files, directories), allow_root, auto_unmount,
   endpoint_url=URL, region=REGION, no_sign_request, no_map, no_splice
+  metrics_file=PATH, metrics_addr=ADDR
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.
 Sizes: 4096, 512K, 64M, 1.5G (binary units; a fraction is rounded down to
@@ -394,6 +417,12 @@ Examples:
   stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts
   stfs mount s3://bucket/model.safetensors.index.json /mnt/m  # AWS chain
   stfs mount gs://bucket/model.safetensors /mnt/m             # Google ADC";
+
+/// Extra help for `stfs stats`.
+const STATS_HELP: &str = "\
+Examples:
+  stfs stats /mnt/model | jq .cache_hits
+  stfs stats --prometheus /mnt/model     # the Prometheus text format";
 
 /// Extra help for `stfs umount`.
 const UMOUNT_HELP: &str = "\

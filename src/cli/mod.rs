@@ -26,8 +26,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 pub use args::{
-    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs, MountArgs,
-    RemoteArgs, StatsArgs, UmountArgs,
+    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs,
+    MetricsArgs, MountArgs, RemoteArgs, StatsArgs, UmountArgs,
 };
 pub use options::{ConfigError, MountConfig};
 pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, EXIT_OK, EXIT_USAGE};

@@ -12,8 +12,9 @@ use crate::mount::access::check_can_mount;
 use crate::mount::build::build_fs;
 use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
+use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
 use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
-use crate::mount::session::{serve, ServeError};
+use crate::mount::session::{mount_source, serve, ServeError};
 use crate::mount::signals::block_signals;
 use crate::mount::watcher::{spawn_watcher, AutoUnmount};
 use crate::stats::Stats;
@@ -45,6 +46,11 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     } else {
         std::path::absolute(&config.source).map_or(config.source.clone(), |p| p.display().to_string())
     };
+    let exports = metrics_targets(&mut config)?;
+    // The mount point as mountinfo will list it (parents resolved), so that `stfs stats
+    // --prometheus` labels this mount's samples the same.
+    let place = crate::mount::mountinfo::locate(&config.mountpoint).map_or(config.mountpoint.clone(), |(p, _)| p);
+    let labels = metrics::labels(&place, &mount_source(&fsname));
     if config.foreground {
         let init = || if config.debug { init_debug_logging() } else { init_logging(None) };
         let watcher = watch(&config, init)?;
@@ -53,7 +59,8 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         block_signals();
         // No fork from here on: credentials may be fetched again on a thread of their own.
         crate::source::object::start_background_refresh();
-        let fs = build_fs(opened, &fs_options, stats)?;
+        let fs = build_fs(opened, &fs_options, stats.clone())?;
+        let _exporter = export(&stats, labels, exports)?;
         serve(fs, &fsname, &serve_options, watcher, |_| {})?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -75,8 +82,16 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     };
     block_signals();
     crate::source::object::start_background_refresh();
-    let fs = match build_fs(opened, &fs_options, stats) {
+    let fs = match build_fs(opened, &fs_options, stats.clone()) {
         Ok(fs) => fs,
+        Err(e) => {
+            readiness.failed(&e);
+            return Err(e.into());
+        }
+    };
+    // Stopped (and its file removed) when this returns, after the mount is gone.
+    let _exporter = match export(&stats, labels, exports) {
+        Ok(exporter) => exporter,
         Err(e) => {
             readiness.failed(&e);
             return Err(e.into());
@@ -98,6 +113,33 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
             Err(e.into())
         }
     }
+}
+
+/// Checks `--metrics-file` (made absolute: the daemon leaves the working directory) and binds
+/// `--metrics-addr`, before anything is mounted.
+fn metrics_targets(config: &mut crate::cli::options::MountConfig) -> Result<MetricsTargets, Failure> {
+    if let Some(path) = &config.metrics.metrics_file {
+        let absolute = std::path::absolute(path).map_err(|e| Failure::io(path.display(), e))?;
+        config.metrics.metrics_file = Some(absolute);
+    }
+    MetricsTargets::prepare(config.metrics.metrics_file.as_deref(), config.metrics.metrics_addr).map_err(|e| match e {
+        MetricsError::NotLoopback(_) => Failure::usage(e),
+        e => Failure::new(e),
+    })
+}
+
+/// Starts exporting the counters where `targets` say (nothing to start if they are empty).
+fn export(
+    stats: &Arc<crate::stats::Stats>,
+    labels: metrics::Labels,
+    targets: MetricsTargets,
+) -> Result<Option<Exporter>, ServeError> {
+    if targets.is_empty() {
+        return Ok(None);
+    }
+    Exporter::start(stats.clone(), labels, targets)
+        .map(Some)
+        .map_err(|error| ServeError::Thread { purpose: "metrics exporter", error })
 }
 
 /// With `--auto-unmount`, forks the watcher that detaches the mount if this process dies (before

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::OpenOptions;
-use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MountArgs, RemoteArgs};
+use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MetricsArgs, MountArgs, RemoteArgs};
 use crate::cli::defaults::*;
 use crate::cli::headers::{add_env_headers, add_header_file, HeaderSourceError};
 use crate::engine::EngineConfig;
@@ -128,6 +128,13 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
+    /// A `metrics_addr` that is not an address and port.
+    BadAddress {
+        /// The option.
+        key: String,
+        /// The value given.
+        value: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -163,6 +170,9 @@ impl fmt::Display for ConfigError {
             ConfigError::HeaderSource(e) => e.fmt(f),
             ConfigError::BadMask { key, value } => {
                 write!(f, "mount option `{key}` needs an octal mode such as 022 or 0077, got `{value}`")
+            }
+            ConfigError::BadAddress { key, value } => {
+                write!(f, "mount option `{key}` needs an address and port such as 127.0.0.1:9400, got `{value}`")
             }
         }
     }
@@ -224,6 +234,8 @@ pub struct MountConfig {
     pub no_passthrough: bool,
     /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
     pub auto_unmount: bool,
+    /// `--metrics-file`, `--metrics-addr`: where the counters go in the Prometheus text format.
+    pub metrics: Box<MetricsArgs>,
 }
 
 /// Parses an octal mask (`022`, `0077`, `7`).
@@ -280,6 +292,8 @@ impl MountConfig {
         a.no_passthrough |= o.no_passthrough.unwrap_or(false);
         a.no_map |= o.no_map.unwrap_or(false);
         a.no_splice |= o.no_splice.unwrap_or(false);
+        a.metrics.metrics_file = a.metrics.metrics_file.or(o.metrics_file);
+        a.metrics.metrics_addr = a.metrics.metrics_addr.or(o.metrics_addr);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
         let (lo, hi) = BLOCK_SIZE_RANGE;
         if !(lo..=hi).contains(&block_size) || !block_size.is_power_of_two() {
@@ -320,6 +334,7 @@ impl MountConfig {
             foreground: a.foreground || a.debug,
             debug: a.debug,
             auto_unmount: a.auto_unmount,
+            metrics: a.metrics,
             owner,
             perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
             allow_root,
@@ -433,6 +448,8 @@ struct DashO {
     endpoint_url: Option<String>,
     region: Option<String>,
     no_sign_request: Option<bool>,
+    metrics_file: Option<PathBuf>,
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
@@ -471,6 +488,8 @@ const KNOWN_OPTIONS: &[&str] = &[
     "endpoint_url",
     "region",
     "no_sign_request",
+    "metrics_file",
+    "metrics_addr",
 ];
 
 impl DashO {
@@ -532,6 +551,11 @@ impl DashO {
                 "endpoint_url" => o.endpoint_url = text()?,
                 "region" => o.region = text()?,
                 "no_sign_request" => o.no_sign_request = switch()?,
+                "metrics_file" => o.metrics_file = need().map(|p| Some(PathBuf::from(p)))?,
+                "metrics_addr" => {
+                    let bad = |value: &str| ConfigError::BadAddress { key: key.to_string(), value: value.to_string() };
+                    o.metrics_addr = need().and_then(|v| v.parse().map_err(|_| bad(v))).map(Some)?
+                }
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ => {

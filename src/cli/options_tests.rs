@@ -152,3 +152,24 @@ fn splicing_is_on_by_default_and_no_splice_turns_it_off() {
     let flag = MountArgs { no_splice: true, ..args(&[]) };
     assert!(!MountConfig::from_args(flag).unwrap().serve_options().splice);
 }
+
+#[test]
+fn metrics_options_map_to_flags_and_flags_win() {
+    let c = MountConfig::from_args(args(&[])).unwrap();
+    assert!(c.metrics.metrics_file.is_none() && c.metrics.metrics_addr.is_none());
+    let c = MountConfig::from_args(args(&["metrics_file=/t/stfs.prom,metrics-addr=[::1]:9400"])).unwrap();
+    assert_eq!(c.metrics.metrics_file.as_deref(), Some(std::path::Path::new("/t/stfs.prom")));
+    assert_eq!(c.metrics.metrics_addr, Some("[::1]:9400".parse().unwrap()));
+    let mut a = args(&["metrics_file=/t/o.prom,metrics_addr=127.0.0.1:1"]);
+    a.metrics.metrics_file = Some("/t/flag.prom".into());
+    a.metrics.metrics_addr = Some("127.0.0.1:2".parse().unwrap());
+    let c = MountConfig::from_args(a).unwrap();
+    assert_eq!(c.metrics.metrics_file.as_deref(), Some(std::path::Path::new("/t/flag.prom")));
+    assert_eq!(c.metrics.metrics_addr, Some("127.0.0.1:2".parse().unwrap()));
+    let e = MountConfig::from_args(args(&["metrics_addr=localhost"])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "mount option `metrics_addr` needs an address and port such as 127.0.0.1:9400, got `localhost`"
+    );
+    assert!(MountConfig::from_args(args(&["metrics_file"])).is_err());
+}

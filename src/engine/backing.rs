@@ -59,6 +59,7 @@ fn read_store(
     let bs = shared.config.block_size;
     let count = buffers.len();
     let mut bytes = 0u64;
+    let started = std::time::Instant::now();
     let result = (|| {
         if descriptor.is_none() {
             *descriptor = Some(entry.source.open_reader()?);
@@ -73,6 +74,8 @@ fn read_store(
     })();
     Stats::add(&stats.backing_reads, 1);
     Stats::add(&stats.backing_read_bytes, bytes);
+    // To the last block landed, failed reads included (a timeout is the slowest request of all).
+    stats.record_backing_latency(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
     match &result {
         Ok(()) => {}
         Err(e) => {

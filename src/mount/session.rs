@@ -98,7 +98,7 @@ impl std::error::Error for ServeError {
 
 /// The mount's source as mount(8) lists it: `fsname`, without the commas that would split the
 /// mount options it is passed in.
-fn mount_source(fsname: &str) -> String {
+pub fn mount_source(fsname: &str) -> String {
     fsname.replace(',', "_")
 }
 
