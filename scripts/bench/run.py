@@ -10,6 +10,8 @@ Scenarios (select with --only, e.g. --only a,c):
   f  first-touch random 4 KiB reads, fresh mount: stfs vs squashfuse
   g  the checkpoint re-served: safe_open on MNT/model.safetensors vs on slowfs directly; (i) file order,
      (ii) 4 workers forked after safe_open (scripts/bench/reserved.py)
+  h  tensor-parallel ranks: 2, 4 and 8 rank processes each get_slice their 1/N of every tensor, on
+     MNT/model.safetensors vs on slowfs directly (scripts/bench/ranks.py)
 (a) and (f) also measure the limit row: examples/limitfs, a FUSE server answering every read from one
 pre-faulted buffer holding the checkpoint's bytes, with stfs's kernel settings (what the kernel's FUSE
 path costs by itself for this data); (a) also the hot-buffer limit (every read from the same 16 MiB).
@@ -36,11 +38,12 @@ import mounts  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
 import reserved  # noqa: E402,F401  (registers scenario g)
+import ranks  # noqa: E402,F401  (registers scenario h)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="a,b,c,d,e,f,g", help="comma-separated scenarios (default: all)")
+    p.add_argument("--only", default="a,b,c,d,e,f,g,h", help="comma-separated scenarios (default: all)")
     p.add_argument("--reps", type=int, help="repetitions per variant (default 10; --quick: 2)")
     p.add_argument("--size-mb", type=int, help="main checkpoint size in MiB (default 1024; --quick: 16)")
     p.add_argument("--slow-size-mb", type=int, help="checkpoint size for (c) (default: --size-mb)")
