@@ -11,10 +11,7 @@
 //! A new stream ([`Readahead::start`]) is *unconfirmed* and prefetches nothing, so a random reader
 //! costs no backing I/O beyond the blocks it touches; the exception is a read from the first byte
 //! of a file (a tensor), how sequential readers start, which prefetches up to
-//! [`FILE_START_WINDOW_BYTES`] (and at least one block per prefetch lane) at once; and a read that
-//! lands elsewhere in a file another stream reads from its first byte (several readers, each with
-//! its piece of one tensor: tensor-parallel ranks), which prefetches the rest of that file at once
-//! ([`Readahead::join`]), so the tensor is fetched once, sequentially, for all of them. The next read
+//! [`FILE_START_WINDOW_BYTES`] (and at least one block per prefetch lane) at once. The next read
 //! that continues a stream confirms it ([`Readahead::advance`]): the window opens at
 //! [`INITIAL_WINDOW_BYTES`] (or over the rest of the file, for an exact continuation) and then
 //! doubles each time the cursor enters a new block, up to [`ReadaheadConfig::max_window_blocks`]
@@ -114,9 +111,6 @@ pub struct Readahead {
     /// consumed.
     consumed_until: u64,
     confirmed: bool,
-    /// Whether the stream started at its file's first byte, or joined a file another stream reads
-    /// that way ([`Readahead::join`]): a reader going through that file, not a random one.
-    reads_file: bool,
     window_blocks: u64,
     next_prefetch: u64,
 }
@@ -150,49 +144,12 @@ impl Readahead {
             crossed: false,
             consumed_until: offset.div_ceil(bs),
             confirmed: false,
-            reads_file: is_file && offset == extent.start,
             window_blocks: 0,
             next_prefetch: (last_block + 1).max(prefetch.end),
         };
         let decision =
             Decision { sequential: false, window_blocks: prefetch.end - prefetch.start, prefetch, consumed: 0..0 };
         (stream, decision)
-    }
-
-    /// Starts a stream with a read that lands in a file (a tensor, `extent`) another stream is
-    /// reading from its first byte ([`Readahead::reads_file`]), somewhere the other stream's
-    /// slacks do not reach: several readers are going through one tensor, each its own piece
-    /// (tensor-parallel ranks slicing rows, or a piece of every row through a mapping). Prefetches
-    /// the rest of the file at once (within the largest window), so the tensor is fetched in long
-    /// sequential reads once for all of them instead of each reader ramping up its own stream.
-    /// The arguments are those of [`Readahead::start`]; a read of no file prefetches as `start` does.
-    pub fn join(
-        config: &ReadaheadConfig,
-        offset: u64,
-        len: u64,
-        source_len: u64,
-        extent: Range<u64>,
-    ) -> (Readahead, Decision) {
-        let (mut stream, mut decision) = Readahead::start(config, offset, len, source_len, extent.clone());
-        if extent.start == 0 && extent.end >= source_len {
-            return (stream, decision);
-        }
-        let bs = config.block_size;
-        let first = (offset.saturating_add(len.max(1)) - 1) / bs + 1;
-        let end = first.saturating_add(config.max_window_blocks).min(extent.end.min(source_len).div_ceil(bs));
-        stream.reads_file = true;
-        if end > first && end > decision.prefetch.end {
-            decision.prefetch = first..end;
-            decision.window_blocks = end - first;
-            stream.next_prefetch = stream.next_prefetch.max(end);
-        }
-        (stream, decision)
-    }
-
-    /// Whether this stream goes through the file ending at `extent_end` from its first byte (or
-    /// joined one that does): a read elsewhere in that file is another reader of the same tensor.
-    pub fn reads_file(&self, extent_end: u64) -> bool {
-        self.reads_file && self.extent_end == extent_end
     }
 
     /// How far a read starting at `offset` is from this stream's cursor, if it may continue the
@@ -489,23 +446,6 @@ mod tests {
         // A read inside a file, or from the start of a source that is not a file, prefetches nothing.
         assert!(One::new(8).read_in(80 * BS + 7, 100, 80 * BS..90 * BS).prefetch.is_empty());
         assert!(One::new(8).read(0, 100).prefetch.is_empty());
-    }
-
-    #[test]
-    fn a_reader_joining_a_file_prefetches_its_rest_within_the_window() {
-        let mut config = config(8);
-        // File [5000, 30_000): a read at 12_000 prefetches the rest of the file, up to the window.
-        let (stream, d) = Readahead::join(&config, 12_000, 100, SOURCE, 5000..30 * BS);
-        assert_eq!((d.sequential, d.prefetch), (false, 13..21));
-        assert!(stream.reads_file(30 * BS) && !stream.reads_file(40 * BS));
-        config.max_window_blocks = 64;
-        assert_eq!(Readahead::join(&config, 12_000, 100, SOURCE, 5000..30 * BS).1.prefetch, 13..30);
-        // A read of a source that is not a file prefetches as a new stream does: nothing.
-        let (stream, d) = Readahead::join(&config, 12_000, 100, SOURCE, 0..SOURCE);
-        assert!(d.prefetch.is_empty() && !stream.reads_file(SOURCE));
-        // Only a stream that starts at a file's first byte reads that file.
-        assert!(Readahead::start(&config, 5000, 100, SOURCE, 5000..30 * BS).0.reads_file(30 * BS));
-        assert!(!Readahead::start(&config, 6000, 100, SOURCE, 5000..30 * BS).0.reads_file(30 * BS));
     }
 
     #[test]

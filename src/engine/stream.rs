@@ -162,8 +162,7 @@ impl Streams {
 impl Table {
     /// Gives the read of `[offset, offset + len)` to the closest stream that accepts it, a
     /// confirmed one before any new one, or starts a new one (replacing the least recently used if
-    /// the table is full): the stream's index, what to do, and the replaced stream. A new stream in
-    /// a file another stream reads from its first byte joins it ([`Readahead::join`]).
+    /// the table is full): the stream's index, what to do, and the replaced stream.
     ///
     /// Confirmed first: a reader that seeks to a file's end and back before reading it (C stdio's
     /// `fseek(SEEK_END)` reads the buffer-aligned tail, as numpy's `fromfile` does) leaves a new
@@ -193,13 +192,7 @@ impl Table {
             stream.last_used = self.clock;
             return (index, stream.readahead.advance(config, offset, len, source_len, extent), None);
         }
-        // Another reader of the same tensor: the tensor is fetched once, ahead of all of them.
-        let beside = self.streams.iter().any(|s| s.readahead.reads_file(extent.end));
-        let (readahead, decision) = if beside {
-            Readahead::join(config, offset, len, source_len, extent)
-        } else {
-            Readahead::start(config, offset, len, source_len, extent)
-        };
+        let (readahead, decision) = Readahead::start(config, offset, len, source_len, extent);
         let stream = Stream { readahead, last_used: self.clock, io: Arc::default() };
         if self.streams.len() < config.max_streams {
             self.streams.push(stream);

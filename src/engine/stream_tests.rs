@@ -232,21 +232,3 @@ fn mapped_advice_skips_what_the_stream_left_behind() {
     io.left_behind(14);
     assert_eq!(io.take_advice(12..40, 100, 8, 14), Some(14..40));
 }
-
-#[test]
-fn a_new_stream_in_a_file_another_reads_from_its_start_joins_it() {
-    let streams = streams(64, 16);
-    let mut table = lock(&streams.table);
-    let (file, other) = (10 * BS..30 * BS, 30 * BS..50 * BS);
-    let mut read = |offset: u64, extent: &Range<u64>| {
-        let (index, d, _) = table.classify(&streams.config, offset, 100, 100 * BS, extent.clone());
-        (index, d.prefetch)
-    };
-    // A random read inside a file nobody reads from its start: nothing prefetched.
-    assert_eq!(read(15 * BS + 7, &file), (0, 0..0));
-    // A reader from the file's first byte, then a second one further in: the rest of the file.
-    assert_eq!(read(10 * BS, &file), (1, 11..15));
-    assert_eq!(read(22 * BS, &file), (2, 23..30));
-    // A read in another file does not join.
-    assert_eq!(read(40 * BS, &other), (3, 0..0));
-}

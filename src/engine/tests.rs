@@ -174,35 +174,6 @@ fn a_first_read_of_a_file_fetches_its_start_on_every_lane_at_once() {
 }
 
 #[test]
-fn ranks_reading_pieces_of_one_tensor_fetch_it_once_ahead_of_them() {
-    // Tensor-parallel ranks: one reads the tensor's first rows, the others their own row blocks
-    // further in. The tensor is prefetched to its end once, for all of them, and nothing past it.
-    let bs = 64 << 10;
-    let source = fake(48 << 20, Duration::from_millis(5));
-    let (engine, stats) = engine(bs, 256 << 20, 8);
-    let id = engine.add_source(Arc::new(Arc::clone(&source)));
-    let file = (1 << 20) + 100..(33 << 20) + 100;
-    for rank in [0, 2, 5, 3, 7] {
-        let offset = file.start + rank * ((file.end - file.start) / 8);
-        let got = engine.read_in(id, file.clone(), offset, 4096, <[u8]>::to_vec).unwrap();
-        assert_eq!(got, &source.data[offset as usize..][..4096]);
-    }
-    let (first_block, last_block) = (file.start / bs, (file.end - 1) / bs);
-    let whole = (last_block + 1 - first_block) * bs;
-    eventually("the whole tensor, prefetched", || counter(&stats.backing_read_bytes) >= whole);
-    drop(engine);
-    let reads = lock(&source.reads).clone();
-    assert!(reads.iter().all(|&(at, n)| at + n as u64 <= (last_block + 1) * bs), "nothing past the tensor: {reads:?}");
-    let mut blocks: Vec<u64> = reads.iter().flat_map(|&(at, n)| at / bs..(at + n as u64) / bs).collect();
-    let read = blocks.len();
-    blocks.sort_unstable();
-    blocks.dedup();
-    assert_eq!(read, blocks.len(), "each block read once: {reads:?}");
-    assert_eq!(counter(&stats.backing_read_bytes), whole);
-    assert_whole_blocks(&source, bs);
-}
-
-#[test]
 fn a_prefetched_block_is_served_while_the_rest_of_its_read_is_in_flight() {
     let bs = 4096;
     let gated = FakeSource::gated((0..64 * bs as usize).map(|i| (i % 249) as u8).collect());
