@@ -25,6 +25,8 @@ WORLDS = (2, 4, 8)
 TENSORS = 32
 TARGET_SPEEDUP = 4.0  # at 8 ranks
 TARGET_STORE_BYTES = 1.1  # store bytes / file size
+LABELS = {"direct": "direct", "stfs": "re-served", "local": "local file in page cache (floor)",
+          "instant": "re-served, instant store"}
 
 
 def layout(size_bytes):
@@ -109,11 +111,18 @@ def _prepare(bench):
 
 
 def _run(bench, impl, world):
-    """The ranks through a fresh slowfs mount, directly (`direct`) or on stfs's re-served file."""
+    """The ranks through a fresh slowfs mount, directly (`direct`) or on stfs's re-served file
+    (`stfs`; `instant`: over a slowfs with no latency and no bandwidth limit, what the store costs),
+    or on the local checkpoint in the page cache (`local`: no store, no FUSE, the floor)."""
     ckpt = bench.ranks_ckpt
     out = {}
-    with mounts.slowfs(bench.slowfs, ckpt["checkpoint_dir"], bench.args.slow_bandwidth_mbps,
-                       bench.args.slow_latency_ms) as slow:
+    if impl == "local":
+        out["total"], out["loaded"] = run_ranks(ckpt["checkpoint"], world)
+        return out
+    bandwidth, latency = bench.args.slow_bandwidth_mbps, bench.args.slow_latency_ms
+    if impl == "instant":
+        bandwidth, latency = 1e6, 0.0
+    with mounts.slowfs(bench.slowfs, ckpt["checkpoint_dir"], bandwidth, latency) as slow:
         name = os.path.basename(ckpt["checkpoint"])
         slow_file = os.path.join(slow.path, name)
         before = mounts.slowfs_stats(slow.path)
@@ -146,15 +155,17 @@ def scenario_ranks(bench):
     counters = {}
     for rep in range(bench.reps):
         for world in worlds:
-            for impl in scenarios.rotated(["direct", "stfs"], rep):
+            for impl in scenarios.rotated(["direct", "stfs", "local", "instant"], rep):
                 run = _run(bench, impl, world)
                 if run["loaded"] != ckpt["data_bytes"]:
                     raise RuntimeError(f"(h) {world} ranks loaded {run['loaded']} bytes, not {ckpt['data_bytes']}")
-                label = f"{world} ranks {'direct' if impl == 'direct' else 're-served'}"
+                label = f"{world} ranks {LABELS[impl]}"
                 res.add(label, run["total"])
+                if impl in ("local", "instant"):
+                    continue
                 res.add(f"{label} range requests", run["slow_range_requests"], "")
                 res.add(f"{label} storage bytes / file size", run["slow_bytes"] / ckpt["file_size"], "")
-                if "stfs" in run:
+                if impl == "stfs":
                     counters[world] = run["stfs"]
     for world in worlds:
         target = TARGET_SPEEDUP if world == 8 else 0.0
@@ -162,6 +173,9 @@ def scenario_ranks(bench):
                         f"{world} ranks re-served", target)
         res.value_check(f"(h{world}) re-served storage bytes / file size",
                         f"{world} ranks re-served storage bytes / file size", "<=", TARGET_STORE_BYTES)
+        for other in ("local", "instant"):
+            scenarios.ratio_note(res, f"(h{world}) re-served time over the {LABELS[other]} row's",
+                                 f"{world} ranks re-served", f"{world} ranks {LABELS[other]}")
     for world, stats in counters.items():
         keys = ("fuse_reads", "backing_reads", "backing_read_bytes", "prefetched_bytes", "prefetch_unused_bytes",
                 "single_flight_waits", "cache_misses", "evictions", "streams")
