@@ -2,8 +2,9 @@
 `safe_open` the checkpoint (framework numpy) and load their 1/N of every tensor with `get_slice`,
 as an inference server's tensor-parallel workers do: a block of rows for the even tensors, a block
 of columns (a piece of every row) for the odd ones. Directly on the slow store (slowfs) against the
-same ranks on the checkpoint an stfs mount over the store re-serves (`MNT/model.safetensors`).
-The checkpoint: 32 F32 matrices written by safetensors' own `save_file` (checkpoint.py).
+same ranks on the checkpoint an stfs mount over the store re-serves (`MNT/model.safetensors`),
+beside two rows saying what bounds stfs: stfs over a store that costs nothing, and the ranks on the
+local file in the page cache. The checkpoint: 32 F32 matrices written by safetensors' own `save_file` (checkpoint.py).
 
 Kept apart from scenarios.py (and registered into its SCENARIOS on import) so that it merges
 cleanly with edits to the other scenarios. Run as a script, this file is one rank:
@@ -106,7 +107,7 @@ def _prepare(bench):
                                             with_squashfs=False)
     if not os.path.exists(bench.slowfs):
         print("building slowfs (cargo build --release --example slowfs)", flush=True)
-        subprocess.run(["cargo", "build", "--release", "--example", "slowfs"], 
+        subprocess.run(["cargo", "build", "--release", "--example", "slowfs"],
                        cwd=os.path.dirname(os.path.dirname(scenarios.HERE)), check=True, timeout=1800)
 
 
