@@ -10,8 +10,8 @@ Scenarios (select with --only, e.g. --only a,c):
   f  first-touch random 4 KiB reads, fresh mount: stfs vs squashfuse
   g  the checkpoint re-served: safe_open on MNT/model.safetensors vs on slowfs directly; (i) file order,
      (ii) 4 workers forked after safe_open (scripts/bench/reserved.py)
-  h  tensor-parallel ranks: 2, 4, 8 processes each safe_open the file and get_slice their 1/N of every
-     tensor (rows, or a column block): on slowfs directly vs on stfs's re-served file (scripts/bench/tp.py)
+  h  tensor-parallel ranks: 2, 4 and 8 rank processes each get_slice their 1/N of every tensor, on
+     MNT/model.safetensors vs on slowfs directly (scripts/bench/ranks.py)
 (a) and (f) also measure the limit row: examples/limitfs, a FUSE server answering every read from one
 pre-faulted buffer holding the checkpoint's bytes, with stfs's kernel settings (what the kernel's FUSE
 path costs by itself for this data); (a) also the hot-buffer limit (every read from the same 16 MiB).
@@ -38,7 +38,7 @@ import mounts  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
 import reserved  # noqa: E402,F401  (registers scenario g)
-import tp  # noqa: E402,F401  (registers scenario h)
+import ranks  # noqa: E402,F401  (registers scenario h)
 
 
 def parse_args():
@@ -52,8 +52,6 @@ def parse_args():
     p.add_argument("--mem-cache-mb", type=int, help="stfs cache size in (d) (default: a quarter of the checkpoint)")
     p.add_argument("--slow-bandwidth-mbps", type=float, default=200.0, help="slowfs MB/s per handle")
     p.add_argument("--slow-latency-ms", type=float, default=10.0, help="slowfs cost per range request")
-    p.add_argument("--tp-size-mb", type=int, help="checkpoint size for (h) (default 512; --quick: 16)")
-    p.add_argument("--tp-ranks", help="rank counts for (h) (default 2,4,8; --quick: 2,8)")
     p.add_argument("--quick", action="store_true", help="smoke mode: tiny sizes, 2 reps, about a minute")
     p.add_argument("--stfs-opts", default="", metavar="ARGS",
                    help="extra arguments for every `stfs mount`, e.g. \"--block-size 256K\" (for tuning runs)")
