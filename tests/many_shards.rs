@@ -2,7 +2,8 @@
 //! of 1,024 open files, as systemd gives a service: it mounts and every tensor reads back
 //! byte-exact from a local directory, over HTTP (nginx) and from `s3://` (s3s-fs), and the daemon
 //! holds a bounded number of descriptors after reading every shard (a shard's descriptors open at
-//! its first read, not at mount, and those of shards read long ago are closed).
+//! its first read, not at mount, and those of shards read long ago are closed); a mount left idle
+//! closes its connections and stream descriptors.
 //! Skips when nginx or s3s-fs is missing (fails under `CI=true`).
 
 mod common;
@@ -33,11 +34,16 @@ const MOST_OPEN_AFTER: usize = 256;
 /// HTTP source fetches when it opens (so reading it takes a request on a reader's own connection),
 /// and their index. Returns the tensors and the index's file name.
 fn write_sharded(dir: &Path) -> (Vec<T>, &'static str) {
+    write_shards(dir, SHARDS)
+}
+
+/// [`write_sharded`] with `count` shards.
+fn write_shards(dir: &Path, count: usize) -> (Vec<T>, &'static str) {
     std::fs::create_dir_all(dir).unwrap();
     let mut weight_map = serde_json::Map::new();
     let mut all = Vec::new();
-    for i in 0..SHARDS {
-        let shard = format!("model-{:05}-of-{SHARDS:05}.safetensors", i + 1);
+    for i in 0..count {
+        let shard = format!("model-{:05}-of-{count:05}.safetensors", i + 1);
         let tensor = T::new(&format!("model.layers.{i}.weight"), Dtype::U8, &[70_000 + (i as u64 % 7)]);
         write_checkpoint(&dir.join(&shard), std::slice::from_ref(&tensor), None);
         weight_map.insert(tensor.name.clone(), shard.into());
@@ -100,6 +106,15 @@ fn mount(mut command: Command) -> Mounted {
 /// Descriptors the process `pid` holds.
 fn open_descriptors(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// Sockets the process `pid` holds (its connections to a server).
+fn open_sockets(pid: i32) -> usize {
+    let links = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+    links
+        .filter_map(|l| std::fs::read_link(l.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 /// The soft and hard open-files limits of the process `pid`.
@@ -185,4 +200,39 @@ fn an_s3_index_of_a_thousand_shards_mounts_and_reads_under_a_soft_limit_of_1024(
     command.stdout(Stdio::piped());
     let m = mount(limited(command, false));
     read_all_and_count(&m, &tensors);
+}
+
+#[test]
+fn an_idle_mount_closes_its_keep_alive_connections_and_stream_descriptors() {
+    if not_root("mounting FUSE") {
+        return;
+    }
+    let Some(nginx) = nginx::Nginx::start() else {
+        return tool_missing("nginx", "apt-get install nginx");
+    };
+    let (tensors, index) = write_shards(&nginx.root.join("ckpt"), 8);
+    let mut command = Command::new(STFS);
+    command.args(["mount", "--block-size", "64K", &nginx.url(&format!("ckpt/{index}"))]);
+    let m = mount(command);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    let at_mount = open_descriptors(pid);
+    for t in &tensors {
+        assert!(std::fs::read(m.path.join(&t.name)).unwrap() == t.data, "{} differs", t.name);
+    }
+    let (after_reads, sockets) = (open_descriptors(pid), open_sockets(pid));
+    assert!(sockets > 0 && after_reads > at_mount, "reading kept no connection open: {after_reads} descriptors");
+    // Idle for 30 s (IDLE_DESCRIPTORS_AFTER), seen by a sweep every 5 s: every source closes what
+    // it holds, and the daemon is back to what it held at mount, with no connection left.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while (open_sockets(pid) > 0 || open_descriptors(pid) > at_mount) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert_eq!(open_sockets(pid), 0, "connections still open after 60 s idle ({sockets} after the reads)");
+    assert!(
+        open_descriptors(pid) <= at_mount,
+        "{} descriptors after 60 s idle, {at_mount} at mount",
+        open_descriptors(pid)
+    );
+    // And the next read opens what it needs again.
+    assert!(std::fs::read(m.path.join(&tensors[3].name)).unwrap() == tensors[3].data);
 }

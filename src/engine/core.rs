@@ -1,5 +1,5 @@
 //! [`Engine`]: registers sources and answers reads of their byte ranges. It owns the threads (the
-//! prefetch lanes' I/O pool, the warming thread) and hands each read to its stream (`stream`) and
+//! prefetch lanes' I/O pool, the warming thread, the sweep that closes idle sources' descriptors) and hands each read to its stream (`stream`) and
 //! then to its on-demand loads (`demand`), or, for a read the kernel copies of a mapped source,
 //! to the source's mapping ([`Engine::read_for_kernel`]).
 
@@ -17,7 +17,7 @@ use super::error::ReadError;
 use super::prefetch::Prefetcher;
 use super::readahead::ReadaheadConfig;
 use super::shared::{Shared, SourceEntry};
-use super::tuning::{mapped_resident_bytes, EngineConfig, MAX_BLOCK_SIZE};
+use super::tuning::{mapped_resident_bytes, EngineConfig, IDLE_DESCRIPTORS_AFTER, IDLE_SWEEP_EVERY, MAX_BLOCK_SIZE};
 use crate::source::{KernelBytes, Source, SourceId};
 use crate::stats::Stats;
 use crate::util::{lock, read, write};
@@ -27,12 +27,15 @@ pub struct Engine {
     shared: Arc<Shared>,
     /// The readahead tuning each new source's streams get.
     readahead: ReadaheadConfig,
-    /// The registered sources, by id.
-    sources: RwLock<Vec<Arc<SourceEntry>>>,
+    /// The registered sources, by id (shared with the idle sweep).
+    sources: Arc<RwLock<Vec<Arc<SourceEntry>>>>,
     prefetcher: Prefetcher,
     /// Keeps a few block buffers faulted in ahead of need ([`BlockCache::keep_warm`]); started
     /// with the first source whose reads use blocks (a mapped source's replies use none).
     warmer: Mutex<Option<JoinHandle<()>>>,
+    /// Closes the descriptors of sources idle for [`IDLE_DESCRIPTORS_AFTER`], every
+    /// [`IDLE_SWEEP_EVERY`] (`descriptors`).
+    sweeper: Option<JoinHandle<()>>,
 }
 
 impl Engine {
@@ -75,7 +78,9 @@ impl Engine {
         let shared = Arc::new(Shared { config, stats, cache, stopping: AtomicBool::new(false), disk, descriptors });
         let prefetcher = Prefetcher::start(&shared, io_threads);
         let warmer = Mutex::new(None);
-        Arc::new(Engine { shared, readahead, sources: RwLock::new(Vec::new()), prefetcher, warmer })
+        let sources = Arc::new(RwLock::new(Vec::new()));
+        let sweeper = start_sweeper(&shared, &sources);
+        Arc::new(Engine { shared, readahead, sources, prefetcher, warmer, sweeper })
     }
 
     /// Registers a source; blocks are keyed by (source, block index).
@@ -306,5 +311,28 @@ impl Drop for Engine {
         if let Some(warmer) = lock(&self.warmer).take() {
             let _ = warmer.join();
         }
+        if let Some(sweeper) = self.sweeper.take() {
+            sweeper.thread().unpark();
+            let _ = sweeper.join();
+        }
     }
+}
+
+/// Starts the thread that closes the descriptors of sources no one has read for
+/// [`IDLE_DESCRIPTORS_AFTER`]; it looks every [`IDLE_SWEEP_EVERY`] and ends once the engine stops
+/// (woken by [`Engine`]'s drop).
+fn start_sweeper(shared: &Arc<Shared>, sources: &Arc<RwLock<Vec<Arc<SourceEntry>>>>) -> Option<JoinHandle<()>> {
+    let (shared, sources) = (Arc::clone(shared), Arc::clone(sources));
+    std::thread::Builder::new()
+        .name("stfs-idle".into())
+        .spawn(move || loop {
+            std::thread::park_timeout(IDLE_SWEEP_EVERY);
+            if shared.stopping.load(Relaxed) {
+                return;
+            }
+            let sources = read(&sources).clone();
+            shared.descriptors.close_idle(&sources, |e| &e.activity, |e| e.close_descriptors(), IDLE_DESCRIPTORS_AFTER);
+        })
+        .map_err(|e| log::warn!("no thread to close idle sources' descriptors: {e}"))
+        .ok()
 }

@@ -5,22 +5,32 @@
 //! keep-alive connection is its reader's). Once more than [`OPEN_SOURCES`] sources hold them,
 //! the least recently read ones close all they hold (each reopens at its next read), so a mount
 //! of a thousand shards read one after the other keeps the descriptors of a few dozen, not of
-//! every shard it has read, and never runs into the process's limit on open files.
+//! every shard it has read, and never runs into the process's limit on open files. A source not
+//! read for [`IDLE_DESCRIPTORS_AFTER`](super::tuning::IDLE_DESCRIPTORS_AFTER) closes them too
+//! ([`Budget::close_idle`]): a mount left idle keeps no lane descriptor and no keep-alive socket.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::tuning::OPEN_SOURCES;
 
-/// The engine's count of sources holding descriptors, and the clock that orders their reads.
-#[derive(Default)]
+/// The engine's count of sources holding descriptors, and the clocks that order their reads.
 pub(crate) struct Budget {
     /// Counts reads, to find the least recently read sources.
     clock: AtomicU64,
+    /// What [`Activity::last_read_ms`] counts from.
+    started: Instant,
     /// Sources marked as holding descriptors ([`Activity::open`]).
     open: AtomicUsize,
     /// Held while one thread closes sources' descriptors; others do not wait for it.
     closing: Mutex<()>,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget { clock: AtomicU64::new(0), started: Instant::now(), open: AtomicUsize::new(0), closing: Mutex::new(()) }
+    }
 }
 
 /// One source's part of the budget.
@@ -28,6 +38,8 @@ pub(crate) struct Budget {
 pub(crate) struct Activity {
     /// The budget's clock at the source's last read.
     last_read: AtomicU64,
+    /// Milliseconds from [`Budget::started`] to the source's last read.
+    last_read_ms: AtomicU64,
     /// Whether the source may hold descriptors (read since they were last all closed).
     open: AtomicBool,
 }
@@ -38,6 +50,7 @@ impl Budget {
     /// [`Budget::close_least_recent`].
     pub(crate) fn on_read(&self, activity: &Activity) -> bool {
         activity.last_read.store(self.clock.fetch_add(1, Relaxed), Relaxed);
+        activity.last_read_ms.store(self.millis(), Relaxed);
         if activity.open.load(Relaxed) || activity.open.swap(true, Relaxed) {
             return false;
         }
@@ -68,15 +81,45 @@ impl Budget {
         }
         open.sort_unstable_by_key(|&(last_read, _)| last_read);
         for &(_, source) in &open[..open.len() - keep] {
-            let activity = activity(source);
-            // Unmarked first: a read racing with the close marks it again (and counts it).
-            if activity.open.swap(false, Relaxed) {
-                self.open.fetch_sub(1, Relaxed);
-            }
-            if !close(source) && !activity.open.swap(true, Relaxed) {
-                self.open.fetch_add(1, Relaxed);
+            self.close_one(source, activity(source), &close);
+        }
+    }
+
+    /// Closes the descriptors of each of `sources` that holds some and was last read `idle` or
+    /// more ago (as [`Budget::close_least_recent`] closes them: a descriptor in use stays, to be
+    /// closed at a later call). Another thread already closing: nothing.
+    pub(crate) fn close_idle<T>(
+        &self,
+        sources: &[T],
+        activity: impl Fn(&T) -> &Activity,
+        close: impl Fn(&T) -> bool,
+        idle: Duration,
+    ) {
+        let Ok(_closing) = self.closing.try_lock() else { return };
+        let now = self.millis();
+        let idle = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        for source in sources {
+            let part = activity(source);
+            if part.open.load(Relaxed) && now.saturating_sub(part.last_read_ms.load(Relaxed)) >= idle {
+                self.close_one(source, part, &close);
             }
         }
+    }
+
+    /// Closes one source's descriptors, keeping the count of sources that hold some right.
+    fn close_one<T>(&self, source: &T, activity: &Activity, close: &impl Fn(&T) -> bool) {
+        // Unmarked first: a read racing with the close marks it again (and counts it).
+        if activity.open.swap(false, Relaxed) {
+            self.open.fetch_sub(1, Relaxed);
+        }
+        if !close(source) && !activity.open.swap(true, Relaxed) {
+            self.open.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Milliseconds since the budget was made.
+    fn millis(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -138,5 +181,31 @@ mod tests {
             budget.close_least_recent(&sources, |h| &h.activity, close);
         }
         assert!(sources[0].activity.open.load(Relaxed));
+    }
+
+    #[test]
+    fn sources_idle_for_long_enough_close_their_descriptors() {
+        let sources: Vec<Held> = (0..3).map(|_| Held::default()).collect();
+        let budget = Budget::default();
+        for held in &sources {
+            budget.on_read(&held.activity);
+            held.descriptors.fetch_add(2, Relaxed);
+        }
+        // Nothing has been idle for a minute.
+        budget.close_idle(&sources, |h| &h.activity, close, Duration::from_secs(60));
+        assert!(sources.iter().all(|h| h.descriptors.load(Relaxed) == 2));
+        // Idle for 20 ms: all close, but the one with a load in flight, which a later sweep closes.
+        sources[2].busy.store(true, Relaxed);
+        std::thread::sleep(Duration::from_millis(30));
+        budget.on_read(&sources[1].activity);
+        budget.close_idle(&sources, |h| &h.activity, close, Duration::from_millis(20));
+        let held: Vec<usize> = sources.iter().map(|h| h.descriptors.load(Relaxed)).collect();
+        assert_eq!(held, [0, 2, 2], "the one just read and the busy one keep theirs");
+        assert_eq!(budget.open.load(Relaxed), 2);
+        sources[2].busy.store(false, Relaxed);
+        std::thread::sleep(Duration::from_millis(30));
+        budget.close_idle(&sources, |h| &h.activity, close, Duration::from_millis(20));
+        assert!(sources.iter().all(|h| h.descriptors.load(Relaxed) == 0));
+        assert_eq!(budget.open.load(Relaxed), 0);
     }
 }

@@ -184,3 +184,12 @@ pub const WARM_SPARE_BYTES: u64 = 4 << 20;
 /// read at once (more than any loader reads in parallel) stay within a few hundred descriptors,
 /// well under a soft limit of 1,024, while reopening a shard costs one `open` or one connection.
 pub const OPEN_SOURCES: usize = 32;
+
+/// How long a source may go unread before its descriptors close (stream and lane descriptors,
+/// spares, an HTTP reader's keep-alive connection, a local file's mapping): a mount left idle holds
+/// none, as an HTTP client's pool drops idle connections, while a loader pausing between tensors
+/// for less than this keeps its streams.
+pub const IDLE_DESCRIPTORS_AFTER: Duration = Duration::from_secs(30);
+
+/// How often the engine looks for sources idle for [`IDLE_DESCRIPTORS_AFTER`].
+pub const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(5);
