@@ -316,7 +316,7 @@ impl Filesystem for SlowDisk {
         name: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
-        _flags: RenameFlags,
+        flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
         let (Some(from), Some(to)) = (self.child(parent, name), self.child(newparent, newname)) else {
@@ -325,7 +325,8 @@ impl Filesystem for SlowDisk {
         if newname.to_string_lossy().ends_with(&self.rename_suffix) {
             sleep_ms(&self.rename_delay_ms);
         }
-        match std::fs::rename(&from, &to) {
+        // With the caller's flags (RENAME_NOREPLACE), as the filesystem below would take them.
+        match rename_with_flags(&from, &to, flags.bits()) {
             Ok(()) => {
                 self.forget_path(&to);
                 let mut inodes = self.inodes.lock().unwrap();
@@ -465,5 +466,19 @@ impl Drop for SlowDiskMount {
                 super::force_unmount(&self.path);
             }
         }
+    }
+}
+
+/// `renameat2(from, to, flags)`.
+fn rename_with_flags(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (from, to) = (c(from), c(to));
+    // SAFETY: two valid NUL-terminated paths that outlive the call.
+    let done = unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), flags) };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }

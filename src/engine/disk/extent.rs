@@ -34,7 +34,9 @@
 //! sharing the directory) can open the data file in between: a data file without a record is
 //! taken for one being published ([`Opened::Unpublished`]: not used, not removed) until it is
 //! [`UNPUBLISHED_AGE`] old, when only a crash between the two renames can explain it and it is
-//! removed. A record never shows half written (it is renamed into place too).
+//! removed. A record never shows half written (it is renamed into place too). The data file's
+//! rename never replaces one already there (another process's, which its readers may hold open
+//! through passthrough): the second process to finish an extent drops its own.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -178,6 +180,9 @@ pub(crate) enum Assembled {
     Written(u64),
     /// This block is not on disk, or failed its check: nothing was left behind.
     Missing(u64),
+    /// Another process (a mount sharing the directory) published this extent file first: ours was
+    /// dropped, and theirs, which a reader may have open, was left in place.
+    Published,
 }
 
 /// Assembles the extent file of `range` (within a source of `source_len` bytes read in blocks of
@@ -208,7 +213,9 @@ pub(crate) fn assemble(
             hasher.update(part);
             file.write_all(part)?;
         }
-        std::fs::rename(&temp, &path)?;
+        if !rename_no_replace(&temp, &path)? {
+            return Ok(Assembled::Published);
+        }
         // From an fstat after the rename, which moves the file's ctime on most filesystems.
         let record = Record::of(hasher.finalize(), &file.metadata()?);
         Ok(Assembled::Written(range.end - range.start + write_record(&path, record)?))
@@ -217,6 +224,26 @@ pub(crate) fn assemble(
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+/// Renames `from` to `to` unless something is at `to` already (`renameat2` with
+/// `RENAME_NOREPLACE`): false then, and nothing moved. Publishing never replaces another
+/// process's data file, which one of its readers may hold open (through passthrough) while its
+/// record is about to follow; a stale one is removed by the open that finds it corrupt or old.
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two valid NUL-terminated paths that live across the call; no memory is handed over.
+    let done =
+        unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    if done == 0 {
+        return Ok(true);
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+        e => Err(e),
+    }
 }
 
 /// A data file without a record younger than this (by its mtime, which nothing but its writer

@@ -176,6 +176,7 @@ impl Extents {
                     log::debug!("{}: block {block} is not on disk", extent.name());
                     tier.mark(key, block, false);
                 }
+                Ok(Assembled::Published) => log::debug!("{}: published by another process first", extent.name()),
                 Err(e) => {
                     tier.failed_write(&e);
                     next = Some(State::Failed);

@@ -1,7 +1,7 @@
 //! The disk tier's store on its own: keys, atomic writes, checksums, eviction within the bound,
 //! reading through to the store for missing runs only, and the directory checks at open.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -411,7 +411,8 @@ fn an_extent_file_holds_exactly_its_bytes_and_is_checked_before_each_use() {
 /// Issue 23, item 4: two processes sharing a directory. One publishes an extent (the data file
 /// renamed into place, then its record); the other opens it in between. It must take the file
 /// for one being published, not remove it as corrupt, and use it once the record is there; and a
-/// process that did find one corrupt assembles it again.
+/// process that did find one corrupt assembles it again. A second process finishing the same
+/// extent never replaces the first one's file.
 #[test]
 fn an_extent_opened_between_its_data_and_its_record_is_not_taken_for_corrupt() {
     let dir = tempfile::tempdir().unwrap();
@@ -420,18 +421,24 @@ fn an_extent_opened_between_its_data_and_its_record_is_not_taken_for_corrupt() {
     reader.enable_extents();
     let range = 0..5500;
     let path = extent::extent_path(dir.path(), &key, &range);
-    // The writer's state between its two renames: the data file in place, no record yet.
-    let temp = dir.path().join("data");
-    std::fs::write(&temp, &source).unwrap();
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::rename(&temp, &path).unwrap();
+    // The writer publishes (data file, then record); the reader looks in between: the data file
+    // in place, no record yet (the record held aside here).
+    let written = extent::assemble(dir.path(), &key, 1000, 5500, &range).unwrap();
+    assert!(matches!(written, extent::Assembled::Written(_)), "{written:?}");
+    let record = extent::meta_path(&path);
+    let aside = dir.path().join("record-aside");
+    std::fs::rename(&record, &aside).unwrap();
     assert!(opened(&reader, &key, &range).is_none());
     assert!(reader.flush(Duration::from_secs(10)));
     assert!(path.exists(), "the file being published was removed");
     assert_eq!(reader_stats.disk_cache_corrupt.load(Relaxed), 0);
-    // The writer publishes (its assembly renames its data over, then writes the record).
-    let written = extent::assemble(dir.path(), &key, 1000, 5500, &range).unwrap();
-    assert!(matches!(written, extent::Assembled::Written(_)), "{written:?}");
+    std::fs::rename(&aside, &record).unwrap();
+    // A second process finishing the same extent leaves the first one's file in place (a reader
+    // may hold it open through passthrough) and drops its own.
+    let inode = std::fs::metadata(&path).unwrap().ino();
+    let again = extent::assemble(dir.path(), &key, 1000, 5500, &range).unwrap();
+    assert_eq!(again, extent::Assembled::Published);
+    assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "the published file was replaced");
     drop(writer);
     assert_eq!(read_file(opened(&reader, &key, &range).unwrap()), source);
 
