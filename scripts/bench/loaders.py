@@ -95,9 +95,10 @@ def parse_args(argv=None):
     p.add_argument("--slow-latency-ms", type=float, default=10.0, help="slowfs cost per range request (default 10)")
     p.add_argument("--latency-ms", type=float, default=20.0, help="S3 proxy latency per request (default 20)")
     p.add_argument("--conn-mib-s", type=float, default=100.0, help="S3 proxy pace per connection (default 100)")
-    p.add_argument("--runai-s3-timeout", default="600",
-                   help="RUNAI_STREAMER_S3_TIMEOUT for the streamer's S3 client, in seconds (default 600; the "
-                        "streamer's own default of 1 s fails on this loaded 2-core machine)")
+    p.add_argument("--runai-s3-timeout", default="600000",
+                   help="RUNAI_STREAMER_S3_TIMEOUT for the streamer's S3 client (default 600000: large whether "
+                        "it is read as seconds or milliseconds; the issue found the 1 s default failing on this "
+                        "loaded 2-core machine, though 0.17.0's debug log kept saying 1000 ms here whatever the value)")
     p.add_argument("--run-timeout", type=float, help="bound on one run in seconds (default 300; --quick: 60)")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built once and reused")
     p.add_argument("--no-install", action="store_true", help="do not pip install missing peers")
@@ -438,7 +439,9 @@ def main():
     if "runai" in peers:
         ok, why = ensure("runai_model_streamer", "runai-model-streamer", not args.no_install)
         if ok and "s3" in sources:
-            ok_s3, why_s3 = ensure("runai_model_streamer_s3", PIP["runai-s3"], not args.no_install)
+            # The S3 backend of the same release: a newer one would pull a newer streamer in.
+            ok_s3, why_s3 = ensure("runai_model_streamer_s3", f"{PIP['runai-s3']}=={version('runai-model-streamer')}",
+                                   not args.no_install)
             if not ok_s3:
                 notes.append(f"runai from s3: {why_s3}")
         if not ok:
