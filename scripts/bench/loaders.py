@@ -28,8 +28,12 @@ Sources (--only):
           connection), as s3.py runs them. stfs mounts it with --endpoint-url; the streamer reads it with
           its own S3 client (runai-model-streamer-s3), given AWS_ENDPOINT_URL, the bench's keys and
           RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0 (a loopback endpoint has no bucket host names), and
-          RUNAI_STREAMER_S3_TIMEOUT raised (--runai-s3-timeout; its default, 1 s, fails on this loaded
-          2-core machine). fastsafetensors and load_file read local files only: not run from s3.
+          RUNAI_STREAMER_S3_TIMEOUT raised (--runai-s3-timeout; the issue found its default, 1 s, failing
+          on this loaded 2-core machine). fastsafetensors and load_file read local files only: not run
+          from s3. The object is uploaded with one PUT, as s3.py does: for a file merely copied into the
+          server's store directory, s3s-fs has no stored ETag and computes the MD5 of the whole object
+          on every GET and HEAD before the first byte, and the streamer's many ranged GETs then stall
+          (docs/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
 
 Every repetition runs every peer once, in an order rotated per repetition; the workers of a repetition
 start together and import while nothing is timed, then go one at a time. Ratios are paired by repetition
@@ -464,7 +468,9 @@ def main():
         if fastsafe_opts is None:
             peers.remove("fastsafe")
             notes.append("fastsafetensors: not runnable here (see above)")
-        elif fastsafe_opts:
+        elif not fastsafe_opts:
+            notes.append("fastsafetensors: ran at its defaults, fastsafe_open(SRC, device='cpu'), with no CUDA device")
+        else:
             notes.append("fastsafetensors: measured with nogds=True (its pread path into host memory), since its "
                          "default copier (GDS, cuFile) cannot run here")
     machine = (f"python {sys.version.split()[0]}, torch {version('torch')}, safetensors {version('safetensors')}, "
@@ -482,9 +488,9 @@ def main():
             with tempfile.TemporaryDirectory(prefix="stfs-bench-loaders-", dir=args.workdir) as workdir:
                 with s3_endpoint(args, ckpt, workdir) as endpoint:
                     res = run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failures)
-            res.note(f"the streamer ran with RUNAI_STREAMER_S3_TIMEOUT={args.runai_s3_timeout} (its default, 1 s, "
-                     "fails on this loaded 2-core machine) and RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0; fastsafetensors "
-                     "and load_file read local files only")
+            res.note(f"the streamer ran with RUNAI_STREAMER_S3_TIMEOUT={args.runai_s3_timeout} (raised: the issue found "
+                     "its 1 s default failing on this loaded 2-core machine) and RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0 "
+                     "(a loopback endpoint); fastsafetensors and load_file read local files only")
         else:
             res = run_source(args, source, ckpt, peers, sums, None, fastsafe_opts, failures)
         report.print_results(res, sys.stdout)
