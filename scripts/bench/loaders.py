@@ -40,7 +40,8 @@ start together and import while nothing is timed, then go one at a time. Ratios 
 (peer time / stfs time: above 1, stfs is faster) and shown as median [min-max]. Targets (issue 24): stfs
 >= 1.2x the best peer on page, cold and slow, >= 1.0x the best peer from s3; stfs's first tensor in <=
 0.1x the time the streamer takes to yield its first. A peer whose run fails or passes --run-timeout is
-reported with its error and left out of the rest of that source.
+reported with its error and left out of the rest of that source; after every figure is printed, the
+script exits non-zero if any run failed or a peer could not be installed.
 
 Peers at their defaults, except: fastsafetensors with nogds=True when its default (GDS) cannot run here
 (checked at start and said); the streamer's S3 settings above. Needs root (mounts), the torch virtualenv
@@ -440,6 +441,7 @@ def main():
     import report
 
     notes = []
+    requested = list(peers)
     if "runai" in peers:
         ok, why = ensure("runai_model_streamer", "runai-model-streamer", not args.no_install)
         if ok and "s3" in sources:
@@ -481,6 +483,7 @@ def main():
     for note in notes:
         print(f"note: {note}", flush=True)
 
+    dropped = [p for p in requested if p not in peers] + [n for n in notes if n.startswith("runai from s3")]
     failures, results = {}, []
     for source in sources:
         print(f"source {source} ({args.reps} rep(s))...", flush=True)
@@ -505,6 +508,12 @@ def main():
             json.dump({"args": vars(args), "machine": machine, "notes": notes,
                        "failures": {f"{s} {p}": why for (s, p), why in failures.items()},
                        "sources": {r.key: r.to_json() for r in results}}, f, indent=1)
+    # Every figure is printed first; then a run that failed, or a peer that could not be installed, is an
+    # error (the smoke in scripts/test must not pass with a loader silently missing).
+    if failures or dropped:
+        sys.exit(f"scripts/bench/loaders.py: {len(failures)} run(s) failed"
+                 + "".join(f"; {s} {p}: {why}" for (s, p), why in failures.items())
+                 + (f"; not measured: {', '.join(dropped)}" if dropped else ""))
     return 0
 
 
