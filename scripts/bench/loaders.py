@@ -1,0 +1,522 @@
+#!/usr/bin/env python3
+"""Loader peers, side by side (issue 24, item 2): every tensor of a checkpoint into CPU torch tensors,
+every element touched, by stfs and by the loaders people pick instead.
+
+Peers, each run in a fresh process that has imported torch and every loader's module before the clock
+starts (it says "ready", then waits for the driver's "go": the clock runs from the go until the last
+tensor is touched; a touch is a sum of the tensor's bytes, so every element is read, and the sums
+together must equal the checkpoint's, so a fast wrong load fails the run):
+
+  runai        Run:ai Model Streamer: SafetensorsStreamer().stream_file(SRC), every yielded tensor
+  fastsafe     fastsafetensors: fastsafe_open(SRC, device="cpu"), get_tensor of every key
+  load_file    safetensors.torch.load_file(SRC) (the reference)
+  stfs.load    stfs.load(SRC, framework="torch"): mounts SRC (timed), a private mapping per tensor file
+  stfs+open    stfs mount SRC (timed), then safe_open(MOUNT/model.safetensors, framework="pt") and
+               get_tensor of every tensor: the re-served checkpoint under the reference reader
+  stfs first   stfs mount SRC, then the first tensor's file (in file order) read into a torch tensor
+               and touched: the time until the first tensor is usable. The streamer's counterpart is
+               the time its runai run took to yield (and touch) its first tensor.
+
+Sources (--only):
+
+  page    the checkpoint, a local file in the page cache (re-read before every run)
+  cold    the same file not in the page cache (POSIX_FADV_DONTNEED on it before every run)
+  slow    the slow-storage model of docs/benchmarks.md: slowfs (--slow-bandwidth-mbps per handle,
+          --slow-latency-ms per range request) over the checkpoint's folder, a fresh mount per run
+  s3      s3://bench/model.safetensors on the S3 bench server (scripts/bench/s3server, built by s3.py's
+          server_command) behind its latency proxy (--latency-ms per request, --conn-mib-s per
+          connection), as s3.py runs them. stfs mounts it with --endpoint-url; the streamer reads it with
+          its own S3 client (runai-model-streamer-s3), given AWS_ENDPOINT_URL, the bench's keys and
+          RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0 (a loopback endpoint has no bucket host names), and
+          RUNAI_STREAMER_S3_TIMEOUT raised (--runai-s3-timeout; the issue found its default, 1 s, failing
+          on this loaded 2-core machine). fastsafetensors and load_file read local files only: not run
+          from s3. The object is uploaded with one PUT, as s3.py does: for a file merely copied into the
+          server's store directory, s3s-fs has no stored ETag and computes the MD5 of the whole object
+          on every GET and HEAD before the first byte, and the streamer's many ranged GETs then stall
+          (docs/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
+
+Every repetition runs every peer once, in an order rotated per repetition; the workers of a repetition
+start together and import while nothing is timed, then go one at a time. Ratios are paired by repetition
+(peer time / stfs time: above 1, stfs is faster) and shown as median [min-max]. Targets (issue 24): stfs
+>= 1.2x the best peer on page, cold and slow, >= 1.0x the best peer from s3; stfs's first tensor in <=
+0.1x the time the streamer takes to yield its first. A peer whose run fails or passes --run-timeout is
+reported with its error and left out of the rest of that source; after every figure is printed, the
+script exits non-zero if any run failed or a peer could not be installed.
+
+Peers at their defaults, except: fastsafetensors with nogds=True when its default (GDS) cannot run here
+(checked at start and said); the streamer's S3 settings above. Needs root (mounts), the torch virtualenv
+(scripts/torch_venv: torch, safetensors, runai-model-streamer); runai-model-streamer-s3 and
+fastsafetensors are pip installed when missing (unless --no-install), rclone with apt-get (s3.py's
+need_tools) for the upload to the S3 server.
+
+  $(scripts/torch_venv) scripts/bench/loaders.py --stfs target/release/stfs              # 256 MiB, 5 reps
+  $(scripts/torch_venv) scripts/bench/loaders.py --stfs target/release/stfs --quick      # smoke, < 90 s
+"""
+import argparse
+import contextlib
+import json
+import os
+import selectors
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+PEERS = ["runai", "fastsafe", "load_file", "stfs.load", "stfs+open", "stfs first"]
+STFS_ROWS = ["stfs.load", "stfs+open"]
+OTHERS = ["runai", "fastsafe", "load_file"]
+LOCAL_ONLY = {"fastsafe", "load_file"}
+FIRSTS = ("runai", "stfs.load", "stfs first")  # peers whose time to their first touched tensor is a row
+SOURCES = ["page", "cold", "slow", "s3"]
+TARGETS = {"page": 1.2, "cold": 1.2, "slow": 1.2, "s3": 1.0}
+FIRST_TARGET = 10.0  # the streamer's first tensor time over stfs's: stfs <= 0.1x
+S3_KEY = "model.safetensors"
+PIP = {"runai-s3": "runai-model-streamer-s3", "fastsafe": "fastsafetensors"}
+TITLES = {
+    "page": "local file in the page cache",
+    "cold": "local file not in the page cache (POSIX_FADV_DONTNEED before each run)",
+    "slow": "slow storage (slowfs {bw:g} MB/s per handle, {lat:g} ms per range request, fresh mount per run)",
+    "s3": "s3:// on the S3 bench server through its latency proxy ({s3lat:g} ms per request, {rate:g} MiB/s per "
+          "connection)",
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"), help="stfs binary")
+    p.add_argument("--slowfs", default=os.path.join(REPO, "target", "release", "examples", "slowfs"),
+                   help="slowfs binary (built with cargo if missing)")
+    p.add_argument("--size-mb", type=int, help="checkpoint size in MiB (default 256; --quick: 16)")
+    p.add_argument("--reps", type=int, help="repetitions (default 5; --quick: 1)")
+    p.add_argument("--only", default=",".join(SOURCES), help=f"sources (default {','.join(SOURCES)})")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"peers (default {','.join(PEERS)})")
+    p.add_argument("--slow-bandwidth-mbps", type=float, default=200.0, help="slowfs MB/s per handle (default 200)")
+    p.add_argument("--slow-latency-ms", type=float, default=10.0, help="slowfs cost per range request (default 10)")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="S3 proxy latency per request (default 20)")
+    p.add_argument("--conn-mib-s", type=float, default=100.0, help="S3 proxy pace per connection (default 100)")
+    p.add_argument("--runai-s3-timeout", default="600000",
+                   help="RUNAI_STREAMER_S3_TIMEOUT for the streamer's S3 client (default 600000: large whether "
+                        "it is read as seconds or milliseconds; the issue found the 1 s default failing on this "
+                        "loaded 2-core machine, though 0.17.0's debug log kept saying 1000 ms here whatever the value)")
+    p.add_argument("--run-timeout", type=float, help="bound on one run in seconds (default 300; --quick: 60)")
+    p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built once and reused")
+    p.add_argument("--no-install", action="store_true", help="do not pip install missing peers")
+    p.add_argument("--quick", action="store_true", help="smoke run: 16 MiB checkpoint, 1 repetition, bounded")
+    p.add_argument("--json", help="write every figure here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name, full, quick in (("size_mb", 256, 16), ("reps", 5, 1), ("run_timeout", 300.0, 60.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+# --- the measured process --------------------------------------------------------------------------
+
+def worker():
+    """One run: imports everything, says "ready", reads one JSON job line (the go), runs it, prints JSON."""
+    import torch
+    import safetensors.torch  # noqa: F401
+    from safetensors import safe_open
+
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import stfs
+    with contextlib.suppress(ImportError):
+        import runai_model_streamer  # noqa: F401
+    with contextlib.suppress(ImportError):
+        import fastsafetensors  # noqa: F401
+
+    print("ready", flush=True)
+    job = json.loads(sys.stdin.readline())
+    peer, src, opts = job["peer"], job["source"], job.get("mount", {})
+    done = {"bytes": 0, "tensors": 0, "checksum": 0}
+    first = {}
+
+    def touch(name, t):
+        flat = t.reshape(-1)
+        n = flat.numel() * flat.element_size()
+        done["checksum"] += int(flat.view(torch.uint8).sum(dtype=torch.int64)) if n else 0
+        done["bytes"] += n
+        done["tensors"] += 1
+        if not first:
+            first.update(seconds=time.perf_counter() - started, name=name, bytes=n)
+
+    started = time.perf_counter()
+    if peer == "runai":
+        from runai_model_streamer import SafetensorsStreamer
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_file(src)
+            for name, t in streamer.get_tensors():
+                touch(name, t)
+    elif peer == "fastsafe":
+        from fastsafetensors import fastsafe_open
+        with fastsafe_open(src, device="cpu", **job.get("fastsafe", {})) as f:
+            for name in f.keys():
+                touch(name, f.get_tensor(name))
+    elif peer == "load_file":
+        for name, t in safetensors.torch.load_file(src).items():
+            touch(name, t)
+    elif peer == "stfs.load":
+        for name, t in stfs.load(src, framework="torch", **opts).items():
+            touch(name, t)
+    elif peer in ("stfs+open", "stfs first"):
+        with stfs.mount(src, **opts) as mp:
+            if peer == "stfs+open":
+                with safe_open(os.path.join(mp, os.path.basename(src)), framework="pt") as f:
+                    for name in f.keys():
+                        touch(name, f.get_tensor(name))
+            else:
+                entry = stfs.entries(mp)[0]
+                t = torch.empty(entry.byte_len, dtype=torch.uint8, device="cpu")
+                with open(entry.path, "rb", buffering=0) as f:
+                    view, got = memoryview(t.numpy()), 0
+                    while got < entry.byte_len:
+                        n = f.readinto(view[got:])
+                        if not n:
+                            raise SystemExit(f"{entry.path}: ended after {got} of {entry.byte_len} bytes")
+                        got += n
+                touch(entry.name, t)
+            seconds = time.perf_counter() - started  # the unmount is not what the caller waits for
+    else:
+        raise SystemExit(f"unknown peer {peer!r}")
+    if peer not in ("stfs+open", "stfs first"):
+        seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, **done, "first": first}), flush=True)
+
+
+# --- the driver ------------------------------------------------------------------------------------
+
+def ensure(module, package, install):
+    """Whether `module` imports in this python, pip installing `package` first when missing."""
+    check = [sys.executable, "-c", f"import {module}"]
+    if subprocess.run(check, capture_output=True, timeout=300).returncode == 0:
+        return True, None
+    if not install:
+        return False, f"{package} is not installed (--no-install)"
+    print(f"pip install {package}", flush=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                           "--root-user-action=ignore", package], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or subprocess.run(check, capture_output=True, timeout=300).returncode != 0:
+        return False, f"pip install {package} failed: {done.stderr.strip()[-500:]}"
+    return True, None
+
+
+def version(package):
+    from importlib.metadata import PackageNotFoundError, version as v
+    try:
+        return v(package)
+    except PackageNotFoundError:
+        return "?"
+
+
+class Worker:
+    """One fresh process of `worker()`; start() returns at once, ready() waits for its imports."""
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ready(self, timeout):
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout) or self.proc.stdout.readline().strip() != "ready":
+            self.kill()
+            raise RuntimeError(f"the worker did not start within {timeout:g} s: {self.proc.stderr.read()[-1000:]}")
+
+    def run(self, job, timeout):
+        """Sends the job (the go) and returns its JSON result; raises with the error's tail on failure
+        or when it passes `timeout` (then the process is killed)."""
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=30)
+            raise RuntimeError(f"timed out after {timeout:g} s" + (f"; its log ends: {tail(err)}" if err.strip() else ""))
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"exit {self.proc.returncode}: {tail(err)}")
+        results = [line for line in out.splitlines() if line.startswith("{")]  # the streamer may log to stdout
+        if not results:
+            raise RuntimeError(f"no result line: {tail(out + err)}")
+        return json.loads(results[-1])
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def tail(text, lines=6):
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def expected_sums(ckpt):
+    """(sum of every tensor byte, (name, length, byte sum) of the first tensor in file order)."""
+    import numpy as np
+
+    data = np.memmap(ckpt["checkpoint"], dtype=np.uint8, mode="r")
+    total = sum(int(data[start:end].sum(dtype=np.int64)) for _, _, _, start, end in ckpt["header"])
+    name, _, _, start, end = ckpt["header"][0]
+    return total, (name, end - start, int(data[start:end].sum(dtype=np.int64)))
+
+
+def check(peer, result, ckpt, sums):
+    total, (name, length, first_sum) = sums
+    if peer == "stfs first":
+        if result["bytes"] != length or result["checksum"] != first_sum or result["first"]["name"] != name:
+            raise RuntimeError(f"first tensor: got {result['first']} ({result['checksum']}), want {name} "
+                               f"({length} bytes, sum {first_sum})")
+    elif (result["tensors"], result["bytes"], result["checksum"]) != (len(ckpt["header"]), ckpt["data_bytes"], total):
+        raise RuntimeError(f"loaded {result['tensors']} tensors, {result['bytes']} bytes, byte sum {result['checksum']}; "
+                           f"the checkpoint has {len(ckpt['header'])}, {ckpt['data_bytes']}, {total}")
+
+
+@contextlib.contextmanager
+def s3_endpoint(args, ckpt, workdir):
+    """The S3 bench server holding the checkpoint as s3://bench/model.safetensors, behind s3.py's Rust
+    latency proxy; yields the proxy's endpoint URL. Both are stopped on the way out."""
+    import s3
+    from remote import free_port, wait_port
+
+    s3.need_tools()
+    server = s3.server_command("bench")
+    root = os.path.join(workdir, "store")
+    os.makedirs(os.path.join(root, s3.BUCKET))
+    port, proxy = free_port(), None
+    srv = subprocess.Popen([*server, "--port", str(port), "--access-key", s3.KEY_ID, "--secret-key", s3.SECRET, root],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        # One PUT straight to the server, as s3.py uploads (s3s-fs then keeps the object's ETag).
+        subprocess.run(["rclone", "copyto", ckpt["checkpoint"], f"b:{s3.BUCKET}/{S3_KEY}", "--s3-upload-cutoff", "5G"],
+                       check=True, env=s3.rclone_env(f"http://127.0.0.1:{port}"), stderr=subprocess.DEVNULL,
+                       timeout=600)
+        proxy = s3.RustProxy(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
+        yield f"http://127.0.0.1:{proxy.port}"
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def worker_env(args, endpoint):
+    import s3
+
+    env = s3.env() if endpoint else dict(os.environ)  # s3.env(): the bench's keys, no proxies, no AWS_ settings
+    env["STFS_BIN"] = os.path.abspath(args.stfs)
+    env.setdefault("RUNAI_STREAMER_LOG_LEVEL", "WARNING")
+    if endpoint:
+        env.update(AWS_ENDPOINT_URL=endpoint, RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0",
+                   RUNAI_STREAMER_S3_TIMEOUT=str(args.runai_s3_timeout))
+    return env
+
+
+def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failures):
+    """Every peer once per repetition, rotated; returns report.Results with one series per peer."""
+    import mounts
+    from report import Results
+
+    title = TITLES[source].format(bw=args.slow_bandwidth_mbps, lat=args.slow_latency_ms, s3lat=args.latency_ms,
+                                  rate=args.conn_mib_s)
+    res = Results(source, f"{ckpt['file_size'] / 2**20:.0f} MiB, {len(ckpt['header'])} tensors, {title}")
+    peers = [p for p in peers if not (source == "s3" and p in LOCAL_ONLY)]
+    env = worker_env(args, endpoint)
+    mount_opts = {"endpoint_url": endpoint} if endpoint else {}
+    for rep in range(args.reps):
+        order = [p for p in peers[rep % len(peers):] + peers[:rep % len(peers)] if (source, p) not in failures]
+        workers = {p: Worker(env) for p in order}  # imports in parallel, before any clock
+        try:
+            for w in workers.values():
+                w.ready(args.run_timeout)
+            for peer in order:
+                job = {"peer": peer, "mount": mount_opts, "fastsafe": fastsafe_opts}
+                try:
+                    with prepared(args, source, ckpt, mounts) as (path, slow):
+                        job["source"] = f"s3://bench/{S3_KEY}" if source == "s3" else path
+                        before = mounts.slowfs_stats(slow) if slow else None
+                        result = workers[peer].run(job, args.run_timeout)
+                        if slow:
+                            after = mounts.slowfs_stats(slow)
+                            res.add(f"{peer} store bytes / file", (after["bytes"] - before["bytes"]) / ckpt["file_size"], "")
+                    check(peer, result, ckpt, sums)
+                except (RuntimeError, OSError) as err:
+                    failures[(source, peer)] = f"rep {rep + 1}: {err}"
+                    print(f"  {source} rep {rep + 1}/{args.reps} {peer:10} FAILED: {err}", flush=True)
+                    continue
+                res.add(peer, result["seconds"])
+                if peer in ("runai", "stfs.load") and result["first"]:
+                    res.add(f"{peer} first", result["first"]["seconds"])
+                print(f"  {source} rep {rep + 1}/{args.reps} {peer:10} {result['seconds']:8.3f} s"
+                      + (f"  (first tensor {result['first']['seconds']:.3f} s: {result['first']['name']}, "
+                         f"{result['first']['bytes'] / 2**20:.1f} MiB)" if peer in FIRSTS else ""),
+                      flush=True)
+        finally:
+            for w in workers.values():
+                w.kill()
+    judge(res, source, peers, failures)
+    return res
+
+
+@contextlib.contextmanager
+def prepared(args, source, ckpt, mounts):
+    """The source's path for one run, its cache state set: (path, slowfs mount point or None)."""
+    path = ckpt["checkpoint"]
+    if source == "page":
+        mounts.warm_page_cache([path])
+    elif source == "cold":
+        mounts.drop_page_cache(path)
+    elif source == "slow":
+        mounts.warm_page_cache([path])  # the local file behind slowfs: only slowfs's costs count
+        with mounts.slowfs(args.slowfs, ckpt["checkpoint_dir"], args.slow_bandwidth_mbps, args.slow_latency_ms) as slow:
+            yield os.path.join(slow.path, os.path.basename(path)), slow.path
+        return
+    yield path, None
+
+
+def judge(res, source, peers, failures):
+    """The targets: each stfs row against the best other peer (least median time), and the first tensor."""
+    others = [p for p in OTHERS if p in peers and p in res.series]
+    if others:
+        best = min(others, key=lambda p: statistics.median(res.series[p]))
+        for row in STFS_ROWS:
+            if row in res.series:
+                res.ratio_check(f"{source}: {row} vs the best peer ({best}), time ratio", best, row, TARGETS[source])
+        for other in others:
+            for row in STFS_ROWS:
+                ratios = res.paired_ratios(other, row)
+                if ratios and other != best:
+                    res.note(f"{other} time / {row} time: {statistics.median(ratios):.2f}x "
+                             f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+    if "runai first" in res.series and "stfs first" in res.series:
+        res.ratio_check(f"{source}: first tensor, the streamer's time / stfs's (stfs <= 0.1x)", "runai first",
+                        "stfs first", FIRST_TARGET)
+    for (src, peer), why in failures.items():
+        if src == source:
+            res.note(f"{peer}: not measured past {why}")
+
+
+def fastsafe_settings(args, ckpt, sums):
+    """fastsafetensors' options: {} (its defaults) if they run here, else nogds=True if that runs; None
+    and the reason if neither does. Tried once on the checkpoint in the page cache."""
+    tried = []
+    for opts in ({}, {"nogds": True}):
+        w = Worker(dict(os.environ))
+        try:
+            w.ready(args.run_timeout)
+            check("fastsafe", w.run({"peer": "fastsafe", "source": ckpt["checkpoint"], "fastsafe": opts},
+                                    args.run_timeout), ckpt, sums)
+            return opts, tried
+        except RuntimeError as err:
+            tried.append(f"fastsafe_open(device='cpu'{', nogds=True' if opts else ''}) fails: {err}")
+        finally:
+            w.kill()
+    return None, tried
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        return worker()
+    # `timeout` (scripts/test) stops the run with SIGTERM: exit through the contexts, which unmount.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if os.geteuid() != 0:
+        sys.exit("scripts/bench/loaders.py: needs root (it mounts stfs and slowfs)")
+    sources = [s for s in args.only.split(",") if s]
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = [s for s in sources if s not in SOURCES] + [p for p in peers if p not in PEERS]
+    if unknown:
+        sys.exit(f"scripts/bench/loaders.py: unknown --only or --peers value(s): {', '.join(unknown)}")
+    if any(p.startswith("stfs") for p in peers) and not os.access(args.stfs, os.X_OK):
+        sys.exit(f"scripts/bench/loaders.py: {args.stfs}: no stfs binary (cargo build --release)")
+    import checkpoint
+    import mounts  # noqa: F401
+    import report
+
+    notes = []
+    requested = list(peers)
+    if "runai" in peers:
+        ok, why = ensure("runai_model_streamer", "runai-model-streamer", not args.no_install)
+        if ok and "s3" in sources:
+            # The S3 backend of the same release: a newer one would pull a newer streamer in.
+            ok_s3, why_s3 = ensure("runai_model_streamer_s3", f"{PIP['runai-s3']}=={version('runai-model-streamer')}",
+                                   not args.no_install)
+            if not ok_s3:
+                notes.append(f"runai from s3: {why_s3}")
+        if not ok:
+            peers.remove("runai")
+            notes.append(f"runai: {why}")
+    if "slow" in sources and not os.access(args.slowfs, os.X_OK):
+        print("building slowfs (cargo build --release --example slowfs)", flush=True)
+        subprocess.run(["cargo", "build", "--release", "--example", "slowfs"], cwd=REPO, check=True, timeout=1800)
+
+    print(f"preparing a {args.size_mb} MiB checkpoint in {args.workdir}", flush=True)
+    os.makedirs(args.workdir, exist_ok=True)
+    ckpt = checkpoint.build(args.workdir, f"transformer-{args.size_mb}M", checkpoint.transformer_layout(args.size_mb << 20),
+                            with_squashfs=False)
+    sums = expected_sums(ckpt)
+    fastsafe_opts = {}
+    if "fastsafe" in peers:
+        ok, why = ensure("fastsafetensors", PIP["fastsafe"], not args.no_install)
+        fastsafe_opts, tried = fastsafe_settings(args, ckpt, sums) if ok else (None, [why])
+        notes += [f"fastsafetensors: {t}" for t in tried]
+        if fastsafe_opts is None:
+            peers.remove("fastsafe")
+            notes.append("fastsafetensors: not runnable here (see above)")
+        elif not fastsafe_opts:
+            notes.append("fastsafetensors: ran at its defaults, fastsafe_open(SRC, device='cpu'), with no CUDA device")
+        else:
+            notes.append("fastsafetensors: measured with nogds=True (its pread path into host memory), since its "
+                         "default copier (GDS, cuFile) cannot run here")
+    machine = (f"python {sys.version.split()[0]}, torch {version('torch')}, safetensors {version('safetensors')}, "
+               f"runai-model-streamer {version('runai-model-streamer')}, runai-model-streamer-s3 "
+               f"{version('runai-model-streamer-s3')}, fastsafetensors {version('fastsafetensors')}; "
+               f"{os.cpu_count()} CPUs, load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(machine, flush=True)
+    for note in notes:
+        print(f"note: {note}", flush=True)
+
+    dropped = [p for p in requested if p not in peers] + [n for n in notes if n.startswith("runai from s3")]
+    failures, results = {}, []
+    for source in sources:
+        print(f"source {source} ({args.reps} rep(s))...", flush=True)
+        if source == "s3":
+            with tempfile.TemporaryDirectory(prefix="stfs-bench-loaders-", dir=args.workdir) as workdir:
+                with s3_endpoint(args, ckpt, workdir) as endpoint:
+                    res = run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failures)
+            res.note(f"the streamer ran with RUNAI_STREAMER_S3_TIMEOUT={args.runai_s3_timeout} (raised: the issue found "
+                     "its 1 s default failing on this loaded 2-core machine) and RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0 "
+                     "(a loopback endpoint); fastsafetensors and load_file read local files only")
+        else:
+            res = run_source(args, source, ckpt, peers, sums, None, fastsafe_opts, failures)
+        report.print_results(res, sys.stdout)
+        sys.stdout.flush()
+        results.append(res)
+    print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    missed = [c["label"] for r in results for c in r.checks if c["status"] == "FAIL"]
+    print(f"{len(missed)} target(s) missed" + (": " + "; ".join(missed) if missed else "")
+          + (" (a --quick run: figures not judged)" if args.quick else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "machine": machine, "notes": notes,
+                       "failures": {f"{s} {p}": why for (s, p), why in failures.items()},
+                       "sources": {r.key: r.to_json() for r in results}}, f, indent=1)
+    # Every figure is printed first; then a run that failed, or a peer that could not be installed, is an
+    # error (the smoke in scripts/test must not pass with a loader silently missing).
+    if failures or dropped:
+        sys.exit(f"scripts/bench/loaders.py: {len(failures)} run(s) failed"
+                 + "".join(f"; {s} {p}: {why}" for (s, p), why in failures.items())
+                 + (f"; not measured: {', '.join(dropped)}" if dropped else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
