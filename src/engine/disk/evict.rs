@@ -134,17 +134,36 @@ pub(crate) fn evict(mut scan: Scan, limit: u64) -> Evicted {
     out
 }
 
+/// The lock file at `path`, shared by every process using the directory: opened as it is, or
+/// created exclusively (O_EXCL, mode 0600) when missing; never through a symbolic link
+/// (O_NOFOLLOW), and refused unless it is a regular file.
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    let open = |create: bool| {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        if create {
+            options.create_new(true).mode(0o600);
+        }
+        options.open(path)
+    };
+    let file = match open(false) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match open(true) {
+            // Created by another process in between: open theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false)?,
+            other => other?,
+        },
+        other => other?,
+    };
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{}: not a regular file", path.display())));
+    }
+    Ok(file)
+}
+
 /// An exclusive `flock` on `root/lock`, released when dropped. With `wait` false, `None` when
 /// another process holds it.
 pub(crate) fn lock(root: &Path, wait: bool) -> io::Result<Option<File>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(root.join(LOCK))?;
+    let file = open_lock_file(&root.join(LOCK))?;
     let flags = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
     // SAFETY: flock on a descriptor we own; released when the file is closed.
     if unsafe { libc::flock(file.as_raw_fd(), flags) } == 0 {

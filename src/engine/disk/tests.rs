@@ -566,3 +566,22 @@ fn dropping_the_cache_leaves_a_writer_busy_past_the_bound_behind() {
     let bound = super::behind::FLUSH_WAIT + super::behind::STOP_WAIT;
     assert!(took >= bound && took < bound + Duration::from_secs(2), "dropping the cache took {took:?}");
 }
+
+/// The directory's lock file is created exclusively, reused when there, and never reached through
+/// a link planted at its name (the link's target is left untouched).
+#[test]
+fn the_lock_file_is_never_reached_through_a_planted_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join(store::LOCK);
+    let first = evict::lock(dir.path(), false).unwrap().expect("free lock");
+    assert_eq!(std::fs::metadata(&lock).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(evict::lock(dir.path(), false).unwrap().is_none(), "held by the first");
+    drop(first);
+    assert!(evict::lock(dir.path(), true).unwrap().is_some());
+    std::fs::remove_file(&lock).unwrap();
+    let target = dir.path().join("target");
+    std::fs::write(&target, b"keep").unwrap();
+    std::os::unix::fs::symlink(&target, &lock).unwrap();
+    assert!(evict::lock(dir.path(), true).is_err(), "a link was followed");
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+}
