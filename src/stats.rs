@@ -1,5 +1,7 @@
-//! Counters shared by the FUSE layer and the block engine, and their JSON snapshot.
+//! Counters shared by the FUSE layer and the block engine, and their JSON snapshot (with the
+//! daemon's process figures of the moment).
 
+pub mod process;
 pub mod prometheus;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -216,7 +218,8 @@ impl Stats {
             ("disk_cache_bytes", g(&self.disk_cache_bytes)),
             ("disk_cache_limit", g(&self.disk_cache_limit)),
         ];
-        serde_json::Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        let process = process::ProcessSample::now().fields().into_iter().map(|(k, v)| (k, serde_json::Value::from(v)));
+        serde_json::Value::Object(fields.into_iter().chain(process).map(|(k, v)| (k.to_string(), v)).collect())
     }
 }
 

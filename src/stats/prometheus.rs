@@ -116,6 +116,31 @@ const METRICS: &[Metric] = &[
     ),
     gauge("disk_cache_bytes", "stfs_disk_cache_bytes", "Bytes the disk cache holds, as last counted."),
     gauge("disk_cache_limit", "stfs_disk_cache_limit_bytes", "The disk cache's bound (0: no disk cache)."),
+    // The daemon's process, under the names every Prometheus client library's process collector
+    // uses (so existing dashboards and alerts apply), and the kernel's share of its CPU time,
+    // which on a FUSE daemon is mostly copying replies.
+    Metric {
+        key: "process_cpu_micros",
+        name: "process_cpu_seconds_total",
+        kind: Kind::Counter,
+        divisor: 1e6,
+        help: "Total user and system CPU time spent in seconds.",
+    },
+    Metric {
+        key: "process_cpu_system_micros",
+        name: "stfs_process_cpu_system_seconds_total",
+        kind: Kind::Counter,
+        divisor: 1e6,
+        help: "The kernel-mode part of process_cpu_seconds_total (FUSE replies, socket reads).",
+    },
+    gauge("process_resident_bytes", "process_resident_memory_bytes", "Resident memory size in bytes."),
+    gauge("process_open_fds", "process_open_fds", "Number of open file descriptors."),
+    gauge("process_max_fds", "process_max_fds", "Maximum number of open file descriptors."),
+    gauge(
+        "process_start_time_seconds",
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds.",
+    ),
 ];
 
 /// A histogram of stats.json: an object of buckets keyed `"<BOUND"` and `">=LAST"`, and a sum.
@@ -300,7 +325,9 @@ mod tests {
                 let (name, kind) = rest.split_once(' ').unwrap();
                 assert!(!typed.contains(&name.to_string()), "{name} typed twice");
                 typed.push(name.to_string());
-                assert!(name.starts_with("stfs_"), "{name}");
+                let standard = ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"];
+                let standard = [&standard[..], &["process_max_fds", "process_start_time_seconds"]].concat();
+                assert!(name.starts_with("stfs_") || standard.contains(&name), "{name}");
                 assert!(name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{name}");
                 assert_eq!(kind == "counter", name.ends_with("_total"), "{name} is a {kind}");
                 assert!(!name.contains("micros") && !name.ends_with("_ms"), "{name}: base units are seconds");
@@ -317,7 +344,10 @@ mod tests {
         let text = render(&Stats::default().to_json(), &[("mountpoint", "/tmp/a\"b\\c\nd"), ("source", "x")]);
         assert!(text.contains(r#"stfs_fuse_reads_total{mountpoint="/tmp/a\"b\\c\nd",source="x"} 0"#), "{text}");
         // No sample line is broken by the newline in the value.
-        assert!(text.lines().all(|l| l.starts_with('#') || l.starts_with("stfs_")), "{text}");
+        assert!(
+            text.lines().all(|l| l.starts_with('#') || l.starts_with("stfs_") || l.starts_with("process_")),
+            "{text}"
+        );
     }
 
     #[test]

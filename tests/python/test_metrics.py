@@ -69,8 +69,19 @@ HISTOGRAMS = [
     ("backing_read_latency_us", "backing_read_micros", "stfs_backing_request_duration_seconds", 1e-6),
     ("http_request_latency_ms", "http_request_micros", "stfs_http_request_duration_seconds", 1e-3),
 ]
-# Reading stats.json is itself a read of the mount: these two move with every look.
-MOVING = {"fuse_reads", "fuse_read_bytes"}
+# The daemon's process (CPU microseconds and a counter of them in seconds; the rest gauges), under the
+# names of Prometheus's standard process collector. Each is read when the document is taken.
+PROCESS = {
+    "process_cpu_micros": ("process_cpu_seconds", "counter", 1e-6),
+    "process_cpu_system_micros": ("stfs_process_cpu_system_seconds", "counter", 1e-6),
+    "process_resident_bytes": ("process_resident_memory_bytes", "gauge", 1),
+    "process_open_fds": ("process_open_fds", "gauge", 1),
+    "process_max_fds": ("process_max_fds", "gauge", 1),
+    "process_start_time_seconds": ("process_start_time_seconds", "gauge", 1),
+}
+# Reading stats.json is itself a read of the mount: these two move with every look, and so do the
+# process figures.
+MOVING = {"fuse_reads", "fuse_read_bytes"} | set(PROCESS)
 
 
 def stats_json(mp):
@@ -94,7 +105,7 @@ def check_against(text, before, after, labels):
     (those that move with each look at stats.json lie between the documents read before and after)."""
     fams = families(text)
     keys = set(before)
-    named = set(COUNTERS) | set(GAUGES) | set(SECONDS_GAUGES) | {k for h in HISTOGRAMS for k in h[:2]}
+    named = set(COUNTERS) | set(GAUGES) | set(SECONDS_GAUGES) | set(PROCESS) | {k for h in HISTOGRAMS for k in h[:2]}
     assert keys == named, f"stats.json keys without a metric in this test: {keys ^ named}"
     for key, family in COUNTERS.items():
         assert fams[family].type == "counter", family
@@ -104,6 +115,18 @@ def check_against(text, before, after, labels):
             assert before[key] <= got <= after[key], (key, before[key], got, after[key])
         else:
             assert got == before[key] == after[key], (key, got, before[key])
+    for key, (family, kind, unit) in PROCESS.items():
+        assert fams[family].type == kind, family
+        got = plain_value(fams, family, labels)
+        if key in ("process_cpu_micros", "process_cpu_system_micros"):
+            # CPU time only grows, and the rendering was taken between the two documents.
+            assert before[key] * unit <= got + 1e-6 and got <= after[key] * unit + 1e-6, (key, before[key], got)
+        elif key in ("process_max_fds", "process_start_time_seconds"):
+            assert got == before[key] == after[key], (key, got, before[key])
+        else:
+            assert got > 0, (key, got)
+    assert after["process_start_time_seconds"] <= time.time() + 1
+    assert 0 < after["process_open_fds"] <= after["process_max_fds"]
     for key, family in GAUGES.items():
         assert fams[family].type == "gauge", family
         assert plain_value(fams, family, labels) == before[key] == after[key], key
