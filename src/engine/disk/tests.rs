@@ -270,8 +270,10 @@ fn a_prefetch_lane_waits_for_room_in_a_full_queue_where_a_reader_drops() {
                 landed.fetch_add(1, Relaxed);
             })
         });
+        // The lane hands its first block on (however slow a loaded machine makes that), then waits
+        // for room instead of dropping it: after a further 300 ms it has still not gone on.
+        crate::util::test_support::eventually("the lane's first block", || landed.load(Relaxed) >= 1);
         std::thread::sleep(Duration::from_millis(300));
-        // The lane handed its first block on, then waits for room instead of dropping it.
         assert_eq!(landed.load(Relaxed), 1);
         assert!(!lane.is_finished());
         cache.queue().hold(false);
