@@ -16,6 +16,8 @@ mount, mount time included, unmount excluded; the variants are interleaved in ev
   s3fs 4w        s3fs mount + safe_open, then 4 forked workers, each loading every 4th tensor
   stfs local     stfs mount of the local copy of the checkpoint (page cache) + the same load: the
                  daemon's cost of the FUSE hop alone, for the CPU table
+  stfs again     a second load of every tensor on one mount, its page cache dropped in between (the
+                 first load untimed): the steady-state CPU of a long-lived mount, for the CPU table
   ceiling        no mount: the object pulled through the proxy by 16 parallel ranged GETs of a
                  presigned URL (curl to /dev/null), the fastest any client gets it here; with the
                  per-connection pace, 16 connections are past the point where more stop helping
@@ -175,6 +177,39 @@ class Bench:
     def stfs_all(self):
         return self.timed(self.stfs_mount, lambda mp: load("files", mp, self.header), cpu="stfs all")
 
+    def stfs_again(self):
+        """A second whole-model load on one mount, timed alone: the mount and a first load (untimed),
+        every tensor file's pages dropped from the kernel's cache (POSIX_FADV_DONTNEED), then the
+        same load again. The 512 MiB cache holds only the end of the model and a sequential pass
+        evicts it ahead of itself, so the second pass fetches every block again, now into reused
+        buffers: the daemon's CPU per GiB of a long-lived mount, without the fresh memory a new
+        mount faults in as its cache first fills."""
+        mp = self.mountpoint()
+        try:
+            self.stfs_mount(mp)
+            load("files", mp, self.header)
+            for name, *_ in self.tensors:
+                fd = os.open(os.path.join(mp, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            stats_path = os.path.join(mp, ".stfs", "stats.json")
+            with open(stats_path) as f:
+                before = json.load(f)
+            started = time.perf_counter()
+            load("files", mp, self.header)
+            took = time.perf_counter() - started
+            with open(stats_path) as f:
+                after = json.load(f)
+            used = tuple((after[k] - before[k]) / 1e6 for k in ("process_cpu_micros", "process_cpu_system_micros"))
+            self.cpu.setdefault("stfs again", []).append(used)
+            self.refetched.append((after["backing_read_bytes"] - before["backing_read_bytes"]) / os.path.getsize(self.header))
+            return took
+        finally:
+            unmount(mp)
+            os.rmdir(mp)
+
     def stfs_local(self):
         """The same load from a local copy of the checkpoint in the page cache: what the FUSE hop
         alone costs the daemon (its replies are spliced from the file, one kernel copy each)."""
@@ -293,7 +328,7 @@ def main():
     p.add_argument("--stfs-opts", default="", metavar="ARGS",
                    help="extra arguments for every stfs mount, e.g. \"--io-threads 16\" (default: none)")
     p.add_argument("--skip", action="append", default=[],
-                   help="skip a variant (s3fs, rclone, download, workers, ceiling, local)")
+                   help="skip a variant (s3fs, rclone, download, workers, ceiling, local, again)")
     p.add_argument("--server", choices=("bench", "s3s-fs"), default="bench",
                    help="the S3 server: s3s-fs's store with 1 MiB body reads, or the s3s-fs binary [bench]")
     p.add_argument("--proxy", choices=("rust", "python"), default="rust",
@@ -325,13 +360,13 @@ def main():
                 server_command("bench")  # builds the proxy too
             proxy = proxy_kind(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
             bench = Bench(args, workdir, f"http://127.0.0.1:{proxy.port}", header, tensors)
-            bench.cpu = {}
+            bench.cpu, bench.refetched = {}, []
             print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on "
                   f"{'the bench S3 server' if args.server == 'bench' else 's3s-fs'}; "
                   f"{args.proxy} proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
                   f"{args.reps} repetitions, interleaved", flush=True)
             runs = {name: [] for name in ("stfs all", "s3fs all", "rclone all", "download+load", "download",
-                                          "stfs one", "stfs 4w", "s3fs 4w", "ceiling", "ceiling 8", "stfs local")}
+                                          "stfs one", "stfs 4w", "s3fs 4w", "ceiling", "ceiling 8", "stfs local", "stfs again")}
             for rep in range(args.reps):
                 def measure(name, run):
                     runs[name].append(run())
@@ -339,6 +374,8 @@ def main():
                 measure("stfs all", bench.stfs_all)
                 if "local" not in args.skip:
                     measure("stfs local", bench.stfs_local)
+                if "again" not in args.skip:
+                    measure("stfs again", bench.stfs_again)
                 if "s3fs" not in args.skip:
                     measure("s3fs all", bench.s3fs_all)
                 if "rclone" not in args.skip:
@@ -377,7 +414,7 @@ def main():
         target("4 workers: s3fs 4w / stfs 4w", med["s3fs 4w"] / med["stfs 4w"], 10)
     print("CPU-seconds per GiB of the checkpoint, by the process that moved it (median [min-max], system share):")
     gib = size / 2**30
-    for name, who in (("stfs all", "stfs daemon, s3://"), ("stfs local", "stfs daemon, local file (the FUSE hop alone)"),
+    for name, who in (("stfs all", "stfs daemon, s3://"), ("stfs again", "stfs daemon, s3://, a second load"), ("stfs local", "stfs daemon, local file (the FUSE hop alone)"),
                       ("s3fs all", "s3fs"), ("rclone all", "rclone mount"), ("ceiling", "curl x16 (receive only)")):
         used = bench.cpu.get(name)
         if used:
@@ -385,6 +422,8 @@ def main():
             system = statistics.median(s / u for u, s in used if u)
             print(f"  {who:44} {statistics.median(per):.3f} [{min(per):.3f}-{max(per):.3f}]  system {system:.0%}")
             med[f"{name} CPU-s/GiB"] = statistics.median(per)
+    if bench.refetched:
+        print(f"  (the second load fetched {min(bench.refetched):.2f}-{max(bench.refetched):.2f}x the checkpoint again)")
     if "ceiling" in med:
         print(f"{'transfer ceiling (16 GETs, no mount)':40} {med['ceiling']:6.3f} s; stfs all is {med['stfs all'] / med['ceiling']:.2f}x it")
         paired = [c / a for c, a in zip(runs["ceiling"], runs["stfs all"])]
