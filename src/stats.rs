@@ -40,6 +40,11 @@ pub struct Stats {
     /// Times the daemon dropped its page-table entries of a mapping to bound its resident set
     /// (after replies copied from the mapping; spliced replies map nothing).
     pub mapping_releases: AtomicU64,
+    /// Reads answered from the bytes a remote source's opening request fetched (its first 64 KiB:
+    /// the header, often a first few small tensors): no block load, no request.
+    pub opening_reads: AtomicU64,
+    /// Bytes of those reads.
+    pub opening_read_bytes: AtomicU64,
     /// Backing reads that failed.
     pub backing_errors: AtomicU64,
     /// Sum of the durations of the backing reads made of the store (block loads; not a mapped
@@ -190,6 +195,8 @@ impl Stats {
             ("spliced_reads", g(&self.spliced_reads)),
             ("spliced_read_bytes", g(&self.spliced_read_bytes)),
             ("mapping_releases", g(&self.mapping_releases)),
+            ("opening_reads", g(&self.opening_reads)),
+            ("opening_read_bytes", g(&self.opening_read_bytes)),
             ("prefetched_bytes", g(&self.prefetched_bytes)),
             ("prefetch_unused_bytes", g(&self.prefetch_unused_bytes)),
             ("evictions", g(&self.evictions)),

@@ -1,7 +1,8 @@
 //! `s3://` end to end against a real S3 implementation that checks SigV4 signatures (`s3s-fs`, run on
 //! loopback with `--access-key`/`--secret-key`): every tensor byte-exact, credentials from the
 //! environment, a profile file and an instance-metadata endpoint (IMDSv2, served by the test), a
-//! sharded checkpoint by prefix, clear refusals, and an object replaced while mounted giving EIO.
+//! sharded checkpoint by prefix, clear refusals, an object replaced while mounted giving EIO, and
+//! the requests a fresh mount makes before its first small tensors are read (one).
 //! Skips when `s3s-fs` is missing (fails under `CI=true`).
 
 mod common;
@@ -12,12 +13,14 @@ mod tinyhttp;
 mod s3server;
 
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use s3server::*;
 use stfs::format::Dtype;
-use tinyhttp::{Response, TinyHttp};
+use tinyhttp::{Request, Response, TinyHttp};
 
 #[test]
 fn env_credentials_read_every_tensor_byte_exact_and_nothing_leaks() {
@@ -205,4 +208,44 @@ fn an_object_replaced_while_mounted_gives_eio() {
     let mut tail = vec![0; 1000];
     let error = file.read_exact_at(&mut tail, big.data.len() as u64 - 1000).unwrap_err();
     assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+}
+
+#[test]
+fn a_fresh_mount_serves_its_first_small_tensors_from_its_one_opening_request() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    // Three 4 KiB norms, then a 2 MiB weight (file order is by name here: one dtype).
+    let mut tensors: Vec<T> =
+        ["a", "b", "c"].iter().map(|n| T::new(&format!("{n}.norm"), Dtype::F32, &[1024])).collect();
+    tensors.push(T::new("z.weight", Dtype::F32, &[512, 1024]));
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    let gate = S3Gate::start(server.port, move |_: &Request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        None
+    });
+    // At the defaults a user mounts with (4 MiB blocks for a URL).
+    let (dir, path) = S3Mount::point();
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let out = run(&["mount", &url, path.to_str().unwrap()], home.path(), &env_keys(&gate.endpoint(), SECRET_KEY));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = S3Mount::adopt(dir, path);
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "the mount is ready after one request (the opening ranged GET)");
+    for t in &tensors[..3] {
+        assert!(std::fs::read(m.tensor(&t.name)).unwrap() == t.data, "{} differs", t.name);
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "tensors inside the opening request's bytes cost no request");
+    let stats = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap()
+    };
+    let doc = stats();
+    assert!(doc["opening_reads"].as_u64().unwrap() >= 3, "{doc}");
+    assert_eq!(doc["opening_read_bytes"].as_u64(), Some(doc["fuse_read_bytes"].as_u64().unwrap()), "{doc}");
+    assert_eq!(doc["backing_reads"].as_u64(), Some(0), "{doc}");
+    // A tensor past them is read as ever: whole blocks, byte-exact.
+    let big = &tensors[3];
+    assert!(std::fs::read(m.tensor(&big.name)).unwrap() == big.data, "{} differs", big.name);
+    let doc = stats();
+    assert!(requests.load(Ordering::SeqCst) > 1 && doc["backing_reads"].as_u64().unwrap() > 0, "{doc}");
 }

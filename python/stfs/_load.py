@@ -8,7 +8,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Set
 
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _run, is_mounted
 
@@ -64,18 +64,36 @@ def entries(mountpoint: PathLike) -> List[Entry]:
     real_root = os.path.realpath(root)
     with open(os.path.join(root, "metadata.json")) as f:
         meta = json.load(f)
+    plain = _plain_children(root)
     ordered = sorted(meta["tensors"].items(), key=lambda kv: (kv[1].get("shard", 0), kv[1].get("offset", 0)))
     return [
         Entry(name, info.get("served_dtype", info["dtype"]), list(info["shape"]),
-              int(info.get("served_byte_len", info["byte_len"])), tensor_path(root, name, info["path"], real_root))
+              int(info.get("served_byte_len", info["byte_len"])),
+              tensor_path(root, name, info["path"], real_root, plain))
         for name, info in ordered
     ]
 
 
-def tensor_path(root: str, name: str, path: Any, real_root: Optional[str] = None) -> str:
+def _plain_children(root: str) -> Set[str]:
+    """The names in `root` that are not symbolic links, from one listing (the entries' types, no
+    stat each): a path that is one of them is inside `root` without resolving it, which would cost
+    a lookup through the mount per tensor (84 tensors: 7 ms of a 41 ms first tensor from s3://).
+    Empty if `root` cannot be listed: every path is then resolved."""
+    try:
+        with os.scandir(root) as listing:
+            return {e.name for e in listing if not e.is_symlink()}
+    except OSError:
+        return set()
+
+
+def tensor_path(root: str, name: str, path: Any, real_root: Optional[str] = None,
+                plain: Optional[Set[str]] = None) -> str:
     """`root`/`path` for a tensor's metadata.json `path`, refused (StfsError) unless it names a file
     inside `root` once resolved: not absolute, no ``..`` out of it, no link leading out of it
-    (`real_root`: os.path.realpath(root), when the caller has it)."""
+    (`real_root`: os.path.realpath(root), when the caller has it; `plain`: names in `root` known
+    not to be links, see _plain_children, taken as inside it without resolving them)."""
+    if plain and isinstance(path, str) and path in plain:
+        return os.path.join(root, path)
     real_root = real_root or os.path.realpath(root)
     if isinstance(path, str) and path and "\0" not in path and not os.path.isabs(path):
         joined = os.path.join(root, path)

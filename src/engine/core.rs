@@ -166,6 +166,20 @@ impl Engine {
             entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
                 self.prefetcher.submit(&entry, io, lane)
             });
+        // A read inside the bytes the source's opening request fetched (a remote object's first
+        // 64 KiB: the header and, in most checkpoints, a first few small tensors) is answered from
+        // them: the first tensor of a fresh mount costs no request, instead of the request and
+        // transfer of a whole block. Its stream has seen it above. A source cached on disk keeps
+        // the block path: its blocks are what the disk tier holds.
+        if entry.disk_key.is_none() {
+            let opening = entry.source.opening_bytes();
+            let range = usize::try_from(offset).ok().zip(usize::try_from(end).ok());
+            if let Some(bytes) = range.and_then(|(from, to)| opening.get(from..to)) {
+                Stats::add(&shared.stats.opening_reads, 1);
+                Stats::add(&shared.stats.opening_read_bytes, bytes.len() as u64);
+                return Ok(consume(bytes));
+            }
+        }
         // A mapped source's lanes advise rather than load blocks: this read loads its own run of
         // cold blocks in one backing read, as a read outside any stream does.
         let stream = stream.filter(|_| !entry.mapped);

@@ -5,7 +5,9 @@
 //!
 //! 1. `core`: [`Engine::read_in`] finds the registered source (`shared::SourceEntry`) and clips
 //!    the range to it.
-//! 2. `stream`: the source's table of streams gives the read to its stream; `readahead` decides,
+//! 2. `stream`: the source's table of streams gives the read to its stream (then a read inside the
+//!    source's opening bytes, [`Source::opening_bytes`](crate::source::Source::opening_bytes), is
+//!    answered from them, unless the source is cached on disk); `readahead` decides,
 //!    purely, whether the read continues a stream, how far ahead the stream wants data and which
 //!    blocks it has left behind. The stream queues its new prefetch for its lanes, learns of any
 //!    refusal the lanes met, and hands its passed blocks to drop-behind (`cache::behind`).

@@ -391,3 +391,41 @@ fn a_changed_file_fails_reads_for_the_kernel_and_map_files_off_uses_blocks() {
     assert!(err.to_string().contains("size"), "{err}");
     assert_eq!((counter(&stats.mapped_reads), counter(&stats.backing_errors)), (0, 1));
 }
+
+/// A source whose first `.1` bytes were fetched when it was opened, as an HTTP source's are.
+struct Opened(Arc<FakeSource>, usize);
+
+impl crate::source::Source for Opened {
+    fn len(&self) -> u64 {
+        self.0.data.len() as u64
+    }
+    fn name(&self) -> &str {
+        "opened"
+    }
+    fn open_reader(&self) -> std::io::Result<Box<dyn crate::source::SourceReader>> {
+        self.0.open_reader()
+    }
+    fn opening_bytes(&self) -> &[u8] {
+        &self.0.data[..self.1]
+    }
+}
+
+#[test]
+fn reads_inside_the_opening_bytes_load_no_block_and_others_whole_blocks() {
+    let bs = 4096;
+    let source = fake(10 * bs as usize, Duration::ZERO);
+    let (engine, stats) = engine(bs, 1 << 20, 2);
+    let id = engine.add_source(Arc::new(Opened(Arc::clone(&source), 6000)));
+    // Inside the opening bytes, from a file's first byte too (which would prefetch its start).
+    for (offset, len, extent) in [(100, 400, 100..500), (4096, 1904, 4096..6000), (0, 6000, 0..6000)] {
+        let got = engine.read_in(id, extent, offset, len, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, source.data[offset as usize..offset as usize + len]);
+    }
+    assert!(lock(&source.reads).is_empty(), "{:?}", lock(&source.reads));
+    assert_eq!((counter(&stats.opening_reads), counter(&stats.opening_read_bytes)), (3, 8304));
+    // One byte past them: its block, whole, as ever (and the stream's prefetch after it).
+    assert_eq!(engine.read(id, 5000, 1001).unwrap(), source.data[5000..6001]);
+    assert!(lock(&source.reads).contains(&(bs, bs as usize)), "{:?}", lock(&source.reads));
+    assert_eq!(counter(&stats.opening_reads), 3);
+    assert_whole_blocks(&source, bs);
+}

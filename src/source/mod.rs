@@ -63,6 +63,13 @@ pub trait Source: Send + Sync + 'static {
     fn modified(&self) -> Option<std::time::SystemTime> {
         None
     }
+    /// The source's first bytes, already fetched when it was opened and kept (an HTTP source's
+    /// opening request: the header, and in most checkpoints a first few small tensors). The engine
+    /// answers a read that lies inside them from them, with no block load. Empty (the default): a
+    /// source that keeps nothing.
+    fn opening_bytes(&self) -> &[u8] {
+        &[]
+    }
     /// What names these exact bytes across processes and restarts, for the disk cache
     /// (`--cache-dir`): a text that changes whenever the object's bytes may have (a local file's
     /// device, inode, size, mtime and ctime; a URL with its ETag or Last-Modified and size). Blocks

@@ -69,6 +69,12 @@ const METRICS: &[Metric] = &[
         "stfs_mapping_releases_total",
         "Times the daemon dropped its page-table entries of a mapping.",
     ),
+    counter(
+        "opening_reads",
+        "stfs_opening_reads_total",
+        "Reads answered from the bytes a remote source's opening request fetched.",
+    ),
+    counter("opening_read_bytes", "stfs_opening_read_bytes_total", "Bytes of reads answered from the opening request."),
     counter("prefetched_bytes", "stfs_prefetched_bytes_total", "Bytes loaded by readahead rather than on demand."),
     counter("prefetch_unused_bytes", "stfs_prefetch_unused_bytes_total", "Prefetched bytes evicted before any read."),
     counter("evictions", "stfs_cache_evictions_total", "Blocks evicted from the memory cache."),

@@ -35,6 +35,8 @@ COUNTERS = {
     "spliced_reads": "stfs_spliced_reads",
     "spliced_read_bytes": "stfs_spliced_read_bytes",
     "mapping_releases": "stfs_mapping_releases",
+    "opening_reads": "stfs_opening_reads",
+    "opening_read_bytes": "stfs_opening_read_bytes",
     "prefetched_bytes": "stfs_prefetched_bytes",
     "prefetch_unused_bytes": "stfs_prefetch_unused_bytes",
     "evictions": "stfs_cache_evictions",

@@ -147,3 +147,26 @@ def test_load_takes_a_path_inside_the_mount(tmp_path):
     (root / "sub" / "t").write_bytes(b"123456789")
     assert bytes(stfs.load(root)["t"]) == b"123456789"
     assert tensor_path(str(root), "t", "sub/./t") == os.path.join(str(root), "sub/./t")
+
+
+def test_entries_resolve_only_what_may_be_a_link(tmp_path, monkeypatch):
+    # A tensor file listed in the root as no link is inside it: no lookup per tensor through the
+    # mount. A link is still resolved (and refused when it leads out).
+    root = tmp_path / "fake"
+    root.mkdir()
+    (tmp_path / "outside").write_bytes(b"x")
+    names = ["a", "b", "c"]
+    tensors = {n: {"dtype": "U8", "shape": [1], "byte_len": 1, "path": n, "offset": i} for i, n in enumerate(names)}
+    for n in names:
+        (root / n).write_bytes(b"1")
+    (root / "metadata.json").write_text(json.dumps({"stfs_metadata_version": 1, "tensors": tensors}))
+    resolved = []
+    realpath = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda p, *a, **k: resolved.append(os.fspath(p)) or realpath(p, *a, **k))
+    assert [e.path for e in stfs.entries(root)] == [os.path.join(str(root), n) for n in names]
+    assert resolved == [str(root)], resolved
+    os.symlink(tmp_path / "outside", root / "d")
+    tensors["d"] = {"dtype": "U8", "shape": [1], "byte_len": 1, "path": "d", "offset": 9}
+    (root / "metadata.json").write_text(json.dumps({"stfs_metadata_version": 1, "tensors": tensors}))
+    with pytest.raises(stfs.StfsError, match="tensor 'd' has path 'd', which is not a file inside the mount"):
+        stfs.entries(root)

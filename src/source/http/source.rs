@@ -95,6 +95,9 @@ impl Source for HttpSource {
     fn modified(&self) -> Option<SystemTime> {
         self.modified_time()
     }
+    fn opening_bytes(&self) -> &[u8] {
+        &self.prefix
+    }
     fn len(&self) -> u64 {
         self.pin.size
     }

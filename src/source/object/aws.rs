@@ -10,6 +10,11 @@ use aws_config::{BehaviorVersion, Region};
 use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::ProvideCredentials;
 use aws_credential_types::Credentials;
+use aws_smithy_runtime::client::defaults::default_http_client_plugin_v2;
+use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
+use aws_smithy_runtime_api::client::http::{HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector};
+use aws_smithy_runtime_api::client::runtime_components::{RuntimeComponents, RuntimeComponentsBuilder};
+use aws_smithy_runtime_api::client::runtime_plugin::RuntimePlugin;
 
 use super::refresh::{block_on, Expiring, Refreshing};
 use crate::source::http::HttpError;
@@ -46,6 +51,9 @@ impl AwsSession {
         let auth_error = |detail: String| HttpError::Auth { name: shown.to_string(), detail };
         let loaded = block_on(timeout, async {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
+            if let Some(client) = deferred_default_client() {
+                loader = loader.http_client(client);
+            }
             if let Some(region) = region {
                 loader = loader.region(Region::new(region.to_string()));
             }
@@ -73,6 +81,33 @@ impl AwsSession {
             }
         };
         Ok(AwsSession { region, endpoint_url, credentials })
+    }
+}
+
+/// The SDK's default HTTPS client, whose TLS roots (the system's certificates: every file of
+/// `/etc/ssl/certs` read and parsed) load when a provider of the chain first sends a request, not
+/// when the chain is built: the SDK loads them then on purpose (`validate_base_client_config`),
+/// about 5 ms of every `s3://` mount, though keys from the environment or a profile file need no
+/// request at all. `None` if the SDK has no default client (it then uses none either).
+fn deferred_default_client() -> Option<Deferred> {
+    let plugin = default_http_client_plugin_v2(BehaviorVersion::latest())?;
+    let client = plugin.runtime_components(&RuntimeComponentsBuilder::new("stfs")).http_client()?;
+    Some(Deferred(client))
+}
+
+/// An HTTP client that is `.0` except that it checks nothing when a configuration is built
+/// (`HttpClient::validate_base_client_config` keeps its default), so nothing is loaded until a
+/// connector is asked for.
+#[derive(Debug)]
+struct Deferred(SharedHttpClient);
+
+impl HttpClient for Deferred {
+    fn http_connector(&self, settings: &HttpConnectorSettings, components: &RuntimeComponents) -> SharedHttpConnector {
+        self.0.http_connector(settings, components)
+    }
+
+    fn connector_metadata(&self) -> Option<ConnectorMetadata> {
+        self.0.connector_metadata()
     }
 }
 
