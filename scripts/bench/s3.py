@@ -96,6 +96,14 @@ def process_cpu(pid):
     return (utime + stime) / ticks, stime / ticks
 
 
+def busy_cpu_seconds():
+    """Seconds of CPU time the whole machine has spent busy (every state but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def pids_of(name):
     out = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -127,12 +135,14 @@ class Bench:
         run (total, system) go to self.cpu[cpu], read once the work is done (not timed): stfs's from
         its stats.json, s3fs's and rclone's from /proc/PID/stat."""
         mp = self.mountpoint()
+        busy = busy_cpu_seconds()
         started = time.perf_counter()
         try:
             mount(mp)
             work(mp)
             took = time.perf_counter() - started
             if cpu is not None:
+                self.busy.setdefault(cpu, []).append((busy_cpu_seconds() - busy) / took)
                 if mount in (self.stfs_mount, self.stfs_local_mount):
                     with open(os.path.join(mp, ".stfs", "stats.json")) as f:
                         stats = json.load(f)
@@ -360,7 +370,7 @@ def main():
                 server_command("bench")  # builds the proxy too
             proxy = proxy_kind(port, args.latency_ms / 1000, args.conn_mib_s * 2**20)
             bench = Bench(args, workdir, f"http://127.0.0.1:{proxy.port}", header, tensors)
-            bench.cpu, bench.refetched = {}, []
+            bench.cpu, bench.refetched, bench.busy = {}, [], {}
             print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on "
                   f"{'the bench S3 server' if args.server == 'bench' else 's3s-fs'}; "
                   f"{args.proxy} proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
@@ -422,6 +432,10 @@ def main():
             system = statistics.median(s / u for u, s in used if u)
             print(f"  {who:44} {statistics.median(per):.3f} [{min(per):.3f}-{max(per):.3f}]  system {system:.0%}")
             med[f"{name} CPU-s/GiB"] = statistics.median(per)
+    cores = os.cpu_count()
+    for name, used in bench.busy.items():
+        print(f"  during {name}: the machine's {cores} cores busy {statistics.median(used):.2f} on average "
+              f"[{min(used):.2f}-{max(used):.2f}] (every process: store, proxy, daemon, reader)")
     if bench.refetched:
         print(f"  (the second load fetched {min(bench.refetched):.2f}-{max(bench.refetched):.2f}x the checkpoint again)")
     if "ceiling" in med:

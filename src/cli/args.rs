@@ -138,7 +138,7 @@ pub struct MountArgs {
     /// URL or a file on a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
-    /// Background threads doing readahead [default: the CPUs, 2 to 8, for a local file; 8 for a URL
+    /// Background threads doing readahead [default: the CPUs, 2 to 8, for a local file; 16 for a URL
     /// or a file on a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub io_threads: Option<u32>,

@@ -22,9 +22,13 @@ pub const DEFAULT_REMOTE_BLOCK_SIZE: u64 = 4 << 20;
 pub const DEFAULT_CACHE_SIZE: u64 = 512 << 20;
 /// Most FUSE threads by default: enough for the kernel's parallel readahead and several readers.
 pub const DEFAULT_THREADS: u32 = 16;
-/// Most readahead threads by default: one stream with all eight prefetch lanes busy, or several
-/// sharing them (a remote source's lanes mostly wait on the network, so it always gets these).
+/// Most readahead threads by default for a local source: one stream with all eight prefetch lanes
+/// busy, or several sharing them.
 pub const DEFAULT_IO_THREADS: u32 = 8;
+/// Readahead threads for a source that waits on storage (a URL, a network filesystem): one remote
+/// stream with all sixteen of its lanes busy (`engine::tuning::REMOTE_LANES`), or several sharing
+/// them; such lanes mostly wait on the network, so it always gets these.
+pub const DEFAULT_REMOTE_IO_THREADS: u32 = 16;
 
 /// CPUs this process may run on (1 if unknown).
 fn cpus() -> u32 {
@@ -50,11 +54,11 @@ fn waits_on_storage(source: &str) -> bool {
 
 /// Default readahead threads for `source`: for a file on a local filesystem one per CPU, 2 to
 /// [`DEFAULT_IO_THREADS`] (its lanes only ask the kernel to read ahead: CPU work, no waiting); for a
-/// URL or a file on a network or FUSE filesystem [`DEFAULT_IO_THREADS`], whose lanes wait on the
-/// storage (each lane one handle's bandwidth).
+/// URL or a file on a network or FUSE filesystem [`DEFAULT_REMOTE_IO_THREADS`], whose lanes wait on
+/// the storage (each lane one handle's bandwidth).
 pub fn default_io_threads(source: &str) -> u32 {
     if waits_on_storage(source) {
-        DEFAULT_IO_THREADS
+        DEFAULT_REMOTE_IO_THREADS
     } else {
         cpus().clamp(2, DEFAULT_IO_THREADS)
     }

@@ -31,7 +31,8 @@ use std::ops::Range;
 
 use super::tuning::{
     max_window_bytes, BACK_SLACK, CONFIRM_SLACK, FILE_START_WINDOW_BYTES, FORWARD_SLACK, INITIAL_WINDOW_BYTES, LANES,
-    MAX_STREAMS, MAX_WINDOW_BYTES, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES, REMOTE_MAX_WINDOW_BYTES,
+    MAX_STREAMS, MAX_WINDOW_BYTES, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES, REMOTE_LANES,
+    REMOTE_MAX_WINDOW_BYTES,
 };
 
 /// Tuning of the readahead; [`ReadaheadConfig::new`] gives the defaults.
@@ -58,6 +59,10 @@ pub struct ReadaheadConfig {
     pub initial_window_blocks: u64,
     /// Blocks prefetched on a read from a file's first byte (0: none).
     pub file_start_window_blocks: u64,
+    /// Prefetch lanes of a stream (at most [`MAX_LANES`]).
+    pub lanes: usize,
+    /// Prefetch lanes of a stream of a remote source (it then uses this as `lanes`).
+    pub remote_lanes: usize,
 }
 
 impl ReadaheadConfig {
@@ -75,6 +80,8 @@ impl ReadaheadConfig {
             confirm_slack: CONFIRM_SLACK,
             initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
             file_start_window_blocks: FILE_START_WINDOW_BYTES.div_ceil(block_size).max(LANES as u64),
+            lanes: LANES,
+            remote_lanes: REMOTE_LANES,
         }
     }
 }
@@ -237,9 +244,9 @@ impl Readahead {
 }
 
 /// Blocks per prefetch read for a stream whose window is `window_blocks`: the window shared by
-/// the lanes, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
-pub fn chunk_blocks(window_blocks: u64, block_size: u64) -> u64 {
-    let share = window_blocks.saturating_mul(block_size) / LANES as u64;
+/// its `lanes`, within [`MIN_PREFETCH_CHUNK_BYTES`] and [`PREFETCH_CHUNK_BYTES`], whole blocks.
+pub fn chunk_blocks(window_blocks: u64, block_size: u64, lanes: usize) -> u64 {
+    let share = window_blocks.saturating_mul(block_size) / lanes.max(1) as u64;
     (share.clamp(MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES) / block_size).max(1)
 }
 
@@ -261,6 +268,8 @@ mod tests {
             confirm_slack: BS,
             initial_window_blocks: 1,
             file_start_window_blocks: 4,
+            lanes: LANES,
+            remote_lanes: REMOTE_LANES,
         }
     }
 
@@ -470,10 +479,22 @@ mod tests {
     fn prefetch_reads_share_the_window_among_the_lanes_within_bounds() {
         let (kib, mib) = (1u64 << 10, 1u64 << 20);
         let lanes = LANES as u64;
-        assert_eq!(chunk_blocks(16 * mib / (64 * kib), 64 * kib), 16 * mib / lanes / (64 * kib));
-        assert_eq!(chunk_blocks(64 * mib / (64 * kib), 64 * kib), PREFETCH_CHUNK_BYTES / (64 * kib));
-        assert_eq!(chunk_blocks(1, 64 * kib), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
-        assert_eq!(chunk_blocks(2, 4 * mib), 1, "never less than one block");
-        assert_eq!(chunk_blocks(u64::MAX, 4 * kib), PREFETCH_CHUNK_BYTES / (4 * kib));
+        assert_eq!(chunk_blocks(16 * mib / (64 * kib), 64 * kib, LANES), 16 * mib / lanes / (64 * kib));
+        assert_eq!(chunk_blocks(64 * mib / (64 * kib), 64 * kib, LANES), PREFETCH_CHUNK_BYTES / (64 * kib));
+        assert_eq!(chunk_blocks(1, 64 * kib, LANES), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
+        assert_eq!(chunk_blocks(2, 4 * mib, LANES), 1, "never less than one block");
+        assert_eq!(chunk_blocks(u64::MAX, 4 * kib, LANES), PREFETCH_CHUNK_BYTES / (4 * kib));
+        // A remote stream's lanes share the same window in pieces half as large, never below the floor.
+        assert_eq!(
+            chunk_blocks(64 * mib / (64 * kib), 64 * kib, REMOTE_LANES),
+            64 * mib / REMOTE_LANES as u64 / (64 * kib)
+        );
+        assert_eq!(chunk_blocks(1, 64 * kib, REMOTE_LANES), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
+    }
+
+    #[test]
+    fn a_remote_stream_has_more_lanes_than_a_local_one() {
+        let config = ReadaheadConfig::new(4 << 20, 512 << 20);
+        assert_eq!((config.lanes, config.remote_lanes), (LANES, REMOTE_LANES));
     }
 }

@@ -75,6 +75,7 @@ impl SourceEntry {
         let mapped = map && source.mappable();
         if source.remote() {
             readahead.max_window_blocks = readahead.remote_max_window_blocks;
+            readahead.lanes = readahead.remote_lanes;
         }
         SourceEntry {
             id,

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use super::cache::BlockCache;
 use super::readahead::{self, Decision, Readahead, ReadaheadConfig};
 use super::spares::Spares;
-use super::tuning::{LANES, PREFETCH_CHUNK_BYTES};
+use super::tuning::{MAX_LANES, PREFETCH_CHUNK_BYTES};
 use crate::source::{SourceId, SourceReader};
 use crate::stats::Stats;
 use crate::util::lock;
@@ -84,9 +84,10 @@ impl Streams {
         let last = self.len.div_ceil(bs);
         let (io, sequential) = self.with_stream(range, extent, spares, stats, |stream, decision| {
             if !decision.prefetch.is_empty() {
-                let chunk_blocks = readahead::chunk_blocks(decision.window_blocks, bs);
+                let lanes = self.config.lanes.clamp(1, MAX_LANES);
+                let chunk_blocks = readahead::chunk_blocks(decision.window_blocks, bs, lanes);
                 let io = &stream.io;
-                if !io.add_pending(decision.prefetch.clone(), last, chunk_blocks, |lane| submit(io, lane)) {
+                if !io.add_pending(decision.prefetch.clone(), last, chunk_blocks, lanes, |lane| submit(io, lane)) {
                     stream.readahead.refused(decision.prefetch.start);
                 }
             }
@@ -231,8 +232,9 @@ impl Table {
 pub(crate) struct StreamIo {
     /// The descriptor for this stream's on-demand loads (blocks the prefetch has not reached).
     pub(crate) descriptor: Descriptor,
-    /// One descriptor per prefetch lane, each used by one job at a time.
-    pub(crate) lanes: [Descriptor; LANES],
+    /// One descriptor per prefetch lane, each used by one job at a time (the stream uses the
+    /// first `lanes` of its [`ReadaheadConfig`]).
+    pub(crate) lanes: [Descriptor; MAX_LANES],
     pending: Mutex<Pending>,
     /// First block a prefetch was refused cache space for, plus one (0: none).
     refused_at: AtomicU64,
@@ -253,15 +255,17 @@ impl Default for StreamIo {
     }
 }
 
-/// Blocks `[next, end)` wait to be prefetched in chunks of `chunk_blocks`; `busy` has one bit per
-/// lane with a job queued or running, `loading` one per lane whose job is loading a chunk it has
-/// claimed; `last` is the source's block count (a chunk cut short by it is still whole).
+/// Blocks `[next, end)` wait to be prefetched in chunks of `chunk_blocks` by up to `lanes` lanes;
+/// `busy` has one bit per lane with a job queued or running, `loading` one per lane whose job is
+/// loading a chunk it has claimed; `last` is the source's block count (a chunk cut short by it is
+/// still whole).
 #[derive(Default)]
 struct Pending {
     next: u64,
     end: u64,
     last: u64,
     chunk_blocks: u64,
+    lanes: u32,
     busy: u32,
     loading: u32,
 }
@@ -291,26 +295,29 @@ impl Pending {
         let waiting = self.end.saturating_sub(self.next) / chunk_blocks;
         let about_to_claim = (self.busy & !self.loading).count_ones();
         let some_partial = self.busy == 0 && self.next < self.end;
-        (waiting > u64::from(about_to_claim) || some_partial) && self.busy.count_ones() < LANES as u32
+        (waiting > u64::from(about_to_claim) || some_partial) && self.busy.count_ones() < self.lanes
     }
 }
 
 impl StreamIo {
     /// Adds `blocks` (of a source with `last` blocks) to the pending prefetch, to be loaded in
-    /// chunks of `chunk_blocks` from now on, and starts jobs for idle lanes while whole chunks
-    /// wait: `submit(lane)` queues a job for that lane (called under the stream's lock). Returns
-    /// false if no job could be queued and none runs (the pending blocks are then dropped).
+    /// chunks of `chunk_blocks` by up to `lanes` lanes from now on, and starts jobs for idle lanes
+    /// while whole chunks wait: `submit(lane)` queues a job for that lane (called under the
+    /// stream's lock). Returns false if no job could be queued and none runs (the pending blocks
+    /// are then dropped).
     fn add_pending(
         &self,
         blocks: Range<u64>,
         last: u64,
         chunk_blocks: u64,
+        lanes: usize,
         mut submit: impl FnMut(usize) -> bool,
     ) -> bool {
         let chunk_blocks = chunk_blocks.max(1);
         let mut pending = lock(&self.pending);
         pending.last = last;
         pending.chunk_blocks = chunk_blocks;
+        pending.lanes = lanes.clamp(1, MAX_LANES) as u32;
         if pending.next >= pending.end {
             (pending.next, pending.end) = (blocks.start, blocks.end);
         } else {

@@ -1,6 +1,7 @@
 //! Tests of the stream table and of one stream's pending prefetch and advice.
 
 use super::*;
+use crate::engine::tuning::{LANES, REMOTE_LANES};
 
 const BS: u64 = 1000;
 
@@ -16,6 +17,8 @@ fn streams(max_window_blocks: u64, max_streams: usize) -> Streams {
         confirm_slack: BS,
         initial_window_blocks: 1,
         file_start_window_blocks: 4,
+        lanes: LANES,
+        remote_lanes: REMOTE_LANES,
     };
     Streams::new(config, 0, 100 * BS, false)
 }
@@ -144,10 +147,15 @@ fn counter(c: &AtomicU64) -> u64 {
     c.load(Relaxed)
 }
 
-/// Adds `blocks` (of 100) in chunks of `chunk_blocks`, accepting every job; the lanes started.
+/// Adds `blocks` (of 100) in chunks of `chunk_blocks` for a local stream's lanes, accepting every
+/// job; the lanes started.
 fn started_lanes(io: &StreamIo, blocks: Range<u64>, chunk_blocks: u64) -> Vec<usize> {
+    started_lanes_of(io, blocks, chunk_blocks, LANES)
+}
+
+fn started_lanes_of(io: &StreamIo, blocks: Range<u64>, chunk_blocks: u64, of: usize) -> Vec<usize> {
     let mut lanes = Vec::new();
-    assert!(io.add_pending(blocks, 100, chunk_blocks, |lane| {
+    assert!(io.add_pending(blocks, 100, chunk_blocks, of, |lane| {
         lanes.push(lane);
         true
     }));
@@ -167,14 +175,14 @@ fn lanes_claim_whole_chunks_in_order() {
     assert_eq!(io.next_chunk(1, false), None);
     // The lone remaining lane may take the partial chunk, then continues it as it grows.
     assert_eq!(io.next_chunk(0, false), Some(12..14));
-    assert!(io.add_pending(14..15, 100, 4, |_| unreachable!("lane 0 still runs")));
+    assert!(io.add_pending(14..15, 100, 4, LANES, |_| unreachable!("lane 0 still runs")));
     assert_eq!(io.next_chunk(0, false), Some(14..15));
     assert_eq!(io.next_chunk(0, false), None);
     // The end of the source closes a chunk early, so it counts as whole.
-    assert!(io.add_pending(97..100, 100, 8, |lane| lane == 0));
+    assert!(io.add_pending(97..100, 100, 8, LANES, |lane| lane == 0));
     assert_eq!(io.next_chunk(0, false), Some(97..100));
     assert_eq!(io.next_chunk(0, false), None);
-    assert!(!io.add_pending(100..101, 101, 4, |_| false), "a full queue drops the blocks");
+    assert!(!io.add_pending(100..101, 101, 4, LANES, |_| false), "a full queue drops the blocks");
     assert_eq!(io.next_chunk(0, false), None);
 }
 
@@ -193,16 +201,29 @@ fn chunks_that_wait_start_idle_lanes_while_others_are_loading() {
 }
 
 #[test]
+fn a_stream_starts_no_more_lanes_than_it_has() {
+    // Twenty whole chunks wait: a local stream starts its eight lanes, a remote one its sixteen.
+    assert_eq!(started_lanes_of(&StreamIo::default(), 0..80, 4, LANES), (0..LANES).collect::<Vec<_>>());
+    let io = StreamIo::default();
+    assert_eq!(started_lanes_of(&io, 0..80, 4, REMOTE_LANES), (0..REMOTE_LANES).collect::<Vec<_>>());
+    for lane in 0..REMOTE_LANES {
+        assert_eq!(io.next_chunk(lane, false), Some(lane as u64 * 4..lane as u64 * 4 + 4));
+    }
+    // All sixteen are loading: more chunks wait for one of them, no seventeenth starts.
+    assert!(started_lanes_of(&io, 80..100, 4, REMOTE_LANES).is_empty());
+}
+
+#[test]
 fn refusal_drops_pending_blocks_and_is_reported_once() {
     let io = StreamIo::default();
-    io.add_pending(0..4, 10, 1, |_| true);
+    io.add_pending(0..4, 10, 1, LANES, |_| true);
     assert_eq!(io.next_chunk(0, false), Some(0..1));
     io.refuse(1);
     io.refuse(3);
     assert_eq!(io.next_chunk(0, false), None);
     assert_eq!(io.take_refusal(), Some(1));
     assert_eq!(io.take_refusal(), None);
-    io.add_pending(0..4, 10, 1, |_| true);
+    io.add_pending(0..4, 10, 1, LANES, |_| true);
     assert_eq!(io.next_chunk(0, true), None, "stop ends the job");
 }
 
