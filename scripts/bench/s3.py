@@ -21,7 +21,7 @@ mount, mount time included, unmount excluded; the variants are interleaved in ev
   ceiling        no mount: the object pulled through the proxy by 16 parallel ranged GETs of a
                  presigned URL (curl to /dev/null), the fastest any client gets it here; with the
                  per-connection pace, 16 connections are past the point where more stop helping
-  ceiling 8      the same with 8 connections, as many as stfs's prefetch lanes for a remote source
+  ceiling 8      the same with 8 connections (a remote stream's lanes were 8 until issue 24; now 16)
 
 Targets (issue 16): stfs all >= 3x faster than s3fs and rclone, >= 2x faster than download+load;
 one tensor < 5% of the download time; 4 workers >= 10x faster than through s3fs. Issue 24: stfs all
@@ -442,7 +442,7 @@ def main():
         print(f"{'transfer ceiling (16 GETs, no mount)':40} {med['ceiling']:6.3f} s; stfs all is {med['stfs all'] / med['ceiling']:.2f}x it")
         paired = [c / a for c, a in zip(runs["ceiling"], runs["stfs all"])]
         target("whole model: ceiling / stfs all (paired)", statistics.median(paired), 0.6)
-        print(f"{'  the same with 8 connections (as stfs)':40} {med['ceiling 8']:6.3f} s; the 0.6x target needs stfs all "
+        print(f"{'  the same with 8 connections':40} {med['ceiling 8']:6.3f} s; the 0.6x target needs stfs all "
               f"<= {med['ceiling'] / 0.6:.3f} s")
         for other, goal in (("s3fs all", 3), ("s3fs 4w", 10)):
             if other in med:
