@@ -40,6 +40,11 @@ const fn gauge(key: &'static str, name: &'static str, help: &'static str) -> Met
     Metric { key, name, kind: Kind::Gauge, divisor: 1.0, help }
 }
 
+/// A metric in seconds of a document value in microseconds.
+const fn from_micros(key: &'static str, name: &'static str, kind: Kind, help: &'static str) -> Metric {
+    Metric { key, name, kind, divisor: 1e6, help }
+}
+
 /// Every plain number of stats.json, in its order (docs/metrics.md lists the same).
 const METRICS: &[Metric] = &[
     counter("fuse_reads", "stfs_fuse_reads_total", "Read requests served (FUSE, or files copied by extract)."),
@@ -85,13 +90,12 @@ const METRICS: &[Metric] = &[
     counter("http_requests", "stfs_http_requests_total", "HTTP exchanges sent to a remote source (each redirect hop)."),
     counter("http_bytes", "stfs_http_received_bytes_total", "Body bytes received from a remote source."),
     counter("http_retries", "stfs_http_retries_total", "HTTP requests repeated after a transient failure."),
-    Metric {
-        key: "http_request_max_micros",
-        name: "stfs_http_request_max_duration_seconds",
-        kind: Kind::Gauge,
-        divisor: 1e6,
-        help: "The longest HTTP attempt so far, send to last body byte.",
-    },
+    from_micros(
+        "http_request_max_micros",
+        "stfs_http_request_max_duration_seconds",
+        Kind::Gauge,
+        "The longest HTTP attempt so far, send to last body byte.",
+    ),
     counter("disk_cache_hits", "stfs_disk_cache_hits_total", "Blocks found, verified, in the disk cache."),
     counter("disk_cache_hit_bytes", "stfs_disk_cache_hit_bytes_total", "Bytes of blocks found in the disk cache."),
     counter("disk_cache_misses", "stfs_disk_cache_misses_total", "Blocks looked up in the disk cache and not there."),
@@ -125,20 +129,18 @@ const METRICS: &[Metric] = &[
     // The daemon's process, under the names every Prometheus client library's process collector
     // uses (so existing dashboards and alerts apply), and the kernel's share of its CPU time,
     // which on a FUSE daemon is mostly copying replies.
-    Metric {
-        key: "process_cpu_micros",
-        name: "process_cpu_seconds_total",
-        kind: Kind::Counter,
-        divisor: 1e6,
-        help: "Total user and system CPU time spent in seconds.",
-    },
-    Metric {
-        key: "process_cpu_system_micros",
-        name: "stfs_process_cpu_system_seconds_total",
-        kind: Kind::Counter,
-        divisor: 1e6,
-        help: "The kernel-mode part of process_cpu_seconds_total (FUSE replies, socket reads).",
-    },
+    from_micros(
+        "process_cpu_micros",
+        "process_cpu_seconds_total",
+        Kind::Counter,
+        "Total user and system CPU time spent in seconds.",
+    ),
+    from_micros(
+        "process_cpu_system_micros",
+        "stfs_process_cpu_system_seconds_total",
+        Kind::Counter,
+        "The kernel-mode part of process_cpu_seconds_total (FUSE replies, socket reads).",
+    ),
     gauge("process_resident_bytes", "process_resident_memory_bytes", "Resident memory size in bytes."),
     gauge("process_open_fds", "process_open_fds", "Number of open file descriptors."),
     gauge("process_max_fds", "process_max_fds", "Maximum number of open file descriptors."),
