@@ -5,8 +5,10 @@ Every mount goes on a fresh temporary directory, `stfs mount` returns only once 
 """
 import contextlib
 import os
+import socket
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -37,6 +39,19 @@ def mounted(source, *args):
                 r = subprocess.run([STFS, "umount", mp], capture_output=True, timeout=TIMEOUT)
                 if r.returncode != 0:
                     subprocess.run([STFS, "umount", "--lazy", mp], capture_output=True, timeout=TIMEOUT)
+
+
+def wait_port(port, what, timeout=5):
+    """Waits until something accepts connections on 127.0.0.1:`port`; fails naming `what` after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(0.02)
 
 
 def tool_missing(tool, install):

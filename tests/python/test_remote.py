@@ -5,14 +5,13 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
 import safetensors
 from safetensors.numpy import save_file
 
-from conftest import mounted, tool_missing
+from conftest import mounted, tool_missing, wait_port
 
 rng = np.random.default_rng(77)
 
@@ -48,14 +47,7 @@ def nginx(tmp_path_factory):
     proc = subprocess.Popen([program, "-e", "stderr", "-p", str(d), "-c", str(d / "nginx.conf")],
                             stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "nginx did not start"
-                time.sleep(0.02)
+        wait_port(port, "nginx", timeout=5)
         yield root, f"http://127.0.0.1:{port}", d / "access.log"
     finally:
         proc.kill()

@@ -6,14 +6,13 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
 import safetensors
 from safetensors.numpy import save_file
 
-from conftest import mounted, tool_missing
+from conftest import mounted, tool_missing, wait_port
 
 KEY_ID, SECRET = "AKIASTFSPYTEST000001", "stfs-python-test-secret-0000000000000"
 
@@ -37,14 +36,7 @@ def s3(tmp_path, monkeypatch):
                              "--secret-key", SECRET, str(tmp_path / "store")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "s3s-fs did not start"
-                time.sleep(0.02)
+        wait_port(port, "s3s-fs", timeout=10)
         for name in [k for k in os.environ if k.startswith("AWS_")]:
             monkeypatch.delenv(name)
         monkeypatch.setenv("HOME", str(tmp_path))

@@ -5,16 +5,14 @@ out of the mount."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import ROOT, STFS, tool_missing
+from conftest import ROOT, STFS, tool_missing, wait_port
 from test_remote import find_nginx, free_port
 
 os.environ.setdefault("STFS_BIN", STFS)
@@ -50,14 +48,7 @@ def private(tmp_path_factory):
     proc = subprocess.Popen([program, "-e", "stderr", "-p", str(d), "-c", str(d / "nginx.conf")],
                             stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "nginx did not start"
-                time.sleep(0.02)
+        wait_port(port, "nginx", timeout=5)
         yield root, f"http://127.0.0.1:{port}/private/m.safetensors?Expires=1893456000&Signature={SIGNATURE}"
     finally:
         proc.kill()
