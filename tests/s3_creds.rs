@@ -290,12 +290,8 @@ fn short_lived_credentials_are_fetched_again_and_never_used_expired_and_no_secre
     let ecs = start_container_endpoint(lifetime, Arc::clone(&issued));
     let gate = expiry_gate(server.port, Arc::clone(&issued), Arc::clone(&accepted));
     let url = format!("s3://{BUCKET}/m.safetensors");
-    let vars = [
-        ("AWS_ENDPOINT_URL", gate.endpoint()),
-        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
-        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
-        ("RUST_LOG", "trace".to_string()),
-    ];
+    let mut vars = container_vars(gate.endpoint(), &ecs);
+    vars.push(("RUST_LOG", "trace".to_string()));
     // In the foreground with debug logging (-d), every line of the log kept in a file.
     let (dir, path) = S3Mount::point();
     let log_path = home.path().join("stfs.log");
@@ -453,6 +449,16 @@ fn start_stalling_container_endpoint(
     })
 }
 
+/// The environment of a mount whose store is `endpoint` and whose credentials come from the
+/// container endpoint `ecs`, with its authorization token.
+fn container_vars(endpoint: String, ecs: &TinyHttp) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
+        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
+    ]
+}
+
 /// Mounts `url` in the background with `--timeout timeout`, its log in `log`.
 fn mount_with_timeout(url: &str, home: &Path, vars: &[(&str, String)], timeout: &str, log: &Path) -> S3Mount {
     let (dir, path) = S3Mount::point();
@@ -522,11 +528,7 @@ fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid()
     let issued = Arc::new(Mutex::new(Vec::new()));
     let stall = Arc::new(Stall::default());
     let ecs = start_stalling_container_endpoint(Duration::from_secs(120), Arc::clone(&issued), Arc::clone(&stall));
-    let vars = [
-        ("AWS_ENDPOINT_URL", server.endpoint()),
-        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
-        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
-    ];
+    let vars = container_vars(server.endpoint(), &ecs);
     let url = format!("s3://{BUCKET}/m.safetensors");
     let log_path = home.path().join("stfs.log");
     let mounted = Instant::now();
@@ -565,11 +567,7 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     let stall = Arc::new(Stall::default());
     let ecs = start_stalling_container_endpoint(lifetime, Arc::clone(&issued), Arc::clone(&stall));
     let gate = expiry_gate_counting(server.port, Arc::clone(&issued), accepted, Arc::clone(&expired));
-    let vars = [
-        ("AWS_ENDPOINT_URL", gate.endpoint()),
-        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", format!("{}/v2/credentials/stfs", ecs.url())),
-        ("AWS_CONTAINER_AUTHORIZATION_TOKEN", CONTAINER_AUTH.to_string()),
-    ];
+    let vars = container_vars(gate.endpoint(), &ecs);
     let url = format!("s3://{BUCKET}/m.safetensors");
     let log_path = home.path().join("stfs.log");
     let m = mount_with_timeout(&url, home.path(), &vars, "2s", &log_path);
