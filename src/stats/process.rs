@@ -3,6 +3,7 @@
 //! report them for any exporter.
 
 use std::fs;
+use std::sync::OnceLock;
 
 /// One reading of `/proc/self`; a figure the kernel would not give is `None` (left out of the
 /// document rather than reported as 0).
@@ -25,7 +26,7 @@ pub struct ProcessSample {
 impl ProcessSample {
     /// Reads this process's figures now (a few small `/proc` reads, no lock).
     pub fn now() -> ProcessSample {
-        let ticks = clock_ticks_per_second();
+        let Constants { ticks, page_size, boot_time_seconds } = *constants();
         let stat = fs::read_to_string("/proc/self/stat").ok();
         let fields = stat.as_deref().and_then(stat_fields_after_comm);
         let field = |n: usize| fields.as_ref().and_then(|f| f.get(n)).and_then(|v| v.parse::<u64>().ok());
@@ -36,10 +37,10 @@ impl ProcessSample {
         ProcessSample {
             cpu_user_micros: micros(utime),
             cpu_system_micros: micros(stime),
-            resident_bytes: rss.zip(page_size()).map(|(pages, size)| pages.saturating_mul(size)),
+            resident_bytes: rss.zip(page_size).map(|(pages, size)| pages.saturating_mul(size)),
             open_fds: fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64),
             max_fds: soft_nofile_limit(),
-            start_time_seconds: boot_time_seconds().zip(start.zip(ticks)).map(|(boot, (s, t))| boot + s / t),
+            start_time_seconds: boot_time_seconds.zip(start.zip(ticks)).map(|(boot, (s, t))| boot + s / t),
         }
     }
 
@@ -65,6 +66,23 @@ impl ProcessSample {
 fn stat_fields_after_comm(line: &str) -> Option<Vec<String>> {
     let (_, rest) = line.rsplit_once(')')?;
     Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// What does not change while the system runs, read once.
+#[derive(Clone, Copy)]
+struct Constants {
+    ticks: Option<u64>,
+    page_size: Option<u64>,
+    boot_time_seconds: Option<u64>,
+}
+
+fn constants() -> &'static Constants {
+    static CONSTANTS: OnceLock<Constants> = OnceLock::new();
+    CONSTANTS.get_or_init(|| Constants {
+        ticks: clock_ticks_per_second(),
+        page_size: page_size(),
+        boot_time_seconds: boot_time_seconds(),
+    })
 }
 
 fn clock_ticks_per_second() -> Option<u64> {
