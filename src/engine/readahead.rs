@@ -491,10 +491,4 @@ mod tests {
         );
         assert_eq!(chunk_blocks(1, 64 * kib, REMOTE_LANES), MIN_PREFETCH_CHUNK_BYTES / (64 * kib));
     }
-
-    #[test]
-    fn a_remote_stream_has_more_lanes_than_a_local_one() {
-        let config = ReadaheadConfig::new(4 << 20, 512 << 20);
-        assert_eq!((config.lanes, config.remote_lanes), (LANES, REMOTE_LANES));
-    }
 }

@@ -2,7 +2,7 @@
 //! what it was asked.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -26,6 +26,11 @@ pub(crate) struct FakeSource {
     pub(crate) piece: AtomicU64,
     /// With a gate, a multi-block read hands out its first block, then waits until it is open.
     gate: Option<(Mutex<bool>, Condvar)>,
+    /// Whether it says it is remote (as an HTTP or object-store source does).
+    pub(crate) remote: AtomicBool,
+    /// Reads running now, and the most that ever ran at once.
+    in_flight: AtomicUsize,
+    pub(crate) most_in_flight: AtomicUsize,
 }
 
 impl FakeSource {
@@ -42,7 +47,8 @@ impl FakeSource {
 
     fn with_gate(data: Vec<u8>, latency: Duration, gate: Option<(Mutex<bool>, Condvar)>) -> FakeSource {
         let (reads, failures_left, piece) = (Mutex::new(Vec::new()), AtomicUsize::new(0), AtomicU64::new(0));
-        FakeSource { data, reads, latency, failures_left, piece, gate }
+        let (remote, in_flight, most_in_flight) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicUsize::new(0));
+        FakeSource { data, reads, latency, failures_left, piece, gate, remote, in_flight, most_in_flight }
     }
 
     /// Lets held reads go on (and later ones through).
@@ -90,6 +96,9 @@ impl Source for Arc<FakeSource> {
     fn name(&self) -> &str {
         "fake"
     }
+    fn remote(&self) -> bool {
+        self.remote.load(Relaxed)
+    }
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
         Ok(Box::new(FakeReader(Arc::clone(self))))
     }
@@ -120,7 +129,10 @@ impl SourceReader for FakeReader {
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let fake = &self.0;
         lock(&fake.reads).push((offset, buf.len()));
+        let now = fake.in_flight.fetch_add(1, Relaxed) + 1;
+        fake.most_in_flight.fetch_max(now, Relaxed);
         std::thread::sleep(fake.latency);
+        fake.in_flight.fetch_sub(1, Relaxed);
         let injected = fake.failures_left.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
         if injected.is_ok() {
             return Err(io::Error::other("injected failure"));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::test_support::{assert_whole_blocks, fake, FakeSource};
-use super::tuning::{FILE_START_WINDOW_BYTES, LANES, PREFETCH_CHUNK_BYTES};
+use super::tuning::{FILE_START_WINDOW_BYTES, LANES, PREFETCH_CHUNK_BYTES, REMOTE_LANES};
 use super::{Engine, EngineConfig, ReadaheadConfig};
 use crate::stats::Stats;
 use crate::util::lock;
@@ -163,6 +163,38 @@ fn prefetch_coalesces_neighbouring_blocks_into_chunk_reads_on_several_lanes() {
     let big = reads.iter().filter(|&&(_, n)| n as u64 >= PREFETCH_CHUNK_BYTES / 2).count();
     assert!(big >= 2, "prefetch read big runs: {reads:?} {stats:?}");
     assert!(counter(&stats.backing_reads) < 4 * chunk_blocks / 4, "{reads:?}");
+}
+
+/// The most backing reads that ran at once while one reader went through a 64 MiB source whose
+/// every read takes 20 ms, with 32 I/O threads (more than any stream's lanes).
+fn most_reads_at_once(remote: bool) -> usize {
+    let bs = 1 << 20;
+    let source = fake(64 << 20, Duration::from_millis(20));
+    source.remote.store(remote, Relaxed);
+    let (engine, _stats) = engine(bs, 1 << 30, 32);
+    let id = engine.add_source(Arc::new(Arc::clone(&source)));
+    let whole = 0..source.data.len() as u64;
+    let mut offset = 0;
+    while offset < whole.end {
+        let got = engine.read_in(id, whole.clone(), offset, 1 << 20, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, &source.data[offset as usize..][..got.len()]);
+        offset += got.len() as u64;
+    }
+    drop(engine);
+    source.most_in_flight.load(Relaxed)
+}
+
+#[test]
+fn a_remote_sources_stream_prefetches_on_more_lanes_than_a_local_ones() {
+    // Each lane is one descriptor (a connection, for a remote source) with one read at a time,
+    // and the reader's own load is one more.
+    let local = most_reads_at_once(false);
+    let remote = most_reads_at_once(true);
+    assert!(local <= LANES + 1, "a local stream ran {local} reads at once");
+    assert!(
+        remote > LANES + 1 && remote <= REMOTE_LANES + 1,
+        "a remote stream ran {remote} reads at once (local {local})"
+    );
 }
 
 #[test]
