@@ -540,8 +540,11 @@ fn two_daemons_sharing_a_cache_directory_never_take_an_extent_being_published_fo
     disk.rename_delay_ms.store(100, std::sync::atomic::Ordering::SeqCst);
     let args = ["--cache-dir", cache.to_str().unwrap(), "--block-size", "64K"];
     let (a, b) = (Mount::new(&path, &args), Mount::new(&path, &args));
+    // Counted in the slow disk's backing directory: the slow disk lists a directory afresh for each
+    // readdir call, so a listing through it that spans calls can skip an entry while temporary
+    // files come and go beside the records.
     let records = || {
-        let dir = cache.join("extents");
+        let dir = work.path().join("disk").join(cache.strip_prefix(&disk.path).unwrap()).join("extents");
         let files = if dir.is_dir() { walk(&dir) } else { vec![] };
         files.iter().filter(|p| p.to_string_lossy().ends_with(".meta")).count()
     };

@@ -363,6 +363,9 @@ impl Filesystem for SlowDisk {
         }
     }
 
+    /// Lists the backing directory afresh at each call and resumes at `offset` by position, so a
+    /// listing that takes several calls while entries come and go may skip or repeat one: count
+    /// what a test must count exactly in the backing directory.
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some(path) = self.path(ino.0) else { return reply.error(Errno::ENOENT) };
         let mut entries = vec![(ino.0, FileType::Directory, ".".into()), (1, FileType::Directory, "..".into())];
