@@ -81,7 +81,6 @@ import os
 import selectors
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -146,16 +145,6 @@ def parse_args(argv=None):
 
 # --- the measured process --------------------------------------------------------------------------
 
-def safetensors_header(path):
-    """(data offset, [(name, dtype, shape, start, end)] in file order) of a .safetensors file."""
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    header.pop("__metadata__", None)
-    tensors = sorted(((k, v["dtype"], v["shape"], *v["data_offsets"]) for k, v in header.items()), key=lambda t: t[3])
-    return 8 + length, tensors
-
-
 def floor_setup(prep):
     """What a floor worker does before "ready": (state for floor_run)."""
     import torch
@@ -166,7 +155,11 @@ def floor_setup(prep):
         held = [(name, t.clone()) for name, t in loaded.items()]  # anonymous memory, every page written
         del loaded
         return {"tensors": held}
-    base, tensors = safetensors_header(prep["path"])
+    import checkpoint
+
+    absolute = checkpoint.read_header(prep["path"])  # file order, offsets from the file's start
+    base = min((start for *_, start, _ in absolute), default=0)  # where the data begins
+    tensors = [(name, dtype, shape, start - base, end - base) for name, dtype, shape, start, end in absolute]
     size = max((end for *_, end in tensors), default=0)
     state = {"base": base, "tensors": tensors, "buf": torch.empty(size, dtype=torch.uint8, device="cpu")}
     if prep.get("threads", 1) > 1:
