@@ -31,7 +31,14 @@ pub(crate) struct FakeSource {
     /// Reads running now, and the most that ever ran at once.
     in_flight: AtomicUsize,
     pub(crate) most_in_flight: AtomicUsize,
+    /// After its latency, a read waits (at most [`HOLD_AT_MOST`]) until this many run at once (0:
+    /// never), so the most at once counts what the engine starts together, not how the threads
+    /// running them happened to be scheduled.
+    pub(crate) hold_until_in_flight: AtomicUsize,
 }
+
+/// The longest a read waits for others to join it ([`FakeSource::hold_until_in_flight`]).
+const HOLD_AT_MOST: Duration = Duration::from_millis(150);
 
 impl FakeSource {
     /// A source of `data` whose reads each take `latency`.
@@ -48,7 +55,19 @@ impl FakeSource {
     fn with_gate(data: Vec<u8>, latency: Duration, gate: Option<(Mutex<bool>, Condvar)>) -> FakeSource {
         let (reads, failures_left, piece) = (Mutex::new(Vec::new()), AtomicUsize::new(0), AtomicU64::new(0));
         let (remote, in_flight, most_in_flight) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicUsize::new(0));
-        FakeSource { data, reads, latency, failures_left, piece, gate, remote, in_flight, most_in_flight }
+        let hold_until_in_flight = AtomicUsize::new(0);
+        FakeSource {
+            data,
+            reads,
+            latency,
+            failures_left,
+            piece,
+            gate,
+            remote,
+            in_flight,
+            most_in_flight,
+            hold_until_in_flight,
+        }
     }
 
     /// Lets held reads go on (and later ones through).
@@ -132,6 +151,12 @@ impl SourceReader for FakeReader {
         let now = fake.in_flight.fetch_add(1, Relaxed) + 1;
         fake.most_in_flight.fetch_max(now, Relaxed);
         std::thread::sleep(fake.latency);
+        let held_since = std::time::Instant::now();
+        while fake.in_flight.load(Relaxed) < fake.hold_until_in_flight.load(Relaxed)
+            && held_since.elapsed() < HOLD_AT_MOST
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         fake.in_flight.fetch_sub(1, Relaxed);
         let injected = fake.failures_left.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
         if injected.is_ok() {

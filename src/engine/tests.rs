@@ -166,11 +166,13 @@ fn prefetch_coalesces_neighbouring_blocks_into_chunk_reads_on_several_lanes() {
 }
 
 /// The most backing reads that ran at once while one reader went through a 64 MiB source whose
-/// every read takes 20 ms, with 32 I/O threads (more than any stream's lanes).
+/// every read takes 20 ms and then waits for more to join it until `LANES + 2` run at once (at most
+/// 150 ms), with 32 I/O threads (more than any stream's lanes).
 fn most_reads_at_once(remote: bool) -> usize {
     let bs = 1 << 20;
     let source = fake(64 << 20, Duration::from_millis(20));
     source.remote.store(remote, Relaxed);
+    source.hold_until_in_flight.store(LANES + 2, Relaxed);
     let (engine, _stats) = engine(bs, 1 << 30, 32);
     let id = engine.add_source(Arc::new(Arc::clone(&source)));
     let whole = 0..source.data.len() as u64;
