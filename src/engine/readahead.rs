@@ -18,7 +18,10 @@
 //! (TCP slow start, as in mountpoint-s3 and hf-mount). After every read the stream asks for the
 //! blocks from just past the read up to `window` blocks past the cursor's block, skipping those it
 //! asked for before. Prefetch stops at the end of the file being read until the stream goes
-//! straight on into the next one.
+//! straight on into the next one (a request for the next file's tail, which the kernel can send
+//! before the rest of the file, counts as going on into it but leaves the cursor where it was).
+//! Blocks the cursor has left [`DROP_BEHIND_SLACK`] behind are reported consumed, for the cache
+//! to reuse their memory.
 //!
 //! When the engine cannot carry out a prefetch (its queue is full, or the cache has no room that is
 //! not holding unread data), it calls [`Readahead::refused`]: the window halves and the refused
@@ -30,9 +33,9 @@
 use std::ops::Range;
 
 use super::tuning::{
-    max_window_bytes, BACK_SLACK, CONFIRM_SLACK, FILE_START_WINDOW_BYTES, FORWARD_SLACK, INITIAL_WINDOW_BYTES, LANES,
-    MAX_STREAMS, MAX_WINDOW_BYTES, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES, REMOTE_LANES,
-    REMOTE_MAX_WINDOW_BYTES,
+    max_window_bytes, BACK_SLACK, CONFIRM_SLACK, DROP_BEHIND_SLACK, FILE_START_WINDOW_BYTES, FORWARD_SLACK,
+    INITIAL_WINDOW_BYTES, LANES, MAX_STREAMS, MAX_WINDOW_BYTES, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES,
+    REMOTE_LANES, REMOTE_MAX_WINDOW_BYTES,
 };
 
 /// Tuning of the readahead; [`ReadaheadConfig::new`] gives the defaults.
@@ -52,6 +55,9 @@ pub struct ReadaheadConfig {
     pub back_slack: u64,
     /// Bytes after a cursor that a read may start at and still continue the stream.
     pub forward_slack: u64,
+    /// Bytes behind a cursor a block must end before it is reported consumed (at least the back
+    /// slack is used).
+    pub drop_behind_slack: u64,
     /// Bytes either side of an unconfirmed stream's cursor that a read may start at to confirm it
     /// (capped by the two slacks above).
     pub confirm_slack: u64,
@@ -77,6 +83,7 @@ impl ReadaheadConfig {
             max_streams: MAX_STREAMS,
             back_slack: BACK_SLACK,
             forward_slack: FORWARD_SLACK,
+            drop_behind_slack: DROP_BEHIND_SLACK,
             confirm_slack: CONFIRM_SLACK,
             initial_window_blocks: (INITIAL_WINDOW_BYTES / block_size).max(1),
             file_start_window_blocks: FILE_START_WINDOW_BYTES.div_ceil(block_size).max(LANES as u64),
@@ -96,7 +103,7 @@ pub struct Decision {
     /// The stream's readahead window in blocks (for a first read from a file's start, the blocks
     /// that read prefetches): how far ahead the stream wants data, which sizes its prefetch reads.
     pub window_blocks: u64,
-    /// Blocks this stream read from their first byte and has now left more than the backward
+    /// Blocks this stream read from their first byte and has now left more than the drop-behind
     /// slack behind: it will not come back for them, so their memory may be reused (drop-behind).
     /// A block the stream started in the middle of is never included: its head belongs to whatever
     /// comes before (often another tensor, read by another process).
@@ -181,9 +188,28 @@ impl Readahead {
         extent: Range<u64>,
     ) -> Decision {
         let bs = config.block_size;
-        let end = offset.saturating_add(len.max(1));
-        let last_block = (end - 1) / bs;
         let extent_end = extent.end;
+        // Crossing means reading a file to its end and going straight on into the next one; a
+        // jump to another file within the slack is just a read of that file. (Within the back slack
+        // of the end: the last reads of a file may still be in flight.)
+        let into_another_file = extent_end != self.extent_end;
+        let finished = self.cursor.saturating_add(config.back_slack) >= self.extent_end;
+        // The kernel can ask for a file's last pages before the rest: np.fromfile's one read() of
+        // a 16 MiB + 8 KiB tensor file reached the daemon as a request for the last 8 KiB, then,
+        // once that was answered, the file from its start. Ending the file right after the one
+        // this stream has just finished, that request is the file's tail, not the reader's
+        // position: the stream crosses into the file, its cursor stays, and the file's first read
+        // continues it. (Moving the cursor to the tail left the file's own reads behind it, a new
+        // stream per file: two round trips per file before its prefetch started.)
+        let next_file = extent.start.abs_diff(self.extent_end) <= bs;
+        let tail_first = self.confirmed
+            && into_another_file
+            && finished
+            && next_file
+            && offset > extent.start
+            && offset.saturating_add(len.max(1)) >= extent_end;
+        let end = if tail_first { self.cursor } else { offset.saturating_add(len.max(1)) };
+        let last_block = (end - 1) / bs;
         let max_window = config.max_window_blocks;
         let entered_new_block = last_block > (self.cursor - 1) / bs;
         if !self.confirmed {
@@ -200,12 +226,8 @@ impl Readahead {
         } else if entered_new_block && max_window > 0 {
             self.window_blocks = self.window_blocks.saturating_mul(2).clamp(1, max_window);
         }
-        if extent_end != self.extent_end {
-            // Crossing means reading a file to its end and going straight on into the next one;
-            // a jump to another file within the slack is just a read of that file.
-            // (Within the back slack of the end: the last reads of a file may still be in flight.)
-            let finished = self.cursor.saturating_add(config.back_slack) >= self.extent_end;
-            self.crossed |= finished && offset <= self.extent_end.saturating_add(bs);
+        if into_another_file {
+            self.crossed |= finished && (offset <= self.extent_end.saturating_add(bs) || tail_first);
             self.extent_end = extent_end;
         }
         self.cursor = self.cursor.max(end);
@@ -216,7 +238,7 @@ impl Readahead {
         let start = self.next_prefetch.max(last_block + 1);
         let prefetch = if start < target_end { start..target_end } else { 0..0 };
         self.next_prefetch = self.next_prefetch.max(prefetch.end);
-        let left_behind = self.cursor.saturating_sub(config.back_slack) / bs;
+        let left_behind = self.cursor.saturating_sub(config.drop_behind_slack.max(config.back_slack)) / bs;
         let consumed = if self.consumed_until < left_behind { self.consumed_until..left_behind } else { 0..0 };
         self.consumed_until = self.consumed_until.max(left_behind);
         Decision { sequential: true, window_blocks: self.window_blocks, prefetch, consumed }
@@ -264,6 +286,7 @@ mod tests {
             remote_max_window_blocks: max_window_blocks,
             max_streams: 4,
             back_slack: 300,
+            drop_behind_slack: 0,
             forward_slack: 2 * BS,
             confirm_slack: BS,
             initial_window_blocks: 1,
@@ -376,6 +399,45 @@ mod tests {
         assert!(stream.read(12_500, 100).sequential, "400 past the cursor confirms");
         // Once confirmed, the whole forward slack applies.
         assert!(stream.read(14_500, 100).sequential);
+    }
+
+    #[test]
+    fn a_files_tail_asked_for_before_its_start_does_not_move_the_stream_past_the_file() {
+        // Two 16 MiB + 8 KiB tensor files back to back in a 4 MiB-block source; the kernel reads
+        // the second one's last 8 KiB first, then the file from its start.
+        let (mib, len) = (1u64 << 20, 64u64 << 20);
+        let config = ReadaheadConfig::new(4 * mib, 512 * mib);
+        let first = 0..16 * mib + 8192;
+        let second = first.end..first.end + first.end;
+        let (mut stream, _) = Readahead::start(&config, 0, mib, len, first.clone());
+        for at in (mib..first.end).step_by(mib as usize) {
+            stream.advance(&config, at, mib.min(first.end - at), len, first.clone());
+        }
+        let tail = second.end - 8192;
+        assert!(stream.distance(&config, tail).is_some(), "within the forward slack");
+        let decision = stream.advance(&config, tail, 8192, len, second.clone());
+        assert!(decision.prefetch.is_empty() || decision.prefetch.start <= second.start / (4 * mib) + 1);
+        assert!(stream.distance(&config, second.start).is_some(), "the file's start continues the stream");
+        let decision = stream.advance(&config, second.start, mib, len, second.clone());
+        let reach = decision.prefetch.end.max(stream.next_prefetch);
+        assert!(reach * 4 * mib > second.end, "the window runs on past the second file: {decision:?}");
+    }
+
+    #[test]
+    fn a_block_is_consumed_only_when_no_request_sent_before_the_cursor_moved_on_can_still_need_it() {
+        // A 4 MiB-block remote source read in 1 MiB requests; the one at 3 MiB (block 0) reaches
+        // the engine late, after the requests sent after it (a daemon thread was descheduled).
+        let (mib, len) = (1u64 << 20, 64u64 << 20);
+        let config = ReadaheadConfig::new(4 * mib, 512 * mib);
+        let (mut stream, _) = Readahead::start(&config, 0, mib, len, 0..len);
+        let mut consumed: Vec<u64> = Vec::new();
+        for at in (1..3).chain(4..19) {
+            assert!(stream.distance(&config, at * mib).is_some());
+            consumed.extend(stream.advance(&config, at * mib, mib, len, 0..len).consumed);
+        }
+        assert!(consumed.is_empty(), "block 0 was recycled before the request at 3 MiB got its bytes");
+        consumed.extend(stream.advance(&config, 19 * mib, mib, len, 0..len).consumed);
+        assert_eq!(consumed, [0], "consumed once the cursor is 16 MiB past the block's end");
     }
 
     #[test]

@@ -13,6 +13,7 @@ fn streams(max_window_blocks: u64, max_streams: usize) -> Streams {
         remote_max_window_blocks: max_window_blocks,
         max_streams,
         back_slack: 300,
+        drop_behind_slack: 0,
         forward_slack: 2 * BS,
         confirm_slack: BS,
         initial_window_blocks: 1,

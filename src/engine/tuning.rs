@@ -120,6 +120,15 @@ pub const MAX_STREAMS: usize = 16;
 /// mountpoint-s3 and hf-mount keep behind.
 pub const BACK_SLACK: u64 = 1 << 20;
 
+/// How far behind a stream's cursor a block must end before drop-behind reuses its memory
+/// ([`crate::engine::cache::BlockCache::recycle`]). The kernel sends a reader's requests several at
+/// once (up to 1 MiB each) and the daemon's threads (16 for a URL) take them in any order, so a
+/// request can reach the engine after later ones have moved the cursor on by several MiB: a block
+/// recycled within that distance was fetched again, one whole round trip with the reader waiting
+/// (7 blocks of a 1 GiB load from `s3://` on a fresh mount, 0.35 s; docs/remote.md). 16 MiB is
+/// that many threads' requests; it only delays reuse, within a cache whose window is 128 MiB.
+pub const DROP_BEHIND_SLACK: u64 = 16 << 20;
+
 /// How far past a stream's cursor a read may start and still continue it: async readahead with
 /// `max_background` requests in flight can deliver a later READ first; 16 MiB is mountpoint-s3's
 /// and hf-mount's forward tolerance.
