@@ -1,5 +1,6 @@
 //! The background daemon's companions: the `auto_unmount` watcher, which detaches the mount when the
-//! daemon dies, and the log sent to syslog when there is no `--log-file`.
+//! daemon dies, the log sent to syslog when there is no `--log-file`, and the debug log's timeline
+//! of requests to the store.
 
 mod common;
 
@@ -113,4 +114,28 @@ fn a_missing_syslog_socket_is_no_error() {
     assert!(std::fs::read_to_string(m.file("metadata.json")).unwrap().contains("\"big\""));
     let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn the_debug_log_has_a_line_per_backing_read() {
+    let dir = workdir();
+    let (file, tensors) = fixture(dir.path());
+    let log = dir.path().join("stfs.log");
+    let args = ["--no-map", "--block-size", "1M", "--log-file", log.to_str().unwrap()];
+    let m = Mount::with_env(&file, &args, &[("RUST_LOG", Path::new("stfs=debug"))]);
+    assert_eq!(std::fs::read(m.file("big")).unwrap(), tensors[0].data);
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<_> = text.lines().filter(|l| l.contains(": backing read of blocks ")).collect();
+    // The 4 MiB tensor and the header span 5 blocks of 1 MiB, each read once, in one or more reads.
+    let mut blocks: Vec<u64> = Vec::new();
+    for line in &lines {
+        let range = line.split("backing read of blocks ").nth(1).and_then(|r| r.split(' ').next()).unwrap();
+        let (from, to) = range.split_once("..").unwrap();
+        blocks.extend(from.parse::<u64>().unwrap()..to.parse::<u64>().unwrap());
+        assert!(line.contains(file.to_str().unwrap()) && line.ends_with(" ms"), "{line}");
+    }
+    blocks.sort_unstable();
+    assert_eq!(blocks, (0..5).collect::<Vec<_>>(), "{text}");
 }

@@ -72,10 +72,19 @@ fn read_store(
         }
         Ok(())
     })();
+    let took = started.elapsed();
     Stats::add(&stats.backing_reads, 1);
     Stats::add(&stats.backing_read_bytes, bytes);
     // To the last block landed, failed reads included (a timeout is the slowest request of all).
-    stats.record_backing_latency(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+    stats.record_backing_latency(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    // One line per request to the store, for timelines (`-d`, or `RUST_LOG=stfs=debug` with
+    // `--log-file`; millisecond timestamps).
+    log::debug!(
+        "{}: backing read of blocks {first}..{} ({bytes} bytes) in {:.1} ms",
+        entry.source.name(),
+        first + count as u64,
+        took.as_secs_f64() * 1e3
+    );
     match &result {
         Ok(()) => {}
         Err(e) => {

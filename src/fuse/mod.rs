@@ -14,7 +14,7 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -33,6 +33,10 @@ const TTL: Duration = Duration::from_secs(3600);
 
 /// Requests the kernel may keep in flight; fuser's default of 16 starves parallel readahead.
 const MAX_BACKGROUND: u16 = 64;
+
+/// A kernel read that took at least this long is logged at debug level (`-d`): a reader waiting
+/// on the store, beside the backing reads' own lines.
+const SLOW_READ_LOGGED: Duration = Duration::from_millis(5);
 
 /// How long the kernel may keep the name `a` resolves to: not at all for files renewed at lookup.
 fn entry_ttl(a: &Attr) -> Duration {
@@ -327,6 +331,8 @@ impl Filesystem for FuseAdapter {
         // fuser hands the slice to `writev` as it is; nothing here reads it (the contract of
         // `read_for_kernel`).
         let mut reply = Some(reply);
+        // A kernel read that waited is logged beside the backing reads' lines (debug level).
+        let started = log::log_enabled!(log::Level::Debug).then(Instant::now);
         let sent = self.fs.read_for_kernel(ino.0, offset, size, |data| {
             let Some(reply) = reply.take() else { return };
             if let (Some(splicer), Some((file, at))) = (self.splicer.get(), data.file_range()) {
@@ -360,6 +366,9 @@ impl Filesystem for FuseAdapter {
         });
         if let (Err(e), Some(reply)) = (sent, reply) {
             reply.error(errno("read", ino.0, &e));
+        }
+        if let Some(waited) = started.map(|s| s.elapsed()).filter(|&w| w >= SLOW_READ_LOGGED) {
+            debug!("read of inode {} at {offset} ({size} bytes) took {:.1} ms", ino.0, waited.as_secs_f64() * 1e3);
         }
     }
 
