@@ -189,6 +189,7 @@ impl Readahead {
     ) -> Decision {
         let bs = config.block_size;
         let extent_end = extent.end;
+        let read_end = offset.saturating_add(len.max(1));
         // Crossing means reading a file to its end and going straight on into the next one; a
         // jump to another file within the slack is just a read of that file. (Within the back slack
         // of the end: the last reads of a file may still be in flight.)
@@ -207,8 +208,8 @@ impl Readahead {
             && finished
             && next_file
             && offset > extent.start
-            && offset.saturating_add(len.max(1)) >= extent_end;
-        let end = if tail_first { self.cursor } else { offset.saturating_add(len.max(1)) };
+            && read_end >= extent_end;
+        let end = if tail_first { self.cursor } else { read_end };
         let last_block = (end - 1) / bs;
         let max_window = config.max_window_blocks;
         let entered_new_block = last_block > (self.cursor - 1) / bs;

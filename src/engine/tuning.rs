@@ -125,7 +125,7 @@ pub const BACK_SLACK: u64 = 1 << 20;
 /// once (up to 1 MiB each) and the daemon's threads (16 for a URL) take them in any order, so a
 /// request can reach the engine after later ones have moved the cursor on by several MiB: a block
 /// recycled within that distance was fetched again, one whole round trip with the reader waiting
-/// (7 blocks of a 1 GiB load from `s3://` on a fresh mount, 0.35 s; docs/remote.md). 16 MiB is
+/// (7 blocks of a 1 GiB load from `s3://` on a fresh mount, 0.39 s; docs/remote.md). 16 MiB is
 /// that many threads' requests; it only delays reuse, within a cache whose window is 128 MiB.
 pub const DROP_BEHIND_SLACK: u64 = 16 << 20;
 
