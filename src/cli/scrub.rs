@@ -66,10 +66,9 @@ pub fn hide_secret_arguments() -> io::Result<Scrubbed> {
 /// `arg_start..arg_end` from the text of `/proc/self/stat` (fields 48 and 49; the command name,
 /// field 2, is in parentheses and may hold spaces, so fields are counted after its last `)`).
 fn argument_area(stat: &str) -> Option<Range<usize>> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after.split_ascii_whitespace().skip(48 - 3);
-    let start = fields.next()?.parse().ok()?;
-    let end = fields.next()?.parse().ok()?;
+    let fields = crate::stats::process::stat_fields_after_comm(stat)?;
+    let start = fields.get(48 - 3)?.parse().ok()?;
+    let end = fields.get(49 - 3)?.parse().ok()?;
     (start > 0 && start < end).then_some(start..end)
 }
 

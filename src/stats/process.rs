@@ -62,10 +62,11 @@ impl ProcessSample {
 }
 
 /// The space-separated fields of a `/proc/PID/stat` line after its `(comm)`, which may itself hold
-/// spaces and parentheses: everything after the last `)`.
-fn stat_fields_after_comm(line: &str) -> Option<Vec<String>> {
+/// spaces and parentheses: everything after the last `)`. The first is field (3) of proc(5),
+/// the state, so field (n) is at index n - 3.
+pub(crate) fn stat_fields_after_comm(line: &str) -> Option<Vec<&str>> {
     let (_, rest) = line.rsplit_once(')')?;
-    Some(rest.split_whitespace().map(str::to_string).collect())
+    Some(rest.split_ascii_whitespace().collect())
 }
 
 /// What does not change while the system runs, read once.
