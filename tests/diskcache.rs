@@ -377,19 +377,24 @@ fn cached_with_extents(work: &Path, nginx: &Nginx) -> (String, PathBuf, Vec<T>) 
     let tensors = fixture(0);
     write_checkpoint(&nginx.root.join("model.safetensors"), &tensors, None);
     let url = nginx.url("model.safetensors");
-    // The daemon gives its writer a bounded time after the unmount (section 13 of
-    // docs/reliability.md): on a loaded machine an extent may be left for the next mount to
-    // assemble, so read again (at most three mounts) until every tensor has its file.
+    read_until_every_extent_is_written(|| mount_cached(&url, &cache, &["--block-size", "64K"]), &cache, &tensors);
+    (url, cache, tensors)
+}
+
+/// Mounts with `mount`, reads every tensor and unmounts, until every tensor has its extent file in
+/// `cache`: the daemon gives its writer a bounded time after the unmount (section 13 of
+/// docs/reliability.md), so on a loaded machine an extent may be left for the next mount to
+/// assemble. At most three mounts.
+fn read_until_every_extent_is_written(mount: impl Fn() -> Mount, cache: &Path, tensors: &[T]) {
     for _ in 0..3 {
-        let m = mount_cached(&url, &cache, &["--block-size", "64K"]);
-        read_all_exact(&m, &tensors);
+        let m = mount();
+        read_all_exact(&m, tensors);
         unmount_and_wait(m);
-        if extent_files(&cache).len() == non_empty(&tensors).len() {
+        if extent_files(cache).len() == non_empty(tensors).len() {
             break;
         }
     }
-    assert_eq!(extent_files(&cache).len(), non_empty(&tensors).len(), "one extent file per tensor");
-    (url, cache, tensors)
+    assert_eq!(extent_files(cache).len(), non_empty(tensors).len(), "one extent file per tensor");
 }
 
 #[test]
@@ -592,9 +597,7 @@ fn opening_tensors_whose_extents_need_a_full_check_never_waits_for_it() {
     let (path, tensors) = local_checkpoint(work.path(), 3, 4 << 20);
     let (disk, cache) = slow_cache(work.path(), ".meta");
     let args = ["--cache-dir", cache.to_str().unwrap(), "--block-size", "1M", "--threads", "2"];
-    let m = Mount::new(&path, &args);
-    read_all_exact(&m, &tensors);
-    unmount_and_wait(m);
+    read_until_every_extent_is_written(|| Mount::new(&path, &args), &cache, &tensors);
     let extents = extent_files(&cache);
     assert_eq!(extents.len(), tensors.len());
     // Restored copies: other inodes, so their records no longer match and each needs a full pass.
