@@ -9,6 +9,7 @@ use super::retry::{parse_retry_after, RetryPolicy};
 use super::url::{display_name, is_hub_url, parse_http_url, resolve_location, same_origin};
 use crate::stats::Stats;
 use crate::util::lock;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION, LOCATION, RANGE, RETRY_AFTER};
@@ -18,16 +19,22 @@ use ureq::{Agent, Body};
 /// Redirect hops followed per request before giving up.
 const MAX_REDIRECTS: usize = 10;
 
-/// How long after a read timed out a read of the same bytes is taken for a repeat: the kernel asks
+/// How long after a read failed a read of the same bytes is taken for a repeat: the kernel asks
 /// again for the page a failed read needed, straight away and twice, and each repeat would
-/// otherwise hold the reader for another whole timeout.
-pub(crate) const STALL_MEMORY: Duration = Duration::from_secs(1);
+/// otherwise hold the reader for another whole timeout (a silent server) or another whole round of
+/// retries (a server answering 503 slowly).
+pub(crate) const FAILURE_MEMORY: Duration = Duration::from_secs(1);
+
+/// Failed reads remembered at once: every prefetch lane and FUSE thread of a source may fail
+/// together when its server goes silent, and one lane's failure must not make a reader's own
+/// forgotten.
+const REMEMBERED_FAILURES: usize = 64;
 
 /// The time a repeat is given, in one try: enough for a server that has woken up to answer.
 pub(crate) const REPEAT_BUDGET: Duration = Duration::from_millis(500);
 
-/// A range whose read timed out, and when.
-struct Stall {
+/// A range whose read failed, and when.
+struct RecentFailure {
     range: (u64, u64),
     at: Instant,
 }
@@ -86,8 +93,9 @@ pub(crate) struct Remote {
     timeout: Duration,
     /// While the source is being opened as part of a checkpoint: when the whole opening must end.
     opening_deadline: Mutex<Option<Instant>>,
-    /// The last read that timed out.
-    last_stall: Mutex<Option<Stall>>,
+    /// Reads that failed less than [`FAILURE_MEMORY`] ago, oldest first, at most
+    /// [`REMEMBERED_FAILURES`].
+    recent_failures: Mutex<VecDeque<RecentFailure>>,
 }
 
 impl Remote {
@@ -152,7 +160,7 @@ impl Remote {
             auth: options.auth.clone(),
             timeout: options.timeout,
             opening_deadline: Mutex::new(options.deadline),
-            last_stall: Mutex::new(None),
+            recent_failures: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -171,19 +179,25 @@ impl Remote {
         *lock(&self.opening_deadline) = None;
     }
 
-    /// Whether a read of `range` repeats one that timed out less than [`STALL_MEMORY`] ago (the
+    /// Whether a read of `range` repeats one that failed less than [`FAILURE_MEMORY`] ago (the
     /// ranges overlap): it then gets one try of [`REPEAT_BUDGET`] instead of a whole timeout.
-    pub fn repeats_a_stall(&self, (first, last): (u64, u64)) -> bool {
-        let slot = lock(&self.last_stall);
-        slot.as_ref().is_some_and(|s| s.at.elapsed() < STALL_MEMORY && first <= s.range.1 && s.range.0 <= last)
+    pub fn repeats_a_failure(&self, (first, last): (u64, u64)) -> bool {
+        let failures = lock(&self.recent_failures);
+        failures.iter().any(|f| f.at.elapsed() < FAILURE_MEMORY && first <= f.range.1 && f.range.0 <= last)
     }
 
-    /// Remembers a read of `range` that failed with `error`, if it timed out, for
-    /// [`Remote::repeats_a_stall`].
-    pub fn note_failure(&self, error: &HttpError, range: (u64, u64)) {
-        if matches!(error, HttpError::TimedOut(_)) {
-            *lock(&self.last_stall) = Some(Stall { range, at: Instant::now() });
+    /// Remembers that a read of `range` failed, for [`Remote::repeats_a_failure`]: whatever the
+    /// error, its retries and its time are spent (a timeout, a server still answering 503 at the
+    /// end, a dropped connection every try), and a repeat straight after would spend them again.
+    pub fn note_failure(&self, range: (u64, u64)) {
+        let mut failures = lock(&self.recent_failures);
+        while failures.front().is_some_and(|f| f.at.elapsed() >= FAILURE_MEMORY) {
+            failures.pop_front();
         }
+        if failures.len() == REMEMBERED_FAILURES {
+            failures.pop_front();
+        }
+        failures.push_back(RecentFailure { range, at: Instant::now() });
     }
 
     /// Runs `attempt` until it succeeds, fails permanently, the policy's tries are used up, or the

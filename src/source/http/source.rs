@@ -187,13 +187,13 @@ impl HttpStream {
         let (remote, agent, pin) = (&self.remote, &self.agent, &self.pin);
         let range = (offset, offset + bufs.iter().map(|b| b.len() as u64).sum::<u64>() - 1);
         let attempt = |deadline| fetch_range(remote, agent, pin, bufs, offset, deadline);
-        let result = if remote.repeats_a_stall(range) {
+        let result = if remote.repeats_a_failure(range) {
             remote.with_retries_within(REPEAT_BUDGET.min(remote.timeout()), 1, attempt)
         } else {
             remote.with_retries(attempt)
         };
-        if let Err(error) = &result {
-            remote.note_failure(error, range);
+        if result.is_err() {
+            remote.note_failure(range);
         }
         result.map_err(io::Error::from)
     }

@@ -330,6 +330,28 @@ fn a_silent_server_times_out_within_the_timeout_retries_included() {
 }
 
 #[test]
+fn a_repeat_of_any_read_that_failed_gets_one_try_however_many_others_failed_since() {
+    let data = pattern(100_000);
+    let server = TestServer::start(data.clone());
+    let source = HttpSource::open(&server.url("/m"), options()).unwrap();
+    let requests = || server.with(|s| s.seen.len());
+    // Two reads of different bytes fail after all their tries: a server answering 503 throughout.
+    server.with(|s| s.faults.extend(std::iter::repeat_n(Fault::Status(503, None), 10)));
+    assert!(read(&source, 20_000, 1000).is_err());
+    assert!(read(&source, 60_000, 1000).is_err());
+    assert_eq!(server.with(|s| s.faults.len()), 0, "each spent its five tries");
+    // The kernel's repeat of the first: one try, although another read failed after it.
+    server.with(|s| s.faults.extend(std::iter::repeat_n(Fault::Status(503, None), 5)));
+    let before = requests();
+    assert!(read(&source, 20_500, 1000).is_err());
+    assert_eq!(requests() - before, 1, "a repeat of a failed read gets one try, not another round of retries");
+    // Bytes nobody failed on get their whole round of retries, and a server that answers is read.
+    server.with(|s| s.faults.truncate(2));
+    assert_eq!(read(&source, 40_000, 1000).unwrap(), data[40_000..41_000]);
+    assert_eq!(read(&source, 20_000, 1000).unwrap(), data[20_000..21_000]);
+}
+
+#[test]
 fn a_repeat_of_a_read_that_timed_out_gets_a_short_try() {
     let server = TestServer::start(pattern(100_000));
     let options = HttpOptions { timeout: Duration::from_millis(1500), ..options() };
