@@ -257,6 +257,42 @@ fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
 }
 
 #[test]
+fn every_open_of_the_stats_file_reads_a_whole_document_of_its_own() {
+    use std::io::Read;
+    let (_dir, tensors, m) = mixed_mount();
+    let stats_path = m.path.join(".stfs/stats.json");
+    let reads = |doc: &[u8]| serde_json::from_slice::<serde_json::Value>(doc).unwrap()["fuse_reads"].as_u64().unwrap();
+    let before = reads(&std::fs::read(&stats_path).unwrap());
+    let mut held = std::fs::File::open(&stats_path).unwrap();
+    let held_len = held.metadata().unwrap().len();
+    let mut first = [0u8; 5];
+    held.read_exact(&mut first).unwrap();
+    for t in &tensors {
+        assert_eq!(std::fs::read(served_path(&m, &t.name)).unwrap(), t.data);
+    }
+    // Others open it meanwhile, one keeping it open: each gets a later document of its own.
+    let mut other_held = std::fs::File::open(&stats_path).unwrap();
+    let other = std::fs::read(&stats_path).unwrap();
+    assert!(reads(&other) >= before + 1 + tensors.len() as u64);
+    let (mut rest, mut chunk) = (Vec::new(), [0u8; 7]);
+    loop {
+        let n = held.read(&mut chunk).unwrap();
+        if n == 0 {
+            break;
+        }
+        rest.extend_from_slice(&chunk[..n]);
+    }
+    let whole = [&first[..], &rest].concat();
+    assert_eq!(whole.len() as u64, held_len, "{}", String::from_utf8_lossy(&whole));
+    assert_eq!(reads(&whole), before + 1, "the document taken at the first open: {}", String::from_utf8_lossy(&whole));
+    assert_eq!(held.metadata().unwrap().len(), held_len, "fstat keeps the held document's size");
+    let mut other_doc = Vec::new();
+    other_held.read_to_end(&mut other_doc).unwrap();
+    assert_eq!(other_doc.len() as u64, other_held.metadata().unwrap().len());
+    assert!(reads(&other_doc) > before + 1);
+}
+
+#[test]
 fn opening_files_needs_no_round_trip_to_the_daemon() {
     let (_dir, tensors, m) = mixed_mount();
     for _ in 0..3 {

@@ -19,6 +19,8 @@ pub enum FsError {
     IsDir,
     /// Any attempt to modify the read-only mount.
     ReadOnly,
+    /// A permission the node does not have (execute, on a file).
+    AccessDenied,
     /// The node has no such extended attribute.
     NoXattr,
     /// Extended attributes outside the `user.` namespace are not supported.
@@ -53,6 +55,7 @@ impl FsError {
             FsError::NotDir => libc::ENOTDIR,
             FsError::IsDir => libc::EISDIR,
             FsError::ReadOnly => libc::EROFS,
+            FsError::AccessDenied => libc::EACCES,
             FsError::NoXattr => libc::ENODATA,
             FsError::XattrNamespace => libc::EOPNOTSUPP,
             // What getxattr(2) and listxattr(2) answer for a buffer that is too small.
@@ -73,6 +76,7 @@ impl FsError {
             | FsError::NotDir
             | FsError::IsDir
             | FsError::ReadOnly
+            | FsError::AccessDenied
             | FsError::NoXattr
             | FsError::XattrNamespace
             | FsError::XattrTooLarge { .. } => false,
@@ -87,6 +91,7 @@ impl fmt::Display for FsError {
             FsError::NotDir => f.write_str("not a directory"),
             FsError::IsDir => f.write_str("is a directory"),
             FsError::ReadOnly => f.write_str("read-only file system"),
+            FsError::AccessDenied => f.write_str("permission denied"),
             FsError::NoXattr => f.write_str("no such attribute"),
             FsError::XattrNamespace => f.write_str("attribute namespace not supported"),
             FsError::XattrTooLarge { needed, offered } => {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::engine::Engine;
-use crate::fs::control::{is_stats, StatsFile};
+use crate::fs::control::{is_snapshot_ino, is_stats, Snapshot, StatsFile};
 use crate::source::KernelBytes;
 use crate::stats::Stats;
 use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
@@ -143,16 +143,54 @@ impl Fs {
             _ => dir.get(name).ok_or(FsError::NotFound)?,
         };
         if self.ns.node(ino).is_some_and(|n| is_stats(&n.kind)) {
-            // Every open by path looks the name up first (entry TTL 0), so each reader gets a
-            // document taken when it opened, which serves all of its reads unless another open
-            // renews it meanwhile (the kernel caches one copy per file; docs/usage.md).
-            self.control.renew();
+            // Every open by path looks the name up first (entry TTL 0), so each opener gets a
+            // document of its own, taken when it opened, under an inode of its own.
+            let (ino, snapshot) = self.control.take();
+            return Ok(self.snapshot_attr(ino, &snapshot));
         }
         self.getattr(ino)
     }
 
+    /// The attributes of the stats document's snapshot `snapshot`, inode `ino`.
+    fn snapshot_attr(&self, ino: Ino, snapshot: &Snapshot) -> Attr {
+        let b = &self.base;
+        Attr {
+            ino,
+            size: snapshot.bytes.len() as u64,
+            kind: Kind::File,
+            perm: b.file_perm,
+            nlink: 1,
+            uid: b.uid,
+            gid: b.gid,
+            mtime: snapshot.taken,
+            blksize: b.blksize,
+            renew_on_lookup: true,
+        }
+    }
+
+    /// Whether `ino` is a node of the tree or a stats snapshot the kernel may still hold.
+    fn exists(&self, ino: Ino) -> bool {
+        self.ns.node(ino).is_some() || self.snapshot(ino).is_some()
+    }
+
+    /// The stats snapshot of inode `ino`, if it is one.
+    fn snapshot(&self, ino: Ino) -> Option<Snapshot> {
+        is_snapshot_ino(ino).then(|| self.control.snapshot(ino)).flatten()
+    }
+
+    /// The kernel has forgotten inode `ino`: a stats snapshot's document goes with it (the tree's
+    /// own inodes live as long as the mount).
+    pub fn forget(&self, ino: Ino) {
+        if is_snapshot_ino(ino) {
+            self.control.forget(ino);
+        }
+    }
+
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+        if let Some(snapshot) = self.snapshot(ino) {
+            return Ok(self.snapshot_attr(ino, &snapshot));
+        }
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let b = &self.base;
         let (kind, size, perm, nlink) = match &node.kind {
@@ -174,17 +212,19 @@ impl Fs {
         if !is_stats(&node.kind) {
             return Ok(attr);
         }
-        let (doc, taken) = self.control.current();
-        Ok(Attr { size: doc.len() as u64, mtime: taken, renew_on_lookup: true, ..attr })
+        let latest = self.control.latest();
+        Ok(Attr { size: latest.bytes.len() as u64, mtime: latest.taken, renew_on_lookup: true, ..attr })
     }
 
     /// Checks that file `ino` may be opened (`write`: for writing). Files hold no per-open state:
     /// any reader may read any file at any offset without opening it first.
     pub fn open(&self, ino: Ino, write: bool) -> Result<(), FsError> {
         Stats::add(&self.stats().opens, 1);
-        let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
-        if !matches!(node.kind, NodeKind::File { .. }) {
-            return Err(FsError::IsDir);
+        if self.snapshot(ino).is_none() {
+            let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
+            if !matches!(node.kind, NodeKind::File { .. }) {
+                return Err(FsError::IsDir);
+            }
         }
         if write {
             return Err(FsError::ReadOnly);
@@ -264,10 +304,16 @@ impl Fs {
         to_kernel: bool,
         reply: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> Result<R, FsError> {
+        let stats = self.stats();
+        if let Some(snapshot) = self.snapshot(ino) {
+            Stats::add(&stats.fuse_reads, 1);
+            let bytes = read::slice_at(&snapshot.bytes, offset, size);
+            Stats::add(&stats.fuse_read_bytes, bytes.len() as u64);
+            return Ok(reply(bytes.into()));
+        }
         let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
         let NodeKind::File { content, size: file_size } = &node.kind else { return Err(FsError::IsDir) };
         let mut sent = 0;
-        let stats = self.stats();
         // Counted before the reply goes out, so a reader that looks at stats.json right after its
         // read returned sees that read.
         let counted = |data: KernelBytes<'_>| {
@@ -303,6 +349,9 @@ impl Fs {
 
     /// The tensor a file serves (raw, `.npy` or F32), for xattrs.
     fn tensor_of(&self, ino: Ino) -> Result<Option<usize>, FsError> {
+        if self.snapshot(ino).is_some() {
+            return Ok(None);
+        }
         Ok(match &self.ns.node(ino).ok_or(FsError::NotFound)?.kind {
             NodeKind::File { content: Content::Tensor(i), .. } => Some(*i),
             NodeKind::File { content: Content::Npy { tensor, .. }, .. } => Some(*tensor),
@@ -322,8 +371,7 @@ impl Fs {
         if !name.as_bytes().starts_with(b"user.") {
             // Only the user namespace exists here. Saying so (EOPNOTSUPP, not ENODATA) lets tools
             // such as `ls -l` stop asking for security.selinux on every file of the mount.
-            self.ns.node(ino).ok_or(FsError::NotFound)?;
-            return Err(FsError::XattrNamespace);
+            return Err(if self.exists(ino) { FsError::XattrNamespace } else { FsError::NotFound });
         }
         let i = self.tensor_of(ino)?.ok_or(FsError::NoXattr)?;
         let t = self.ns.tensors().get(i).ok_or(FsError::NoXattr)?;
@@ -337,14 +385,19 @@ impl Fs {
         fit(value.into_bytes(), size)
     }
 
-    /// Checks an `access` mask: any write request is refused.
-    pub fn access(&self, ino: Ino, write: bool) -> Result<(), FsError> {
-        self.ns.node(ino).ok_or(FsError::NotFound)?;
-        if write {
-            Err(FsError::ReadOnly)
-        } else {
-            Ok(())
+    /// Checks an `access` mask: any write request is refused, and so is execute on a file (files
+    /// have no execute bits; directories have them all).
+    pub fn access(&self, ino: Ino, write: bool, execute: bool) -> Result<(), FsError> {
+        if !self.exists(ino) {
+            return Err(FsError::NotFound);
         }
+        if write {
+            return Err(FsError::ReadOnly);
+        }
+        if execute && self.ns.dir(ino).is_none() {
+            return Err(FsError::AccessDenied);
+        }
+        Ok(())
     }
 
     /// Filesystem totals.

@@ -45,7 +45,7 @@ impl Source<'_> {
             Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(v[..].into())),
             Content::Checkpoint(s) => read_checkpoint(ns, engine, self.to_kernel, *s, offset, size, reply),
             Content::Bytes(bytes) => Ok(reply(slice_at(bytes, offset, size).into())),
-            Content::Stats => Ok(reply(slice_at(&control.current().0, offset, size).into())),
+            Content::Stats => Ok(reply(slice_at(&control.latest().bytes, offset, size).into())),
         }
     }
 }
@@ -146,7 +146,7 @@ fn read_with_prefix(engine: &Engine, prefix: &[u8], t: &Tensor, offset: u64, siz
 }
 
 /// `bytes[offset..offset+size]`, clipped to the slice (empty past its end).
-fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+pub(crate) fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
     let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
     let end = start.saturating_add(size as usize).min(bytes.len());
     &bytes[start..end]

@@ -230,6 +230,53 @@ fn stats_snapshot_is_renewed_by_lookup_only() {
     assert_eq!(tensors.len(), 2);
 }
 
+/// Each lookup is one opener's document, under an inode of its own: a reader that opened before
+/// another still reads its whole document, at its size, until the kernel forgets the inode (before,
+/// one shared document was renewed under the first reader, who could get a torn one).
+#[test]
+fn every_lookup_of_stats_is_a_document_of_its_own_until_forgotten() {
+    let (fs, _, _) = fixture(Views::default());
+    let control = ino(&fs, crate::tree::namespace::CONTROL_DIR);
+    let name = OsStr::new(crate::tree::namespace::STATS_NAME);
+    let first = fs.lookup(control, name).unwrap();
+    fs.read(ino(&fs, "a%2Fb"), 0, 300).unwrap();
+    let second = fs.lookup(control, name).unwrap();
+    assert_ne!(first.ino, second.ino);
+    let (a, b) = (fs.read(first.ino, 0, 1 << 20).unwrap(), fs.read(second.ino, 0, 1 << 20).unwrap());
+    assert_ne!(a, b);
+    assert_eq!((a.len() as u64, b.len() as u64), (first.size, second.size));
+    let reads = |doc: &[u8]| serde_json::from_slice::<serde_json::Value>(doc).unwrap()["fuse_reads"].clone();
+    assert_eq!((reads(&a), reads(&b)), (0.into(), 1.into()));
+    assert_eq!(fs.getattr(first.ino).unwrap(), first);
+    // The snapshot is an ordinary read-only file: no xattrs, no execute, no write.
+    assert_eq!(fs.listxattr(first.ino, 100).unwrap(), Xattr::Data(Vec::new()));
+    assert!(matches!(fs.getxattr(first.ino, OsStr::new("user.x"), 100), Err(FsError::NoXattr)));
+    assert!(matches!(fs.getxattr(first.ino, OsStr::new("security.x"), 100), Err(FsError::XattrNamespace)));
+    assert!(fs.access(first.ino, false, false).is_ok());
+    assert!(matches!(fs.access(first.ino, false, true), Err(FsError::AccessDenied)));
+    assert!(matches!(fs.open(first.ino, true), Err(FsError::ReadOnly)));
+    assert!(fs.open(first.ino, false).is_ok());
+    fs.forget(first.ino);
+    assert!(matches!(fs.getattr(first.ino), Err(FsError::NotFound)));
+    assert!(matches!(fs.read(first.ino, 0, 10), Err(FsError::NotFound)));
+    assert_eq!(fs.read(second.ino, 0, 1 << 20).unwrap(), b, "forgetting one leaves the others");
+    // Forgetting a tree inode changes nothing.
+    fs.forget(control);
+    assert!(fs.getattr(control).is_ok());
+}
+
+#[test]
+fn access_refuses_write_everywhere_and_execute_on_files() {
+    let (fs, _, _) = fixture(Views::default());
+    let (file, dir) = (ino(&fs, "a%2Fb"), crate::tree::namespace::ROOT_INO);
+    assert!(fs.access(file, false, false).is_ok());
+    assert!(matches!(fs.access(file, false, true), Err(FsError::AccessDenied)));
+    assert_eq!(FsError::AccessDenied.errno(), libc::EACCES);
+    assert!(fs.access(dir, false, true).is_ok());
+    assert!(matches!(fs.access(dir, true, false), Err(FsError::ReadOnly)));
+    assert!(matches!(fs.access(1 << 40, false, false), Err(FsError::NotFound)));
+}
+
 /// A tensor whose F32 view cannot be computed is a file that exists: its reads fail with EIO, not
 /// ENOENT (the answer before issue 13), and not with an empty file.
 #[test]

@@ -258,6 +258,12 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
+    /// The kernel drops its references to an inode: a stats.json snapshot's document goes (the
+    /// tree's inodes keep no per-lookup state). fuser's `batch_forget` calls this for each inode.
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.fs.forget(ino.0);
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
             Ok(a) => reply.entry_with_ttls(&TTL, &entry_ttl(&a), &file_attr(&a), Generation(0)),
@@ -414,7 +420,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.fs.access(ino.0, mask.contains(AccessFlags::W_OK)) {
+        match self.fs.access(ino.0, mask.contains(AccessFlags::W_OK), mask.contains(AccessFlags::X_OK)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("access", ino.0, &e)),
         }
