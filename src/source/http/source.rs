@@ -46,8 +46,8 @@ impl HttpSource {
             );
         }
         let pinned_by = match (&pin.etag, &pin.last_modified) {
-            (Some(etag), _) => format!("ETag {etag}"),
-            (None, Some(modified)) => format!("Last-Modified {modified}"),
+            (Some(etag), _) => format!("ETag {}", pin::shown_validator(etag)),
+            (None, Some(modified)) => format!("Last-Modified {}", pin::shown_validator(modified)),
             (None, None) => "its size only".to_string(),
         };
         log::info!("{}: {} bytes, pinned by {pinned_by}", remote.name, pin.size);
@@ -66,9 +66,9 @@ impl HttpSource {
         &self.prefix
     }
 
-    /// The pinned entity tag, if the server sent one.
-    pub fn etag(&self) -> Option<&str> {
-        self.pin.etag.as_deref()
+    /// The pinned entity tag, if the server sent one (bytes outside printable ASCII escaped).
+    pub fn etag(&self) -> Option<String> {
+        self.pin.etag.as_ref().map(pin::shown_validator)
     }
 
     /// The pinned Last-Modified time, if the server sent a parseable one (for the mount's attributes).
@@ -107,11 +107,12 @@ impl Source for HttpSource {
     /// not tell versions apart.
     fn cache_identity(&self) -> Option<String> {
         let pin = &self.pin;
-        let strong = pin.etag.as_deref().is_some_and(|e| !e.starts_with("W/"));
+        let strong = pin.etag.as_ref().is_some_and(|e| !e.as_bytes().starts_with(b"W/"));
         if !strong && pin.last_modified.is_none() {
             return None;
         }
-        let (etag, modified) = (pin.etag.as_deref().unwrap_or("-"), pin.last_modified.as_deref().unwrap_or("-"));
+        let shown = |value: &Option<_>| value.as_ref().map_or_else(|| "-".to_string(), pin::shown_validator);
+        let (etag, modified) = (shown(&pin.etag), shown(&pin.last_modified));
         Some(format!("http:{}\nsize={}\netag={etag}\nlast-modified={modified}", self.remote.identity_url(), pin.size))
     }
 

@@ -50,7 +50,7 @@ fn reads_are_byte_exact_and_the_prefix_saves_requests() {
     let source = HttpSource::open(&server.url("/m.safetensors"), options()).unwrap();
     assert_eq!(source.len(), 100_000);
     assert_eq!(source.header_prefix(), &data[..4096]);
-    assert_eq!(source.etag(), Some("\"v1\""));
+    assert_eq!(source.etag().as_deref(), Some("\"v1\""));
     assert!(source.modified_time().is_some());
     assert_eq!(server.seen().len(), 1);
 
@@ -205,6 +205,22 @@ fn a_replaced_object_fails_without_retrying() {
     let error = read(&source, 10_000, 100).unwrap_err();
     assert!(error.to_string().contains("changed since mount"), "{error}");
     assert_eq!(server.seen().len() - before, 1);
+}
+
+/// A server that ignores If-Match and stops sending the ETag it pinned with must not have the new
+/// bytes served: the missing validator is a change.
+#[test]
+fn a_replaced_object_whose_validators_vanish_fails() {
+    let server = TestServer::start(pattern(50_000));
+    let source = HttpSource::open(&server.url("/m"), options()).unwrap();
+    server.with(|s| {
+        s.data = pattern(50_001)[1..].to_vec();
+        s.etag = None;
+        s.last_modified = None;
+        s.ignore_preconditions = true;
+    });
+    let error = read(&source, 10_000, 100).unwrap_err();
+    assert!(error.to_string().contains("changed since mount (its ETag is gone)"), "{error}");
 }
 
 #[test]
