@@ -6,7 +6,7 @@ use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use ureq::http::header::{CONTENT_LENGTH, CONTENT_RANGE};
+use ureq::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE};
 use ureq::http::Response;
 use ureq::{Agent, Body, ResponseExt};
 
@@ -216,6 +216,7 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Insta
                     return Err(Failure::permanent(remote.protocol(detail)));
                 }
             };
+            expect_identity(remote, &response)?;
             let pin = Pin::from_headers(total, response.headers());
             let mut prefix = vec![0; last as usize + 1]; // last < prefix_len, a u32
             read_body_exact(remote, response, &mut [&mut prefix], 0)?;
@@ -228,6 +229,7 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Insta
             if declared.is_some_and(|length| length > prefix_len) {
                 return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() }));
             }
+            expect_identity(remote, &response)?;
             let headers = response.headers().clone();
             let response_uri = response.get_uri().clone();
             let mut whole = Vec::new();
@@ -293,6 +295,7 @@ fn open_range(
     if let Err(mismatch) = pin.check(response.headers()) {
         return Err(Failure::permanent(remote.changed(mismatch.to_string())));
     }
+    expect_identity(remote, &response)?;
     let content_range = content_range(remote, &response)?;
     match content_range.total {
         Some(total) if total != pin.size => {
@@ -306,6 +309,20 @@ fn open_range(
         return Err(Failure::permanent(remote.protocol(detail)));
     }
     Ok(response)
+}
+
+/// Refuses a body in a content coding (`Content-Encoding: gzip`): stfs asks for none, so such a
+/// body is not the object's bytes, even when its length is the range's. `identity` is no coding.
+fn expect_identity(remote: &Remote, response: &Response<Body>) -> Result<(), Failure> {
+    for value in response.headers().get_all(CONTENT_ENCODING) {
+        let codings = value.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii);
+        if codings.into_iter().any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")) {
+            let shown: String = value.as_bytes().escape_ascii().to_string().chars().take(40).collect();
+            let detail = format!("a body in Content-Encoding {shown}, which stfs never asks for");
+            return Err(Failure::permanent(remote.protocol(detail)));
+        }
+    }
+    Ok(())
 }
 
 /// The parsed Content-Range of a response, or a protocol failure.

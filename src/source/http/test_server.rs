@@ -53,6 +53,8 @@ pub(crate) struct State {
     pub redirects: HashMap<String, String>,
     /// Paths answered with 403 (an expired signed URL).
     pub refused: HashSet<String>,
+    /// Sent as `Content-Encoding` with every body (which stays the object's bytes).
+    pub content_encoding: Option<String>,
     /// Answer as if no precondition (`If-Match`, `If-Unmodified-Since`) had been sent.
     pub ignore_preconditions: bool,
     /// When set, data requests without exactly this Authorization value get 401.
@@ -247,6 +249,9 @@ fn plan(request: &Seen, state: &State) -> Result<(u16, String, Vec<u8>), (u16, S
     }
     if let Some(modified) = &state.last_modified {
         validators += &format!("Last-Modified: {modified}\r\n");
+    }
+    if let Some(coding) = &state.content_encoding {
+        validators += &format!("Content-Encoding: {coding}\r\n");
     }
     let len = state.data.len() as u64;
     let range = request.header("range").filter(|_| !state.ignore_range).and_then(|value| {

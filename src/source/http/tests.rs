@@ -223,6 +223,26 @@ fn a_replaced_object_whose_validators_vanish_fails() {
     assert!(error.to_string().contains("changed since mount (its ETag is gone)"), "{error}");
 }
 
+/// stfs asks for no content coding: a gzip body is not the object's bytes, at open or later, even
+/// when its length is the range's; `identity` is no coding.
+#[test]
+fn a_body_in_a_content_coding_is_refused() {
+    let data = pattern(50_000);
+    let server = TestServer::start(data.clone());
+    server.with(|s| s.content_encoding = Some("gzip".to_string()));
+    let error = HttpSource::open(&server.url("/m"), options()).unwrap_err();
+    assert!(error.to_string().contains("Content-Encoding gzip"), "{error}");
+
+    server.with(|s| s.content_encoding = Some("identity".to_string()));
+    let source = HttpSource::open(&server.url("/m"), options()).unwrap();
+    assert_eq!(read(&source, 10_000, 100).unwrap(), &data[10_000..10_100]);
+    server.with(|s| s.content_encoding = Some("identity, gzip".to_string()));
+    let before = server.seen().len();
+    let error = read(&source, 20_000, 100).unwrap_err();
+    assert!(error.to_string().contains("Content-Encoding identity, gzip"), "{error}");
+    assert_eq!(server.seen().len() - before, 1, "not retried");
+}
+
 #[test]
 fn without_an_etag_the_date_and_size_pin_the_object() {
     let server = TestServer::start(pattern(50_000));
