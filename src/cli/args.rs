@@ -389,8 +389,8 @@ pub struct StatsArgs {
 
 /// Extra help for `stfs mount`.
 const MOUNT_HELP: &str = "\
-Mount options (-o, comma-separated; each long flag works as -o name=value; a flag wins over
-the same -o option, and of a repeated -o option the last wins):
+Mount options (-o, comma-separated, a comma inside a value written \\,; each long flag works as
+-o name=value; a flag wins over the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
   kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
   layout=flat|tree, header=NAME:VALUE, header_file=PATH, token_env=VAR,

@@ -168,6 +168,16 @@ mod tests {
         let error = add_header_file(&mut HttpOptions::default(), &path).unwrap_err().to_string();
         assert!(error.starts_with(&format!("{}: line 2: ", path.display())), "{error}");
         assert!(!error.contains("s3cr3t"), "{error}");
+        // A colon later on the line: what comes before it is no name, and may be the secret.
+        std::fs::write(&path, "X-Ok: 1\n\nX-Auth user s3cr3t:x\n").unwrap();
+        let error = add_header_file(&mut HttpOptions::default(), &path).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!(
+                "{}: line 3: invalid header name before the first `:` (a header must look like 'Name: value')",
+                path.display()
+            )
+        );
         let missing = dir.path().join("none");
         let error = add_header_file(&mut HttpOptions::default(), &missing).unwrap_err().to_string();
         assert_eq!(error, format!("{}: no such file or directory", missing.display()));

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::cli::args::{InstallHelperArgs, MountArgs};
+use crate::cli::option_list;
 use crate::cli::options::MountConfig;
 use crate::cli::report::Failure;
 
@@ -88,7 +89,8 @@ pub struct HelperCall {
     pub source: String,
     /// Where to mount it.
     pub mountpoint: PathBuf,
-    /// The `-o` options, split on commas, without the ones mount(8) adds by default.
+    /// The `-o` options, split on commas (`\,` kept inside one, escaped), without the ones mount(8)
+    /// adds by default.
     pub options: Vec<String>,
     /// `-f`: check everything, mount nothing (mount(8)'s "fake").
     pub fake: bool,
@@ -129,7 +131,8 @@ pub fn parse(args: &[OsString]) -> Result<HelperCall, HelperError> {
         let arg = arg.to_str().ok_or_else(|| HelperError::NotUtf8(arg.clone()))?;
         if let Some(opts) = arg.strip_prefix("-o") {
             let opts = if opts.is_empty() { next_str(&mut rest, "-o")? } else { opts };
-            let kept = opts.split(',').filter(|o| !o.is_empty() && !DROPPED_OPTIONS.contains(o));
+            // Split as `stfs mount` will (`\,` inside a value) and joined again with the escapes kept.
+            let kept = option_list::raw_items(opts).filter(|o| !DROPPED_OPTIONS.contains(o));
             call.options.extend(kept.map(str::to_string));
         } else if let Some(kind) = arg.strip_prefix("-t") {
             let kind = if kind.is_empty() { next_str(&mut rest, "-t")? } else { kind };
@@ -256,6 +259,8 @@ mod tests {
         let call = parse(&os(&["a", "b", "-f", "-oro", "-t", "fuse.stfs"])).unwrap();
         assert!(call.fake);
         assert_eq!(call.options, ["ro"]);
+        let call = parse(&os(&["a", "b", "-o", r"rw,header=X-K: a\,b,npy"])).unwrap();
+        assert_eq!(call.options, [r"header=X-K: a\,b", "npy"], "escaped commas stay in the value");
         assert!(parse(&os(&["-h"])).unwrap().help);
     }
 

@@ -13,6 +13,7 @@ mod headers;
 mod helper;
 mod inspect;
 mod mount;
+mod option_list;
 mod options;
 mod progress;
 mod report;

@@ -10,6 +10,7 @@ use crate::checkpoint::OpenOptions;
 use crate::cli::args::{parse_duration, parse_timeout, BadDuration, MetricsArgs, MountArgs, RemoteArgs};
 use crate::cli::defaults::*;
 use crate::cli::headers::{add_env_headers, add_header_file, HeaderSourceError};
+use crate::cli::option_list;
 use crate::engine::EngineConfig;
 use crate::mount::build::{FsOptions, Owner};
 use crate::mount::session::ServeOptions;
@@ -99,6 +100,9 @@ pub enum ConfigError {
         /// The known option closest to it, if one is close.
         suggestion: Option<&'static str>,
     },
+    /// An option stfs does not know, after a `header=` one: it may be the rest of a header value cut
+    /// at a comma, so it is not shown.
+    UnknownAfterHeader,
     /// A block size that is not a power of two in range.
     BlockSize {
         /// The size asked for.
@@ -153,6 +157,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Unknown { key, suggestion: None } => {
                 write!(f, "unknown mount option `{key}` (see `stfs mount --help`)")
+            }
+            ConfigError::UnknownAfterHeader => {
+                f.write_str(r"unknown mount option after header= (write a comma inside a header value as \,)")
             }
             ConfigError::BlockSize { size } => {
                 let (lo, hi) = BLOCK_SIZE_RANGE;
@@ -493,11 +500,13 @@ const KNOWN_OPTIONS: &[&str] = &[
 ];
 
 impl DashO {
-    /// Reads comma-separated `-o` arguments; a later value of an option replaces an earlier one
-    /// (`header` adds one more).
+    /// Reads comma-separated `-o` arguments (`\,` is a comma inside a value); a later value of an
+    /// option replaces an earlier one (`header` adds one more).
     fn parse(options: &[String]) -> Result<DashO, ConfigError> {
         let mut o = DashO::default();
-        for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let mut after_header = false;
+        for opt in options.iter().flat_map(|list| option_list::items(list)) {
+            let opt = opt.as_str();
             let (key, value) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
                 None => (opt, None),
@@ -525,7 +534,10 @@ impl DashO {
                 "npy" => o.npy = switch()?,
                 "as" => o.as_dtype = text()?,
                 "layout" => o.layout = text()?,
-                "header" => o.headers.push(need()?.to_string()),
+                "header" => {
+                    o.headers.push(need()?.to_string());
+                    after_header = true;
+                }
                 "header_file" => o.header_file = need().map(|p| Some(PathBuf::from(p)))?,
                 "token_env" => o.token_env = text()?,
                 "timeout" => o.timeout = timeout()?,
@@ -558,6 +570,7 @@ impl DashO {
                 }
                 "rw" => return Err(ConfigError::ReadWrite),
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
+                _ if after_header => return Err(ConfigError::UnknownAfterHeader),
                 _ => {
                     let candidates = KNOWN_OPTIONS.iter().chain(IGNORED_OPTIONS).copied();
                     let suggestion = crate::util::suggest::closest(key, candidates);

@@ -173,3 +173,16 @@ fn metrics_options_map_to_flags_and_flags_win() {
     );
     assert!(MountConfig::from_args(args(&["metrics_file"])).is_err());
 }
+
+/// A header value may hold commas, written `\,`; an unknown option after a `header=` one may be the
+/// rest of a value cut at a comma, so the error does not show it.
+#[test]
+fn a_header_value_keeps_escaped_commas_and_its_tail_is_never_echoed() {
+    let c = MountConfig::from_args(args(&[r"header=X-Token: part1\,part2,npy"])).unwrap();
+    assert_eq!(c.remote.headers, ["X-Token: part1,part2"]);
+    assert!(c.views.npy);
+    for opts in [&[r"header=X-K:abc,SECRETTAIL12"][..], &["header=X-K:abc", "cache_size=1G,SECRETTAIL12=x"]] {
+        let e = MountConfig::from_args(args(opts)).unwrap_err().to_string();
+        assert_eq!(e, r"unknown mount option after header= (write a comma inside a header value as \,)", "{opts:?}");
+    }
+}

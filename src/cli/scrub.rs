@@ -12,6 +12,8 @@
 use std::io;
 use std::ops::Range;
 
+use super::option_list;
+
 /// The byte that replaces each byte of a secret.
 const MASK: u8 = b'*';
 
@@ -121,13 +123,12 @@ pub fn secret_ranges(block: &[u8]) -> (Vec<Range<usize>>, Scrubbed) {
     (ranges, found)
 }
 
-/// The `header=...` items of a comma-separated `-o` list, as ranges of their values.
+/// The `header=...` items of a comma-separated `-o` list (`\,` inside a value), as ranges of their
+/// values.
 fn option_headers(list: &[u8]) -> impl Iterator<Item = Range<usize>> + '_ {
-    let mut start = 0;
-    list.split(|b| *b == b',').filter_map(move |item| {
-        let here = start;
-        start += item.len() + 1;
-        item.strip_prefix(b"header=").map(|value| here + item.len() - value.len()..here + item.len())
+    option_list::item_ranges(list).into_iter().filter_map(move |item| {
+        let value = list[item.clone()].strip_prefix(b"header=")?;
+        Some(item.end - value.len()..item.end)
     })
 }
 
@@ -198,7 +199,7 @@ mod tests {
             "Authorization: Bearer abc",
             "--header=X-Key:k1",
             "-o",
-            "cache_size=1G,header=X-A: v2,threads=2",
+            r"cache_size=1G,header=X-A: v2\,v3,threads=2",
             "-oheader=X-B: v3",
             "--header-file",
             "/etc/h",
@@ -207,7 +208,7 @@ mod tests {
         ]);
         assert_eq!(
             text,
-            "stfs mount --header Authorization: ********** --header=X-Key:** -o cache_size=1G,header=X-A: **,threads=2 \
+            "stfs mount --header Authorization: ********** --header=X-Key:** -o cache_size=1G,header=X-A: ******,threads=2 \
              -oheader=X-B: ** --header-file /etc/h src /mnt"
         );
         assert_eq!(found, Scrubbed { header: true, url: false });

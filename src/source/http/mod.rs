@@ -24,7 +24,7 @@ mod source;
 mod url;
 
 #[cfg(test)]
-mod test_server;
+pub(crate) mod test_server;
 #[cfg(test)]
 mod tests;
 
@@ -34,3 +34,4 @@ pub use options::{HttpOptions, ProxySetting, Secret, DEFAULT_TIMEOUT};
 pub use retry::RetryPolicy;
 pub use source::HttpSource;
 pub use url::{display_name, UrlError};
+pub(crate) use url::{resolve_location, same_origin};

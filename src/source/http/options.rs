@@ -133,7 +133,10 @@ impl HttpOptions {
         let name = name.trim();
         let value = value.trim();
         if HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(HttpError::BadOption(format!("invalid header name {name:?}")));
+            // Not echoed either: without its colon, a line's value runs into the name.
+            return Err(HttpError::BadOption(
+                "invalid header name before the first `:` (a header must look like 'Name: value')".to_string(),
+            ));
         }
         if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
             return Err(HttpError::BadOption(format!("header {name} is set by stfs itself")));

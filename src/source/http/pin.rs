@@ -2,46 +2,51 @@
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use ureq::http::header::{HeaderMap, HeaderName, ETAG, IF_MATCH, IF_UNMODIFIED_SINCE, LAST_MODIFIED};
+use ureq::http::header::{HeaderMap, HeaderName, HeaderValue, ETAG, IF_MATCH, IF_UNMODIFIED_SINCE, LAST_MODIFIED};
 
 /// What identifies the object version that was mounted: every later response must match it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Pin {
     /// Total size from the first response.
     pub size: u64,
-    /// The entity tag, as sent (`"abc"` or `W/"abc"`).
-    pub etag: Option<String>,
-    /// The Last-Modified value, as sent (compared as text, never re-formatted).
-    pub last_modified: Option<String>,
+    /// The entity tag, as sent (`"abc"` or `W/"abc"`): raw bytes, which may be outside ASCII.
+    pub etag: Option<HeaderValue>,
+    /// The Last-Modified value, as sent (compared as bytes, never re-formatted).
+    pub last_modified: Option<HeaderValue>,
 }
 
 impl Pin {
     /// Pins the object described by the first response's headers and its total size.
     pub fn from_headers(size: u64, headers: &HeaderMap) -> Pin {
-        Pin { size, etag: header_text(headers, &ETAG), last_modified: header_text(headers, &LAST_MODIFIED) }
+        Pin { size, etag: validator(headers, &ETAG), last_modified: validator(headers, &LAST_MODIFIED) }
     }
 
     /// The precondition header that makes the server refuse (412) a changed object. A weak ETag
     /// never satisfies `If-Match` (strong comparison), so it falls back to `If-Unmodified-Since`.
-    pub fn precondition(&self) -> Option<(HeaderName, &str)> {
+    pub fn precondition(&self) -> Option<(HeaderName, &HeaderValue)> {
         match (&self.etag, &self.last_modified) {
-            (Some(etag), _) if !etag.starts_with("W/") => Some((IF_MATCH, etag)),
+            (Some(etag), _) if !is_weak(etag) => Some((IF_MATCH, etag)),
             (_, Some(modified)) => Some((IF_UNMODIFIED_SINCE, modified)),
             _ => None,
         }
     }
 
     /// Checks a later response's validators against the pin; servers that ignore preconditions
-    /// are caught here. Returns what differs.
+    /// are caught here. A validator that was pinned must be there and equal: a server that stops
+    /// sending it may be serving another version. Returns what differs.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), PinMismatch> {
-        if let (Some(pinned), Some(now)) = (&self.etag, header_text(headers, &ETAG)) {
-            if opaque_tag(pinned) != opaque_tag(&now) {
-                return Err(PinMismatch::ETag);
+        if let Some(pinned) = &self.etag {
+            match validator(headers, &ETAG) {
+                None => return Err(PinMismatch::ETagGone),
+                Some(now) if opaque_tag(pinned) != opaque_tag(&now) => return Err(PinMismatch::ETag),
+                Some(_) => {}
             }
         }
-        if let (Some(pinned), Some(now)) = (&self.last_modified, header_text(headers, &LAST_MODIFIED)) {
-            if *pinned != now {
-                return Err(PinMismatch::LastModified);
+        if let Some(pinned) = &self.last_modified {
+            match validator(headers, &LAST_MODIFIED) {
+                None => return Err(PinMismatch::LastModifiedGone),
+                Some(now) if now.as_bytes() != pinned.as_bytes() => return Err(PinMismatch::LastModified),
+                Some(_) => {}
             }
         }
         Ok(())
@@ -49,31 +54,69 @@ impl Pin {
 
     /// When the pinned version was last modified, if the server said so in a parseable form.
     pub fn modified_time(&self) -> Option<SystemTime> {
-        self.last_modified.as_deref().and_then(parse_http_date)
+        self.last_modified.as_ref().and_then(|value| value.to_str().ok()).and_then(parse_http_date)
     }
 }
 
-/// Which validator of a later response differs from the pin.
+/// Which validator of a later response differs from the pin, or is missing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PinMismatch {
     /// The entity tag (compared without its weakness marker).
     ETag,
-    /// The Last-Modified value (compared as text).
+    /// The entity tag was pinned, and the response has none.
+    ETagGone,
+    /// The Last-Modified value (compared as bytes).
     LastModified,
+    /// The Last-Modified value was pinned, and the response has none.
+    LastModifiedGone,
 }
 
 impl fmt::Display for PinMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             PinMismatch::ETag => "its ETag differs",
+            PinMismatch::ETagGone => "its ETag is gone",
             PinMismatch::LastModified => "its Last-Modified differs",
+            PinMismatch::LastModifiedGone => "its Last-Modified is gone",
         })
     }
 }
 
+/// A validator in words for logs and cache keys: printable ASCII as sent (so the usual values read
+/// as before), any other byte as `\xe9` and a backslash as `\\`, so two different validators never
+/// read the same.
+pub(crate) fn shown_validator(value: &HeaderValue) -> String {
+    let mut shown = String::new();
+    for &byte in value.as_bytes() {
+        match byte {
+            b'\\' => shown.push_str("\\\\"),
+            b' '..=b'~' => shown.push(char::from(byte)),
+            other => shown.push_str(&format!("\\x{other:02x}")),
+        }
+    }
+    shown
+}
+
+/// Whether an entity tag is weak (`W/"abc"`).
+fn is_weak(etag: &HeaderValue) -> bool {
+    etag.as_bytes().starts_with(b"W/")
+}
+
 /// The tag without its weakness marker: proxies may weaken a tag without the bytes changing.
-fn opaque_tag(etag: &str) -> &str {
-    etag.strip_prefix("W/").unwrap_or(etag)
+fn opaque_tag(etag: &HeaderValue) -> &[u8] {
+    let bytes = etag.as_bytes();
+    bytes.strip_prefix(b"W/").unwrap_or(bytes)
+}
+
+/// A validator header's raw value without surrounding whitespace, if present and not empty. Raw:
+/// a value with bytes outside ASCII (obs-text) is a validator like any other.
+fn validator(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    let trimmed = headers.get(name)?.as_bytes().trim_ascii();
+    if trimmed.is_empty() {
+        return None;
+    }
+    // A part of a valid header value is a valid header value.
+    HeaderValue::from_bytes(trimmed).ok()
 }
 
 /// A header's value as text, if present and printable.
@@ -183,9 +226,9 @@ mod tests {
     #[test]
     fn strong_etag_is_the_precondition_weak_falls_back_to_date() {
         let strong = Pin::from_headers(5, &headers(&[(ETAG, "\"v1\""), (LAST_MODIFIED, "x")]));
-        assert_eq!(strong.precondition(), Some((IF_MATCH, "\"v1\"")));
+        assert_eq!(strong.precondition(), Some((IF_MATCH, &HeaderValue::from_static("\"v1\""))));
         let weak = Pin::from_headers(5, &headers(&[(ETAG, "W/\"v1\""), (LAST_MODIFIED, "x")]));
-        assert_eq!(weak.precondition(), Some((IF_UNMODIFIED_SINCE, "x")));
+        assert_eq!(weak.precondition(), Some((IF_UNMODIFIED_SINCE, &HeaderValue::from_static("x"))));
         let bare = Pin::from_headers(5, &HeaderMap::new());
         assert_eq!(bare.precondition(), None);
     }
@@ -193,11 +236,42 @@ mod tests {
     #[test]
     fn check_spots_changed_validators() {
         let pin = Pin::from_headers(5, &headers(&[(ETAG, "\"v1\""), (LAST_MODIFIED, "a")]));
-        assert!(pin.check(&headers(&[(ETAG, "\"v1\"")])).is_ok());
-        assert!(pin.check(&headers(&[(ETAG, "W/\"v1\"")])).is_ok());
-        assert!(pin.check(&HeaderMap::new()).is_ok());
-        assert_eq!(pin.check(&headers(&[(ETAG, "\"v2\"")])), Err(PinMismatch::ETag));
-        assert_eq!(pin.check(&headers(&[(LAST_MODIFIED, "b")])), Err(PinMismatch::LastModified));
+        let both = |etag, modified| headers(&[(ETAG, etag), (LAST_MODIFIED, modified)]);
+        assert!(pin.check(&both("\"v1\"", "a")).is_ok());
+        assert!(pin.check(&both("W/\"v1\"", "a")).is_ok());
+        assert_eq!(pin.check(&both("\"v2\"", "a")), Err(PinMismatch::ETag));
+        assert_eq!(pin.check(&both("\"v1\"", "b")), Err(PinMismatch::LastModified));
+    }
+
+    /// A server that ignores If-Match and stops sending the pinned validators may be serving
+    /// another version: their absence is a mismatch, never a pass.
+    #[test]
+    fn check_refuses_a_response_without_the_pinned_validators() {
+        let pin = Pin::from_headers(5, &headers(&[(ETAG, "\"v1\""), (LAST_MODIFIED, "a")]));
+        assert_eq!(pin.check(&HeaderMap::new()), Err(PinMismatch::ETagGone));
+        assert_eq!(pin.check(&headers(&[(ETAG, " ")])), Err(PinMismatch::ETagGone));
+        assert_eq!(pin.check(&headers(&[(ETAG, "\"v1\"")])), Err(PinMismatch::LastModifiedGone));
+        assert_eq!(pin.check(&headers(&[(LAST_MODIFIED, "a")])), Err(PinMismatch::ETagGone));
+        let dated = Pin::from_headers(5, &headers(&[(LAST_MODIFIED, "a")]));
+        assert!(dated.check(&headers(&[(LAST_MODIFIED, "a")])).is_ok(), "an ETag that was never sent is not missed");
+        assert_eq!(dated.check(&HeaderMap::new()), Err(PinMismatch::LastModifiedGone));
+    }
+
+    /// An ETag with bytes outside ASCII (obs-text) is pinned, sent back and compared as bytes.
+    #[test]
+    fn validators_outside_ascii_are_pinned_as_bytes() {
+        let raw = |bytes: &[u8]| {
+            let mut map = HeaderMap::new();
+            map.insert(ETAG, HeaderValue::from_bytes(bytes).unwrap());
+            map
+        };
+        let pin = Pin::from_headers(5, &raw(b"\"\xe9v1\""));
+        let (name, value) = pin.precondition().expect("a precondition for an obs-text ETag");
+        assert_eq!((name, value.as_bytes()), (IF_MATCH, &b"\"\xe9v1\""[..]));
+        assert!(pin.check(&raw(b"\"\xe9v1\"")).is_ok());
+        assert_eq!(pin.check(&raw(b"\"\xe9v2\"")), Err(PinMismatch::ETag));
+        assert_eq!(shown_validator(pin.etag.as_ref().unwrap()), "\"\\xe9v1\"");
+        assert_eq!(shown_validator(&HeaderValue::from_static("\"v1\"")), "\"v1\"");
     }
 
     #[test]

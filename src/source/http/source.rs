@@ -6,7 +6,7 @@ use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use ureq::http::header::{CONTENT_LENGTH, CONTENT_RANGE};
+use ureq::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE};
 use ureq::http::Response;
 use ureq::{Agent, Body, ResponseExt};
 
@@ -46,8 +46,8 @@ impl HttpSource {
             );
         }
         let pinned_by = match (&pin.etag, &pin.last_modified) {
-            (Some(etag), _) => format!("ETag {etag}"),
-            (None, Some(modified)) => format!("Last-Modified {modified}"),
+            (Some(etag), _) => format!("ETag {}", pin::shown_validator(etag)),
+            (None, Some(modified)) => format!("Last-Modified {}", pin::shown_validator(modified)),
             (None, None) => "its size only".to_string(),
         };
         log::info!("{}: {} bytes, pinned by {pinned_by}", remote.name, pin.size);
@@ -66,9 +66,9 @@ impl HttpSource {
         &self.prefix
     }
 
-    /// The pinned entity tag, if the server sent one.
-    pub fn etag(&self) -> Option<&str> {
-        self.pin.etag.as_deref()
+    /// The pinned entity tag, if the server sent one (bytes outside printable ASCII escaped).
+    pub fn etag(&self) -> Option<String> {
+        self.pin.etag.as_ref().map(pin::shown_validator)
     }
 
     /// The pinned Last-Modified time, if the server sent a parseable one (for the mount's attributes).
@@ -107,11 +107,12 @@ impl Source for HttpSource {
     /// not tell versions apart.
     fn cache_identity(&self) -> Option<String> {
         let pin = &self.pin;
-        let strong = pin.etag.as_deref().is_some_and(|e| !e.starts_with("W/"));
+        let strong = pin.etag.as_ref().is_some_and(|e| !e.as_bytes().starts_with(b"W/"));
         if !strong && pin.last_modified.is_none() {
             return None;
         }
-        let (etag, modified) = (pin.etag.as_deref().unwrap_or("-"), pin.last_modified.as_deref().unwrap_or("-"));
+        let shown = |value: &Option<_>| value.as_ref().map_or_else(|| "-".to_string(), pin::shown_validator);
+        let (etag, modified) = (shown(&pin.etag), shown(&pin.last_modified));
         Some(format!("http:{}\nsize={}\netag={etag}\nlast-modified={modified}", self.remote.identity_url(), pin.size))
     }
 
@@ -215,6 +216,7 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Insta
                     return Err(Failure::permanent(remote.protocol(detail)));
                 }
             };
+            expect_identity(remote, &response)?;
             let pin = Pin::from_headers(total, response.headers());
             let mut prefix = vec![0; last as usize + 1]; // last < prefix_len, a u32
             read_body_exact(remote, response, &mut [&mut prefix], 0)?;
@@ -227,6 +229,7 @@ fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Insta
             if declared.is_some_and(|length| length > prefix_len) {
                 return Err(Failure::permanent(HttpError::RangeUnsupported { name: remote.name.clone() }));
             }
+            expect_identity(remote, &response)?;
             let headers = response.headers().clone();
             let response_uri = response.get_uri().clone();
             let mut whole = Vec::new();
@@ -292,6 +295,7 @@ fn open_range(
     if let Err(mismatch) = pin.check(response.headers()) {
         return Err(Failure::permanent(remote.changed(mismatch.to_string())));
     }
+    expect_identity(remote, &response)?;
     let content_range = content_range(remote, &response)?;
     match content_range.total {
         Some(total) if total != pin.size => {
@@ -305,6 +309,20 @@ fn open_range(
         return Err(Failure::permanent(remote.protocol(detail)));
     }
     Ok(response)
+}
+
+/// Refuses a body in a content coding (`Content-Encoding: gzip`): stfs asks for none, so such a
+/// body is not the object's bytes, even when its length is the range's. `identity` is no coding.
+fn expect_identity(remote: &Remote, response: &Response<Body>) -> Result<(), Failure> {
+    for value in response.headers().get_all(CONTENT_ENCODING) {
+        let codings = value.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii);
+        if codings.into_iter().any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")) {
+            let shown: String = value.as_bytes().escape_ascii().to_string().chars().take(40).collect();
+            let detail = format!("a body in Content-Encoding {shown}, which stfs never asks for");
+            return Err(Failure::permanent(remote.protocol(detail)));
+        }
+    }
+    Ok(())
 }
 
 /// The parsed Content-Range of a response, or a protocol failure.

@@ -53,6 +53,10 @@ pub(crate) struct State {
     pub redirects: HashMap<String, String>,
     /// Paths answered with 403 (an expired signed URL).
     pub refused: HashSet<String>,
+    /// Sent as `Content-Encoding` with every body (which stays the object's bytes).
+    pub content_encoding: Option<String>,
+    /// Answer as if no precondition (`If-Match`, `If-Unmodified-Since`) had been sent.
+    pub ignore_preconditions: bool,
     /// When set, data requests without exactly this Authorization value get 401.
     pub required_auth: Option<String>,
     pub seen: Vec<Seen>,
@@ -229,12 +233,12 @@ fn plan(request: &Seen, state: &State) -> Result<(u16, String, Vec<u8>), (u16, S
     if state.required_auth.is_some() && request.header("authorization") != state.required_auth.as_deref() {
         return Err((401, String::new()));
     }
-    if let Some(wanted) = request.header("if-match") {
+    if let Some(wanted) = request.header("if-match").filter(|_| !state.ignore_preconditions) {
         if state.etag.as_deref() != Some(wanted) {
             return Err((412, String::new()));
         }
     }
-    if let Some(wanted) = request.header("if-unmodified-since") {
+    if let Some(wanted) = request.header("if-unmodified-since").filter(|_| !state.ignore_preconditions) {
         if state.last_modified.as_deref() != Some(wanted) {
             return Err((412, String::new()));
         }
@@ -245,6 +249,9 @@ fn plan(request: &Seen, state: &State) -> Result<(u16, String, Vec<u8>), (u16, S
     }
     if let Some(modified) = &state.last_modified {
         validators += &format!("Last-Modified: {modified}\r\n");
+    }
+    if let Some(coding) = &state.content_encoding {
+        validators += &format!("Content-Encoding: {coding}\r\n");
     }
     let len = state.data.len() as u64;
     let range = request.header("range").filter(|_| !state.ignore_range).and_then(|value| {

@@ -50,7 +50,7 @@ fn reads_are_byte_exact_and_the_prefix_saves_requests() {
     let source = HttpSource::open(&server.url("/m.safetensors"), options()).unwrap();
     assert_eq!(source.len(), 100_000);
     assert_eq!(source.header_prefix(), &data[..4096]);
-    assert_eq!(source.etag(), Some("\"v1\""));
+    assert_eq!(source.etag().as_deref(), Some("\"v1\""));
     assert!(source.modified_time().is_some());
     assert_eq!(server.seen().len(), 1);
 
@@ -205,6 +205,42 @@ fn a_replaced_object_fails_without_retrying() {
     let error = read(&source, 10_000, 100).unwrap_err();
     assert!(error.to_string().contains("changed since mount"), "{error}");
     assert_eq!(server.seen().len() - before, 1);
+}
+
+/// A server that ignores If-Match and stops sending the ETag it pinned with must not have the new
+/// bytes served: the missing validator is a change.
+#[test]
+fn a_replaced_object_whose_validators_vanish_fails() {
+    let server = TestServer::start(pattern(50_000));
+    let source = HttpSource::open(&server.url("/m"), options()).unwrap();
+    server.with(|s| {
+        s.data = pattern(50_001)[1..].to_vec();
+        s.etag = None;
+        s.last_modified = None;
+        s.ignore_preconditions = true;
+    });
+    let error = read(&source, 10_000, 100).unwrap_err();
+    assert!(error.to_string().contains("changed since mount (its ETag is gone)"), "{error}");
+}
+
+/// stfs asks for no content coding: a gzip body is not the object's bytes, at open or later, even
+/// when its length is the range's; `identity` is no coding.
+#[test]
+fn a_body_in_a_content_coding_is_refused() {
+    let data = pattern(50_000);
+    let server = TestServer::start(data.clone());
+    server.with(|s| s.content_encoding = Some("gzip".to_string()));
+    let error = HttpSource::open(&server.url("/m"), options()).unwrap_err();
+    assert!(error.to_string().contains("Content-Encoding gzip"), "{error}");
+
+    server.with(|s| s.content_encoding = Some("identity".to_string()));
+    let source = HttpSource::open(&server.url("/m"), options()).unwrap();
+    assert_eq!(read(&source, 10_000, 100).unwrap(), &data[10_000..10_100]);
+    server.with(|s| s.content_encoding = Some("identity, gzip".to_string()));
+    let before = server.seen().len();
+    let error = read(&source, 20_000, 100).unwrap_err();
+    assert!(error.to_string().contains("Content-Encoding identity, gzip"), "{error}");
+    assert_eq!(server.seen().len() - before, 1, "not retried");
 }
 
 #[test]

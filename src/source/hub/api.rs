@@ -1,24 +1,29 @@
 //! The hub's repository API: which commit a revision is at and which files it holds
 //! (`GET {endpoint}/api/models/{repo}/revision/{revision}`), and small files fetched whole.
+//! Redirects are followed by hand, with the HTTP source's rule: the token and the user's headers
+//! go only to the origin (scheme, host, port) of the URL asked for.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use ureq::config::RedirectAuthHeaders;
-use ureq::http::header::AUTHORIZATION;
-use ureq::http::{HeaderName, HeaderValue, Request};
-use ureq::Agent;
+use ureq::http::header::{AUTHORIZATION, LOCATION};
+use ureq::http::{HeaderName, HeaderValue, Request, Response, Uri};
+use ureq::{Agent, Body};
 
 use super::error::HubError;
 use super::spec::{encode_path, encode_segment};
-use crate::source::http::{HttpOptions, ProxySetting, Secret};
+use crate::source::http::{resolve_location, same_origin, HttpOptions, ProxySetting, Secret};
 
 /// Largest API answer read: a repository's file list is a few hundred KB even for thousands of files.
 const MAX_API_BYTES: u64 = 32 << 20;
 
 /// Tries per API request when the hub answers 429/5xx or the connection fails.
 const API_ATTEMPTS: u32 = 3;
+
+/// Redirect hops followed per request (a file's goes to the CDN, a renamed repository's to its new
+/// name).
+const MAX_REDIRECTS: usize = 5;
 
 /// One file of a repository at a commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,8 +81,7 @@ impl HubClient {
         };
         let config = Agent::config_builder()
             .http_status_as_error(false)
-            .max_redirects(5)
-            .redirect_auth_headers(RedirectAuthHeaders::SameHost)
+            .max_redirects(0)
             .user_agent(concat!("stfs/", env!("CARGO_PKG_VERSION")))
             .proxy(proxy)
             .timeout_connect(Some(options.connect_timeout))
@@ -183,19 +187,57 @@ impl HubClient {
     }
 
     fn get_once(&self, url: &str, limit: u64) -> Result<(u16, Option<String>, Vec<u8>), HubError> {
+        let response = self.follow(url)?;
+        let status = response.status().as_u16();
+        let code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let mut body = Vec::new();
+        let mut reader = response.into_body().into_reader().take(limit + 1);
+        reader.read_to_end(&mut body).map_err(|e| HubError::Transport(e.to_string()))?;
+        if body.len() as u64 > limit {
+            return Err(HubError::Api(format!("an answer is over the limit of {limit} bytes")));
+        }
+        Ok((status, code, body))
+    }
+
+    /// Sends `GET url` and follows its redirects by hand: the token and the user's headers go to
+    /// every hop of `url`'s own origin and to no other (a CDN, another port of the same host).
+    /// Returns the first answer that is not a redirect.
+    fn follow(&self, url: &str) -> Result<Response<Body>, HubError> {
+        let origin: Uri =
+            url.parse().map_err(|_| HubError::Api("the hub URL was refused by the HTTP client".to_string()))?;
+        let mut uri = origin.clone();
+        for _hop in 0..=MAX_REDIRECTS {
+            let credentials = same_origin(&uri, &origin);
+            let response = self.send(uri.clone(), credentials)?;
+            let location = response.headers().get(LOCATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            if !matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308) || location.trim().is_empty() {
+                return Ok(response);
+            }
+            uri = resolve_location(&uri, location).ok_or_else(|| {
+                HubError::Api(format!("a redirect ({}) without a usable Location", response.status()))
+            })?;
+        }
+        Err(HubError::Api(format!("more than {MAX_REDIRECTS} redirects")))
+    }
+
+    /// One GET of `uri`, with the token and the user's headers when `credentials` is set, ending by
+    /// the opening's deadline.
+    fn send(&self, uri: Uri, credentials: bool) -> Result<Response<Body>, HubError> {
         let remaining = self.deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if remaining.is_some_and(|r| r.is_zero()) {
             return Err(HubError::Transport("no answer within the timeout (--timeout)".to_string()));
         }
-        let mut request = Request::get(url);
-        for (name, value) in &self.headers {
-            request = request.header(name, value);
-        }
-        if let Some(token) = &self.token {
-            let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
-                .map_err(|_| HubError::Api("the token holds invalid characters".to_string()))?;
-            value.set_sensitive(true);
-            request = request.header(AUTHORIZATION, value);
+        let mut request = Request::get(uri);
+        if credentials {
+            for (name, value) in &self.headers {
+                request = request.header(name, value);
+            }
+            if let Some(token) = &self.token {
+                let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
+                    .map_err(|_| HubError::Api("the token holds invalid characters".to_string()))?;
+                value.set_sensitive(true);
+                request = request.header(AUTHORIZATION, value);
+            }
         }
         let request = request.body(()).map_err(|_| HubError::Api("bad request".to_string()))?;
         // The whole exchange, body included, ends by the deadline.
@@ -206,16 +248,7 @@ impl HubClient {
             }
             None => request,
         };
-        let response = self.agent.run(request).map_err(|e| HubError::Transport(transport_detail(e)))?;
-        let status = response.status().as_u16();
-        let code = response.headers().get("x-error-code").and_then(|v| v.to_str().ok()).map(str::to_string);
-        let mut body = Vec::new();
-        let mut reader = response.into_body().into_reader().take(limit + 1);
-        reader.read_to_end(&mut body).map_err(|e| HubError::Transport(e.to_string()))?;
-        if body.len() as u64 > limit {
-            return Err(HubError::Api(format!("an answer is over the limit of {limit} bytes")));
-        }
-        Ok((status, code, body))
+        self.agent.run(request).map_err(|e| HubError::Transport(transport_detail(e)))
     }
 }
 
@@ -229,5 +262,67 @@ fn transport_detail(error: ureq::Error) -> String {
     match error {
         ureq::Error::BadUri(_) => "the hub URL was refused by the HTTP client".to_string(),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::http::test_server::TestServer;
+
+    const TOKEN: &str = "hf_TOKENSECRET";
+
+    /// A client of `hub` with a token and a user header, no proxy, short timeouts.
+    fn client(hub: &TestServer) -> HubClient {
+        let mut options = HttpOptions { proxy: ProxySetting::Direct, ..HttpOptions::default() };
+        options.connect_timeout = Duration::from_secs(2);
+        options.read_timeout = Duration::from_secs(2);
+        options.add_header_arg("X-Api-Key: HEADERSECRET").unwrap();
+        HubClient::new(&hub.url(""), Some(Secret::new(TOKEN)), &options).unwrap()
+    }
+
+    /// A file redirected to a CDN on another origin (here another port of the same host, which a
+    /// same-host rule would let through) still loads, and neither the token nor the user's headers
+    /// reach the CDN.
+    #[test]
+    fn a_redirect_to_another_origin_carries_no_credentials() {
+        let hub = TestServer::start(Vec::new());
+        let cdn = TestServer::start(b"{\"model_type\": \"t\"}".to_vec());
+        hub.with(|s| {
+            s.redirects.insert("/o/r/resolve/abc/config.json".to_string(), cdn.url("/cdn/config.json?sig=1"));
+        });
+        let body = client(&hub).fetch_file("o/r", "abc", "config.json", 1 << 20).unwrap();
+        assert_eq!(body, b"{\"model_type\": \"t\"}");
+
+        let asked = hub.seen();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].header("authorization"), Some(format!("Bearer {TOKEN}").as_str()));
+        assert_eq!(asked[0].header("x-api-key"), Some("HEADERSECRET"));
+        let served = cdn.seen();
+        assert_eq!(served.len(), 1);
+        assert_eq!(served[0].path, "/cdn/config.json?sig=1");
+        for (name, value) in &served[0].headers {
+            assert!(
+                name != "authorization" && !value.contains("TOKENSECRET") && !value.contains("HEADERSECRET"),
+                "the CDN received {name}: {value}"
+            );
+        }
+    }
+
+    /// A redirect within the hub's own origin (a renamed repository) keeps the credentials.
+    #[test]
+    fn a_redirect_within_the_origin_keeps_the_credentials() {
+        let hub = TestServer::start(b"{}".to_vec());
+        hub.with(|s| {
+            s.redirects
+                .insert("/o/old/resolve/abc/config.json".to_string(), "/o/new/resolve/abc/config.json".to_string());
+            s.required_auth = Some(format!("Bearer {TOKEN}"));
+        });
+        let body = client(&hub).fetch_file("o/old", "abc", "config.json", 1 << 20).unwrap();
+        assert_eq!(body, b"{}");
+        let seen = hub.seen();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[1].path, "/o/new/resolve/abc/config.json");
+        assert_eq!(seen[1].header("x-api-key"), Some("HEADERSECRET"));
     }
 }

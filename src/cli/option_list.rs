@@ -1,0 +1,69 @@
+//! A comma-separated `-o` list split into its options, as mount(8)-style tools do: a comma after a
+//! backslash (`\,`) stays inside the option (a header value may hold commas), and `\\` is one
+//! backslash. Any other backslash is kept as it is.
+
+use std::ops::Range;
+
+/// Where each option of `list` lies (empty ones included), its escapes still in it: the list is cut
+/// at every comma that no backslash escapes.
+pub fn item_ranges(list: &[u8]) -> Vec<Range<usize>> {
+    let mut ranges = Vec::new();
+    let (mut start, mut at) = (0, 0);
+    while at < list.len() {
+        match list[at] {
+            b'\\' if at + 1 < list.len() => at += 1,
+            b',' => {
+                ranges.push(start..at);
+                start = at + 1;
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    ranges.push(start..list.len());
+    ranges
+}
+
+/// The options of `list` as written (escapes kept, empty ones left out), to be joined with `,`
+/// again.
+pub fn raw_items(list: &str) -> impl Iterator<Item = &str> {
+    // Commas are ASCII, so every range starts and ends on a character boundary.
+    item_ranges(list.as_bytes()).into_iter().map(move |range| &list[range]).filter(|item| !item.is_empty())
+}
+
+/// The options of `list` with `\,` and `\\` resolved (empty ones left out).
+pub fn items(list: &str) -> impl Iterator<Item = String> + '_ {
+    raw_items(list).map(unescape)
+}
+
+/// An option with `\,` made `,` and `\\` made `\`.
+fn unescape(item: &str) -> String {
+    let mut plain = String::with_capacity(item.len());
+    let mut chars = item.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, chars.peek()) {
+            ('\\', Some(&next)) if next == ',' || next == '\\' => {
+                plain.push(next);
+                chars.next();
+            }
+            _ => plain.push(c),
+        }
+    }
+    plain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commas_split_unless_escaped() {
+        let split = |list| items(list).collect::<Vec<_>>();
+        assert_eq!(split("ro,,cache_size=1G,"), ["ro", "cache_size=1G"]);
+        assert_eq!(split(r"header=X-K: a\,b,npy"), ["header=X-K: a,b", "npy"]);
+        assert_eq!(split(r"header=X-K: a\\,npy"), [r"header=X-K: a\", "npy"]);
+        assert_eq!(split(r"header=X-K: a\b\"), [r"header=X-K: a\b\"]);
+        assert_eq!(raw_items(r"a\,b,c").collect::<Vec<_>>(), [r"a\,b", "c"]);
+        assert_eq!(item_ranges(b"a,,b"), [0..1, 2..2, 3..4]);
+    }
+}
