@@ -188,7 +188,10 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
         ..Default::default()
     };
     if call.verbose {
-        eprintln!("stfs: mounting {} on {} (-o {})", call.source, call.mountpoint.display(), call.options.join(","));
+        // Header values and URL secrets starred, as `ps` shows them once the mount has started.
+        let options = call.options.join(",");
+        let shown = crate::cli::scrub::starred(&[&call.source, "-o", &options]);
+        eprintln!("stfs: mounting {} on {} (-o {})", shown[0], call.mountpoint.display(), shown[2]);
     }
     if call.fake {
         let config = MountConfig::from_args(args)?;

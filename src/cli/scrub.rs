@@ -85,6 +85,16 @@ fn writable_mapping_covers(maps: &str, area: &Range<usize>) -> bool {
     })
 }
 
+/// `args` as a message may show them: the bytes [`secret_ranges`] finds in them (header values, URL
+/// passwords and query strings) starred, as `ps` shows this process's arguments.
+pub fn starred(args: &[&str]) -> Vec<String> {
+    let mut block = args.join("\0").into_bytes();
+    for range in secret_ranges(&block).0 {
+        block[range].fill(b'*');
+    }
+    block.split(|b| *b == 0).map(|arg| String::from_utf8_lossy(arg).into_owned()).collect()
+}
+
 /// The secret byte ranges of a NUL-separated argument block (`/proc/self/cmdline`): the value of
 /// each header given as `--header V`, `--header=V`, `-o header=V` or `-oheader=V` (after its `:`,
 /// or all of it without one), and in every argument naming a URL (`SCHEME://`) its password and
@@ -234,6 +244,21 @@ mod tests {
         let (plain, found) = masked(&["stfs", "mount", "https://user@host/a?", "/mnt/a?b"]);
         assert_eq!(plain, "stfs mount https://user@host/a? /mnt/a?b");
         assert_eq!(found, Scrubbed::default());
+    }
+
+    #[test]
+    fn starred_arguments_show_no_secret_and_keep_the_rest() {
+        let shown = starred(&[
+            "https://u:pw@host/m.safetensors?X-Amz-Signature=abc",
+            "-o",
+            "npy,header=X-Key: s3cr\\,et,timeout=5s",
+        ]);
+        assert_eq!(shown.len(), 3);
+        for secret in ["pw", "abc", "s3cr", "et,timeout"] {
+            assert!(!shown.iter().any(|a| a.contains(secret)), "{secret} in {shown:?}");
+        }
+        assert!(shown[0].starts_with("https://u:") && shown[0].contains("@host/m.safetensors?"), "{shown:?}");
+        assert!(shown[2].starts_with("npy,header=X-Key: *") && shown[2].ends_with(",timeout=5s"), "{shown:?}");
     }
 
     #[test]
