@@ -3,6 +3,8 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before anything here opens a descriptor: which ones the caller passed down.
+    stfs::mount::daemon::note_inherited_descriptors();
     let args = std::env::args_os().collect();
     // The arguments are copied: clear header values and URL queries from what `ps` shows (the
     // background daemon is a fork of this process and would show them for the life of the mount).

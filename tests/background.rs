@@ -139,3 +139,57 @@ fn the_debug_log_has_a_line_per_backing_read() {
     blocks.sort_unstable();
     assert_eq!(blocks, (0..5).collect::<Vec<_>>(), "{text}");
 }
+
+/// Unmounts a mount point on drop, whatever happened.
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        force_unmount(&self.0);
+    }
+}
+
+/// A descriptor the caller of `stfs mount` passes down (here the write end of a pipe, as a script
+/// waiting for the command's output through it, or a lock held by `flock stfs mount ...`) is not
+/// kept by the daemon for the life of the mount.
+#[test]
+fn the_daemon_keeps_no_descriptor_its_caller_passed_down() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    let dir = workdir();
+    let (source, _) = fixture(dir.path());
+    let mp = dir.path().join("m");
+    std::fs::create_dir(&mp).unwrap();
+    let mut ends = [0; 2];
+    // SAFETY: pipe2 fills the two ints of `ends`.
+    assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just opened and belong to nobody else.
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    let pipe_inode = std::fs::metadata(format!("/proc/self/fd/{}", read_end.as_raw_fd())).unwrap().ino();
+    let passed = write_end.as_raw_fd();
+    let mut command = Command::new(STFS);
+    command.args(["mount", source.to_str().unwrap(), mp.to_str().unwrap()]);
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: dup2 is async-signal-safe; the child gets the write end as descriptor 7, inheritable.
+    unsafe {
+        command.pre_exec(move || if libc::dup2(passed, 7) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let out = wait_output(command.spawn().unwrap(), TIMEOUT);
+    let _guard = UnmountOnDrop(mp.clone());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid = daemon_pid(&mp).expect("the daemon runs");
+    let held: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|target| target.display().to_string())
+        .collect();
+    assert!(!held.contains(&format!("pipe:[{pipe_inode}]")), "the daemon holds the caller's pipe: {held:?}");
+    // So the pipe's reader sees its end once the caller's own copy is gone.
+    drop(write_end);
+    let mut buf = [0u8; 1];
+    // SAFETY: a read into a one-byte buffer of our own.
+    assert_eq!(unsafe { libc::read(read_end.as_raw_fd(), buf.as_mut_ptr().cast(), 1) }, 0, "end of file");
+}

@@ -8,9 +8,10 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::util::describe_io;
@@ -99,9 +100,37 @@ impl std::error::Error for DaemonError {
     }
 }
 
+/// Descriptors above stderr that this process was started with, as [`note_inherited_descriptors`]
+/// found them before the process opened any of its own.
+static INHERITED: OnceLock<Vec<RawFd>> = OnceLock::new();
+
+/// Notes the descriptors above stderr this process inherited from its caller (a lock held by
+/// `flock CMD`, the write end of a pipe a script waits on), for the background daemon to close:
+/// kept, they would stay held, and the pipe's reader would wait, for the whole life of the mount.
+/// Call it first thing, before anything opens a descriptor; stfs reads what it needs from them
+/// (`--header-file /dev/fd/N`) before it forks.
+pub fn note_inherited_descriptors() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return };
+    let listed: Vec<RawFd> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    // The listing's own descriptor is closed by now, so it is no longer valid.
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    let open = listed.into_iter().filter(|&fd| fd > 2 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0);
+    let _ = INHERITED.set(open.collect());
+}
+
+/// Closes the descriptors [`note_inherited_descriptors`] found (in the daemon, after the fork).
+fn close_inherited_descriptors() {
+    for &fd in INHERITED.get().map_or(&[][..], Vec::as_slice) {
+        // SAFETY: these descriptors were open before stfs opened any, so no object of this process
+        // owns them; closing one that is already closed is a harmless EBADF.
+        unsafe { libc::close(fd) };
+    }
+}
+
 /// Forks. In the parent, waits for the child's report: [`Role::Parent`] once the mount answers, an
-/// error otherwise. In the child, returns its end of the pipe. Call before starting any thread
-/// (a thread alive at the fork is reported in the child's log: `N threads alive at fork`).
+/// error otherwise. In the child, returns its end of the pipe, having closed the descriptors the
+/// process inherited ([`note_inherited_descriptors`]). Call before starting any thread (a thread
+/// alive at the fork is reported in the child's log: `N threads alive at fork`).
 pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
     let log = match log_file {
         Some(p) => Some(open_log(p).map_err(|error| DaemonError::LogFile { path: p.to_path_buf(), error })?),
@@ -127,6 +156,7 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
             // Do not keep the caller's directory busy; every path was made absolute before the fork.
             let _ = std::env::set_current_dir("/");
             redirect_std_streams(log.as_ref()).map_err(DaemonError::Redirect)?;
+            close_inherited_descriptors();
             if let Some(threads) = threads.filter(|n| *n > 1) {
                 // The log is not set up yet; stderr is the log file (or /dev/null) by now.
                 let line = format!("stfs: warning: {threads} threads alive at fork (expected 1)\n");
