@@ -193,3 +193,32 @@ fn the_daemon_keeps_no_descriptor_its_caller_passed_down() {
     // SAFETY: a read into a one-byte buffer of our own.
     assert_eq!(unsafe { libc::read(read_end.as_raw_fd(), buf.as_mut_ptr().cast(), 1) }, 0, "end of file");
 }
+
+/// A source the caller passes down as a descriptor and names as `/dev/fd/N` stays readable: the
+/// daemon keeps the descriptors its arguments name.
+#[test]
+fn a_source_named_as_a_passed_down_descriptor_is_kept() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    let dir = workdir();
+    let (source, tensors) = fixture(dir.path());
+    let mp = dir.path().join("m");
+    std::fs::create_dir(&mp).unwrap();
+    let file = std::fs::File::open(&source).unwrap();
+    let passed = file.as_raw_fd();
+    let mut command = Command::new(STFS);
+    command.args(["mount", "/dev/fd/8", mp.to_str().unwrap()]);
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: dup2 is async-signal-safe; the child gets the checkpoint as descriptor 8.
+    unsafe {
+        command.pre_exec(move || if libc::dup2(passed, 8) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let out = wait_output(command.spawn().unwrap(), TIMEOUT);
+    let _guard = UnmountOnDrop(mp.clone());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for t in &tensors {
+        assert_eq!(std::fs::read(mp.join(&t.name)).unwrap(), t.data, "{}", t.name);
+    }
+}

@@ -107,15 +107,30 @@ static INHERITED: OnceLock<Vec<RawFd>> = OnceLock::new();
 /// Notes the descriptors above stderr this process inherited from its caller (a lock held by
 /// `flock CMD`, the write end of a pipe a script waits on), for the background daemon to close:
 /// kept, they would stay held, and the pipe's reader would wait, for the whole life of the mount.
-/// Call it first thing, before anything opens a descriptor; stfs reads what it needs from them
-/// (`--header-file /dev/fd/N`) before it forks.
+/// A descriptor that an argument or an environment variable names as a path (`/dev/fd/N`,
+/// `/proc/self/fd/N`: a source, a header file, a token file re-read at each refresh) is kept.
+/// Call it first thing, before anything opens a descriptor.
 pub fn note_inherited_descriptors() {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return };
     let listed: Vec<RawFd> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    let args = std::env::args_os().chain(std::env::vars_os().map(|(_, value)| value));
+    let named: Vec<RawFd> = args.flat_map(|a| descriptors_named(&a.to_string_lossy())).collect();
     // The listing's own descriptor is closed by now, so it is no longer valid.
     // SAFETY: F_GETFD only reads the descriptor's flags.
-    let open = listed.into_iter().filter(|&fd| fd > 2 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0);
-    let _ = INHERITED.set(open.collect());
+    let open = |fd: RawFd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+    let _ = INHERITED.set(listed.into_iter().filter(|&fd| fd > 2 && !named.contains(&fd) && open(fd)).collect());
+}
+
+/// The descriptor numbers `text` names as paths: `/dev/fd/N` or `/proc/self/fd/N`.
+fn descriptors_named(text: &str) -> Vec<RawFd> {
+    let mut found = Vec::new();
+    for prefix in ["/dev/fd/", "/proc/self/fd/"] {
+        for (at, _) in text.match_indices(prefix) {
+            let digits: String = text[at + prefix.len()..].chars().take_while(char::is_ascii_digit).collect();
+            found.extend(digits.parse::<RawFd>());
+        }
+    }
+    found
 }
 
 /// Closes the descriptors [`note_inherited_descriptors`] found (in the daemon, after the fork).
@@ -260,7 +275,14 @@ fn redirect_std_streams(log: Option<&File>) -> io::Result<()> {
 mod tests {
     use std::error::Error;
 
-    use crate::mount::daemon::DaemonError;
+    use crate::mount::daemon::{descriptors_named, DaemonError};
+
+    #[test]
+    fn descriptors_named_as_paths_are_found_anywhere_in_a_text() {
+        assert_eq!(descriptors_named("/dev/fd/3"), [3]);
+        assert_eq!(descriptors_named("npy,header_file=/proc/self/fd/12,log_file=/dev/fd/9x"), [9, 12]);
+        assert_eq!(descriptors_named("/work/dev/fd/model.safetensors /dev/fd/"), Vec::<std::os::fd::RawFd>::new());
+    }
 
     #[test]
     fn threads_are_counted() {
