@@ -175,8 +175,10 @@ impl HubClient {
         loop {
             attempt += 1;
             let delay = Duration::from_millis(200 << attempt);
+            let outcome = self.get_once(url, limit);
+            // Judged after the try, which took time of its own: the retry must start in time.
             let in_time = self.deadline.is_none_or(|d| Instant::now() + delay < d);
-            match self.get_once(url, limit) {
+            match outcome {
                 Ok((status, ..))
                     if matches!(status, 429 | 500 | 502 | 503 | 504) && attempt < API_ATTEMPTS && in_time => {}
                 Err(HubError::Transport(_)) if attempt < API_ATTEMPTS && in_time => {}
