@@ -36,7 +36,7 @@ pub enum OpenProblem {
     Shards(ShardError),
     /// A directory holds no `*.safetensors` file.
     NoShardFiles,
-    /// A remote index file is larger than any real one.
+    /// An index file is larger than any real one.
     IndexTooLarge {
         /// Its length in bytes.
         len: usize,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
+use super::index_file::{read_index_file, MAX_INDEX_SIZE};
 use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
 use crate::format::index;
 use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
@@ -120,7 +121,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
 /// The shards named by a local index file.
 fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, e))?;
+    let bytes = read_index_file(path, MAX_INDEX_SIZE).map_err(|e| OpenError::new(&name, e))?;
     let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     // One file named two ways (`a.safetensors`, `./a.safetensors`, a symbolic link to it) is one
@@ -150,9 +151,6 @@ fn open_remote(url: &str, options: &OpenOptions) -> Result<HttpSource, HttpError
     }
     HttpSource::open(url, options.http.clone())
 }
-
-/// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
-const MAX_INDEX_SIZE: usize = 64 << 20;
 
 /// A remote index whose shards are resolved relative to its URL.
 fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
@@ -209,6 +207,32 @@ mod tests {
         let err = open(short.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
         let format = err.source().and_then(|s| s.downcast_ref::<crate::format::FormatError>());
         assert!(matches!(format, Some(crate::format::FormatError::HeaderTooSmall { file_len: 3 })), "{err:?}");
+    }
+
+    /// A FIFO would block the read forever and /dev/zero never ends: a local index is refused
+    /// unless it is a regular file, and past [`MAX_INDEX_SIZE`] by its length.
+    #[test]
+    fn an_index_that_is_not_a_regular_file_or_too_large_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let fifo = std::ffi::CString::new(path("fifo.index.json").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::os::unix::fs::symlink("/dev/zero", path("zero.index.json")).unwrap();
+        let large = std::fs::File::create(path("large.index.json")).unwrap();
+        large.set_len(MAX_INDEX_SIZE as u64 + 1).unwrap(); // sparse: no disk
+        let expected = [
+            ("fifo.index.json", "is not a regular file".to_string()),
+            ("zero.index.json", "is not a regular file".to_string()),
+            (
+                "large.index.json",
+                format!("index of {} bytes is over the limit of {MAX_INDEX_SIZE}", MAX_INDEX_SIZE + 1),
+            ),
+        ];
+        for (name, problem) in expected {
+            let err = open(path(name).to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+            assert_eq!(err.to_string(), format!("{}: {problem}", path(name).display()));
+        }
     }
 
     #[test]
