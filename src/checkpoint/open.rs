@@ -88,32 +88,32 @@ fn single(shard: OpenedShard) -> Checkpoint {
     Checkpoint { shards: vec![shard], index_files: Vec::new(), repo_files: Vec::new() }
 }
 
-/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint; its
+/// Every `*.safetensors` entry of `dir`, in name order, as one checkpoint; its
 /// `*.safetensors.index.json` files come along (read whole, to be re-served), unchecked.
+///
+/// Each `*.safetensors` entry is opened whatever it is, so one that is not a readable regular file
+/// (a dangling or looping link, a FIFO, a directory) is an error naming it, as a shard an index
+/// names is, never a checkpoint served without its tensors.
 fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
-    let entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| OpenError::new(&name, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    let mut files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
-    files.sort();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .and_then(|listing| listing.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>())
+        .map_err(|e| OpenError::new(&name, e))?;
+    entries.sort();
+    let files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
     if files.is_empty() {
         return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
     }
     let mut index_files = Vec::new();
     for path in entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))) {
         // Only re-served, never interpreted: one that cannot be read is left out, not an error.
-        let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_INDEX_SIZE as u64);
-        match std::fs::read(path) {
-            Ok(bytes) if small => {
+        match read_index_file(path, MAX_INDEX_SIZE) {
+            Ok(bytes) => {
                 index_files.extend(file_name(&path.display().to_string()).map(|name| RootFile { name, bytes }))
             }
-            _ => log::warn!("{}: not re-served (unreadable or over {MAX_INDEX_SIZE} bytes)", path.display()),
+            Err(problem) => log::warn!("{}: not re-served: {problem}", path.display()),
         }
     }
-    index_files.sort_by(|a, b| a.name.cmp(&b.name));
     let shards = open_all(&files, |f| open_file(f))?;
     checked(&name, shards, None, index_files)
 }
@@ -233,6 +233,36 @@ mod tests {
             let err = open(path(name).to_str().unwrap(), &OpenOptions::default()).err().unwrap();
             assert_eq!(err.to_string(), format!("{}: {problem}", path(name).display()));
         }
+    }
+
+    /// A shard of a directory that cannot be opened fails the open, naming it, instead of leaving
+    /// its tensors out of the checkpoint (an HF cache snapshot whose blob is missing).
+    #[test]
+    fn every_safetensors_entry_of_a_directory_is_a_shard_or_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
+        std::fs::write(path("a.safetensors"), crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+        let spec = dir.path().to_str().unwrap();
+        assert_eq!(open(spec, &OpenOptions::default()).unwrap().shards.len(), 1);
+        let second = path("b.safetensors");
+        type Make<'a> = &'a dyn Fn(&Path) -> std::io::Result<()>;
+        let broken: [(Make, &str); 3] = [
+            (&|p| std::os::unix::fs::symlink(p.with_extension("gone"), p), "no such file or directory"),
+            (&|p| std::os::unix::fs::symlink(p, p), "too many levels of symbolic links"),
+            (&|p| std::fs::create_dir(p), "is a directory"),
+        ];
+        for (make, problem) in broken {
+            make(&second).unwrap();
+            let err = open(spec, &OpenOptions::default()).err().unwrap();
+            assert_eq!(err.to_string(), format!("{}: {problem}", second.display()));
+            std::fs::remove_file(&second).or_else(|_| std::fs::remove_dir(&second)).unwrap();
+        }
+        let fifo = std::ffi::CString::new(path("c.safetensors").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let err = open(spec, &OpenOptions::default()).err().unwrap();
+        assert_eq!(err.to_string(), format!("{}: is not a regular file", path("c.safetensors").display()));
     }
 
     #[test]
