@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::error::{OpenError, OpenProblem};
 use super::index_file::{read_index_file, MAX_INDEX_SIZE};
 use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
-use crate::format::index;
+use crate::format::{index, PrintablePath};
 use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
 use crate::source::object::{self, ObjectOptions};
 use crate::source::Source;
@@ -111,7 +111,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
             Ok(bytes) => {
                 index_files.extend(file_name(&path.display().to_string()).map(|name| RootFile { name, bytes }))
             }
-            Err(problem) => log::warn!("{}: not re-served: {problem}", path.display()),
+            Err(problem) => log::warn!("{}: not re-served: {problem}", PrintablePath(&path.display().to_string())),
         }
     }
     let shards = open_all(&files, |f| open_file(f))?;
@@ -263,6 +263,18 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let err = open(spec, &OpenOptions::default()).err().unwrap();
         assert_eq!(err.to_string(), format!("{}: is not a regular file", path("c.safetensors").display()));
+    }
+
+    /// A shard name of the index is shown escaped in the one-line message: no second line, no
+    /// terminal escape taken from the file.
+    #[test]
+    fn a_hostile_shard_name_stays_on_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors.index.json");
+        std::fs::write(&path, br#"{"weight_map":{"x":"model\n\u001b[2Jfake: line.safetensors"}}"#).unwrap();
+        let err = open(path.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+        let shown = r"model\n\u{1b}[2Jfake: line.safetensors: no such file or directory";
+        assert_eq!(err.to_string(), format!("{}/{shown}", dir.path().display()));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::hash::Hash;
 
 use serde::Deserialize;
 
+use super::escape::PrintablePath;
 use super::header::Header;
 
 /// A parsed index file.
@@ -112,7 +113,8 @@ impl std::error::Error for IndexError {
     }
 }
 
-/// Why several shards do not make one checkpoint.
+/// Why several shards do not make one checkpoint (shard names shown with [`PrintablePath`]: they
+/// come from the index).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShardError {
     /// Two shards hold a tensor of the same name.
@@ -146,12 +148,14 @@ impl fmt::Display for ShardError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ShardError::DuplicateTensor { tensor, first, second } => {
-                write!(f, "tensor {tensor:?} is in two shards: {first} and {second}")
+                write!(f, "tensor {tensor:?} is in two shards: {} and {}", PrintablePath(first), PrintablePath(second))
             }
             ShardError::WrongShard { tensor, listed, found } => {
+                let (listed, found) = (PrintablePath(listed), PrintablePath(found));
                 write!(f, "the index puts tensor {tensor:?} in {listed}, but it is in {found}")
             }
             ShardError::MissingTensor { tensor, listed } => {
+                let listed = PrintablePath(listed);
                 write!(f, "the index names tensor {tensor:?} in {listed}, which does not hold it")
             }
         }
@@ -272,6 +276,19 @@ mod tests {
         let err = check_shards(&names, &[&h1, &h2], Some(&missing)).unwrap_err();
         assert_eq!(err, ShardError::MissingTensor { tensor: "zzz".into(), listed: "s1".into() });
         assert_eq!(err.to_string(), r#"the index names tensor "zzz" in s1, which does not hold it"#);
+    }
+
+    /// Shard names come from the index: shown escaped, one cannot forge a line or a terminal escape.
+    #[test]
+    fn shard_names_in_messages_are_escaped() {
+        let (hostile, tensor) = ("s\n\x1b[2J".to_string(), "t".to_string());
+        let err =
+            ShardError::DuplicateTensor { tensor: tensor.clone(), first: hostile.clone(), second: "b\u{2028}".into() };
+        assert_eq!(err.to_string(), r#"tensor "t" is in two shards: s\n\u{1b}[2J and b\u{2028}"#);
+        let err = ShardError::WrongShard { tensor: tensor.clone(), listed: hostile.clone(), found: "b".into() };
+        assert_eq!(err.to_string(), r#"the index puts tensor "t" in s\n\u{1b}[2J, but it is in b"#);
+        let err = ShardError::MissingTensor { tensor, listed: hostile };
+        assert_eq!(err.to_string(), r#"the index names tensor "t" in s\n\u{1b}[2J, which does not hold it"#);
     }
 
     #[test]
