@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
-use super::index_file::{read_index_file, MAX_INDEX_SIZE};
+use super::index_file::{directory_index_files, read_index_file, MAX_DIRECTORY_INDEX_TOTAL, MAX_INDEX_SIZE};
 use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
-use crate::format::{index, PrintablePath};
+use crate::format::index;
 use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
 use crate::source::object::{self, ObjectOptions};
 use crate::source::Source;
@@ -89,7 +89,8 @@ fn single(shard: OpenedShard) -> Checkpoint {
 }
 
 /// Every `*.safetensors` entry of `dir`, in name order, as one checkpoint; its
-/// `*.safetensors.index.json` files come along (read whole, to be re-served), unchecked.
+/// `*.safetensors.index.json` files come along (read whole, to be re-served, within
+/// [`MAX_DIRECTORY_INDEX_TOTAL`] together), unchecked.
 ///
 /// Each `*.safetensors` entry is opened whatever it is, so one that is not a readable regular file
 /// (a dangling or looping link, a FIFO, a directory) is an error naming it, as a shard an index
@@ -104,16 +105,9 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     if files.is_empty() {
         return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
     }
-    let mut index_files = Vec::new();
-    for path in entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))) {
-        // Only re-served, never interpreted: one that cannot be read is left out, not an error.
-        match read_index_file(path, MAX_INDEX_SIZE) {
-            Ok(bytes) => {
-                index_files.extend(file_name(&path.display().to_string()).map(|name| RootFile { name, bytes }))
-            }
-            Err(problem) => log::warn!("{}: not re-served: {problem}", PrintablePath(&path.display().to_string())),
-        }
-    }
+    let indexes: Vec<_> =
+        entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))).collect();
+    let index_files = directory_index_files(&indexes, MAX_DIRECTORY_INDEX_TOTAL);
     let shards = open_all(&files, |f| open_file(f))?;
     checked(&name, shards, None, index_files)
 }
@@ -275,6 +269,24 @@ mod tests {
         let err = open(path.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
         let shown = r"model\n\u{1b}[2Jfake: line.safetensors: no such file or directory";
         assert_eq!(err.to_string(), format!("{}/{shown}", dir.path().display()));
+    }
+
+    /// The index files of a directory are held in the daemon's memory: bounded together, not
+    /// only one by one (three of 48 MiB: two are re-served).
+    #[test]
+    fn a_directory_re_serves_index_files_within_a_total() {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
+        std::fs::write(dir.path().join("a.safetensors"), crate::format::writer::serialize(&tensors, None).unwrap())
+            .unwrap();
+        for name in ["m1", "m2", "m3"] {
+            let index = std::fs::File::create(dir.path().join(format!("{name}.safetensors.index.json"))).unwrap();
+            index.set_len(48 << 20).unwrap(); // sparse: no disk
+        }
+        let checkpoint = open(dir.path().to_str().unwrap(), &OpenOptions::default()).unwrap();
+        let total: usize = checkpoint.index_files.iter().map(|f| f.bytes.len()).sum();
+        assert_eq!((checkpoint.index_files.len(), total), (2, 96 << 20));
+        assert!(total <= MAX_DIRECTORY_INDEX_TOTAL);
     }
 
     #[test]
