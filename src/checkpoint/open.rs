@@ -181,7 +181,14 @@ fn url_path(url: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::test_support::make_fifo;
     use std::error::Error;
+
+    /// A valid shard of one tensor at `path`.
+    fn write_shard(path: &Path) {
+        let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
+        std::fs::write(path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+    }
 
     #[test]
     fn problems_name_the_path_and_keep_their_source() {
@@ -209,9 +216,7 @@ mod tests {
     fn an_index_that_is_not_a_regular_file_or_too_large_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
-        let fifo = std::ffi::CString::new(path("fifo.index.json").into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: mkfifo reads a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        make_fifo(&path("fifo.index.json"));
         std::os::unix::fs::symlink("/dev/zero", path("zero.index.json")).unwrap();
         let large = std::fs::File::create(path("large.index.json")).unwrap();
         large.set_len(MAX_INDEX_SIZE as u64 + 1).unwrap(); // sparse: no disk
@@ -235,8 +240,7 @@ mod tests {
     fn every_safetensors_entry_of_a_directory_is_a_shard_or_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
-        let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
-        std::fs::write(path("a.safetensors"), crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+        write_shard(&path("a.safetensors"));
         let spec = dir.path().to_str().unwrap();
         assert_eq!(open(spec, &OpenOptions::default()).unwrap().shards.len(), 1);
         let second = path("b.safetensors");
@@ -252,9 +256,7 @@ mod tests {
             assert_eq!(err.to_string(), format!("{}: {problem}", second.display()));
             std::fs::remove_file(&second).or_else(|_| std::fs::remove_dir(&second)).unwrap();
         }
-        let fifo = std::ffi::CString::new(path("c.safetensors").into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: mkfifo reads a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        make_fifo(&path("c.safetensors"));
         let err = open(spec, &OpenOptions::default()).err().unwrap();
         assert_eq!(err.to_string(), format!("{}: is not a regular file", path("c.safetensors").display()));
     }
@@ -276,9 +278,7 @@ mod tests {
     #[test]
     fn a_directory_re_serves_index_files_within_a_total() {
         let dir = tempfile::tempdir().unwrap();
-        let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
-        std::fs::write(dir.path().join("a.safetensors"), crate::format::writer::serialize(&tensors, None).unwrap())
-            .unwrap();
+        write_shard(&dir.path().join("a.safetensors"));
         for name in ["m1", "m2", "m3"] {
             let index = std::fs::File::create(dir.path().join(format!("{name}.safetensors.index.json"))).unwrap();
             index.set_len(48 << 20).unwrap(); // sparse: no disk
