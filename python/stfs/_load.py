@@ -47,9 +47,12 @@ class Entry(NamedTuple):
 
 
 def is_mount_dir(path: PathLike) -> bool:
-    """Whether `path` is the root of an stfs mount (a directory whose metadata.json is stfs's)."""
-    meta = os.path.join(os.fspath(path), "metadata.json")
-    if not (os.path.isdir(os.fspath(path)) and os.path.isfile(meta)):
+    """Whether `path` is the root of an stfs mount: a mount point (links to it followed) holding the
+    `.stfs` control directory, whose metadata.json is stfs's. A plain directory is never one, even with
+    a metadata.json copied out of a mount in it: its shards are mounted and read, not that file."""
+    root = os.path.realpath(os.fspath(path))
+    meta = os.path.join(root, "metadata.json")
+    if not (os.path.ismount(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
         return False
     try:
         with open(meta) as f:
@@ -324,7 +327,7 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
 
 
 def _detach(binary: str, mp: Path, made: Optional[str], timeout: float, quiet: bool) -> None:
-    out = _run([binary, "umount", "--lazy", str(mp)], timeout)
+    out = _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
     if out.returncode != 0 and is_mounted(mp) and not quiet:
         raise StfsError(out.stderr.strip().splitlines()[0] if out.stderr.strip() else f"stfs: {mp}: unmount failed",
                         returncode=out.returncode, stderr=out.stderr)

@@ -158,16 +158,16 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
     deadline = time.monotonic() + min(BUSY_RETRY_SECONDS, timeout)
     delay = 0.02
     while True:
-        out = _run([binary, "umount", mp], timeout)
+        out = _run([binary, "umount", "--", mp], timeout)
         if out.returncode == 0 or not is_mounted(mp):
             return
         if "busy" not in out.stderr or time.monotonic() + delay > deadline or _held_here(mp):
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
-    out = _run([binary, "umount", "--lazy", mp], timeout)
+    out = _run([binary, "umount", "--lazy", "--", mp], timeout)
     if out.returncode != 0 and is_mounted(mp):
-        raise StfsError(_message(out.stderr, f"stfs: {mp}: unmount failed"), command=[binary, "umount", "--lazy", mp],
+        raise StfsError(_message(out.stderr, f"stfs: {mp}: unmount failed"), command=[binary, "umount", "--lazy", "--", mp],
                         returncode=out.returncode, stderr=out.stderr)
 
 
@@ -200,7 +200,8 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
         mp = Path(made)
     else:
         mp = Path(mountpoint)
-    command = [binary, "mount", os.fspath(source), str(mp), *flags]
+    # `--` ends the flags: a source or mount point that begins with "-" is still a path.
+    command = [binary, "mount", *flags, "--", os.fspath(source), str(mp)]
     mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
     try:
         _check(command, timeout, env)
@@ -209,7 +210,7 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
         # never one that was there before: then stfs refused to mount over it).
         if not mounted_before and is_mounted(mp):
             with contextlib.suppress(StfsError):
-                _run([binary, "umount", "--lazy", str(mp)], timeout)
+                _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
         if made is not None:
             with contextlib.suppress(OSError):
                 os.rmdir(made)

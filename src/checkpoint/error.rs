@@ -5,12 +5,13 @@ use std::fmt;
 use std::io;
 
 use crate::format::index::{IndexError, ShardError};
-use crate::format::FormatError;
+use crate::format::{FormatError, PrintablePath};
 use crate::source::http::HttpError;
 use crate::source::hub::HubError;
 use crate::util::describe_io;
 
-/// A problem with the input, naming the file (or URL) it concerns: `PATH: problem` on one line.
+/// A problem with the input, naming the file (or URL) it concerns: `PATH: problem` on one line (the
+/// path shown with [`PrintablePath`], so a hostile name cannot make a second line).
 #[derive(Debug)]
 pub struct OpenError {
     /// The file or URL the problem is in, as the user named it (a URL without credentials).
@@ -36,7 +37,7 @@ pub enum OpenProblem {
     Shards(ShardError),
     /// A directory holds no `*.safetensors` file.
     NoShardFiles,
-    /// A remote index file is larger than any real one.
+    /// An index file is larger than any real one.
     IndexTooLarge {
         /// Its length in bytes.
         len: usize,
@@ -59,7 +60,7 @@ impl OpenError {
 
 impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.problem)
+        write!(f, "{}: {}", PrintablePath(&self.path), self.problem)
     }
 }
 

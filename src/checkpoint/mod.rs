@@ -6,6 +6,8 @@
 //! - `open`: [`open`], from a file, an index, a directory or a URL to shards; [`OpenOptions`];
 //! - `shard`: [`OpenedShard`] and [`Checkpoint`], opening shards (several at once) and the check
 //!   that they make one checkpoint;
+//! - `index_file`: a local `*.index.json` read into memory (a regular file, bounded), and those a
+//!   directory of shards re-serves (bounded together);
 //! - `beside`: the small files (configs, tokenizers) beside a local directory or index;
 //! - `hub`: `hf://` names, through the hub's API, to shards at a pinned commit;
 //! - `error`: [`OpenError`] and its [`OpenProblem`].
@@ -15,6 +17,7 @@
 mod beside;
 mod error;
 mod hub;
+mod index_file;
 mod open;
 mod shard;
 

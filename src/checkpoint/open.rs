@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
+use super::index_file::{directory_index_files, read_index_file, MAX_DIRECTORY_INDEX_TOTAL, MAX_INDEX_SIZE};
 use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
 use crate::format::index;
 use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
@@ -87,32 +88,26 @@ fn single(shard: OpenedShard) -> Checkpoint {
     Checkpoint { shards: vec![shard], index_files: Vec::new(), repo_files: Vec::new() }
 }
 
-/// Every `*.safetensors` file of `dir`, in name order, as one checkpoint; its
-/// `*.safetensors.index.json` files come along (read whole, to be re-served), unchecked.
+/// Every `*.safetensors` entry of `dir`, in name order, as one checkpoint; its
+/// `*.safetensors.index.json` files come along (read whole, to be re-served, within
+/// [`MAX_DIRECTORY_INDEX_TOTAL`] together), unchecked.
+///
+/// Each `*.safetensors` entry is opened whatever it is, so one that is not a readable regular file
+/// (a dangling or looping link, a FIFO, a directory) is an error naming it, as a shard an index
+/// names is, never a checkpoint served without its tensors.
 fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
-    let entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| OpenError::new(&name, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    let mut files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
-    files.sort();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .and_then(|listing| listing.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>())
+        .map_err(|e| OpenError::new(&name, e))?;
+    entries.sort();
+    let files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
     if files.is_empty() {
         return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
     }
-    let mut index_files = Vec::new();
-    for path in entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))) {
-        // Only re-served, never interpreted: one that cannot be read is left out, not an error.
-        let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_INDEX_SIZE as u64);
-        match std::fs::read(path) {
-            Ok(bytes) if small => {
-                index_files.extend(file_name(&path.display().to_string()).map(|name| RootFile { name, bytes }))
-            }
-            _ => log::warn!("{}: not re-served (unreadable or over {MAX_INDEX_SIZE} bytes)", path.display()),
-        }
-    }
-    index_files.sort_by(|a, b| a.name.cmp(&b.name));
+    let indexes: Vec<_> =
+        entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))).collect();
+    let index_files = directory_index_files(&indexes, MAX_DIRECTORY_INDEX_TOTAL);
     let shards = open_all(&files, |f| open_file(f))?;
     checked(&name, shards, None, index_files)
 }
@@ -120,7 +115,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
 /// The shards named by a local index file.
 fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| OpenError::new(&name, e))?;
+    let bytes = read_index_file(path, MAX_INDEX_SIZE).map_err(|e| OpenError::new(&name, e))?;
     let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     // One file named two ways (`a.safetensors`, `./a.safetensors`, a symbolic link to it) is one
@@ -150,9 +145,6 @@ fn open_remote(url: &str, options: &OpenOptions) -> Result<HttpSource, HttpError
     }
     HttpSource::open(url, options.http.clone())
 }
-
-/// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
-const MAX_INDEX_SIZE: usize = 64 << 20;
 
 /// A remote index whose shards are resolved relative to its URL.
 fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
@@ -189,7 +181,14 @@ fn url_path(url: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::test_support::make_fifo;
     use std::error::Error;
+
+    /// A valid shard of one tensor at `path`.
+    fn write_shard(path: &Path) {
+        let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
+        std::fs::write(path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+    }
 
     #[test]
     fn problems_name_the_path_and_keep_their_source() {
@@ -209,6 +208,85 @@ mod tests {
         let err = open(short.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
         let format = err.source().and_then(|s| s.downcast_ref::<crate::format::FormatError>());
         assert!(matches!(format, Some(crate::format::FormatError::HeaderTooSmall { file_len: 3 })), "{err:?}");
+    }
+
+    /// A FIFO would block the read forever and /dev/zero never ends: a local index is refused
+    /// unless it is a regular file, and past [`MAX_INDEX_SIZE`] by its length.
+    #[test]
+    fn an_index_that_is_not_a_regular_file_or_too_large_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        make_fifo(&path("fifo.index.json"));
+        std::os::unix::fs::symlink("/dev/zero", path("zero.index.json")).unwrap();
+        let large = std::fs::File::create(path("large.index.json")).unwrap();
+        large.set_len(MAX_INDEX_SIZE as u64 + 1).unwrap(); // sparse: no disk
+        let expected = [
+            ("fifo.index.json", "is not a regular file".to_string()),
+            ("zero.index.json", "is not a regular file".to_string()),
+            (
+                "large.index.json",
+                format!("index of {} bytes is over the limit of {MAX_INDEX_SIZE}", MAX_INDEX_SIZE + 1),
+            ),
+        ];
+        for (name, problem) in expected {
+            let err = open(path(name).to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+            assert_eq!(err.to_string(), format!("{}: {problem}", path(name).display()));
+        }
+    }
+
+    /// A shard of a directory that cannot be opened fails the open, naming it, instead of leaving
+    /// its tensors out of the checkpoint (an HF cache snapshot whose blob is missing).
+    #[test]
+    fn every_safetensors_entry_of_a_directory_is_a_shard_or_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        write_shard(&path("a.safetensors"));
+        let spec = dir.path().to_str().unwrap();
+        assert_eq!(open(spec, &OpenOptions::default()).unwrap().shards.len(), 1);
+        let second = path("b.safetensors");
+        type Make<'a> = &'a dyn Fn(&Path) -> std::io::Result<()>;
+        let broken: [(Make, &str); 3] = [
+            (&|p| std::os::unix::fs::symlink(p.with_extension("gone"), p), "no such file or directory"),
+            (&|p| std::os::unix::fs::symlink(p, p), "too many levels of symbolic links"),
+            (&|p| std::fs::create_dir(p), "is a directory"),
+        ];
+        for (make, problem) in broken {
+            make(&second).unwrap();
+            let err = open(spec, &OpenOptions::default()).err().unwrap();
+            assert_eq!(err.to_string(), format!("{}: {problem}", second.display()));
+            std::fs::remove_file(&second).or_else(|_| std::fs::remove_dir(&second)).unwrap();
+        }
+        make_fifo(&path("c.safetensors"));
+        let err = open(spec, &OpenOptions::default()).err().unwrap();
+        assert_eq!(err.to_string(), format!("{}: is not a regular file", path("c.safetensors").display()));
+    }
+
+    /// A shard name of the index is shown escaped in the one-line message: no second line, no
+    /// terminal escape taken from the file.
+    #[test]
+    fn a_hostile_shard_name_stays_on_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors.index.json");
+        std::fs::write(&path, br#"{"weight_map":{"x":"model\n\u001b[2Jfake: line.safetensors"}}"#).unwrap();
+        let err = open(path.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
+        let shown = r"model\n\u{1b}[2Jfake: line.safetensors: no such file or directory";
+        assert_eq!(err.to_string(), format!("{}/{shown}", dir.path().display()));
+    }
+
+    /// The index files of a directory are held in the daemon's memory: bounded together, not
+    /// only one by one (three of 48 MiB: two are re-served).
+    #[test]
+    fn a_directory_re_serves_index_files_within_a_total() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("a.safetensors"));
+        for name in ["m1", "m2", "m3"] {
+            let index = std::fs::File::create(dir.path().join(format!("{name}.safetensors.index.json"))).unwrap();
+            index.set_len(48 << 20).unwrap(); // sparse: no disk
+        }
+        let checkpoint = open(dir.path().to_str().unwrap(), &OpenOptions::default()).unwrap();
+        let total: usize = checkpoint.index_files.iter().map(|f| f.bytes.len()).sum();
+        assert_eq!((checkpoint.index_files.len(), total), (2, 96 << 20));
+        assert!(total <= MAX_DIRECTORY_INDEX_TOTAL);
     }
 
     #[test]

@@ -136,9 +136,10 @@ pub(super) fn checked(
     index: Option<&Index>,
     index_files: Vec<RootFile>,
 ) -> Result<Checkpoint, OpenError> {
+    let spellings = index.map(Index::spellings).unwrap_or_default();
     let names: Vec<String> = (0..)
         .zip(&opened)
-        .map(|(i, s)| match index.map(|index| index.spellings(i)) {
+        .map(|(i, s)| match spellings.get(i) {
             Some(spellings) if spellings.len() > 1 => {
                 format!("{} (listed as {})", s.source.name(), spellings.join(" and "))
             }

@@ -7,7 +7,7 @@
 
 use std::fs::{File, Metadata};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -68,12 +68,7 @@ impl LocalFile {
     /// readable regular file.
     pub fn open(path: &Path) -> io::Result<LocalFile> {
         let name = path.to_string_lossy().into_owned();
-        // stat before open: opening a FIFO read-only would block until a writer shows up.
-        let before = std::fs::metadata(path)?;
-        check_regular(&before)?;
-        let file = File::open(path)?;
-        let meta = file.metadata()?;
-        check_regular(&meta)?;
+        let (file, meta) = open_regular(path)?;
         let pinned = Identity::of(&meta);
         let mappable = pinned.size > 0 && mappable(&file);
         Ok(LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) })
@@ -349,6 +344,18 @@ impl SourceReader for LocalStream {
 
 fn changed(what: String) -> io::Error {
     io::Error::other(format!("backing file changed since mount ({what})"))
+}
+
+/// `path` opened for reading, with its metadata, if it is a regular file (links followed); anything
+/// else is refused as [`check_regular`] words it, and never left open: a FIFO is refused before it
+/// is opened (opening one read-only waits for a writer), and opened without waiting if the path
+/// became one in between.
+pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
+    check_regular(&std::fs::metadata(path)?)?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    check_regular(&meta)?;
+    Ok((file, meta))
 }
 
 /// Refuses anything but a regular file (errors do not repeat the path: the caller names it).

@@ -10,3 +10,11 @@ pub(crate) fn eventually(what: &str, done: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Makes a FIFO at `path`: opening it to read blocks until a writer comes, reading it from a
+/// writer that never comes blocks forever.
+pub(crate) fn make_fifo(path: &std::path::Path) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a temporary path has no NUL");
+    // SAFETY: mkfifo reads a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}

@@ -428,6 +428,33 @@ def test_load_a_directory_of_shards(tmp_path):
     del loaded
 
 
+def test_a_plain_directory_holding_a_mounts_metadata_json_is_a_source_not_a_mount(tmp_path):
+    """A metadata.json copied out of a mount into a directory of shards does not make the directory a
+    mount: only a mount point with stfs's control directory is read as one; this one is mounted and
+    its shard's bytes come back, not those of whatever file the copied metadata.json names."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    tensors = {"w": np.frombuffer(b"REAL", dtype=np.uint8)}
+    save_file(tensors, str(shards / "model.safetensors"))
+    with stfs.mount(shards / "model.safetensors") as mp:
+        assert stfs.is_mount_dir(mp)
+        (shards / "metadata.json").write_bytes((mp / "metadata.json").read_bytes())
+    assert not stfs.is_mount_dir(shards)
+    assert bytes(stfs.load(shards)["w"]) == b"REAL"
+
+
+def test_a_source_whose_name_begins_with_a_dash_is_a_path_not_a_flag(tmp_path, monkeypatch):
+    """The binary is called with `--` before its positional arguments: a relative path that begins
+    with "-" is mounted, not parsed as flags."""
+    monkeypatch.chdir(tmp_path)
+    save_file({"w": np.frombuffer(b"REAL", dtype=np.uint8)}, "-dash.safetensors")
+    assert bytes(stfs.load("-dash.safetensors")["w"]) == b"REAL"
+    os.mkdir("-mp")
+    with stfs.mount("-dash.safetensors", "-mp") as mp:
+        assert is_mounted(mp) and bytes(stfs.load(mp)["w"]) == b"REAL"
+    assert not is_mounted("-mp")
+
+
 def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
     """Each np.memmap keeps a descriptor open: 300 tensors under a soft limit of 200 still load."""
     import resource
