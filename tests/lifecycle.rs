@@ -1,11 +1,12 @@
 //! A mount's lifecycle next to other mounts at its mount point, as root: a signal to the daemon
 //! unmounts its own mount and nothing else (not a tmpfs mounted over it, not a newer mount made
-//! after `stfs umount -l`), and finds its mount where it is now (under a renamed parent).
+//! after `stfs umount -l`), and finds its mount where it is now (under a renamed parent); of
+//! `stfs mount` runs racing on one mount point, exactly one succeeds and one mount stays.
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 
 use common::wedge::{mount_entry, mounts, process_gone, Holder};
 use common::*;
@@ -87,4 +88,36 @@ fn sigterm_unmounts_the_mount_where_a_renamed_parent_moved_it() {
     terminate(pid);
     assert!(wait_until(TIMEOUT, || mount_entry(&after.join("m")).is_none()), "SIGTERM left the moved mount");
     assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit");
+}
+
+#[test]
+fn of_concurrent_mounts_on_one_mount_point_exactly_one_succeeds() {
+    const RUNS: usize = 4;
+    const ROUNDS: usize = 5;
+    let (dir, file, tensor) = checkpoint();
+    for round in 0..ROUNDS {
+        let mp = dir.path().join(format!("m{round}"));
+        std::fs::create_dir(&mp).unwrap();
+        let _guard = DetachAll(vec![mp.clone()]);
+        let runs: Vec<_> = (0..RUNS)
+            .map(|_| {
+                let mut command = Command::new(STFS);
+                command.arg("mount").arg(&file).arg(&mp).stdin(Stdio::null()).stdout(Stdio::piped());
+                command.stderr(Stdio::piped()).spawn().expect("spawn stfs mount")
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|run| wait_output(run, TIMEOUT)).collect();
+        let mounted = stacked(&mp);
+        let succeeded = outs.iter().filter(|out| out.status.success()).count();
+        assert_eq!(succeeded, 1, "round {round}: {succeeded} of {RUNS} mounts succeeded; mounted there: {mounted:?}");
+        let refusal = format!("stfs: {}: something is already mounted there\n", mp.display());
+        for out in outs.iter().filter(|out| !out.status.success()) {
+            assert_eq!(String::from_utf8_lossy(&out.stderr), refusal, "round {round}");
+        }
+        assert_eq!(mounted, ["fuse.stfs"], "round {round}");
+        assert_eq!(std::fs::read(mp.join("w")).unwrap(), tensor.data);
+        let out = unmount_retrying(|| stfs(&["umount", mp.to_str().unwrap()]));
+        assert!(out.status.success(), "stfs umount: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(wait_until(TIMEOUT, || daemon_pids(&mp).is_empty()), "round {round}: a daemon did not exit");
+    }
 }

@@ -82,18 +82,33 @@ impl std::error::Error for MountPointError {
 /// is accepted, as FUSE 3 tools do: its contents are hidden while mounted. What is mounted there is
 /// read from mountinfo, so a mount whose daemon does not answer cannot hold this check; a FUSE mount
 /// found there is asked (for at most half a second) whether its daemon is gone, to say "stale".
+/// One that goes away meanwhile (a mount that lost a race to another withdraws and ends its
+/// connection) is not stale: the check is made again.
 pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
-    let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => MountPointError::Missing,
-        _ => MountPointError::Io(e),
-    })?;
-    if let Some(entry) = top {
+    let mut looks = 0;
+    loop {
+        looks += 1;
+        let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => MountPointError::Missing,
+            _ => MountPointError::Io(e),
+        })?;
+        let Some(entry) = top else { return check_directory(&at) };
         let deadline = Instant::now() + STALE_PROBE_LIMIT;
         let stale = entry.fs_type.starts_with("fuse")
             && matches!(bounded::statfs(&at, deadline), Ok(Outcome::Returned(libc::ENOTCONN)));
-        return Err(if stale { MountPointError::Stale } else { MountPointError::AlreadyMounted });
+        if !stale {
+            return Err(MountPointError::AlreadyMounted);
+        }
+        let still_there = mountinfo::mounts().iter().any(|m| m.id == entry.id);
+        if still_there || looks == 3 {
+            return Err(MountPointError::Stale);
+        }
     }
-    let meta = match fs::metadata(&at) {
+}
+
+/// Checks that `at`, with nothing mounted on it, is an existing directory.
+fn check_directory(at: &Path) -> Result<(), MountPointError> {
+    let meta = match fs::metadata(at) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MountPointError::Missing),
         Err(e) => return Err(MountPointError::Io(e)),
@@ -108,9 +123,10 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
 /// the mount point (at any depth, or through a symbolic link) would be replaced by the mount's own
 /// tree, and every read of it would fail. So would a symbolic link under the mount point that names
 /// a file elsewhere, since the daemon looks the file up again by the name it was given. Call after
-/// [`check_mount_point`] (nothing is mounted there, so resolving it asks no daemon).
+/// [`check_mount_point`]. The mount point is resolved as [`mountinfo::locate`] does, which asks
+/// nothing of a mount made there meanwhile (by a racing `stfs mount`, whose daemon may be gone).
 pub fn check_not_hiding<'a>(path: &Path, files: impl IntoIterator<Item = &'a Path>) -> Result<(), MountPointError> {
-    let mount_point = fs::canonicalize(path).map_err(MountPointError::Io)?;
+    let (mount_point, _) = mountinfo::locate(path).map_err(MountPointError::Io)?;
     for file in files {
         let real = fs::canonicalize(file).ok();
         let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -145,6 +161,9 @@ pub fn is_mount_point(path: &Path) -> bool {
 pub fn topmost_mount(path: &Path) -> Option<(u64, String)> {
     mountinfo::mounts().into_iter().rev().find(|m| m.mount_point == path).map(|m| (m.id, m.fs_type))
 }
+
+/// The most a mount that lost a race to another at its mount point takes to withdraw.
+const WITHDRAW_LIMIT: Duration = Duration::from_secs(2);
 
 /// fsopen(2), fsconfig(2) and fsmount(2) flags and commands (not in the libc crate).
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
@@ -182,7 +201,7 @@ pub enum PendingMount {
 impl PendingMount {
     /// Puts the mount at `path` (a detached one is moved there with move_mount(2), following a
     /// symbolic link as mount(2) does) and returns its mount ID. Call once the mount answers INIT.
-    pub fn attach(self, path: &Path) -> io::Result<u64> {
+    pub fn attach(&self, path: &Path) -> io::Result<u64> {
         match self {
             PendingMount::Detached { mount, id } => {
                 let target = c_string(path.as_os_str().as_bytes())?;
@@ -201,17 +220,38 @@ impl PendingMount {
                 if rc != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                Ok(id)
+                Ok(*id)
             }
-            PendingMount::Attached { id, .. } => Ok(id),
+            PendingMount::Attached { id, .. } => Ok(*id),
         }
     }
 
-    /// Gives the mount up before it was served: a detached one is dropped, one made with mount(2)
-    /// is detached lazily.
-    pub fn discard(self) {
-        if let PendingMount::Attached { path, .. } = self {
-            let _ = unmount_own(&path, true);
+    /// Takes the mount away, before it served anything: a detached one is dropped; an attached
+    /// one is detached lazily, through its own descriptor where it has one, so that this mount
+    /// goes wherever it is, never another at its mount point. Tried again (for [`WITHDRAW_LIMIT`]
+    /// at most) until mountinfo no longer lists it: while other mounts stacked with it withdraw
+    /// too, the kernel may refuse or move it.
+    pub fn withdraw(self) -> Result<(), MountPointError> {
+        let (mount, id) = match self {
+            PendingMount::Detached { mount, id } => (mount, id),
+            PendingMount::Attached { path, .. } => return unmount_own(&path, true),
+        };
+        let own = CString::new(format!("/proc/self/fd/{}", mount.as_raw_fd())).expect("no NUL in a number");
+        let deadline = Instant::now() + WITHDRAW_LIMIT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            // SAFETY: a valid NUL-terminated path; the descriptor it names stays open meanwhile.
+            // One not (or no longer) in the namespace gives EINVAL.
+            let failed = unsafe { libc::umount2(own.as_ptr(), libc::MNT_DETACH) } != 0;
+            let error = failed.then(io::Error::last_os_error);
+            if !mountinfo::mounts().iter().any(|m| m.id == id) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(error.map_or(MountPointError::Busy, MountPointError::Io));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
 }
@@ -243,7 +283,10 @@ pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Op
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Ok(None),
         Err(e) => return Err(e),
     };
-    let root_type = fs::metadata(path)?.mode() & libc::S_IFMT;
+    // The mount point is a directory (checked before forking), and so is the root: it is not
+    // looked at again, since whatever is mounted there meanwhile would be asked (a racing stfs
+    // mount that is withdrawing answers ENOTCONN).
+    let root_type = libc::S_IFDIR;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut options = vec![

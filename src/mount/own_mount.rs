@@ -4,6 +4,12 @@
 //! topmost mount at its mount point: what was mounted over it (a tmpfs, a newer stfs mount after
 //! `stfs umount -l`) is never touched, and a mount detached already is not looked for at its old
 //! path. The same rule as the `auto_unmount` watcher's ([`crate::mount::watcher`]).
+//!
+//! Two `stfs mount` runs on one mount point can both pass the check made before forking; each
+//! daemon then looks, right after attaching its mount, at what the mount sits on: one stacked on
+//! another mount at the same mount point withdraws (through its own descriptor:
+//! [`crate::mount::mountpoint::PendingMount::withdraw`]), so of racing mounts exactly the lowest
+//! stays.
 
 use std::path::PathBuf;
 
@@ -54,6 +60,25 @@ impl OwnMount {
         }
         Ok(whereabouts)
     }
+
+    /// Whether it lost a race to another `stfs mount` at its mount point: it sits on another
+    /// mount there (one that was not there when `stfs mount` checked the mount point), or is gone
+    /// already (taken along when a mount under it withdrew).
+    pub fn lost_race(&self) -> bool {
+        let mounts = mountinfo::mounts();
+        if mounts.iter().any(|m| m.id == self.id) {
+            return stacked_in(&mounts, self.id);
+        }
+        // mountinfo read while mounts come and go may miss one: a second look confirms it.
+        let mounts = mountinfo::mounts();
+        !mounts.iter().any(|m| m.id == self.id) || stacked_in(&mounts, self.id)
+    }
+}
+
+/// Whether the mount `id` is stacked on another mount at the same mount point, among `mounts`.
+fn stacked_in(mounts: &[MountEntry], id: u64) -> bool {
+    let Some(own) = mounts.iter().find(|m| m.id == id) else { return false };
+    mounts.iter().any(|m| m.id == own.parent && m.mount_point == own.mount_point)
 }
 
 /// Where the mount `id` is among `mounts` (mountinfo's entries, in its order: of two at one
@@ -87,8 +112,18 @@ mod tests {
     }
 
     #[test]
+    fn only_a_mount_on_another_at_its_own_mount_point_is_stacked() {
+        let mounts = mountinfo::parse(TABLE);
+        assert!(stacked_in(&mounts, 41));
+        assert!(!stacked_in(&mounts, 40));
+        assert!(!stacked_in(&mounts, 42));
+        assert!(!stacked_in(&mounts, 43));
+    }
+
+    #[test]
     fn a_mount_not_listed_is_not_unmounted() {
         let gone = OwnMount::new(u64::MAX);
         assert_eq!(gone.unmount(false).unwrap(), Whereabouts::Gone);
+        assert!(gone.lost_race());
     }
 }

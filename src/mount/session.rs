@@ -16,7 +16,7 @@ use log::{info, warn};
 use crate::fs::Fs;
 use crate::fuse::{readahead_in_whole_reads, FuseAdapter, SpliceTarget};
 use crate::mount::mountinfo;
-use crate::mount::mountpoint;
+use crate::mount::mountpoint::{self, MountPointError};
 use crate::mount::own_mount::{OwnMount, Whereabouts};
 use crate::mount::signals::wait_for_signal;
 use crate::mount::watcher::AutoUnmount;
@@ -52,6 +52,13 @@ pub enum ServeError {
         /// Why.
         error: io::Error,
     },
+    /// The mount point cannot be served: another mount was made there in a race with this one.
+    MountPoint {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// What is wrong with it.
+        error: MountPointError,
+    },
     /// A thread the session needs could not be started.
     Thread {
         /// What the thread is for.
@@ -78,6 +85,7 @@ impl fmt::Display for ServeError {
             ServeError::Mount { mountpoint, error } => {
                 write!(f, "{}: mounting failed: {}", mountpoint.display(), describe_io(error))
             }
+            ServeError::MountPoint { mountpoint, error } => write!(f, "{}: {error}", mountpoint.display()),
             ServeError::Thread { purpose, error } => write!(f, "starting the {purpose}: {error}"),
             ServeError::NotAnswering { mountpoint, timeout } => {
                 write!(f, "{}: the mount did not answer within {} s", mountpoint.display(), timeout.as_secs())
@@ -94,6 +102,7 @@ impl std::error::Error for ServeError {
             ServeError::Mount { error, .. } | ServeError::Thread { error, .. } | ServeError::Ended(error) => {
                 Some(error)
             }
+            ServeError::MountPoint { error, .. } => Some(error),
             ServeError::NotAnswering { .. } | ServeError::Panicked => None,
         }
     }
@@ -148,7 +157,7 @@ pub fn serve(
     let config = fuse_config(fsname, options, splice);
     let (session, mounted) = match open_session(Arc::clone(&fs), fsname, options, &config, splice) {
         Ok(s) => s,
-        Err(error) => return Err(not_ready(on_ready, ServeError::Mount { mountpoint: mp, error })),
+        Err(e) => return Err(not_ready(on_ready, e)),
     };
     let (stop, stopped) = mpsc::channel();
     let ended = SessionEnded(stop.clone());
@@ -199,10 +208,11 @@ pub fn serve(
         return Ok(());
     }
     let result = runner.join().map_err(|_| ServeError::Panicked);
-    // A session that ended because its mount went away has nothing left to unmount; one that
-    // failed or panicked may leave its mount listed (and a spliced reply keeps the connection open:
-    // see `fuse/mod.rs`), which is detached if it is still the topmost at its mount point.
-    if let Some(own) = &own {
+    // A session that ended because its mount went away has nothing left to unmount (and its mount
+    // ID may already name a newer mount). One that failed or panicked may leave its mount listed
+    // (a spliced reply keeps the connection open: see `fuse/mod.rs`), which is detached if it is
+    // still the topmost at its mount point.
+    if let (Some(own), false) = (&own, matches!(result, Ok(Ok(())))) {
         match own.unmount(true) {
             Ok(Whereabouts::Top(at)) => info!("detached {} after the session ended", at.display()),
             Ok(Whereabouts::Covered(at)) => warn!("{} is covered by another mount: left as it is", at.display()),
@@ -317,37 +327,48 @@ impl Mounted {
 
 /// Mounts and returns the session to run: as type `fuse.stfs` with stfs's own system calls where
 /// that is permitted (root), else through fuser, which runs fusermount. stfs's own mount is
-/// attached at the mount point once the session has answered the kernel's INIT.
+/// attached at the mount point once the session has answered the kernel's INIT; one that lands on
+/// another mount made there since `stfs mount` checked the mount point (a race between two
+/// mounts) withdraws, and the mount point is reported as already mounted on.
 fn open_session(
     fs: Arc<Fs>,
     fsname: &str,
     options: &ServeOptions,
     config: &Config,
     splice: bool,
-) -> io::Result<(fuser::Session<FuseAdapter>, Mounted)> {
+) -> Result<(fuser::Session<FuseAdapter>, Mounted), ServeError> {
     let mp = &options.mountpoint;
+    let failed = |error| ServeError::Mount { mountpoint: mp.clone(), error };
     let adapter = FuseAdapter::new(fs).splicing(splice);
     let target = adapter.splice_target();
     let Some((device, pending)) =
-        mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root)?
+        mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?
     else {
-        let mut session = fuser::Session::new(adapter, mp, config)?;
+        let mut session = fuser::Session::new(adapter, mp, config).map_err(failed)?;
         let unmounter = Mounted::Fuser(session.unmount_callable());
         connect_splice(splice, &target, &session);
         return Ok((session, unmounter));
     };
-    match fuser::Session::from_fd(adapter, device, config.acl, config.clone()) {
-        Ok(session) => {
-            let own = OwnMount::new(pending.attach(mp)?);
-            connect_splice(splice, &target, &session);
-            Ok((session, Mounted::Own(own)))
-        }
+    let session = match fuser::Session::from_fd(adapter, device, config.acl, config.clone()) {
+        Ok(session) => session,
         Err(e) => {
             // The handshake failed: the mount must not outlive this error.
-            pending.discard();
-            Err(e)
+            let _ = pending.withdraw();
+            return Err(failed(e));
         }
+    };
+    let own = OwnMount::new(pending.attach(mp).map_err(failed)?);
+    if own.lost_race() {
+        info!("{}: another mount was made there at the same time; withdrawing mount {}", mp.display(), own.id());
+        if let Err(e) = pending.withdraw() {
+            warn!("{}: withdrawing mount {} failed: {e}", mp.display(), own.id());
+        }
+        return Err(ServeError::MountPoint { mountpoint: mp.clone(), error: MountPointError::AlreadyMounted });
     }
+    // Its own descriptor goes: a mount held open would be busy for `stfs umount`.
+    drop(pending);
+    connect_splice(splice, &target, &session);
+    Ok((session, Mounted::Own(own)))
 }
 
 /// Gives the adapter the session's descriptor for spliced replies, if they are wanted; without

@@ -16,6 +16,7 @@ use std::path::Path;
 
 use log::{info, warn};
 
+use crate::mount::mountinfo;
 use crate::mount::mountpoint::{topmost_mount, unmount_own, FS_TYPE};
 
 /// The watcher's process name (comm), as ps and pgrep show it.
@@ -42,8 +43,9 @@ impl AutoUnmount {
 /// the watcher once it has closed every inherited descriptor but the standard streams (it sets up
 /// logging). The process must be single-threaded.
 pub fn spawn_watcher(mountpoint: &Path, init: impl FnOnce()) -> io::Result<AutoUnmount> {
-    // mountinfo lists mount points without symlinks; resolve them now, while the path is live.
-    let mountpoint = fs::canonicalize(mountpoint)?;
+    // mountinfo lists mount points without symlinks; resolve them now, asking nothing of a mount
+    // that a racing `stfs mount` may have made there meanwhile.
+    let (mountpoint, _) = mountinfo::locate(mountpoint)?;
     let mut fds = [0; 2];
     // SAFETY: fds is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
