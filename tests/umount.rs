@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -53,14 +51,6 @@ fn assert_one_line_failure(out: &Output, what: &str) -> String {
     assert_eq!(err.lines().count(), 1, "{what}: expected one line, got {err:?}");
     assert!(err.starts_with("stfs: "), "{what}: {err}");
     err
-}
-
-fn mount_tmpfs(path: &Path) {
-    let c = |s: &[u8]| CString::new(s).unwrap();
-    let (source, target, fs_type, data) = (c(b"tmpfs"), c(path.as_os_str().as_bytes()), c(b"tmpfs"), c(b"size=1m"));
-    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), 0, data.as_ptr().cast()) };
-    assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! A mount's lifetime: building the filesystem ([`build`]), the FUSE session and its readiness
 //! ([`session`]), the signals that end it ([`signals`]), going to the background ([`daemon`]), the
-//! mount point itself ([`mountpoint`]), where the log goes ([`logging`], [`syslog`]) and the
-//! `auto_unmount` watcher ([`watcher`]), its counters for Prometheus
-//! ([`metrics`], [`metrics_http`]); what a user needs to mount ([`access`]), what is mounted
+//! mount point itself ([`mountpoint`]) and the daemon's own mount there ([`own_mount`]), where the
+//! log goes ([`logging`], [`syslog`]) and the `auto_unmount` watcher ([`watcher`]), its counters
+//! for Prometheus ([`metrics`], [`metrics_http`]); what a user needs to mount ([`access`]), what is mounted
 //! where ([`mountinfo`]), and `stfs umount` ([`unmount`]), whose system calls have deadlines
 //! ([`bounded`]). The soft limit on open descriptors is raised at start ([`limits`]).
 //!
@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod mountinfo;
 pub mod mountpoint;
+pub mod own_mount;
 pub mod session;
 pub mod signals;
 pub mod syslog;

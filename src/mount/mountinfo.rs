@@ -19,6 +19,8 @@ const MAX_SYMLINKS: usize = 40;
 pub struct MountEntry {
     /// The mount ID (unique while mounted; a new mount at the same place gets a new one).
     pub id: u64,
+    /// The mount ID of the mount it is on: of one stacked over another at the same place, that one.
+    pub parent: u64,
     /// Where it is mounted (absolute, escapes decoded).
     pub mount_point: PathBuf,
     /// The filesystem type: `fuse.stfs`, `tmpfs`, `fuse.sshfs`.
@@ -71,12 +73,14 @@ pub fn parse(text: &str) -> Vec<MountEntry> {
         .filter_map(|line| {
             // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
             let (fields, rest) = line.split_once(" - ")?;
-            let id = fields.split(' ').next()?.parse().ok()?;
+            let mut ids = fields.split(' ').map(|field| field.parse().ok());
+            let (id, parent) = (ids.next()??, ids.next()??);
             let mount_point = fields.split(' ').nth(4)?;
             let mut rest = rest.split(' ');
             let (fs_type, source, super_options) = (rest.next()?, rest.next()?, rest.next().unwrap_or(""));
             Some(MountEntry {
                 id,
+                parent,
                 mount_point: PathBuf::from(OsStr::from_bytes(&unescape(mount_point))),
                 fs_type: String::from_utf8_lossy(&unescape(fs_type)).into_owned(),
                 source: String::from_utf8_lossy(&unescape(source)).into_owned(),
@@ -140,7 +144,10 @@ mod tests {
                     bogus line\n";
         let entries = parse(text);
         assert_eq!(entries.len(), 2);
-        assert_eq!((entries[0].id, entries[0].mount_point.as_path()), (36, Path::new("/mnt/a b")));
+        assert_eq!(
+            (entries[0].id, entries[0].parent, entries[0].mount_point.as_path()),
+            (36, 35, Path::new("/mnt/a b"))
+        );
         assert!(entries[0].is_stfs());
         assert_eq!(entries[0].user_id(), Some(1000));
         assert_eq!((entries[1].fs_type.as_str(), entries[1].source.as_str()), ("tmpfs", "tmpfs"));

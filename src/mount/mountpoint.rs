@@ -1,14 +1,16 @@
 //! Mount points: checks before mounting (nothing there, nothing of the checkpoint under it), mounting
-//! FUSE as `fuse.stfs` with mount(2), the daemon's own unmount with umount2(2), and the kernel's
-//! readahead knob. `stfs umount` is [`crate::mount::unmount`].
+//! FUSE as `fuse.stfs` (detached with fsmount(2), then attached; with mount(2) on older kernels),
+//! the daemon's own unmount with umount2(2) or fusermount3, and the kernel's readahead knob.
+//! `stfs umount` is [`crate::mount::unmount`].
 
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::mount::bounded::{self, Outcome};
@@ -80,18 +82,33 @@ impl std::error::Error for MountPointError {
 /// is accepted, as FUSE 3 tools do: its contents are hidden while mounted. What is mounted there is
 /// read from mountinfo, so a mount whose daemon does not answer cannot hold this check; a FUSE mount
 /// found there is asked (for at most half a second) whether its daemon is gone, to say "stale".
+/// One that goes away meanwhile (a mount that lost a race to another withdraws and ends its
+/// connection) is not stale: the check is made again.
 pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
-    let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => MountPointError::Missing,
-        _ => MountPointError::Io(e),
-    })?;
-    if let Some(entry) = top {
+    let mut looks = 0;
+    loop {
+        looks += 1;
+        let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => MountPointError::Missing,
+            _ => MountPointError::Io(e),
+        })?;
+        let Some(entry) = top else { return check_directory(&at) };
         let deadline = Instant::now() + STALE_PROBE_LIMIT;
         let stale = entry.fs_type.starts_with("fuse")
             && matches!(bounded::statfs(&at, deadline), Ok(Outcome::Returned(libc::ENOTCONN)));
-        return Err(if stale { MountPointError::Stale } else { MountPointError::AlreadyMounted });
+        if !stale {
+            return Err(MountPointError::AlreadyMounted);
+        }
+        let still_there = mountinfo::mounts().iter().any(|m| m.id == entry.id);
+        if still_there || looks == 3 {
+            return Err(MountPointError::Stale);
+        }
     }
-    let meta = match fs::metadata(&at) {
+}
+
+/// Checks that `at`, with nothing mounted on it, is an existing directory.
+fn check_directory(at: &Path) -> Result<(), MountPointError> {
+    let meta = match fs::metadata(at) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MountPointError::Missing),
         Err(e) => return Err(MountPointError::Io(e)),
@@ -106,9 +123,10 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
 /// the mount point (at any depth, or through a symbolic link) would be replaced by the mount's own
 /// tree, and every read of it would fail. So would a symbolic link under the mount point that names
 /// a file elsewhere, since the daemon looks the file up again by the name it was given. Call after
-/// [`check_mount_point`] (nothing is mounted there, so resolving it asks no daemon).
+/// [`check_mount_point`]. The mount point is resolved as [`mountinfo::locate`] does, which asks
+/// nothing of a mount made there meanwhile (by a racing `stfs mount`, whose daemon may be gone).
 pub fn check_not_hiding<'a>(path: &Path, files: impl IntoIterator<Item = &'a Path>) -> Result<(), MountPointError> {
-    let mount_point = fs::canonicalize(path).map_err(MountPointError::Io)?;
+    let (mount_point, _) = mountinfo::locate(path).map_err(MountPointError::Io)?;
     for file in files {
         let real = fs::canonicalize(file).ok();
         let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -144,43 +162,221 @@ pub fn topmost_mount(path: &Path) -> Option<(u64, String)> {
     mountinfo::mounts().into_iter().rev().find(|m| m.mount_point == path).map(|m| (m.id, m.fs_type))
 }
 
-/// Mounts an empty FUSE filesystem of type [`FS_TYPE`] named `fsname` on `path` with mount(2),
-/// read-only, nosuid and nodev, and returns the /dev/fuse descriptor to serve it on (the kernel
-/// is waiting there with its INIT request). `Ok(None)` when /dev/fuse or mount(2) is not
-/// permitted (not root): the caller then lets fuser mount through fusermount. fuser 0.18's own
-/// mount(2) call always says `fuse` and drops the subtype, so stfs mounts could not be told apart.
-pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Option<OwnedFd>> {
+/// The most a mount that lost a race to another at its mount point takes to withdraw.
+const WITHDRAW_LIMIT: Duration = Duration::from_secs(2);
+
+/// fsopen(2), fsconfig(2) and fsmount(2) flags and commands (not in the libc crate).
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+/// move_mount(2): follow a symbolic link or automount at the mount point, as mount(2) does.
+const MOVE_MOUNT_T_SYMLINKS: libc::c_uint = 0x10;
+const MOVE_MOUNT_T_AUTOMOUNTS: libc::c_uint = 0x20;
+
+/// A mount made by [`mount_fuse`] on its way to the mount point; the kernel's INIT request waits
+/// on the /dev/fuse descriptor returned with it.
+#[derive(Debug)]
+pub enum PendingMount {
+    /// Made with fsmount(2) and attached nowhere yet, its mount ID read from its descriptor: known
+    /// before anything else can be mounted at the mount point. Dropped unattached, it is gone.
+    Detached {
+        /// The mount, for move_mount(2).
+        mount: OwnedFd,
+        /// Its mount ID.
+        id: u64,
+    },
+    /// Made with mount(2), on a kernel without fsmount(2): attached already, its ID read from
+    /// mountinfo right after, as the topmost mount at the mount point.
+    Attached {
+        /// Where.
+        path: PathBuf,
+        /// Its mount ID.
+        id: u64,
+    },
+}
+
+impl PendingMount {
+    /// Puts the mount at `path` (a detached one is moved there with move_mount(2), following a
+    /// symbolic link as mount(2) does) and returns its mount ID. Call once the mount answers INIT.
+    pub fn attach(&self, path: &Path) -> io::Result<u64> {
+        match self {
+            PendingMount::Detached { mount, id } => {
+                let target = c_string(path.as_os_str().as_bytes())?;
+                let flags = libc::MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS | MOVE_MOUNT_T_AUTOMOUNTS;
+                // SAFETY: an open mount descriptor, an empty and a valid NUL-terminated path.
+                let rc = unsafe {
+                    libc::syscall(
+                        libc::SYS_move_mount,
+                        mount.as_raw_fd(),
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        target.as_ptr(),
+                        flags,
+                    )
+                };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(*id)
+            }
+            PendingMount::Attached { id, .. } => Ok(*id),
+        }
+    }
+
+    /// Takes the mount away, before it served anything: a detached one is dropped; an attached
+    /// one is detached lazily, through its own descriptor where it has one, so that this mount
+    /// goes wherever it is, never another at its mount point. Tried again (for [`WITHDRAW_LIMIT`]
+    /// at most) until mountinfo no longer lists it: while other mounts stacked with it withdraw
+    /// too, the kernel may refuse or move it.
+    pub fn withdraw(self) -> Result<(), MountPointError> {
+        let (mount, id) = match self {
+            PendingMount::Detached { mount, id } => (mount, id),
+            PendingMount::Attached { path, .. } => return unmount_own(&path, true),
+        };
+        let own = CString::new(format!("/proc/self/fd/{}", mount.as_raw_fd())).expect("no NUL in a number");
+        let deadline = Instant::now() + WITHDRAW_LIMIT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            // SAFETY: a valid NUL-terminated path; the descriptor it names stays open meanwhile.
+            // One not (or no longer) in the namespace gives EINVAL.
+            let failed = unsafe { libc::umount2(own.as_ptr(), libc::MNT_DETACH) } != 0;
+            let error = failed.then(io::Error::last_os_error);
+            if !mountinfo::mounts().iter().any(|m| m.id == id) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(error.map_or(MountPointError::Busy, MountPointError::Io));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `text` as a C string, or InvalidInput if it holds a NUL.
+fn c_string(text: &[u8]) -> io::Result<CString> {
+    CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "contains NUL"))
+}
+
+/// The result of a system call that returns a descriptor, as an owned one.
+fn owned_fd(rc: libc::c_long) -> io::Result<OwnedFd> {
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded, so rc is a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+}
+
+/// Mounts an empty FUSE filesystem of type [`FS_TYPE`] named `fsname` for `path`, read-only,
+/// nosuid and nodev, and returns the /dev/fuse descriptor to serve it on (the kernel is waiting
+/// there with its INIT request) with the mount, which the caller attaches at `path` once it has
+/// answered INIT ([`PendingMount::attach`]). Made detached with fsmount(2) where the kernel has
+/// it (Linux 5.4), else with mount(2). `Ok(None)` when /dev/fuse or mounting is not permitted (not
+/// root): the caller then lets fuser mount through fusermount. fuser 0.18's own mount(2) call
+/// always says `fuse` and drops the subtype, so stfs mounts could not be told apart.
+pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Option<(OwnedFd, PendingMount)>> {
     let device = match fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
         Ok(device) => device,
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Ok(None),
         Err(e) => return Err(e),
     };
-    let root_type = fs::metadata(path)?.mode() & libc::S_IFMT;
+    // The mount point is a directory (checked before forking), and so is the root: it is not
+    // looked at again, since whatever is mounted there meanwhile would be asked (a racing stfs
+    // mount that is withdrawing answers ENOTCONN).
+    let root_type = libc::S_IFDIR;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let mut data = format!("fd={},rootmode={root_type:o},user_id={uid},group_id={gid}", device.as_raw_fd());
+    let mut options = vec![
+        ("fd", Some(device.as_raw_fd().to_string())),
+        ("rootmode", Some(format!("{root_type:o}"))),
+        ("user_id", Some(uid.to_string())),
+        ("group_id", Some(gid.to_string())),
+    ];
     if allow_other {
-        data.push_str(",allow_other,default_permissions");
+        options.extend([("allow_other", None), ("default_permissions", None)]);
     }
-    let c = |text: &[u8]| CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "contains NUL"));
-    let (source, target, fs_type, data) =
-        (c(fsname.as_bytes())?, c(path.as_os_str().as_bytes())?, c(FS_TYPE.as_bytes())?, c(data.as_bytes())?);
+    match mount_detached(fsname, &options) {
+        Ok((mount, id)) => return Ok(Some((device.into(), PendingMount::Detached { mount, id }))),
+        // No fsmount(2) here (ENOSYS), or not allowed to call it (EPERM): mount(2) decides.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {}
+        Err(e) => return Err(e),
+    }
+    let data: Vec<String> =
+        options.iter().map(|(key, value)| value.as_ref().map_or(key.to_string(), |v| format!("{key}={v}"))).collect();
+    let (source, target, fs_type, data) = (
+        c_string(fsname.as_bytes())?,
+        c_string(path.as_os_str().as_bytes())?,
+        c_string(FS_TYPE.as_bytes())?,
+        c_string(data.join(",").as_bytes())?,
+    );
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
     let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data.as_ptr().cast()) };
-    if rc == 0 {
-        return Ok(Some(device.into()));
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EPERM) => Ok(None),
+            _ => Err(e),
+        };
     }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EPERM) => Ok(None),
-        _ => Err(e),
+    match mountinfo::locate(path) {
+        Ok((at, Some(top))) => Ok(Some((device.into(), PendingMount::Attached { path: at, id: top.id }))),
+        _ => {
+            let _ = unmount_own(path, true);
+            Err(io::Error::other("mounted, but the mount is not listed in /proc/self/mountinfo"))
+        }
     }
 }
 
-/// Unmounts the daemon's own mount at `path` with umount2(2); `lazy` detaches it even while files
-/// are open (MNT_DETACH). Only for the daemon, whose own threads answer the mount: `stfs umount`
-/// uses [`crate::mount::unmount::unmount`], which touches nothing and is bounded in time.
+/// Makes a detached FUSE mount of type [`FS_TYPE`] with fsopen(2), fsconfig(2) (`options`: a
+/// key and its value, or a flag) and fsmount(2), read-only, nosuid and nodev; returns it with its
+/// mount ID (from /proc/self/fdinfo, without asking the filesystem).
+fn mount_detached(fsname: &str, options: &[(&str, Option<String>)]) -> io::Result<(OwnedFd, u64)> {
+    // SAFETY: a valid NUL-terminated filesystem name and flags.
+    let context = owned_fd(unsafe { libc::syscall(libc::SYS_fsopen, c"fuse".as_ptr(), FSOPEN_CLOEXEC) })?;
+    let configure = |command: libc::c_uint, key: Option<&str>, value: Option<&str>| -> io::Result<()> {
+        let key = key.map(|k| c_string(k.as_bytes())).transpose()?;
+        let value = value.map(|v| c_string(v.as_bytes())).transpose()?;
+        let pointer = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        // SAFETY: an open filesystem context, and NUL-terminated strings (or null where the
+        // command takes none) that outlive the call.
+        let rc = unsafe {
+            libc::syscall(libc::SYS_fsconfig, context.as_raw_fd(), command, pointer(&key), pointer(&value), 0)
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    configure(FSCONFIG_SET_STRING, Some("source"), Some(fsname))?;
+    configure(FSCONFIG_SET_STRING, Some("subtype"), FS_TYPE.strip_prefix("fuse."))?;
+    for (key, value) in options {
+        match value {
+            Some(value) => configure(FSCONFIG_SET_STRING, Some(key), Some(value))?,
+            None => configure(FSCONFIG_SET_FLAG, Some(key), None)?,
+        }
+    }
+    configure(FSCONFIG_SET_FLAG, Some("ro"), None)?;
+    configure(FSCONFIG_CMD_CREATE, None, None)?;
+    let attributes = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    // SAFETY: an open, created filesystem context and flags.
+    let mount =
+        owned_fd(unsafe { libc::syscall(libc::SYS_fsmount, context.as_raw_fd(), FSMOUNT_CLOEXEC, attributes) })?;
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", mount.as_raw_fd()))?;
+    let id = info.lines().find_map(|line| line.strip_prefix("mnt_id:")?.trim().parse().ok());
+    let id = id.ok_or_else(|| io::Error::other("no mnt_id in the new mount's /proc/self/fdinfo"))?;
+    Ok((mount, id))
+}
+
+/// Unmounts the mount at exactly `path` (no symbolic link followed) with umount2(2); `lazy`
+/// detaches it even while files are open (MNT_DETACH). A user who may not call umount2 (not
+/// root) goes through `fusermount3 -u` (`-z` when lazy). Only for the daemon and its watcher,
+/// once they know that the topmost mount at `path` is their own (see
+/// [`crate::mount::own_mount`]); `stfs umount` uses [`crate::mount::unmount::unmount`], which
+/// touches nothing and is bounded in time.
 pub fn unmount_own(path: &Path, lazy: bool) -> Result<(), MountPointError> {
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| MountPointError::NulInPath)?;
     let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
@@ -191,11 +387,34 @@ pub fn unmount_own(path: &Path, lazy: bool) -> Result<(), MountPointError> {
     }
     let e = io::Error::last_os_error();
     Err(match e.raw_os_error() {
+        Some(libc::EPERM) => return through_fusermount(path, lazy).map_err(|_| MountPointError::Io(e)),
         Some(libc::EINVAL) => MountPointError::NotMounted,
         Some(libc::ENOENT) => MountPointError::Missing,
         Some(libc::EBUSY) => MountPointError::Busy,
         _ => MountPointError::Io(e),
     })
+}
+
+/// Unmounts `path` with fusermount3 (or fusermount), which lets a user unmount their own FUSE mount.
+fn through_fusermount(path: &Path, lazy: bool) -> io::Result<()> {
+    for helper in ["fusermount3", "fusermount"] {
+        let run = Command::new(helper)
+            .arg("-u")
+            .args(lazy.then_some("-z"))
+            .arg("--")
+            .arg(path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match run {
+            Ok(status) if status.success() => return Ok(()),
+            Ok(status) => return Err(io::Error::other(format!("{helper} -u: {status}"))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from(io::ErrorKind::NotFound))
 }
 
 /// Sets the kernel readahead of the FUSE mount at `path` (its bdi `read_ahead_kb`), so buffered and

@@ -1,12 +1,13 @@
 //! The FUSE session of a mount: mounts a built filesystem, reports readiness once the mount
-//! answers, and serves until unmounted or signalled (SIGINT, SIGTERM, SIGHUP unmount cleanly).
+//! answers, and serves until unmounted or signalled (SIGINT, SIGTERM, SIGHUP unmount the daemon's
+//! own mount, and nothing else: see [`crate::mount::own_mount`]).
 
 use std::fmt;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, SessionACL};
@@ -14,7 +15,9 @@ use log::{info, warn};
 
 use crate::fs::Fs;
 use crate::fuse::{readahead_in_whole_reads, FuseAdapter, SpliceTarget};
+use crate::mount::mountinfo;
 use crate::mount::mountpoint::{self, MountPointError};
+use crate::mount::own_mount::{OwnMount, Whereabouts};
 use crate::mount::signals::wait_for_signal;
 use crate::mount::watcher::AutoUnmount;
 use crate::util::describe_io;
@@ -49,6 +52,13 @@ pub enum ServeError {
         /// Why.
         error: io::Error,
     },
+    /// The mount point cannot be served: another mount was made there in a race with this one.
+    MountPoint {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// What is wrong with it.
+        error: MountPointError,
+    },
     /// A thread the session needs could not be started.
     Thread {
         /// What the thread is for.
@@ -75,6 +85,7 @@ impl fmt::Display for ServeError {
             ServeError::Mount { mountpoint, error } => {
                 write!(f, "{}: mounting failed: {}", mountpoint.display(), describe_io(error))
             }
+            ServeError::MountPoint { mountpoint, error } => write!(f, "{}: {error}", mountpoint.display()),
             ServeError::Thread { purpose, error } => write!(f, "starting the {purpose}: {error}"),
             ServeError::NotAnswering { mountpoint, timeout } => {
                 write!(f, "{}: the mount did not answer within {} s", mountpoint.display(), timeout.as_secs())
@@ -91,6 +102,7 @@ impl std::error::Error for ServeError {
             ServeError::Mount { error, .. } | ServeError::Thread { error, .. } | ServeError::Ended(error) => {
                 Some(error)
             }
+            ServeError::MountPoint { error, .. } => Some(error),
             ServeError::NotAnswering { .. } | ServeError::Panicked => None,
         }
     }
@@ -143,66 +155,133 @@ pub fn serve(
     // Spliced replies only carry a local file's bytes: without one, keep per-thread descriptors.
     let splice = options.splice && fs.serves_file_ranges();
     let config = fuse_config(fsname, options, splice);
-    let (session, mut unmounter) = match open_session(Arc::clone(&fs), fsname, options, &config, splice) {
+    let (session, mounted) = match open_session(Arc::clone(&fs), fsname, options, &config, splice) {
         Ok(s) => s,
-        Err(error) => return Err(not_ready(on_ready, ServeError::Mount { mountpoint: mp, error })),
+        Err(e) => return Err(not_ready(on_ready, e)),
     };
-    let own_mount = matches!(unmounter, Unmounter::Own(_));
-    let runner = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run());
+    let (stop, stopped) = mpsc::channel();
+    let ended = SessionEnded(stop.clone());
+    let runner = std::thread::Builder::new().name("fuse-session".into()).spawn(move || {
+        let _ended = ended;
+        session.run()
+    });
     let runner = match runner {
         Ok(r) => r,
         Err(error) => {
-            let _ = unmounter.unmount();
+            mounted.give_up();
             return Err(not_ready(on_ready, ServeError::Thread { purpose: "session", error }));
         }
     };
-    match wait_until_answering(&mp) {
-        Ok(()) => {
-            let readahead_kb = if splice {
-                readahead_in_whole_reads(options.kernel_readahead_kb)
-            } else {
-                options.kernel_readahead_kb
-            };
-            if readahead_kb > 0 {
-                if let Err(e) = mountpoint::set_kernel_readahead(&mp, readahead_kb) {
-                    info!("kernel readahead left at its default: {e}");
-                }
-            }
-            if let Some(w) = watcher.as_mut() {
-                w.arm();
-            }
-            info!("mounted {} on {}", fsname, mp.display());
-            on_ready(Ok(()));
-        }
-        Err(e) => {
-            let _ = unmounter.unmount();
-            return Err(not_ready(on_ready, e));
+    if let Err(e) = wait_until_answering(&mp) {
+        mounted.give_up();
+        return Err(not_ready(on_ready, e));
+    }
+    let readahead_kb =
+        if splice { readahead_in_whole_reads(options.kernel_readahead_kb) } else { options.kernel_readahead_kb };
+    if readahead_kb > 0 {
+        if let Err(e) = mountpoint::set_kernel_readahead(&mp, readahead_kb) {
+            info!("kernel readahead left at its default: {e}");
         }
     }
+    let own = mounted.own_mount(&mp);
+    match (&own, watcher.as_mut()) {
+        (Some(own), Some(w)) => w.arm(own.id()),
+        (None, Some(_)) => warn!("auto_unmount: {} is not in mountinfo; the watcher stands down", mp.display()),
+        _ => {}
+    }
+    info!("mounted {} on {}", fsname, mp.display());
+    on_ready(Ok(()));
     let signal_mp = mp.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             let signal = wait_for_signal();
-            info!("signal {signal}: unmounting {}", signal_mp.display());
-            if let Err(e) = unmounter.unmount() {
-                warn!("unmount failed ({e}); detaching lazily");
-                let _ = mountpoint::unmount_own(&signal_mp, true);
+            if !unmount_on_signal(signal, own.as_ref(), &signal_mp) {
+                let _ = stop.send(Stop::Abandoned);
             }
         })
         .map_err(|error| ServeError::Thread { purpose: "signal thread", error })?;
+    if let Ok(Stop::Abandoned) = stopped.recv() {
+        // The FUSE threads are still reading /dev/fuse: the process exits under them, and the
+        // kernel ends the connection when it closes the device.
+        info!("stopped serving {}; final counters: {}", mp.display(), fs.stats().to_json());
+        return Ok(());
+    }
     let result = runner.join().map_err(|_| ServeError::Panicked);
-    // A session that ended because its mount went away (fuser's loop then returns Ok) has no
-    // connection left, and statfs answers at once. One that failed or panicked may still hold
-    // the kernel's connection open (a spliced reply keeps a reference to the descriptor: see
-    // `fuse/mod.rs`), where statfs would wait for an answer: it is detached without asking.
-    let ended_by_unmount = matches!(result, Ok(Ok(())));
-    if own_mount && (!ended_by_unmount || mountpoint::is_stale(&mp)) {
-        let _ = mountpoint::unmount_own(&mp, true);
+    // A session that ended because its mount went away has nothing left to unmount (and its mount
+    // ID may already name a newer mount). One that failed or panicked may leave its mount listed
+    // (a spliced reply keeps the connection open: see `fuse/mod.rs`), which is detached if it is
+    // still the topmost at its mount point.
+    if let (Some(own), false) = (&own, matches!(result, Ok(Ok(())))) {
+        match own.unmount(true) {
+            Ok(Whereabouts::Top(at)) => info!("detached {} after the session ended", at.display()),
+            Ok(Whereabouts::Covered(at)) => warn!("{} is covered by another mount: left as it is", at.display()),
+            Ok(Whereabouts::Gone) => {}
+            Err(e) => warn!("{}: detaching failed: {e}", mp.display()),
+        }
     }
     let result = result?;
     info!("unmounted {}; final counters: {}", mp.display(), fs.stats().to_json());
     result.map_err(ServeError::Ended)
+}
+
+/// Unmounts the daemon's own mount for `signal`, only while it is the topmost mount at its mount
+/// point (where it is now: a renamed parent moves it); a busy one is detached lazily, and the
+/// session ends when its last file is closed. Returns false when the session must be ended by
+/// the daemon instead: its mount was detached already (`stfs umount -l`), is covered by another
+/// mount, or could not be unmounted. What is mounted over it is never touched.
+fn unmount_on_signal(signal: libc::c_int, own: Option<&OwnMount>, mp: &Path) -> bool {
+    let Some(own) = own else {
+        warn!("signal {signal}: {} is not known in mountinfo: stopping without unmounting", mp.display());
+        return false;
+    };
+    let unmounted = own.unmount(false).or_else(|e| {
+        warn!("signal {signal}: unmounting {} failed ({e}); detaching lazily", mp.display());
+        own.unmount(true)
+    });
+    match unmounted {
+        Ok(Whereabouts::Top(at)) => {
+            info!("signal {signal}: unmounted {}", at.display());
+            true
+        }
+        Ok(Whereabouts::Covered(at)) => {
+            warn!(
+                "signal {signal}: another mount covers {}, and stays; stopping: the mount under it is left without \
+                 its daemon, for `stfs umount` once uncovered",
+                at.display()
+            );
+            false
+        }
+        Ok(Whereabouts::Gone) => {
+            info!(
+                "signal {signal}: the mount of {} was detached already; stopping: files still open on it fail with \
+                 ENOTCONN",
+                mp.display()
+            );
+            false
+        }
+        Err(e) => {
+            warn!("signal {signal}: detaching {} failed ({e}); stopping", mp.display());
+            false
+        }
+    }
+}
+
+/// Why the daemon stops waiting for its session.
+enum Stop {
+    /// The session's threads have ended.
+    Ended,
+    /// A signal came, and the mount could not be unmounted: the daemon exits with its session running.
+    Abandoned,
+}
+
+/// Sends [`Stop::Ended`] when dropped: when the session thread ends, by returning or panicking.
+struct SessionEnded(mpsc::Sender<Stop>);
+
+impl Drop for SessionEnded {
+    fn drop(&mut self) {
+        let _ = self.0.send(Stop::Ended);
+    }
 }
 
 /// Tells `on_ready` that the mount will not answer, and gives the error back for the caller.
@@ -211,56 +290,85 @@ fn not_ready(on_ready: impl FnOnce(Result<(), &ServeError>), e: ServeError) -> S
     e
 }
 
-/// How a mount made by [`open_session`] is taken down.
-enum Unmounter {
-    /// fuser mounted it (through fusermount, for a user who may not call mount(2)).
+/// A mount made by [`open_session`], and how it is known.
+enum Mounted {
+    /// stfs mounted it (as [`crate::mount::mountinfo::FS_TYPE`]), and knows its mount ID.
+    Own(OwnMount),
+    /// fuser mounted it through fusermount, for a user who may not mount; its ID is read from
+    /// mountinfo once it answers.
     Fuser(fuser::SessionUnmounter),
-    /// stfs mounted it with mount(2), as [`crate::mount::mountinfo::FS_TYPE`].
-    Own(PathBuf),
 }
 
-impl Unmounter {
-    fn unmount(&mut self) -> Result<(), MountPointError> {
+impl Mounted {
+    /// Takes the mount down before it was ready: stfs's own only while it is the topmost at its
+    /// mount point, fuser's through fuser.
+    fn give_up(self) {
         match self {
-            Unmounter::Fuser(unmounter) => unmounter.unmount().map_err(MountPointError::Io),
-            Unmounter::Own(mp) => match mountpoint::unmount_own(mp, false) {
-                Ok(()) | Err(MountPointError::NotMounted) => Ok(()),
-                Err(e) => Err(e),
-            },
+            Mounted::Own(own) => {
+                let _ = own.unmount(true);
+            }
+            Mounted::Fuser(mut unmounter) => {
+                let _ = unmounter.unmount();
+            }
+        }
+    }
+
+    /// The daemon's own mount, once it answers at `mp`: fuser's is the topmost stfs mount there.
+    fn own_mount(self, mp: &Path) -> Option<OwnMount> {
+        match self {
+            Mounted::Own(own) => Some(own),
+            Mounted::Fuser(_) => {
+                let top = mountinfo::locate(mp).ok().and_then(|(_, top)| top).filter(|m| m.is_stfs());
+                top.map(|m| OwnMount::new(m.id))
+            }
         }
     }
 }
 
-/// Mounts and returns the session to run: as type `fuse.stfs` with stfs's own mount(2) call where
-/// that is permitted (root), else through fuser, which runs fusermount.
+/// Mounts and returns the session to run: as type `fuse.stfs` with stfs's own system calls where
+/// that is permitted (root), else through fuser, which runs fusermount. stfs's own mount is
+/// attached at the mount point once the session has answered the kernel's INIT; one that lands on
+/// another mount made there since `stfs mount` checked the mount point (a race between two
+/// mounts) withdraws, and the mount point is reported as already mounted on.
 fn open_session(
     fs: Arc<Fs>,
     fsname: &str,
     options: &ServeOptions,
     config: &Config,
     splice: bool,
-) -> io::Result<(fuser::Session<FuseAdapter>, Unmounter)> {
+) -> Result<(fuser::Session<FuseAdapter>, Mounted), ServeError> {
     let mp = &options.mountpoint;
+    let failed = |error| ServeError::Mount { mountpoint: mp.clone(), error };
     let adapter = FuseAdapter::new(fs).splicing(splice);
     let target = adapter.splice_target();
-    let Some(device) = mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root)?
+    let Some((device, pending)) =
+        mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?
     else {
-        let mut session = fuser::Session::new(adapter, mp, config)?;
-        let unmounter = Unmounter::Fuser(session.unmount_callable());
+        let mut session = fuser::Session::new(adapter, mp, config).map_err(failed)?;
+        let unmounter = Mounted::Fuser(session.unmount_callable());
         connect_splice(splice, &target, &session);
         return Ok((session, unmounter));
     };
-    match fuser::Session::from_fd(adapter, device, config.acl, config.clone()) {
-        Ok(session) => {
-            connect_splice(splice, &target, &session);
-            Ok((session, Unmounter::Own(mp.clone())))
-        }
+    let session = match fuser::Session::from_fd(adapter, device, config.acl, config.clone()) {
+        Ok(session) => session,
         Err(e) => {
             // The handshake failed: the mount must not outlive this error.
-            let _ = mountpoint::unmount_own(mp, true);
-            Err(e)
+            let _ = pending.withdraw();
+            return Err(failed(e));
         }
+    };
+    let own = OwnMount::new(pending.attach(mp).map_err(failed)?);
+    if own.lost_race() {
+        info!("{}: another mount was made there at the same time; withdrawing mount {}", mp.display(), own.id());
+        if let Err(e) = pending.withdraw() {
+            warn!("{}: withdrawing mount {} failed: {e}", mp.display(), own.id());
+        }
+        return Err(ServeError::MountPoint { mountpoint: mp.clone(), error: MountPointError::AlreadyMounted });
     }
+    // Its own descriptor goes: a mount held open would be busy for `stfs umount`.
+    drop(pending);
+    connect_splice(splice, &target, &session);
+    Ok((session, Mounted::Own(own)))
 }
 
 /// Gives the adapter the session's descriptor for spliced replies, if they are wanted; without

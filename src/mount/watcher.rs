@@ -12,13 +12,12 @@ use std::ffi::CStr;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
 use log::{info, warn};
 
-use crate::mount::mountpoint::{topmost_mount, FS_TYPE};
+use crate::mount::mountinfo;
+use crate::mount::mountpoint::{topmost_mount, unmount_own, FS_TYPE};
 
 /// The watcher's process name (comm), as ps and pgrep show it.
 pub const WATCHER_NAME: &CStr = c"stfs-watch";
@@ -28,20 +27,14 @@ pub const WATCHER_NAME: &CStr = c"stfs-watch";
 #[derive(Debug)]
 pub struct AutoUnmount {
     pipe: File,
-    mountpoint: PathBuf,
 }
 
 impl AutoUnmount {
-    /// Tells the watcher which mount to detach if the daemon dies: the topmost `fuse.stfs` mount
-    /// on the mount point, which the caller has just seen answer. Call once the mount answers.
-    pub fn arm(&mut self) {
-        match topmost_mount(&self.mountpoint) {
-            Some((id, fs_type)) if fs_type == FS_TYPE => {
-                if let Err(e) = writeln!(self.pipe, "{id}") {
-                    warn!("auto_unmount: the watcher is gone ({e}); the mount stays if stfs dies");
-                }
-            }
-            _ => warn!("auto_unmount: {} is not in mountinfo; the watcher stands down", self.mountpoint.display()),
+    /// Tells the watcher which mount to detach if the daemon dies: the daemon's own, by its mount
+    /// ID ([`crate::mount::own_mount`]). Call once the mount answers.
+    pub fn arm(&mut self, id: u64) {
+        if let Err(e) = writeln!(self.pipe, "{id}") {
+            warn!("auto_unmount: the watcher is gone ({e}); the mount stays if stfs dies");
         }
     }
 }
@@ -50,8 +43,9 @@ impl AutoUnmount {
 /// the watcher once it has closed every inherited descriptor but the standard streams (it sets up
 /// logging). The process must be single-threaded.
 pub fn spawn_watcher(mountpoint: &Path, init: impl FnOnce()) -> io::Result<AutoUnmount> {
-    // mountinfo lists mount points without symlinks; resolve them now, while the path is live.
-    let mountpoint = fs::canonicalize(mountpoint)?;
+    // mountinfo lists mount points without symlinks; resolve them now, asking nothing of a mount
+    // that a racing `stfs mount` may have made there meanwhile.
+    let (mountpoint, _) = mountinfo::locate(mountpoint)?;
     let mut fds = [0; 2];
     // SAFETY: fds is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -81,7 +75,7 @@ pub fn spawn_watcher(mountpoint: &Path, init: impl FnOnce()) -> io::Result<AutoU
             break;
         }
     }
-    Ok(AutoUnmount { pipe: File::from(write_end), mountpoint })
+    Ok(AutoUnmount { pipe: File::from(write_end) })
 }
 
 /// The watcher: waits for the pipe to close, detaches the mount if it is still the daemon's, exits.
@@ -101,7 +95,7 @@ fn watch(pipe: OwnedFd, mountpoint: &Path, init: impl FnOnce()) -> ! {
     let id = std::str::from_utf8(&report).ok().and_then(|t| t.trim().parse::<u64>().ok());
     if let Some(id) = id {
         if topmost_mount(mountpoint) == Some((id, FS_TYPE.to_string())) {
-            match detach(mountpoint) {
+            match unmount_own(mountpoint, true) {
                 Ok(()) => warn!("the stfs daemon of {} died: its mount was detached", mountpoint.display()),
                 Err(e) => warn!("the stfs daemon of {} died; detaching its mount failed: {e}", mountpoint.display()),
             }
@@ -123,28 +117,4 @@ fn close_inherited(keep: i32) {
         // descriptor is already closed and gets EBADF).
         unsafe { libc::close(fd) };
     }
-}
-
-/// Detaches the mount: umount2(MNT_DETACH) where permitted (root), else fusermount3 (or
-/// fusermount), which lets a user detach their own FUSE mount.
-fn detach(mountpoint: &Path) -> io::Result<()> {
-    let c_path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
-    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EPERM) {
-        return Err(e);
-    }
-    for helper in ["fusermount3", "fusermount"] {
-        let run = Command::new(helper).args(["-u", "-z", "--"]).arg(mountpoint).stdin(Stdio::null()).status();
-        match run {
-            Ok(status) if status.success() => return Ok(()),
-            Ok(status) => return Err(io::Error::other(format!("{helper} -u -z: {status}"))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(e)
 }

@@ -208,25 +208,62 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// Pid of the stfs daemon serving `mp`, found by its command line in /proc.
 pub fn daemon_pid(mp: &Path) -> Option<i32> {
-    stfs_process(mp, |comm| comm != "stfs-watch")
+    daemon_pids(mp).into_iter().next()
+}
+
+/// Pids of every stfs daemon whose command line names `mp` (one that serves a mount detached
+/// lazily and the one of a newer mount there, say).
+pub fn daemon_pids(mp: &Path) -> Vec<i32> {
+    stfs_processes(mp, |comm| comm != "stfs-watch")
 }
 
 /// Pid of the `auto_unmount` watcher of the mount on `mp` (its name is stfs-watch).
 pub fn watcher_pid(mp: &Path) -> Option<i32> {
-    stfs_process(mp, |comm| comm == "stfs-watch")
+    stfs_processes(mp, |comm| comm == "stfs-watch").into_iter().next()
 }
 
-/// A process of the stfs binary whose command line names `mp` and whose name (comm) `comm_ok` takes.
-fn stfs_process(mp: &Path, comm_ok: impl Fn(&str) -> bool) -> Option<i32> {
-    let want = mp.to_str()?;
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        if !comm_ok(comm.trim_end()) {
-            return None;
+/// Processes of the stfs binary whose command line names `mp` and whose name (comm) `comm_ok` takes.
+fn stfs_processes(mp: &Path, comm_ok: impl Fn(&str) -> bool) -> Vec<i32> {
+    let Some(want) = mp.to_str() else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            if !comm_ok(comm.trim_end()) {
+                return None;
+            }
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.contains(&want.as_bytes())).then_some(pid)
+        })
+        .collect()
+}
+
+/// Mounts a 1 MiB tmpfs on `path` (root only).
+pub fn mount_tmpfs(path: &Path) {
+    let c = |s: &[u8]| CString::new(s).unwrap();
+    let (source, target, fs_type, data) = (c(b"tmpfs"), c(path.as_os_str().as_bytes()), c(b"tmpfs"), c(b"size=1m"));
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), 0, data.as_ptr().cast()) };
+    assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+}
+
+/// Detaches everything mounted at each of its paths when dropped, one stacked mount after another
+/// (MNT_DETACH, which asks no daemon), found in mountinfo alone: whatever the test did.
+pub struct DetachAll(pub Vec<PathBuf>);
+
+impl Drop for DetachAll {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+            for _ in 0..16 {
+                if !wedge::listed(path) {
+                    break;
+                }
+                // SAFETY: c is a valid C string for the duration of the call.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+            }
         }
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        (args.first().is_some_and(|a| a.ends_with(b"stfs")) && args.contains(&want.as_bytes())).then_some(pid)
-    })
+    }
 }
