@@ -111,10 +111,15 @@ def test_mount_header_never_reaches_a_command_line(private, monkeypatch):
             pass
 
 
-def fake_mount(tmp_path, path):
-    """A directory that looks like an stfs mount, whose one tensor has metadata.json `path`."""
+def fake_mount(tmp_path, path, monkeypatch):
+    """A directory that looks like an stfs mount, whose one tensor has metadata.json `path`: its
+    `.stfs` directory, and os.path.ismount saying yes for it (stfs.load reads only a mount point's
+    metadata.json; what is tested here is what it does with a hostile one)."""
     root = tmp_path / "fake"
     root.mkdir()
+    (root / ".stfs").mkdir()
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.path.realpath(p) == str(root) or real_ismount(p))
     (tmp_path / "outside").write_bytes(b"not yours")
     meta = {"stfs_metadata_version": 1,
             "tensors": {"t": {"dtype": "U8", "shape": [9], "byte_len": 9, "path": path}}}
@@ -123,8 +128,8 @@ def fake_mount(tmp_path, path):
 
 
 @pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "link", "a/../../outside", ".", ""])
-def test_load_refuses_a_path_outside_the_mount(tmp_path, path):
-    root = fake_mount(tmp_path, path)
+def test_load_refuses_a_path_outside_the_mount(tmp_path, path, monkeypatch):
+    root = fake_mount(tmp_path, path, monkeypatch)
     os.symlink(tmp_path / "outside", root / "link")
     with pytest.raises(stfs.StfsError, match=r"^stfs: .*metadata\.json: tensor 't' has path .* not a file inside the mount$"):
         stfs.load(root)
@@ -132,8 +137,8 @@ def test_load_refuses_a_path_outside_the_mount(tmp_path, path):
         tensor_path(str(root), "t", path)
 
 
-def test_load_takes_a_path_inside_the_mount(tmp_path):
-    root = fake_mount(tmp_path, "sub/t")
+def test_load_takes_a_path_inside_the_mount(tmp_path, monkeypatch):
+    root = fake_mount(tmp_path, "sub/t", monkeypatch)
     (root / "sub").mkdir()
     (root / "sub" / "t").write_bytes(b"123456789")
     assert bytes(stfs.load(root)["t"]) == b"123456789"
