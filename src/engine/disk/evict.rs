@@ -46,12 +46,16 @@ pub(crate) struct Scan {
 
 /// Lists every block file under `root/objects/` and every extent file (with its record) under
 /// `root/extents/`; removes temporary files older than [`STALE_TEMP_AGE`] when `clean` is set. A
-/// missing folder is an empty one.
+/// missing folder is an empty one. Folders are walked only where they are real directories, never
+/// through a symbolic link: what the scan counts, evicts or removes is inside the cache directory
+/// (`stfs cache clear` run by root on a user's cache must not follow that user's links out of it).
 pub(crate) fn scan(root: &Path, clean: bool) -> io::Result<Scan> {
     let mut out = Scan::default();
     for folder in [OBJECTS, EXTENTS] {
-        match std::fs::read_dir(root.join(folder)) {
-            Ok(dir) => scan_folder(dir, clean, &mut out),
+        let path = root.join(folder);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => scan_folder(std::fs::read_dir(&path)?, clean, &mut out),
+            Ok(_) => log::warn!("{}: not a directory; its contents are not the cache's", path.display()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
@@ -63,6 +67,10 @@ pub(crate) fn scan(root: &Path, clean: bool) -> io::Result<Scan> {
 fn scan_folder(dir: std::fs::ReadDir, clean: bool, out: &mut Scan) {
     let now = SystemTime::now();
     for fan in dir.flatten() {
+        // The entry's own type: a link to a directory is not one.
+        if !fan.file_type().is_ok_and(|kind| kind.is_dir()) {
+            continue;
+        }
         let Ok(files) = std::fs::read_dir(fan.path()) else { continue };
         for file in files.flatten() {
             let name = file.file_name();

@@ -39,7 +39,7 @@
 //! through passthrough): the second process to finish an extent drops its own.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -327,7 +327,7 @@ fn open_data(root: &Path, key: &ObjectKey, range: &Range<u64>) -> Result<(File, 
     if !meta.is_file() || meta.len() != range.end - range.start {
         return Err(remove_corrupt(&path, format!("{} bytes, the extent has {}", meta.len(), range.end - range.start)));
     }
-    let record = match std::fs::read(meta_path(&path)) {
+    let record = match read_record(&meta_path(&path)) {
         Ok(bytes) => Record::from_bytes(&bytes),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let age = meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok());
@@ -363,12 +363,40 @@ fn crc_of(file: &File, len: u64) -> io::Result<u32> {
     Ok(hasher.finalize())
 }
 
-/// Refreshes a record's mtime (the extent's LRU age; the data file's own times are part of its
-/// record and never touched) as a block hit refreshes its file's.
-fn touch(meta: &Path) {
-    if let Ok(file) = File::options().write(true).open(meta) {
-        if let Ok(m) = file.metadata() {
-            store::touch_if_old(&file, &m);
+/// A record file opened as block files are: never through a link, never waiting on a FIFO, and
+/// only if it is a regular file.
+fn open_record(meta: &Path) -> io::Result<(File, std::fs::Metadata)> {
+    let file =
+        OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(meta)?;
+    let stat = file.metadata()?;
+    if !stat.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    Ok((file, stat))
+}
+
+/// The bytes of a record file, at most one more than a record's (so anything longer reads as no
+/// valid record, not as a read without end). A link, a FIFO or anything but a regular file in its
+/// place reads as no bytes: no valid record.
+fn read_record(meta: &Path) -> io::Result<Vec<u8>> {
+    let file = match open_record(meta) {
+        Ok((file, _)) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(e),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) || e.kind() == io::ErrorKind::InvalidData => {
+            return Ok(Vec::new())
         }
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::with_capacity(RECORD_LEN + 1);
+    file.take(RECORD_LEN as u64 + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Refreshes a record's mtime (the extent's LRU age; the data file's own times are part of its
+/// record and never touched) as a block hit refreshes its file's: through a descriptor of the
+/// record itself, so never another file's a link would lead to.
+fn touch(meta: &Path) {
+    if let Ok((file, stat)) = open_record(meta) {
+        store::touch_if_old(&file, &stat);
     }
 }

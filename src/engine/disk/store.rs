@@ -12,9 +12,11 @@
 //!
 //! `KEY` is 32 hex digits of the SHA-256 of the source's identity and the block size
 //! ([`ObjectKey`]), `ab` its first two, `BLOCK` the block index in decimal. The header is the magic
-//! `STFSBLK1`, the CRC-32 of the bytes and their length (both little-endian u32). A reader
-//! checks the file's size, the magic, the length and the CRC, so a torn, truncated or
-//! overwritten file is a miss (and is removed), never served. Writes are not fsync'd: a block a
+//! `STFSBLK2`, the CRC-32 of the file's own name (`KEY-BLOCK`) followed by the bytes, and their
+//! length (both little-endian u32). A reader opens the file without following a link or blocking
+//! (a FIFO), takes only a regular file, and checks its size, the magic, the length and the CRC,
+//! so a torn, truncated or overwritten file, and a valid block under another block's name (copied
+//! or linked there), is a miss (and is removed), never served. Writes are not fsync'd: a block a
 //! power loss tore fails its CRC and is fetched again, and an fsync per block would cost a
 //! flush of the disk for every few MiB read.
 
@@ -25,8 +27,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
 
-/// The first bytes of every block file (format version 1).
-pub(crate) const MAGIC: &[u8; 8] = b"STFSBLK1";
+/// The first bytes of every block file (format version 2: the CRC covers the file's name; a
+/// version 1 file reads as corrupt, is removed and fetched again).
+pub(crate) const MAGIC: &[u8; 8] = b"STFSBLK2";
 /// Bytes before a block's data: magic, CRC-32, length.
 pub(crate) const HEADER_LEN: usize = 16;
 /// The folder of block files under the cache directory.
@@ -101,12 +104,18 @@ pub(crate) enum Miss {
 /// Reads block file `path` into `buf` (sized to the block's expected length) and verifies it.
 /// A hit older than [`TOUCH_AFTER`] gets its mtime set to now: the LRU clock eviction sorts by.
 pub(crate) fn read_block(path: &Path, buf: &mut [u8]) -> Result<(), Miss> {
-    let mut file = match File::open(path) {
+    // Never through a link, and never waiting on a FIFO someone left in its place.
+    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let mut file = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Miss::Absent),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(Miss::Corrupt("a symbolic link".into())),
         Err(e) => return Err(Miss::Io(e)),
     };
     let meta = file.metadata().map_err(Miss::Io)?;
+    if !meta.is_file() {
+        return Err(Miss::Corrupt("not a regular file".into()));
+    }
     let want = (HEADER_LEN + buf.len()) as u64;
     if meta.len() != want {
         return Err(Miss::Corrupt(format!("{} bytes, a whole block file has {want}", meta.len())));
@@ -118,7 +127,7 @@ pub(crate) fn read_block(path: &Path, buf: &mut [u8]) -> Result<(), Miss> {
         return Err(Miss::Corrupt(format!("holds {len} bytes, the block has {}", buf.len())));
     }
     read_exact_or_corrupt(&mut file, buf)?;
-    if crc32fast::hash(buf) != crc {
+    if checksum(&file_name(path), buf) != crc {
         return Err(Miss::Corrupt("checksum mismatch".into()));
     }
     touch_if_old(&file, &meta);
@@ -141,14 +150,28 @@ fn read_exact_or_corrupt(file: &mut File, buf: &mut [u8]) -> Result<(), Miss> {
     })
 }
 
-/// The header of a block of `data`.
-pub(crate) fn header(data: &[u8]) -> [u8; HEADER_LEN] {
+/// The header of the block file named `name` (`KEY-BLOCK`) holding `data`.
+pub(crate) fn header(name: &str, data: &[u8]) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..8].copy_from_slice(MAGIC);
-    h[8..12].copy_from_slice(&crc32fast::hash(data).to_le_bytes());
+    h[8..12].copy_from_slice(&checksum(name, data).to_le_bytes());
     // A block is at most 1 GiB (MAX_BLOCK_SIZE), so its length fits a u32.
     h[12..16].copy_from_slice(&(data.len() as u32).to_le_bytes());
     h
+}
+
+/// The CRC-32 of a block file's name and then its bytes: a valid block under another block's name
+/// fails it.
+fn checksum(name: &str, data: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(name.as_bytes());
+    hasher.update(data);
+    hasher.finalize()
+}
+
+/// The last component of a block file's path, as its name.
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// The CRC and length in a header, if its magic is right.
@@ -187,7 +210,7 @@ pub(crate) fn temp_file(path: &Path) -> io::Result<(PathBuf, File)> {
 pub(crate) fn write_block(root: &Path, key: &ObjectKey, block: u64, data: &[u8]) -> io::Result<u64> {
     let path = block_path(root, key, block);
     let (temp, mut file) = temp_file(&path)?;
-    let written = file.write_all(&header(data)).and_then(|()| file.write_all(data));
+    let written = file.write_all(&header(&file_name(&path), data)).and_then(|()| file.write_all(data));
     drop(file);
     let result = written.and_then(|()| std::fs::rename(&temp, &path));
     if result.is_err() {
