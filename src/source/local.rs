@@ -358,6 +358,23 @@ pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
     Ok((file, meta))
 }
 
+/// The bytes of the regular file at `path` (a FIFO, a device or a directory refused without
+/// blocking, as [`open_regular`] does), at most `limit` of them: a longer file is an error, never
+/// a read without end. For the small files stfs reads whole (a token, a CA bundle).
+pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, meta) = open_regular(path)?;
+    if meta.len() > limit {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes")));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes")));
+    }
+    Ok(bytes)
+}
+
 /// Refuses anything but a regular file (errors do not repeat the path: the caller names it).
 fn check_regular(meta: &Metadata) -> io::Result<()> {
     let kind = meta.file_type();
@@ -372,6 +389,18 @@ fn check_regular(meta: &Metadata) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn read_regular_takes_a_small_regular_file_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (small, fifo) = (dir.path().join("token"), dir.path().join("fifo"));
+        std::fs::write(&small, b"hf_abc\n").unwrap();
+        assert_eq!(read_regular(&small, 7).unwrap(), b"hf_abc\n");
+        assert!(read_regular(&small, 6).unwrap_err().to_string().contains("larger than 6 bytes"));
+        crate::util::test_support::make_fifo(&fifo);
+        assert_eq!(read_regular(&fifo, 100).unwrap_err().to_string(), "is not a regular file");
+        assert_eq!(read_regular(Path::new("/dev/zero"), 100).unwrap_err().to_string(), "is not a regular file");
+    }
 
     fn file_with(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();

@@ -426,10 +426,14 @@ impl Remote {
     }
 }
 
+/// Longest CA bundle read (the system's whole bundle is about 200 KiB).
+const MAX_CA_BUNDLE_BYTES: u64 = 16 << 20;
+
 /// Root certificates from a PEM file (`AWS_CA_BUNDLE`), instead of the platform's.
 fn load_ca_bundle(path: &std::path::Path) -> Result<ureq::tls::RootCerts, HttpError> {
     let shown = path.display();
-    let pem = std::fs::read(path).map_err(|e| HttpError::BadOption(format!("CA bundle {shown}: {e}")))?;
+    let pem = crate::source::read_regular(path, MAX_CA_BUNDLE_BYTES)
+        .map_err(|e| HttpError::BadOption(format!("CA bundle {shown}: {}", crate::util::describe_io(&e))))?;
     let certs: Vec<_> = ureq::tls::parse_pem(&pem)
         .filter_map(|item| match item {
             Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),

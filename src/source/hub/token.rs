@@ -49,13 +49,18 @@ pub fn token_file(env: Env<'_>) -> Option<PathBuf> {
     Some(home.join("token"))
 }
 
+/// Longest token file read (a token is a few dozen bytes).
+const MAX_TOKEN_FILE_BYTES: u64 = 64 << 10;
+
 /// The token from `HF_TOKEN`, else from the token file; `None` when neither holds one.
 pub fn find_token(env: Env<'_>) -> Option<(Secret, TokenOrigin)> {
     if let Some(token) = env("HF_TOKEN") {
         return Some((Secret::new(token.trim()), TokenOrigin::Environment));
     }
     let file = token_file(env)?;
-    let text = std::fs::read_to_string(&file).ok()?;
+    // A token is short: a FIFO or a device there is not waited on or read without end.
+    let bytes = crate::source::read_regular(&file, MAX_TOKEN_FILE_BYTES).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
     let token = text.trim();
     (!token.is_empty()).then(|| (Secret::new(token), TokenOrigin::File(file)))
 }

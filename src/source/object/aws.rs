@@ -167,7 +167,8 @@ fn describe(error: &CredentialsError) -> String {
 fn unreadable_file() -> Option<String> {
     ["AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"].into_iter().find_map(|var| {
         let path = std::env::var_os(var).filter(|p| !p.is_empty())?;
-        let error = std::fs::File::open(&path).err()?;
+        // Opened without blocking: a FIFO there must not hold the mount.
+        let error = crate::source::open_regular(std::path::Path::new(&path)).err()?;
         Some(format!("{} ({var}) cannot be read: {error}", std::path::Path::new(&path).display()))
     })
 }
