@@ -24,6 +24,8 @@ mod behind;
 mod evict;
 mod extent;
 mod extents;
+#[cfg(test)]
+mod hostile_tests;
 mod open;
 mod store;
 #[cfg(test)]
