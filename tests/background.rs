@@ -149,6 +149,29 @@ impl Drop for UnmountOnDrop {
     }
 }
 
+/// `stfs mount SOURCE MP` run with descriptor `fd` of this process passed down as descriptor `as_fd`
+/// (inheritable), as a shell's `N>&M` would.
+fn mount_passing(source: &str, mp: &Path, fd: std::os::fd::RawFd, as_fd: std::os::fd::RawFd) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let mut command = Command::new(STFS);
+    command.args(["mount", source, mp.to_str().unwrap()]);
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: dup2 and fcntl are async-signal-safe; they only set up the child's descriptor table.
+    // dup2 onto the same number leaves close-on-exec set, so that case clears it instead.
+    unsafe {
+        command.pre_exec(move || {
+            let rc = if fd == as_fd { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, as_fd) };
+            if rc < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+    }
+    wait_output(command.spawn().unwrap(), TIMEOUT)
+}
+
 /// A descriptor the caller of `stfs mount` passes down (here the write end of a pipe, as a script
 /// waiting for the command's output through it, or a lock held by `flock stfs mount ...`) is not
 /// kept by the daemon for the life of the mount.
@@ -156,8 +179,6 @@ impl Drop for UnmountOnDrop {
 fn the_daemon_keeps_no_descriptor_its_caller_passed_down() {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
 
     let dir = workdir();
     let (source, _) = fixture(dir.path());
@@ -169,15 +190,7 @@ fn the_daemon_keeps_no_descriptor_its_caller_passed_down() {
     // SAFETY: both descriptors were just opened and belong to nobody else.
     let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
     let pipe_inode = std::fs::metadata(format!("/proc/self/fd/{}", read_end.as_raw_fd())).unwrap().ino();
-    let passed = write_end.as_raw_fd();
-    let mut command = Command::new(STFS);
-    command.args(["mount", source.to_str().unwrap(), mp.to_str().unwrap()]);
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: dup2 is async-signal-safe; the child gets the write end as descriptor 7, inheritable.
-    unsafe {
-        command.pre_exec(move || if libc::dup2(passed, 7) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
-    }
-    let out = wait_output(command.spawn().unwrap(), TIMEOUT);
+    let out = mount_passing(source.to_str().unwrap(), &mp, write_end.as_raw_fd(), 7);
     let _guard = UnmountOnDrop(mp.clone());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let pid = daemon_pid(&mp).expect("the daemon runs");
@@ -199,23 +212,13 @@ fn the_daemon_keeps_no_descriptor_its_caller_passed_down() {
 #[test]
 fn a_source_named_as_a_passed_down_descriptor_is_kept() {
     use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
 
     let dir = workdir();
     let (source, tensors) = fixture(dir.path());
     let mp = dir.path().join("m");
     std::fs::create_dir(&mp).unwrap();
     let file = std::fs::File::open(&source).unwrap();
-    let passed = file.as_raw_fd();
-    let mut command = Command::new(STFS);
-    command.args(["mount", "/dev/fd/8", mp.to_str().unwrap()]);
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: dup2 is async-signal-safe; the child gets the checkpoint as descriptor 8.
-    unsafe {
-        command.pre_exec(move || if libc::dup2(passed, 8) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
-    }
-    let out = wait_output(command.spawn().unwrap(), TIMEOUT);
+    let out = mount_passing("/dev/fd/8", &mp, file.as_raw_fd(), 8);
     let _guard = UnmountOnDrop(mp.clone());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for t in &tensors {

@@ -5,21 +5,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::wedge::{mount_entry, mounts, process_gone, Holder};
 use common::*;
-use stfs::format::Dtype;
-
-/// A checkpoint of one tensor in a fresh directory.
-fn checkpoint() -> (tempfile::TempDir, PathBuf, T) {
-    let dir = workdir();
-    let file = dir.path().join("model.safetensors");
-    let tensor = T::new("w", Dtype::F32, &[1000]);
-    write_checkpoint(&file, std::slice::from_ref(&tensor), None);
-    (dir, file, tensor)
-}
 
 /// `stfs mount FILE MP`, which must succeed; returns the pid of the daemon it started.
 fn mount(file: &Path, mp: &Path) -> i32 {
@@ -42,7 +32,7 @@ fn stacked(path: &Path) -> Vec<String> {
 
 #[test]
 fn sigterm_leaves_a_tmpfs_mounted_over_the_mount_alone() {
-    let (dir, file, _) = checkpoint();
+    let (dir, file, _) = one_tensor_checkpoint();
     let mp = dir.path().join("m");
     std::fs::create_dir(&mp).unwrap();
     let _guard = DetachAll(vec![mp.clone()]);
@@ -57,7 +47,7 @@ fn sigterm_leaves_a_tmpfs_mounted_over_the_mount_alone() {
 
 #[test]
 fn sigterm_to_a_lazily_unmounted_daemon_leaves_the_newer_mount_alone() {
-    let (dir, file, tensor) = checkpoint();
+    let (dir, file, tensor) = one_tensor_checkpoint();
     let mp = dir.path().join("m");
     std::fs::create_dir(&mp).unwrap();
     let _guard = DetachAll(vec![mp.clone()]);
@@ -79,7 +69,7 @@ fn sigterm_to_a_lazily_unmounted_daemon_leaves_the_newer_mount_alone() {
 
 #[test]
 fn sigterm_unmounts_the_mount_where_a_renamed_parent_moved_it() {
-    let (dir, file, _) = checkpoint();
+    let (dir, file, _) = one_tensor_checkpoint();
     let (before, after) = (dir.path().join("a"), dir.path().join("b"));
     std::fs::create_dir_all(before.join("m")).unwrap();
     let _guard = DetachAll(vec![before.join("m"), after.join("m")]);
@@ -94,7 +84,7 @@ fn sigterm_unmounts_the_mount_where_a_renamed_parent_moved_it() {
 fn of_concurrent_mounts_on_one_mount_point_exactly_one_succeeds() {
     const RUNS: usize = 4;
     const ROUNDS: usize = 5;
-    let (dir, file, tensor) = checkpoint();
+    let (dir, file, tensor) = one_tensor_checkpoint();
     for round in 0..ROUNDS {
         let mp = dir.path().join(format!("m{round}"));
         std::fs::create_dir(&mp).unwrap();

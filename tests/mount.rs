@@ -220,6 +220,19 @@ fn stats_file_and_command_report_counters() {
     assert!(doc["mapped_reads"].as_u64().unwrap() > 0);
 }
 
+/// The rest of `file`, read 7 bytes at a time (as a reader polling in small pieces would).
+fn read_seven_bytes_at_a_time(file: &mut std::fs::File) -> Vec<u8> {
+    use std::io::Read;
+    let (mut rest, mut chunk) = (Vec::new(), [0u8; 7]);
+    loop {
+        let n = file.read(&mut chunk).unwrap();
+        if n == 0 {
+            return rest;
+        }
+        rest.extend_from_slice(&chunk[..n]);
+    }
+}
+
 #[test]
 fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
     use std::io::Read;
@@ -235,14 +248,7 @@ fn stats_file_is_renewed_at_each_open_and_kept_within_one() {
     for t in &tensors {
         assert_eq!(std::fs::read(served_path(&m, &t.name)).unwrap(), t.data);
     }
-    let (mut rest, mut chunk) = (Vec::new(), [0u8; 7]);
-    loop {
-        let n = held.read(&mut chunk).unwrap();
-        if n == 0 {
-            break;
-        }
-        rest.extend_from_slice(&chunk[..n]);
-    }
+    let rest = read_seven_bytes_at_a_time(&mut held);
     let whole = [&first[..], &rest].concat();
     assert_eq!(
         reads(&whole),
@@ -274,14 +280,7 @@ fn every_open_of_the_stats_file_reads_a_whole_document_of_its_own() {
     let mut other_held = std::fs::File::open(&stats_path).unwrap();
     let other = std::fs::read(&stats_path).unwrap();
     assert!(reads(&other) >= before + 1 + tensors.len() as u64);
-    let (mut rest, mut chunk) = (Vec::new(), [0u8; 7]);
-    loop {
-        let n = held.read(&mut chunk).unwrap();
-        if n == 0 {
-            break;
-        }
-        rest.extend_from_slice(&chunk[..n]);
-    }
+    let rest = read_seven_bytes_at_a_time(&mut held);
     let whole = [&first[..], &rest].concat();
     assert_eq!(whole.len() as u64, held_len, "{}", String::from_utf8_lossy(&whole));
     assert_eq!(reads(&whole), before + 1, "the document taken at the first open: {}", String::from_utf8_lossy(&whole));

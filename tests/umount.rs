@@ -8,7 +8,6 @@ use std::process::{Command, Output};
 
 use common::wedge::{listed, mount_entry, process_gone, run_bounded_unmount, Holder, Stopped};
 use common::*;
-use stfs::format::Dtype;
 
 fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -23,15 +22,6 @@ impl Drop for Unmount {
             force_unmount(&self.0);
         }
     }
-}
-
-/// A checkpoint of one tensor in a fresh directory.
-fn checkpoint() -> (tempfile::TempDir, PathBuf, T) {
-    let dir = workdir();
-    let file = dir.path().join("model.safetensors");
-    let tensor = T::new("w", Dtype::F32, &[1000]);
-    write_checkpoint(&file, std::slice::from_ref(&tensor), None);
-    (dir, file, tensor)
 }
 
 /// `stfs umount ARGS...` as a command, run from `cwd` when given.
@@ -118,7 +108,7 @@ fn umount_of_what_is_not_mounted_says_so() {
 /// Mounts a checkpoint, stops its daemon with SIGSTOP, and runs `stfs umount EXTRA... MP`: it must
 /// return within 2 s having unmounted; once continued, the daemon exits.
 fn unmount_a_stopped_daemon(extra: &[&str]) {
-    let (_dir, file, _) = checkpoint();
+    let (_dir, file, _) = one_tensor_checkpoint();
     let m = Mount::new(&file, &[]);
     let pid = daemon_pid(&m.path).expect("daemon pid");
     let stopped = Stopped::new(pid);
@@ -143,7 +133,7 @@ fn lazy_umount_returns_within_2s_when_the_daemon_is_stopped() {
 
 #[test]
 fn busy_mount_with_a_stopped_daemon_is_reported_busy_then_detached_within_2s() {
-    let (_dir, file, tensor) = checkpoint();
+    let (_dir, file, tensor) = one_tensor_checkpoint();
     let m = Mount::new(&file, &[]);
     let pid = daemon_pid(&m.path).expect("daemon pid");
     let holder = Holder::open(Command::new("sh"), &m.file("w"));
@@ -167,7 +157,7 @@ fn busy_mount_with_a_stopped_daemon_is_reported_busy_then_detached_within_2s() {
 
 #[test]
 fn umount_finds_the_mount_by_relative_symlinked_and_escaped_paths_without_touching_it() {
-    let (dir, file, _) = checkpoint();
+    let (dir, file, _) = one_tensor_checkpoint();
     let link = dir.path().join("link");
     // Mount point names; how `stfs umount` names each (and the directory it runs in) is below.
     for name in ["rel", "slash", "sym", "a b\\c\td"] {

@@ -87,6 +87,15 @@ pub fn workdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("stfs-test-").tempdir().expect("tempdir")
 }
 
+/// A checkpoint of one tensor (`w`, 1000 F32) in a fresh directory: the directory, the file, the tensor.
+pub fn one_tensor_checkpoint() -> (tempfile::TempDir, PathBuf, T) {
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensor = T::new("w", Dtype::F32, &[1000]);
+    write_checkpoint(&file, std::slice::from_ref(&tensor), None);
+    (dir, file, tensor)
+}
+
 /// Runs `stfs ARGS...` to completion (with a timeout) and returns its output.
 pub fn stfs(args: &[&str]) -> Output {
     let child = Command::new(STFS)
