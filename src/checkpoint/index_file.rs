@@ -73,7 +73,7 @@ mod tests {
     fn a_file_is_read_up_to_the_limit_and_refused_past_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors.index.json");
-        std::fs::write(&path, b"12345").unwrap();
+        crate::util::test_support::write_new(&path, b"12345");
         assert_eq!(read_index_file(&path, 5).unwrap(), b"12345");
         let too_large = read_index_file(&path, 4).unwrap_err();
         assert!(matches!(too_large, OpenProblem::IndexTooLarge { len: 5, limit: 4 }), "{too_large:?}");
@@ -87,7 +87,7 @@ mod tests {
         let paths: Vec<PathBuf> =
             ["a", "b", "c", "d", "e"].iter().map(|n| dir.path().join(format!("{n}.safetensors.index.json"))).collect();
         for (path, len) in paths.iter().zip([40, 30, 20, 10]) {
-            std::fs::write(path, vec![b' '; len]).unwrap();
+            crate::util::test_support::write_new(path, vec![b' '; len]);
         }
         std::os::unix::fs::symlink("/dev/zero", &paths[4]).unwrap();
         let paths: Vec<&PathBuf> = paths.iter().collect();

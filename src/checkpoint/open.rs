@@ -187,7 +187,7 @@ mod tests {
     /// A valid shard of one tensor at `path`.
     fn write_shard(path: &Path) {
         let tensors = [("x".to_string(), crate::format::Dtype::U8, vec![4], b"abcd".to_vec())];
-        std::fs::write(path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+        crate::util::test_support::write_new(path, crate::format::writer::serialize(&tensors, None).unwrap());
     }
 
     #[test]
@@ -218,7 +218,7 @@ mod tests {
         let path = |name: &str| dir.path().join(name);
         make_fifo(&path("fifo.index.json"));
         std::os::unix::fs::symlink("/dev/zero", path("zero.index.json")).unwrap();
-        let large = std::fs::File::create(path("large.index.json")).unwrap();
+        let large = std::fs::File::create_new(path("large.index.json")).unwrap();
         large.set_len(MAX_INDEX_SIZE as u64 + 1).unwrap(); // sparse: no disk
         let expected = [
             ("fifo.index.json", "is not a regular file".to_string()),
@@ -267,7 +267,10 @@ mod tests {
     fn a_hostile_shard_name_stays_on_one_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors.index.json");
-        std::fs::write(&path, br#"{"weight_map":{"x":"model\n\u001b[2Jfake: line.safetensors"}}"#).unwrap();
+        crate::util::test_support::write_new(
+            &path,
+            br#"{"weight_map":{"x":"model\n\u001b[2Jfake: line.safetensors"}}"#,
+        );
         let err = open(path.to_str().unwrap(), &OpenOptions::default()).err().unwrap();
         let shown = r"model\n\u{1b}[2Jfake: line.safetensors: no such file or directory";
         assert_eq!(err.to_string(), format!("{}/{shown}", dir.path().display()));
@@ -280,7 +283,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_shard(&dir.path().join("a.safetensors"));
         for name in ["m1", "m2", "m3"] {
-            let index = std::fs::File::create(dir.path().join(format!("{name}.safetensors.index.json"))).unwrap();
+            let index = std::fs::File::create_new(dir.path().join(format!("{name}.safetensors.index.json"))).unwrap();
             index.set_len(48 << 20).unwrap(); // sparse: no disk
         }
         let checkpoint = open(dir.path().to_str().unwrap(), &OpenOptions::default()).unwrap();

@@ -394,7 +394,7 @@ mod tests {
     fn read_regular_takes_a_small_regular_file_only() {
         let dir = tempfile::tempdir().unwrap();
         let (small, fifo) = (dir.path().join("token"), dir.path().join("fifo"));
-        std::fs::write(&small, b"hf_abc\n").unwrap();
+        crate::util::test_support::write_new(&small, b"hf_abc\n");
         assert_eq!(read_regular(&small, 7).unwrap(), b"hf_abc\n");
         assert!(read_regular(&small, 6).unwrap_err().to_string().contains("larger than 6 bytes"));
         crate::util::test_support::make_fifo(&fifo);

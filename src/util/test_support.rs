@@ -18,3 +18,11 @@ pub(crate) fn make_fifo(path: &std::path::Path) {
     // SAFETY: mkfifo reads a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
 }
+
+/// Writes `bytes` to a new file at `path`, created exclusively: never through a link, never over
+/// a file already there.
+pub(crate) fn write_new(path: &std::path::Path, bytes: impl AsRef<[u8]>) {
+    use std::io::Write;
+    let mut file = std::fs::File::create_new(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    file.write_all(bytes.as_ref()).unwrap();
+}

@@ -41,8 +41,8 @@ fn the_scan_never_follows_a_link_out_of_the_cache_directory() {
     std::fs::create_dir_all(cache.join(store::OBJECTS)).unwrap();
     std::fs::create_dir(&victim).unwrap();
     let (block, temp) = (victim.join(format!("{}-7", "0".repeat(32))), victim.join(".important.tmp"));
-    std::fs::write(&block, b"not the cache's").unwrap();
-    std::fs::write(&temp, b"not the cache's").unwrap();
+    crate::util::test_support::write_new(&block, b"not the cache's");
+    crate::util::test_support::write_new(&temp, b"not the cache's");
     age(&temp, Duration::from_secs(3 * 3600));
     std::os::unix::fs::symlink(&victim, cache.join(store::OBJECTS).join("zz")).unwrap();
     std::os::unix::fs::symlink(&victim, cache.join(extent::EXTENTS)).unwrap();
