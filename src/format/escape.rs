@@ -2,7 +2,7 @@
 //! in error messages: non-printables escaped, long ones cut, so a hostile header, index or file name
 //! cannot drive the terminal or forge a second line.
 
-use std::fmt::{self, Write};
+use std::fmt;
 
 /// Longest part of a name (in bytes) that error messages show before cutting it with an ellipsis.
 const MAX_SHOWN_NAME: usize = 200;
@@ -23,13 +23,19 @@ impl fmt::Display for Printable<'_> {
 
 /// Writes `text` escaped as [`Printable`] does, cut after `max_bytes` bytes.
 pub(super) fn write_escaped(out: &mut impl fmt::Write, text: &str, max_bytes: usize) -> fmt::Result {
+    write_cut(out, text, max_bytes, |c| c == '"' || c == '\'')
+}
+
+/// Writes `text`, each character that `as_is` refuses escaped as `{:?}` escapes it, cut after
+/// `max_bytes` bytes (at a character boundary) with an ellipsis giving the bytes left out.
+fn write_cut(out: &mut impl fmt::Write, text: &str, max_bytes: usize, as_is: impl Fn(char) -> bool) -> fmt::Result {
     let mut cut = text.len().min(max_bytes);
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
     let (shown, hidden) = text.split_at(cut);
     for c in shown.chars() {
-        if c == '"' || c == '\'' {
+        if as_is(c) {
             out.write_char(c)?;
         } else {
             write!(out, "{}", c.escape_debug())?;
@@ -50,23 +56,7 @@ pub struct PrintablePath<'a>(pub &'a str);
 
 impl fmt::Display for PrintablePath<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let text = self.0;
-        let mut cut = text.len().min(MAX_SHOWN_PATH);
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let (shown, hidden) = text.split_at(cut);
-        for c in shown.chars() {
-            if prints_as_itself(c) {
-                f.write_char(c)?;
-            } else {
-                write!(f, "{}", c.escape_debug())?;
-            }
-        }
-        if !hidden.is_empty() {
-            write!(f, "…[{} more bytes]", hidden.len())?;
-        }
-        Ok(())
+        write_cut(f, self.0, MAX_SHOWN_PATH, prints_as_itself)
     }
 }
 
