@@ -22,6 +22,8 @@ pub(crate) enum Fault {
     Truncate,
     /// Wait this long, then answer normally.
     Delay(Duration),
+    /// Wait this long, then answer with this status and an empty body (a slow failure).
+    LateStatus(Duration, u16),
 }
 
 /// A request as the server saw it.
@@ -197,6 +199,10 @@ fn answer(request: &Seen, writer: &mut TcpStream, state: &Mutex<State>) -> bool 
         Some(Fault::Status(status, retry_after)) => {
             let extra = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
             return write_head(writer, status, &format!("{extra}Content-Length: 0\r\n"));
+        }
+        Some(Fault::LateStatus(pause, status)) => {
+            std::thread::sleep(pause);
+            return write_head(writer, status, "Content-Length: 0\r\n");
         }
         Some(Fault::Truncate) => truncate = true,
         None => {}

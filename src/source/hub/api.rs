@@ -270,7 +270,7 @@ fn transport_detail(error: ureq::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::http::test_server::TestServer;
+    use crate::source::http::test_server::{Fault, TestServer};
 
     const TOKEN: &str = "hf_TOKENSECRET";
 
@@ -326,5 +326,29 @@ mod tests {
         assert_eq!(seen.len(), 2);
         assert_eq!(seen[1].path, "/o/new/resolve/abc/config.json");
         assert_eq!(seen[1].header("x-api-key"), Some("HEADERSECRET"));
+    }
+
+    /// A slow failing answer uses up time of its own: a retry whose wait would end past the
+    /// deadline is not started, so the caller has its error by the deadline. Here the first answer
+    /// (a 503) takes 300 ms and the first retry waits 400 ms, past the 650 ms deadline: the 503 is
+    /// returned at about 300 ms. Judged before the try, the retry started and ended at 700 ms.
+    #[test]
+    fn no_retry_wait_ends_past_the_deadline() {
+        let hub = TestServer::start(Vec::new());
+        hub.with(|s| {
+            for _ in 0..API_ATTEMPTS {
+                s.faults.push_back(Fault::LateStatus(Duration::from_millis(300), 503));
+            }
+        });
+        let budget = Duration::from_millis(650);
+        let mut options = HttpOptions { proxy: ProxySetting::Direct, ..HttpOptions::default() };
+        options.deadline = Some(Instant::now() + budget);
+        let started = Instant::now();
+        let client = HubClient::new(&hub.url(""), None, &options).unwrap();
+        let outcome = client.fetch_file("o/r", "abc", "config.json", 1 << 20);
+        let took = started.elapsed();
+        assert!(matches!(outcome, Err(HubError::Api(ref m)) if m.contains("503")), "{outcome:?}");
+        assert!(took < budget, "the call took {took:?}, past its {budget:?} deadline");
+        assert_eq!(hub.seen().len(), 1, "a retry was sent");
     }
 }
