@@ -16,6 +16,7 @@ use crate::cli::defaults::default_engine;
 use crate::cli::progress::Progress;
 use crate::cli::report::Failure;
 use crate::engine::EngineConfig;
+use crate::format::PrintablePath;
 use crate::fs::{Fs, FsError};
 use crate::mount::build::{build_fs, FsOptions, Owner};
 use crate::stats::Stats;
@@ -78,10 +79,10 @@ pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, Failure> {
     };
     // Every name is checked before anything is written: a typo leaves no partial output behind.
     let items = names.iter().map(|n| find(&fs, &args.source, n, args.npy)).collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&args.output_dir).map_err(|e| Failure::io(args.output_dir.display(), e))?;
+    std::fs::create_dir_all(&args.output_dir).map_err(|e| Failure::io(shown(&args.output_dir), e))?;
     let mut progress = Progress::new(items.iter().map(|i| i.size).sum());
     for item in &items {
-        write_file(&fs, item, &args.output_dir, &mut progress).map_err(|e| Failure::at(&args.source, e))?;
+        write_file(&fs, &args.source, item, &args.output_dir, &mut progress)?;
     }
     progress.finish();
     Ok(ExitCode::SUCCESS)
@@ -131,7 +132,7 @@ fn find(fs: &Fs, source: &str, name: &str, npy: bool) -> Result<Item, Failure> {
     };
     let path = if npy { tensor.npy_path.clone() } else { Some(tensor.path.clone()) };
     let path = path.ok_or_else(|| Failure::at(source, ExtractError::NoNpyView { name: name.into() }))?;
-    let at_path = |e: FsError| Failure::at(format!("{source}: {path}"), e);
+    let at_path = |e: FsError| Failure::at(format!("{source}: {}", PrintablePath(&path)), e);
     let mut ino = ROOT_INO;
     for part in path.split('/') {
         ino = fs.lookup(ino, OsStr::new(part)).map_err(at_path)?.ino;
@@ -173,9 +174,11 @@ enum CopyError {
 impl fmt::Display for CopyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CopyError::Open { path, error } => write!(f, "{path}: {error}"),
+            CopyError::Open { path, error } => write!(f, "{}: {error}", PrintablePath(path)),
             CopyError::Read { name, error } => write!(f, "reading tensor {name:?}: {error}"),
-            CopyError::EndedEarly { path, offset, size } => write!(f, "{path}: ended at byte {offset} of {size}"),
+            CopyError::EndedEarly { path, offset, size } => {
+                write!(f, "{}: ended at byte {offset} of {size}", PrintablePath(path))
+            }
             CopyError::Write(e) => f.write_str(&describe_io(e)),
         }
     }
@@ -222,16 +225,22 @@ fn create_exclusive(path: &Path) -> Result<std::fs::File, Failure> {
     options.write(true).create_new(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
     options.open(path).map_err(|e| match e.kind() {
         io::ErrorKind::AlreadyExists => Failure::at(
-            path.display(),
+            shown(path),
             "already exists (left by an interrupted extract, or planted there); remove it and retry",
         ),
-        _ => Failure::io(path.display(), e),
+        _ => Failure::io(shown(path), e),
     })
 }
 
+/// `path` as an error line shows it: the tensor's part of it may hold any character but `/` and NUL.
+fn shown(path: &Path) -> String {
+    PrintablePath(&path.to_string_lossy()).to_string()
+}
+
 /// Writes `item` to `dir/PATH`: first under a temporary name, renamed into place once complete, so
-/// an interrupted extract never leaves a truncated file under the tensor's name.
-fn write_file(fs: &Fs, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), Failure> {
+/// an interrupted extract never leaves a truncated file under the tensor's name. A failure to write
+/// (a full disk) or to rename names the output file; a failure to read names `source`.
+fn write_file(fs: &Fs, source: &str, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), Failure> {
     let target = dir.join(&item.path);
     // A short temporary name: the tensor's own may already be near NAME_MAX.
     let temp = dir.join(format!(".stfs-partial-{}-{}", std::process::id(), item.ino));
@@ -239,9 +248,9 @@ fn write_file(fs: &Fs, item: &Item, dir: &Path, progress: &mut Progress) -> Resu
     let mut out = io::BufWriter::with_capacity(CHUNK as usize, file);
     let copied = copy(fs, item, &mut out, progress).and_then(|()| out.flush().map_err(CopyError::Write));
     let result = match copied {
-        Ok(()) => std::fs::rename(&temp, &target).map_err(|e| Failure::io(target.display(), e)),
-        Err(CopyError::Write(e)) => Err(Failure::io(temp.display(), e)),
-        Err(e) => Err(Failure::new(e)),
+        Ok(()) => std::fs::rename(&temp, &target).map_err(|e| Failure::io(shown(&target), e)),
+        Err(CopyError::Write(e)) => Err(Failure::io(shown(&target), e)),
+        Err(e) => Err(Failure::at(source, e)),
     };
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
