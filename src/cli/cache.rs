@@ -1,20 +1,20 @@
 //! `stfs cache info|clear DIR`: what a disk cache directory (`--cache-dir`) holds, and emptying it.
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
 use crate::cli::args::{CacheAction, CacheArgs};
 use crate::cli::report::{print_out, Failure};
 use crate::engine::disk;
+use crate::format::PrintablePath;
 use crate::util::size::format_size;
 
 /// Runs `stfs cache`.
 pub fn run(args: CacheArgs) -> Result<ExitCode, Failure> {
     match args.action {
         CacheAction::Info { dir } => {
-            if !dir.is_dir() {
-                return Err(Failure::io(dir.display(), std::io::Error::from(std::io::ErrorKind::NotFound)));
-            }
+            require_dir(&dir)?;
             let info = disk::info(&dir).map_err(|e| Failure::io(dir.display(), e))?;
             let mut text = format!(
                 "directory: {}\nblocks: {}\nextent files: {}\nbytes: {} ({})\nsources: {}\ntemporary files: {}\n",
@@ -33,10 +33,22 @@ pub fn run(args: CacheArgs) -> Result<ExitCode, Failure> {
             print_out(&text)
         }
         CacheAction::Clear { dir } => {
+            require_dir(&dir)?;
             let (files, bytes) = disk::clear(&dir).map_err(|e| Failure::io(dir.display(), e))?;
             print_out(&format!("removed {files} files ({}) from {}\n", format_size(bytes), dir.display()))
         }
     }
+}
+
+/// Fails unless `dir` is a directory (a link to one is followed), with the reason as the system
+/// words it: a mistyped DIR is an error for `clear` as for `info`, never "removed 0 files".
+fn require_dir(dir: &Path) -> Result<(), Failure> {
+    let meta = std::fs::metadata(dir).map_err(|e| Failure::io(PrintablePath(&dir.to_string_lossy()), e))?;
+    if !meta.is_dir() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOTDIR);
+        return Err(Failure::io(PrintablePath(&dir.to_string_lossy()), e));
+    }
+    Ok(())
 }
 
 /// How long ago `when` was, in whole seconds, minutes, hours or days.
@@ -47,5 +59,38 @@ fn ago(when: SystemTime) -> String {
         120..7200 => format!("{}m", secs / 60),
         7200..172_800 => format!("{}h", secs / 3600),
         _ => format!("{}d", secs / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use crate::cli::args::{CacheAction, CacheArgs};
+    use crate::cli::cache::run;
+
+    fn error_of(action: CacheAction) -> String {
+        run(CacheArgs { action }).expect_err("a DIR that is not a directory is refused").to_string()
+    }
+
+    /// A missing DIR, or a file given as DIR, is one line naming it and why, for `info` and `clear`
+    /// alike: `clear` of a mistyped DIR used to report "removed 0 files" and succeed, and `info`
+    /// called a regular file "entity not found".
+    #[test]
+    fn a_dir_that_is_not_a_directory_is_refused_by_info_and_clear() {
+        let work = tempfile::tempdir().unwrap();
+        let missing = work.path().join("missing");
+        let file = work.path().join("file");
+        crate::util::test_support::write_new(&file, b"x");
+        let actions: [fn(PathBuf) -> CacheAction; 2] =
+            [|dir| CacheAction::Info { dir }, |dir| CacheAction::Clear { dir }];
+        for make in actions {
+            let shown = missing.display();
+            assert_eq!(error_of(make(missing.clone())), format!("{shown}: no such file or directory"));
+            assert_eq!(error_of(make(file.clone())), format!("{}: not a directory", file.display()));
+        }
+        let odd = PathBuf::from(format!("{}/a\u{1b}[2Jb", work.path().display()));
+        let shown = error_of(CacheAction::Clear { dir: odd });
+        assert!(shown.ends_with("a\\u{1b}[2Jb: no such file or directory"), "{shown}");
     }
 }
