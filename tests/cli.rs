@@ -124,6 +124,25 @@ fn inspect_prints_the_table_and_json() {
     assert_eq!(doc["tensors"]["scale"]["shape"], serde_json::json!([]));
 }
 
+/// A full stdout (`/dev/full`) fails `inspect` and `cat` alike with one worded line, exit 1;
+/// `inspect` used to print std's `No space left on device (os error 28)`.
+#[test]
+fn a_full_stdout_is_one_worded_line() {
+    let (_dir, file, _) = one_tensor_checkpoint();
+    for args in [&["inspect"][..], &["inspect", "--json"], &["cat"]] {
+        let mut command = std::process::Command::new(STFS);
+        command.args(args).arg(&file);
+        if args == ["cat"] {
+            command.arg("w");
+        }
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let child = command.stdout(full).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let out = wait_output(child, TIMEOUT);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(stderr_of(&out), "stfs: writing to stdout: no space left on device\n", "{args:?}");
+    }
+}
+
 #[test]
 fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
     let dir = workdir();

@@ -144,7 +144,7 @@ pub fn print_out(text: &str) -> Result<ExitCode, Failure> {
     match io::stdout().lock().write_all(text.as_bytes()) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(Failure::at("writing to stdout", e)),
+        Err(e) => Err(Failure::io("writing to stdout", e)),
     }
 }
 
