@@ -51,11 +51,13 @@ fn table(ns: &Namespace) -> String {
     let names: Vec<String> = ns.tensors().iter().map(|t| shown_name(&t.name)).collect();
     let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(4).clamp(4, 60);
     let mut out = format!("{:<width$}  {:<11}  {:<20}  {:>14}  {:>14}\n", "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET");
-    let mut total = 0u64;
+    // Each shard's tensors fit in its length, but shards together (lengths a server claims) need not
+    // fit in a u64.
+    let mut total = 0u128;
     for (t, name) in ns.tensors().iter().zip(&names) {
         let shape = format!("{:?}", t.shape);
         let _ = writeln!(out, "{name:<width$}  {:<11}  {shape:<20}  {:>14}  {:>14}", t.dtype.name(), t.len, t.start);
-        total += t.len;
+        total += u128::from(t.len);
     }
     let _ = writeln!(out, "{} tensors, {} bytes", ns.tensors().len(), total);
     out
@@ -64,17 +66,37 @@ fn table(ns: &Namespace) -> String {
 #[cfg(test)]
 mod tests {
     use crate::cli::inspect::table;
-    use crate::format::{parse_header, Dtype};
+    use crate::format::parse_header;
     use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 
+    /// A shard of U8 tensors `names`, `len` bytes each, as its header and a claimed file length
+    /// describe it (no data is needed to build the table).
+    fn shard(source: usize, names: &[&str], len: u64) -> Shard {
+        let mut offset = 0u64;
+        let mut entries = Vec::new();
+        for name in names {
+            let entry = serde_json::json!({"dtype": "U8", "shape": [len], "data_offsets": [offset, offset + len]});
+            entries.push((name.to_string(), entry));
+            offset += len;
+        }
+        let json = serde_json::Value::Object(entries.into_iter().collect()).to_string();
+        let header = parse_header(json.as_bytes(), 8 + json.len() as u64 + offset).unwrap();
+        Shard { source, name: format!("m{source}.safetensors"), header, file: None }
+    }
+
     fn namespace(names: &[&str]) -> Namespace {
-        let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> =
-            names.iter().map(|n| (n.to_string(), Dtype::U8, vec![2], vec![0; 2])).collect();
-        let bytes = crate::format::writer::serialize(&tensors, None).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header = parse_header(&bytes[8..8 + n], bytes.len() as u64).unwrap();
-        let shard = Shard { source: 0, name: "m.safetensors".into(), header, file: None };
-        Namespace::build(vec![shard], Vec::new(), Layout::Flat, Views::default()).unwrap()
+        Namespace::build(vec![shard(0, names, 2)], Vec::new(), Layout::Flat, Views::default()).unwrap()
+    }
+
+    /// The total of nine shards' bytes, 2^61 - 1 each (the most a tensor's bit count allows) as a
+    /// server may claim, does not overflow.
+    #[test]
+    fn the_total_of_huge_shards_does_not_overflow() {
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+        let shards = names.iter().enumerate().map(|(i, n)| shard(i, &[n], (1 << 61) - 1)).collect();
+        let ns = Namespace::build(shards, Vec::new(), Layout::Flat, Views::default()).unwrap();
+        let text = table(&ns);
+        assert!(text.ends_with("9 tensors, 20752587082923245559 bytes\n"), "{text}");
     }
 
     /// Names that do not print as themselves are quoted with their escapes: C0 and C1 controls,
