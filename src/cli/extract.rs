@@ -80,12 +80,18 @@ pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, Failure> {
     // Every name is checked before anything is written: a typo leaves no partial output behind.
     let items = names.iter().map(|n| find(&fs, &args.source, n, args.npy)).collect::<Result<Vec<_>, _>>()?;
     std::fs::create_dir_all(&args.output_dir).map_err(|e| Failure::io(shown(&args.output_dir), e))?;
-    let mut progress = Progress::new(items.iter().map(|i| i.size).sum());
+    let mut progress = Progress::new(total_size(&items));
     for item in &items {
         write_file(&fs, &args.source, item, &args.output_dir, &mut progress)?;
     }
     progress.finish();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes to write in all, for the progress bar: saturating, since the sizes of many shards' tensors
+/// (as a server claims them) together need not fit in a u64.
+fn total_size(items: &[Item]) -> u64 {
+    items.iter().fold(0u64, |total, item| total.saturating_add(item.size))
 }
 
 /// Runs `stfs cat`: the tensor to stdout; a closed pipe ends quietly with success.
@@ -256,4 +262,18 @@ fn write_file(fs: &Fs, source: &str, item: &Item, dir: &Path, progress: &mut Pro
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::extract::{total_size, Item};
+
+    /// Nine tensors of 2^61 - 1 bytes (shards a server may claim) sum past a u64 without a panic.
+    #[test]
+    fn the_total_to_write_saturates() {
+        let item = |size| Item { name: "w".into(), path: "w".into(), ino: 2, size };
+        let items: Vec<Item> = (0..9).map(|_| item((1u64 << 61) - 1)).collect();
+        assert_eq!(total_size(&items), u64::MAX);
+        assert_eq!(total_size(&[item(3), item(4)]), 7);
+    }
 }
