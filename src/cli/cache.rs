@@ -5,10 +5,10 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use crate::cli::args::{CacheAction, CacheArgs};
+use crate::cli::progress::human;
 use crate::cli::report::{print_out, Failure};
 use crate::engine::disk;
 use crate::format::PrintablePath;
-use crate::util::size::format_size;
 
 /// Runs `stfs cache`.
 pub fn run(args: CacheArgs) -> Result<ExitCode, Failure> {
@@ -16,28 +16,32 @@ pub fn run(args: CacheArgs) -> Result<ExitCode, Failure> {
         CacheAction::Info { dir } => {
             require_dir(&dir)?;
             let info = disk::info(&dir).map_err(|e| Failure::io(dir.display(), e))?;
-            let mut text = format!(
-                "directory: {}\nblocks: {}\nextent files: {}\nbytes: {} ({})\nsources: {}\ntemporary files: {}\n",
-                dir.display(),
-                info.blocks,
-                info.extents,
-                info.bytes,
-                format_size(info.bytes),
-                info.objects,
-                info.temps
-            );
-            if let Some((oldest, newest)) = info.used {
-                text.push_str(&format!("least recently used: {} ago\n", ago(oldest)));
-                text.push_str(&format!("most recently used: {} ago\n", ago(newest)));
-            }
-            print_out(&text)
+            print_out(&info_text(&dir.display().to_string(), &info))
         }
         CacheAction::Clear { dir } => {
             require_dir(&dir)?;
             let (files, bytes) = disk::clear(&dir).map_err(|e| Failure::io(dir.display(), e))?;
-            print_out(&format!("removed {files} files ({}) from {}\n", format_size(bytes), dir.display()))
+            print_out(&format!("removed {files} files ({}) from {}\n", human(bytes as f64), dir.display()))
         }
     }
+}
+
+/// What `stfs cache info` prints for `dir`: counts, and the bytes with a readable size beside them.
+fn info_text(dir: &str, info: &disk::CacheInfo) -> String {
+    let mut text = format!(
+        "directory: {dir}\nblocks: {}\nextent files: {}\nbytes: {} ({})\nsources: {}\ntemporary files: {}\n",
+        info.blocks,
+        info.extents,
+        info.bytes,
+        human(info.bytes as f64),
+        info.objects,
+        info.temps
+    );
+    if let Some((oldest, newest)) = info.used {
+        text.push_str(&format!("least recently used: {} ago\n", ago(oldest)));
+        text.push_str(&format!("most recently used: {} ago\n", ago(newest)));
+    }
+    text
 }
 
 /// Fails unless `dir` is a directory (a link to one is followed), with the reason as the system
@@ -67,7 +71,19 @@ mod tests {
     use std::path::PathBuf;
 
     use crate::cli::args::{CacheAction, CacheArgs};
-    use crate::cli::cache::run;
+    use crate::cli::cache::{info_text, run};
+    use crate::engine::disk::CacheInfo;
+
+    /// The size beside the byte count is readable: it used to be the exact-unit form, which for
+    /// block files (never a round number of bytes) repeated the count (`bytes: 800272 (800272)`).
+    #[test]
+    fn info_shows_a_readable_size_beside_the_bytes() {
+        let info = CacheInfo { blocks: 7, extents: 1, bytes: 800_272, objects: 1, temps: 0, used: None };
+        let text = info_text("/c", &info);
+        assert!(text.contains("\nbytes: 800272 (781.5 KiB)\n"), "{text}");
+        let empty = CacheInfo { blocks: 0, extents: 0, bytes: 0, objects: 0, temps: 0, used: None };
+        assert!(info_text("/c", &empty).contains("\nbytes: 0 (0.0 B)\n"));
+    }
 
     fn error_of(action: CacheAction) -> String {
         run(CacheArgs { action }).expect_err("a DIR that is not a directory is refused").to_string()

@@ -86,8 +86,8 @@ fn prints_as_itself(c: char) -> bool {
     PrintablePath(one).to_string() == one
 }
 
-/// Bytes with one decimal and a binary unit.
-fn human(bytes: f64) -> String {
+/// Bytes with one decimal and a binary unit (`781.5 KiB`).
+pub(crate) fn human(bytes: f64) -> String {
     let mut value = bytes;
     for unit in ["B", "KiB", "MiB", "GiB"] {
         if value < 1024.0 {
