@@ -47,3 +47,27 @@ fn an_error_about_an_output_file_escapes_the_tensor_name() {
     let expected = format!("stfs: {}/d\\u{{1b}}[31me\\u{{202e}}x: is a directory", out_dir.display());
     assert_eq!(line, expected);
 }
+
+/// `-o` naming a file is "not a directory" (std said "file exists"); a file that cannot be
+/// created (a filesystem out of inodes) names the output file, not the temporary name.
+#[test]
+fn an_output_dir_that_is_a_file_or_out_of_inodes_is_named_plainly() {
+    let dir = workdir();
+    let file = dir.path().join("m.safetensors");
+    write_checkpoint(&file, &[T::new("w", Dtype::U8, &[3])], None);
+    let out = stfs(&["extract", file.to_str().unwrap(), "w", "-o", file.to_str().unwrap()]);
+    assert_eq!(one_failure_line(&out), format!("stfs: {}: not a directory", file.display()));
+
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let _detach = DetachAll(vec![out_dir.clone()]);
+    let c = |s: &[u8]| std::ffi::CString::new(s).unwrap();
+    let target = c(out_dir.as_os_str().as_encoded_bytes());
+    // One inode, the root's: creating any file there fails with ENOSPC.
+    let (fs_type, data) = (c(b"tmpfs"), c(b"size=1m,nr_inodes=1"));
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mount(fs_type.as_ptr(), target.as_ptr(), fs_type.as_ptr(), 0, data.as_ptr().cast()) };
+    assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+    let out = stfs(&["extract", file.to_str().unwrap(), "w", "-o", out_dir.to_str().unwrap()]);
+    assert_eq!(one_failure_line(&out), format!("stfs: {}/w: no space left on device", out_dir.display()));
+}

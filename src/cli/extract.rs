@@ -79,13 +79,24 @@ pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, Failure> {
     };
     // Every name is checked before anything is written: a typo leaves no partial output behind.
     let items = names.iter().map(|n| find(&fs, &args.source, n, args.npy)).collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&args.output_dir).map_err(|e| Failure::io(shown(&args.output_dir), e))?;
+    create_output_dir(&args.output_dir)?;
     let mut progress = Progress::new(total_size(&items));
     for item in &items {
         write_file(&fs, &args.source, item, &args.output_dir, &mut progress)?;
     }
     progress.finish();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the output directory (and its parents) if missing; one that exists as anything but a
+/// directory (a link to one is followed) is "not a directory", not std's "file exists".
+fn create_output_dir(dir: &Path) -> Result<(), Failure> {
+    match std::fs::create_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !dir.is_dir() => {
+            Err(Failure::io(shown(dir), io::Error::from_raw_os_error(libc::ENOTDIR)))
+        }
+        result => result.map_err(|e| Failure::io(shown(dir), e)),
+    }
 }
 
 /// Bytes to write in all, for the progress bar: saturating, since the sizes of many shards' tensors
@@ -224,8 +235,10 @@ fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> 
 }
 
 /// Creates `path` for writing, only if nothing is there (not even a dangling link: O_EXCL, and
-/// O_NOFOLLOW), so a link planted under the temporary name never redirects the write.
-fn create_exclusive(path: &Path) -> Result<std::fs::File, Failure> {
+/// O_NOFOLLOW), so a link planted under the temporary name never redirects the write. Something
+/// already there is named; any other failure (a directory the user may not write, a filesystem
+/// out of inodes) names `target`, the file the user asked for.
+fn create_exclusive(path: &Path, target: &Path) -> Result<std::fs::File, Failure> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
@@ -234,7 +247,7 @@ fn create_exclusive(path: &Path) -> Result<std::fs::File, Failure> {
             shown(path),
             "already exists (left by an interrupted extract, or planted there); remove it and retry",
         ),
-        _ => Failure::io(shown(path), e),
+        _ => Failure::io(shown(target), e),
     })
 }
 
@@ -250,7 +263,7 @@ fn write_file(fs: &Fs, source: &str, item: &Item, dir: &Path, progress: &mut Pro
     let target = dir.join(&item.path);
     // A short temporary name: the tensor's own may already be near NAME_MAX.
     let temp = dir.join(format!(".stfs-partial-{}-{}", std::process::id(), item.ino));
-    let file = create_exclusive(&temp)?;
+    let file = create_exclusive(&temp, &target)?;
     let mut out = io::BufWriter::with_capacity(CHUNK as usize, file);
     let copied = copy(fs, item, &mut out, progress).and_then(|()| out.flush().map_err(CopyError::Write));
     let result = match copied {
