@@ -124,6 +124,47 @@ fn inspect_prints_the_table_and_json() {
     assert_eq!(doc["tensors"]["scale"]["shape"], serde_json::json!([]));
 }
 
+/// A full stdout (`/dev/full`) fails `inspect` and `cat` alike with one worded line, exit 1;
+/// `inspect` used to print std's `No space left on device (os error 28)`.
+#[test]
+fn a_full_stdout_is_one_worded_line() {
+    let (_dir, file, _) = one_tensor_checkpoint();
+    for args in [&["inspect"][..], &["inspect", "--json"], &["cat"]] {
+        let mut command = std::process::Command::new(STFS);
+        command.args(args).arg(&file);
+        if args == ["cat"] {
+            command.arg("w");
+        }
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let child = command.stdout(full).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let out = wait_output(child, TIMEOUT);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(stderr_of(&out), "stfs: writing to stdout: no space left on device\n", "{args:?}");
+    }
+}
+
+/// `stfs umount` of another filesystem names its type and source from mountinfo, which its
+/// mounter chose (any user may name a FUSE mount's source): an escape sequence there is shown
+/// escaped, never sent to the terminal.
+#[test]
+fn umount_of_a_foreign_mount_escapes_its_source() {
+    let dir = workdir();
+    let mp = dir.path().join("mp");
+    std::fs::create_dir(&mp).unwrap();
+    let _detach = DetachAll(vec![mp.clone()]);
+    let c = |s: &[u8]| std::ffi::CString::new(s).unwrap();
+    let (source, target, fs_type) = (c(b"ev\x1b[31mil"), c(mp.as_os_str().as_encoded_bytes()), c(b"tmpfs"));
+    // SAFETY: every pointer is a valid NUL-terminated string (or null) that outlives the call.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fs_type.as_ptr(), 0, std::ptr::null()) };
+    assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+    let out = stfs(&["umount", mp.to_str().unwrap()]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains('\x1b'), "{err:?}");
+    assert!(err.contains("(source ev\\u{1b}[31mil)"), "{err}");
+    assert!(is_mounted(&mp), "the foreign mount is left alone");
+}
+
 #[test]
 fn killed_daemon_leaves_a_stale_mount_that_umount_clears() {
     let dir = workdir();

@@ -16,6 +16,7 @@ use crate::cli::defaults::default_engine;
 use crate::cli::progress::Progress;
 use crate::cli::report::Failure;
 use crate::engine::EngineConfig;
+use crate::format::PrintablePath;
 use crate::fs::{Fs, FsError};
 use crate::mount::build::{build_fs, FsOptions, Owner};
 use crate::stats::Stats;
@@ -78,13 +79,30 @@ pub fn run_extract(args: ExtractArgs) -> Result<ExitCode, Failure> {
     };
     // Every name is checked before anything is written: a typo leaves no partial output behind.
     let items = names.iter().map(|n| find(&fs, &args.source, n, args.npy)).collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&args.output_dir).map_err(|e| Failure::io(args.output_dir.display(), e))?;
-    let mut progress = Progress::new(items.iter().map(|i| i.size).sum());
+    create_output_dir(&args.output_dir)?;
+    let mut progress = Progress::new(total_size(&items));
     for item in &items {
-        write_file(&fs, item, &args.output_dir, &mut progress).map_err(|e| Failure::at(&args.source, e))?;
+        write_file(&fs, &args.source, item, &args.output_dir, &mut progress)?;
     }
     progress.finish();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the output directory (and its parents) if missing; one that exists as anything but a
+/// directory (a link to one is followed) is "not a directory", not std's "file exists".
+fn create_output_dir(dir: &Path) -> Result<(), Failure> {
+    match std::fs::create_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !dir.is_dir() => {
+            Err(Failure::io(shown(dir), io::Error::from_raw_os_error(libc::ENOTDIR)))
+        }
+        result => result.map_err(|e| Failure::io(shown(dir), e)),
+    }
+}
+
+/// Bytes to write in all, for the progress bar: saturating, since the sizes of many shards' tensors
+/// (as a server claims them) together need not fit in a u64.
+fn total_size(items: &[Item]) -> u64 {
+    items.iter().fold(0u64, |total, item| total.saturating_add(item.size))
 }
 
 /// Runs `stfs cat`: the tensor to stdout; a closed pipe ends quietly with success.
@@ -131,7 +149,7 @@ fn find(fs: &Fs, source: &str, name: &str, npy: bool) -> Result<Item, Failure> {
     };
     let path = if npy { tensor.npy_path.clone() } else { Some(tensor.path.clone()) };
     let path = path.ok_or_else(|| Failure::at(source, ExtractError::NoNpyView { name: name.into() }))?;
-    let at_path = |e: FsError| Failure::at(format!("{source}: {path}"), e);
+    let at_path = |e: FsError| Failure::at(format!("{source}: {}", PrintablePath(&path)), e);
     let mut ino = ROOT_INO;
     for part in path.split('/') {
         ino = fs.lookup(ino, OsStr::new(part)).map_err(at_path)?.ino;
@@ -173,9 +191,11 @@ enum CopyError {
 impl fmt::Display for CopyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CopyError::Open { path, error } => write!(f, "{path}: {error}"),
+            CopyError::Open { path, error } => write!(f, "{}: {error}", PrintablePath(path)),
             CopyError::Read { name, error } => write!(f, "reading tensor {name:?}: {error}"),
-            CopyError::EndedEarly { path, offset, size } => write!(f, "{path}: ended at byte {offset} of {size}"),
+            CopyError::EndedEarly { path, offset, size } => {
+                write!(f, "{}: ended at byte {offset} of {size}", PrintablePath(path))
+            }
             CopyError::Write(e) => f.write_str(&describe_io(e)),
         }
     }
@@ -215,36 +235,58 @@ fn copy(fs: &Fs, item: &Item, out: &mut impl Write, progress: &mut Progress) -> 
 }
 
 /// Creates `path` for writing, only if nothing is there (not even a dangling link: O_EXCL, and
-/// O_NOFOLLOW), so a link planted under the temporary name never redirects the write.
-fn create_exclusive(path: &Path) -> Result<std::fs::File, Failure> {
+/// O_NOFOLLOW), so a link planted under the temporary name never redirects the write. Something
+/// already there is named; any other failure (a directory the user may not write, a filesystem
+/// out of inodes) names `target`, the file the user asked for.
+fn create_exclusive(path: &Path, target: &Path) -> Result<std::fs::File, Failure> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
     options.open(path).map_err(|e| match e.kind() {
         io::ErrorKind::AlreadyExists => Failure::at(
-            path.display(),
+            shown(path),
             "already exists (left by an interrupted extract, or planted there); remove it and retry",
         ),
-        _ => Failure::io(path.display(), e),
+        _ => Failure::io(shown(target), e),
     })
 }
 
+/// `path` as an error line shows it: the tensor's part of it may hold any character but `/` and NUL.
+fn shown(path: &Path) -> String {
+    PrintablePath(&path.to_string_lossy()).to_string()
+}
+
 /// Writes `item` to `dir/PATH`: first under a temporary name, renamed into place once complete, so
-/// an interrupted extract never leaves a truncated file under the tensor's name.
-fn write_file(fs: &Fs, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), Failure> {
+/// an interrupted extract never leaves a truncated file under the tensor's name. A failure to write
+/// (a full disk) or to rename names the output file; a failure to read names `source`.
+fn write_file(fs: &Fs, source: &str, item: &Item, dir: &Path, progress: &mut Progress) -> Result<(), Failure> {
     let target = dir.join(&item.path);
     // A short temporary name: the tensor's own may already be near NAME_MAX.
     let temp = dir.join(format!(".stfs-partial-{}-{}", std::process::id(), item.ino));
-    let file = create_exclusive(&temp)?;
+    let file = create_exclusive(&temp, &target)?;
     let mut out = io::BufWriter::with_capacity(CHUNK as usize, file);
     let copied = copy(fs, item, &mut out, progress).and_then(|()| out.flush().map_err(CopyError::Write));
     let result = match copied {
-        Ok(()) => std::fs::rename(&temp, &target).map_err(|e| Failure::io(target.display(), e)),
-        Err(CopyError::Write(e)) => Err(Failure::io(temp.display(), e)),
-        Err(e) => Err(Failure::new(e)),
+        Ok(()) => std::fs::rename(&temp, &target).map_err(|e| Failure::io(shown(&target), e)),
+        Err(CopyError::Write(e)) => Err(Failure::io(shown(&target), e)),
+        Err(e) => Err(Failure::at(source, e)),
     };
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::extract::{total_size, Item};
+
+    /// Nine tensors of 2^61 - 1 bytes (shards a server may claim) sum past a u64 without a panic.
+    #[test]
+    fn the_total_to_write_saturates() {
+        let item = |size| Item { name: "w".into(), path: "w".into(), ino: 2, size };
+        let items: Vec<Item> = (0..9).map(|_| item((1u64 << 61) - 1)).collect();
+        assert_eq!(total_size(&items), u64::MAX);
+        assert_eq!(total_size(&[item(3), item(4)]), 7);
+    }
 }

@@ -4,6 +4,8 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use crate::format::PrintablePath;
+
 /// Work below this many bytes finishes too fast for a bar to help.
 pub const MIN_BYTES_FOR_BAR: u64 = 64 << 20;
 /// Least time between two redraws.
@@ -65,8 +67,9 @@ fn render(done: u64, total: u64, elapsed: Duration, label: &str) -> String {
     let bar = format!("{}{}", "#".repeat(filled), ".".repeat(BAR_CELLS as usize - filled));
     let seconds = elapsed.as_secs_f64();
     let rate = if seconds > 0.0 { done as f64 / seconds } else { 0.0 };
-    // Names from untrusted headers could hold terminal escapes: show only printable characters.
-    let label: String = label.chars().map(|c| if c.is_control() { '?' } else { c }).take(40).collect();
+    // Names from untrusted headers could hold terminal escapes, or bidirectional overrides that
+    // reorder the line: show only characters that print as themselves.
+    let label: String = label.chars().map(|c| if prints_as_itself(c) { c } else { '?' }).take(40).collect();
     format!(
         "[{bar}] {:>3}%  {} / {}  {}/s  {label}",
         (fraction * 100.0) as u32,
@@ -76,8 +79,15 @@ fn render(done: u64, total: u64, elapsed: Duration, label: &str) -> String {
     )
 }
 
-/// Bytes with one decimal and a binary unit.
-fn human(bytes: f64) -> String {
+/// Whether `c` shows as itself, as [`PrintablePath`] decides it (escaped there, `?` here).
+fn prints_as_itself(c: char) -> bool {
+    let mut buf = [0u8; 4];
+    let one: &str = c.encode_utf8(&mut buf);
+    PrintablePath(one).to_string() == one
+}
+
+/// Bytes with one decimal and a binary unit (`781.5 KiB`).
+pub(crate) fn human(bytes: f64) -> String {
     let mut value = bytes;
     for unit in ["B", "KiB", "MiB", "GiB"] {
         if value < 1024.0 {
@@ -108,6 +118,10 @@ mod tests {
     fn labels_cannot_drive_the_terminal() {
         let line = render(1, 2, Duration::from_secs(1), "a\x1b[2Jb\n");
         assert!(line.ends_with("a?[2Jb?"), "{line}");
+        // No control characters, but they reorder or break the line: a bidirectional override,
+        // a line separator, a C1 control. Plain non-ASCII stays.
+        let line = render(1, 2, Duration::from_secs(1), "x\u{202e}y\u{2028}z\u{9b}\u{e9}");
+        assert!(line.ends_with("x?y?z?\u{e9}"), "{line}");
     }
 
     #[test]

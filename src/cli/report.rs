@@ -6,6 +6,7 @@ use std::fmt;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+use crate::format::PrintablePath;
 use crate::util::describe_io;
 
 /// Exit status for success.
@@ -133,10 +134,28 @@ fn finish_with(result: Result<ExitCode, Failure>, failed: u8, usage: u8) -> Exit
     match result {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("stfs: {failure}");
+            eprintln!("stfs: {}", one_line(&failure.to_string()));
             ExitCode::from(if failure.usage { usage } else { failed })
         }
     }
+}
+
+/// `text` with every character that does not print as itself escaped as `{:?}` escapes it (`\n`,
+/// `\u{1b}`, `\u{202e}`), uncut: the last guard of the one-line promise, for a problem that quotes
+/// what another program chose (a mount's source in mountinfo, a server's reason phrase). Errors
+/// that show such text escape it already, and escaped text passes unchanged.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut buf = [0u8; 4];
+    for c in text.chars() {
+        let one: &str = c.encode_utf8(&mut buf);
+        if c.is_ascii() && !c.is_ascii_control() {
+            out.push(c);
+        } else {
+            out.push_str(&PrintablePath(one).to_string());
+        }
+    }
+    out
 }
 
 /// Writes to stdout; a closed pipe (`stfs inspect x | head`) ends quietly with success.
@@ -144,13 +163,21 @@ pub fn print_out(text: &str) -> Result<ExitCode, Failure> {
     match io::stdout().lock().write_all(text.as_bytes()) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(Failure::at("writing to stdout", e)),
+        Err(e) => Err(Failure::io("writing to stdout", e)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use crate::cli::report::*;
+
+    /// Whatever a problem quotes, the line printed is one line with no character that does not
+    /// print as itself; text that prints as itself (non-ASCII, backslashes) is unchanged.
+    #[test]
+    fn the_printed_line_escapes_what_does_not_print() {
+        let shown = one_line("m: tmpfs (source ev\u{1b}[31mil\nx\u{202e}y\u{9b}) caf\u{e9}e\u{301} a\\b");
+        assert_eq!(shown, "m: tmpfs (source ev\\u{1b}[31mil\\nx\\u{202e}y\\u{9b}) caf\u{e9}e\u{301} a\\b");
+    }
 
     #[test]
     fn one_line_with_its_context_and_the_cause_kept() {

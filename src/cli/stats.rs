@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use crate::cli::args::StatsArgs;
 use crate::cli::report::{print_out, Failure};
+use crate::format::PrintablePath;
 use crate::mount::metrics;
 use crate::mount::mountinfo::locate;
 use crate::stats::prometheus;
@@ -41,15 +42,40 @@ impl fmt::Display for NotStats {
 
 impl std::error::Error for NotStats {}
 
+/// Longest stats document read: a mount's is a few KiB.
+const MAX_STATS_BYTES: u64 = 1 << 20;
+
+/// Reads the stats document at `path`, which must be a regular file (not a link, a FIFO or a
+/// device) of at most [`MAX_STATS_BYTES`]: `stfs stats DIR` on a directory that is no mount reads
+/// whatever is planted there, and must neither block on a FIFO nor read `/dev/zero` until memory
+/// runs out.
+fn read_stats(path: &std::path::Path) -> io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other(format!("{CONTROL_DIR}/{STATS_NAME} is not a regular file")));
+    }
+    let mut text = String::new();
+    file.take(MAX_STATS_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_STATS_BYTES {
+        return Err(io::Error::other(format!("{CONTROL_DIR}/{STATS_NAME} is over {MAX_STATS_BYTES} bytes")));
+    }
+    Ok(text)
+}
+
 /// Runs `stfs stats`: prints the mount's live counters as JSON, or in the Prometheus text format.
 pub fn run(args: StatsArgs) -> Result<ExitCode, Failure> {
     let path = args.mountpoint.join(CONTROL_DIR).join(STATS_NAME);
-    let text = std::fs::read_to_string(&path).map_err(|e| Failure::at(args.mountpoint.display(), NotAMount(e)))?;
+    let shown = PrintablePath(&args.mountpoint.to_string_lossy()).to_string();
+    let text = read_stats(&path).map_err(|e| Failure::at(&shown, NotAMount(e)))?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure::at(&shown, NotStats(e)))?;
     if !args.prometheus {
         return print_out(&text);
     }
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Failure::at(args.mountpoint.display(), NotStats(e)))?;
     // Labelled as the daemon labels its --metrics-file: the mount point and source of mountinfo.
     let labels = match locate(&args.mountpoint) {
         Ok((place, Some(entry))) if entry.is_stfs() => metrics::labels(&place, &entry.source),
@@ -60,4 +86,53 @@ pub fn run(args: StatsArgs) -> Result<ExitCode, Failure> {
     };
     let pairs: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     print_out(&prometheus::render(&doc, &pairs))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use crate::cli::args::StatsArgs;
+    use crate::cli::stats::run;
+
+    /// `stfs stats DIR` (or `--prometheus`) of a directory whose `.stfs/stats.json` is `planted`:
+    /// the error line, within 10 s (a FIFO used to block the command for ever).
+    fn error_with(planted: impl FnOnce(&Path)) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(".stfs")).unwrap();
+        planted(&dir.path().join(".stfs/stats.json"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        for prometheus in [false, true] {
+            let args = StatsArgs { mountpoint: PathBuf::from(dir.path()), prometheus };
+            let tx = tx.clone();
+            std::thread::spawn(move || tx.send(run(args).map(|_| ()).map_err(|e| e.to_string())));
+        }
+        let mut errors: Vec<String> = (0..2)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("stfs stats returns").unwrap_err())
+            .collect();
+        errors.dedup();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let prefix = format!("{}: ", dir.path().display());
+        errors[0].strip_prefix(&prefix).unwrap_or_else(|| panic!("{errors:?}")).to_string()
+    }
+
+    /// What is planted in a directory that is no mount is never waited on or read without bound.
+    #[test]
+    fn a_planted_fifo_device_or_huge_file_is_refused_in_one_line() {
+        let fifo = error_with(|p| {
+            let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+            // SAFETY: c is a valid NUL-terminated path for the duration of the call.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        });
+        assert_eq!(fifo, "not an stfs mount, or not readable (.stfs/stats.json is not a regular file)");
+        let zero = error_with(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap());
+        assert!(zero.starts_with("not an stfs mount, or not readable ("), "{zero}");
+        let big = error_with(|p| crate::util::test_support::write_new(p, vec![b' '; (1 << 20) + 1]));
+        assert_eq!(big, "not an stfs mount, or not readable (.stfs/stats.json is over 1048576 bytes)");
+        let junk = error_with(|p| crate::util::test_support::write_new(p, b"\x1b[2J"));
+        assert!(junk.starts_with(".stfs/stats.json is not a stats document ("), "{junk}");
+    }
 }

@@ -139,7 +139,7 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
     use std::io::Write;
     // Writing JSON of strings and numbers into a Vec cannot fail.
     fn compact<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
-        let _ = serde_json::to_writer(&mut *out, value);
+        let _ = value.serialize(&mut serde_json::Serializer::with_formatter(&mut *out, Escaping));
     }
     fn map<K: Serialize, V: Serialize>(out: &mut Vec<u8>, entries: &BTreeMap<K, V>) {
         out.extend_from_slice(b"{");
@@ -173,4 +173,46 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
     }
     out.extend_from_slice(b"\n}\n");
     out
+}
+
+/// serde_json's compact formatter, except that a character that does not print as itself is
+/// written as a `\uXXXX` escape (a surrogate pair above U+FFFF) rather than as it is. serde_json
+/// escapes only U+0000 to U+001F; tensor names and `__metadata__` come from the checkpoint and may
+/// hold DEL, C1 controls (U+009B is CSI to a terminal), line separators or bidirectional overrides,
+/// which `cat metadata.json` or `stfs inspect --json` would otherwise hand to the terminal. The JSON
+/// means the same strings either way.
+struct Escaping;
+
+impl serde_json::ser::Formatter for Escaping {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        if fragment.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return writer.write_all(fragment.as_bytes());
+        }
+        let mut rest = fragment;
+        while let Some((at, c)) = rest.char_indices().find(|&(_, c)| !prints_as_itself(c)) {
+            writer.write_all(&rest.as_bytes()[..at])?;
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                write!(writer, "\\u{unit:04x}")?;
+            }
+            rest = &rest[at + c.len_utf8()..];
+        }
+        writer.write_all(rest.as_bytes())
+    }
+}
+
+/// Whether `c` shows as itself, by the rule of [`crate::format::PrintablePath`]: what
+/// `str::escape_debug` leaves alone after a letter, plus the backslash and the quotes (which JSON
+/// escapes itself where it must).
+fn prints_as_itself(c: char) -> bool {
+    if c.is_ascii() {
+        return !c.is_ascii_control();
+    }
+    let mut pair = [b'a'; 5];
+    let len = 1 + c.encode_utf8(&mut pair[1..]).len();
+    std::str::from_utf8(&pair[..len]).is_ok_and(|pair| pair.escape_debug().nth(1) == Some(c))
 }

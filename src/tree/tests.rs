@@ -268,3 +268,32 @@ proptest::proptest! {
         }
     }
 }
+
+/// metadata.json (and `stfs inspect --json`) never hands a terminal a character that does not print
+/// as itself: DEL, C1 controls, separators, bidirectional overrides and tags in tensor names and in
+/// `__metadata__` are `\u` escapes (a surrogate pair above U+FFFF), and the JSON reads back as the
+/// same strings. Plain non-ASCII (`é`, a combining mark after a letter, an emoji) stays as it is.
+#[test]
+fn metadata_json_escapes_what_does_not_print_as_itself() {
+    let odd = ["a\u{7f}b", "c\u{9b}31m", "evil\u{202e}gpj", "x\u{2028}y", "t\u{e0041}", "caf\u{e9}e\u{301}\u{1f600}"];
+    let mut s = shard(&odd);
+    let meta = std::collections::BTreeMap::from([("k\u{9b}".to_string(), "v\u{1b}]0;t\u{7}\u{85}".to_string())]);
+    s.header.metadata = Some(meta.clone());
+    let ns = Namespace::build(vec![s], Vec::new(), Layout::Flat, Views::default()).unwrap();
+    let json = metadata::render(&ns);
+    let text = std::str::from_utf8(&json).unwrap();
+    for raw in ['\u{7f}', '\u{9b}', '\u{202e}', '\u{2028}', '\u{e0041}', '\u{1b}', '\u{85}'] {
+        assert!(!text.contains(raw), "{raw:?} raw in {text}");
+    }
+    for escaped in
+        [r"a\u007fb", r"c\u009b31m", r"evil\u202egpj", r"x\u2028y", r"t\udb40\udc41", "caf\u{e9}e\u{301}\u{1f600}"]
+    {
+        assert!(text.contains(escaped), "{escaped} missing from {text}");
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    for name in odd {
+        assert_eq!(doc["tensors"][name]["dtype"], "BF16", "{name:?} does not read back");
+        assert_eq!(doc["files"][name], name);
+    }
+    assert_eq!(doc["metadata"], serde_json::to_value(&meta).unwrap());
+}
