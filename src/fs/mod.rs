@@ -402,7 +402,8 @@ impl Fs {
 
     /// Filesystem totals.
     pub fn statfs(&self) -> StatFs {
-        let bytes: u64 = self.ns.tensors().iter().map(|t| t.len).sum();
+        // Saturating: shards a server claims to be huge could otherwise overflow the total.
+        let bytes = self.ns.tensors().iter().fold(0u64, |total, t| total.saturating_add(t.len));
         let bsize = self.base.blksize.max(1);
         StatFs {
             blocks: bytes.div_ceil(u64::from(bsize)),

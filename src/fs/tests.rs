@@ -294,3 +294,37 @@ fn conversion_failures_are_eio_not_enoent() {
         assert!(err.to_string().contains("cannot be converted to F32"), "{err}");
     }
 }
+
+/// A header claiming one U8 tensor `name` of `len` bytes, for a source that claims to hold them.
+fn huge_shard(engine: &Engine, name: &str, len: u64) -> Shard {
+    let json = format!("{{\"{name}\":{{\"dtype\":\"U8\",\"shape\":[{len}],\"data_offsets\":[0,{len}]}}}}");
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    let total = bytes.len() as u64 + len;
+    let bytes = Arc::new(bytes);
+    let read = |buf: &mut [u8], offset: u64| MemStream(bytes.clone(), Arc::default()).read_exact_at(buf, offset);
+    let header = crate::format::read_header(read, total).unwrap();
+    let source = engine.add_source(Arc::new(MemSource { bytes, fail: Arc::default() }));
+    Shard { source, name: format!("{name}.safetensors"), header, file: None }
+}
+
+/// Shards that claim (say, from a server) more bytes together than a u64 holds: statfs reports
+/// the most it can, and does not overflow (a panic in a debug build, a wrapped total otherwise).
+#[test]
+fn statfs_of_shards_claiming_more_than_a_u64_saturates() {
+    let config = EngineConfig {
+        block_size: 64,
+        cache_size: 256,
+        io_threads: 1,
+        map_files: false,
+        source_timeout: std::time::Duration::from_secs(30),
+    };
+    let engine = Engine::new(config, Arc::new(Stats::default()));
+    // A tensor's size in bits must fit a u64, so at most 2^61 bytes: sixteen of 2^60 make 2^64.
+    let shards = (0..16).map(|i| huge_shard(&engine, &format!("t{i}"), 1 << 60)).collect();
+    let ns = Namespace::build(shards, Vec::new(), Layout::Flat, Views::default()).unwrap();
+    let base =
+        AttrBase { uid: 0, gid: 0, mtime: SystemTime::UNIX_EPOCH, file_perm: 0o444, dir_perm: 0o555, blksize: 64 };
+    let fs = Fs::new(ns, engine, base);
+    assert_eq!(fs.statfs().blocks, u64::MAX.div_ceil(64));
+}
