@@ -1,7 +1,7 @@
 //! The read dispatch: the bytes of each kind of file at an offset. A raw tensor file is a range of
-//! its backing source read through the engine; a `.npy` file is a synthesized header followed by
-//! the same bytes; an `as=f32` file maps output bytes back to whole source elements and converts
-//! them; a re-served checkpoint file is its whole source read through the engine; `metadata.json`,
+//! its backing source read through the engine; an `as=f32` file maps output bytes back to whole
+//! source elements and converts them; a `.npy` file is a synthesized header followed by what the
+//! tensor's own file serves (raw or converted); a re-served checkpoint file is its whole source read through the engine; `metadata.json`,
 //! index files and `stats.json` are bytes held in memory. Every range is clipped to the file: a read
 //! at or past its end is empty. Only a raw read (a tensor file, the checkpoint file) whose reply goes
 //! straight to the kernel may be served from the source's mapping; the views read their bytes in
@@ -39,8 +39,8 @@ impl Source<'_> {
         let tensor = |i: usize| ns.tensors().get(i).ok_or(FsError::NotFound);
         match content {
             Content::Tensor(i) => read_tensor(engine, self.to_kernel, tensor(*i)?, offset, size, reply),
-            Content::Npy { tensor: i, header } => {
-                read_with_prefix(engine, header, tensor(*i)?, offset, size).map(|v| reply(v[..].into()))
+            Content::Npy { tensor: i, header, converted } => {
+                read_with_prefix(engine, header, *converted, tensor(*i)?, offset, size).map(|v| reply(v[..].into()))
             }
             Content::F32(i) => read_converted(engine, tensor(*i)?, offset, size).map(|v| reply(v[..].into())),
             Content::Checkpoint(s) => read_checkpoint(ns, engine, self.to_kernel, *s, offset, size, reply),
@@ -134,13 +134,25 @@ pub(crate) fn read_converted(engine: &Engine, t: &Tensor, offset: u64, size: u32
     Ok(out)
 }
 
-/// A synthesized `prefix` followed by the bytes of tensor `t` (the `.npy` view).
-fn read_with_prefix(engine: &Engine, prefix: &[u8], t: &Tensor, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+/// A synthesized `prefix` followed by the bytes of tensor `t`, raw or (`converted`) as F32: the
+/// `.npy` view.
+fn read_with_prefix(
+    engine: &Engine,
+    prefix: &[u8],
+    converted: bool,
+    t: &Tensor,
+    offset: u64,
+    size: u32,
+) -> Result<Vec<u8>, FsError> {
     let mut out = slice_at(prefix, offset, size).to_vec();
     let rest = size - out.len() as u32;
     if rest > 0 {
         let tensor_offset = offset.saturating_sub(prefix.len() as u64);
-        read_tensor(engine, false, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes.slice()))?;
+        if converted {
+            out.extend_from_slice(&read_converted(engine, t, tensor_offset, rest)?);
+        } else {
+            read_tensor(engine, false, t, tensor_offset, rest, |bytes| out.extend_from_slice(bytes.slice()))?;
+        }
     }
     Ok(out)
 }

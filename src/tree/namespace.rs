@@ -128,12 +128,15 @@ pub struct Tensor {
 pub enum Content {
     /// The raw bytes of tensor `i`.
     Tensor(usize),
-    /// A NumPy header (`.npy` view) followed by the raw bytes of tensor `tensor`.
+    /// A NumPy header (`.npy` view) followed by the bytes tensor `tensor`'s own file serves: its
+    /// raw bytes, or its F32 conversion under `-o as=f32` (the header then says `<f4`).
     Npy {
         /// Index of the tensor.
         tensor: usize,
         /// The synthesized header.
         header: Arc<[u8]>,
+        /// The bytes after the header are the F32 conversion, not the raw bytes.
+        converted: bool,
     },
     /// Tensor `i` converted element by element to little-endian F32 (`-o as=f32`).
     F32(usize),
@@ -259,10 +262,12 @@ impl Namespace {
                     Some(n) if views.as_f32 && crate::views::f32::served_as_f32(info.dtype) => (Content::F32(i), n),
                     _ => (Content::Tensor(i), len),
                 };
-                let content_kind = content.clone();
+                let converted = matches!(content, Content::F32(_));
+                let served_dtype = if converted { Dtype::F32 } else { info.dtype };
                 let path = ns.place(&reserved, layout, views, &info.name, content, served_len, "")?;
+                // The view shows what the tensor's file serves: under `as=f32`, the conversion.
                 let npy_header =
-                    if views.npy { crate::views::npy::npy_header(info.dtype, &info.shape).ok() } else { None };
+                    if views.npy { crate::views::npy::npy_header(served_dtype, &info.shape).ok() } else { None };
                 ns.tensors.push(Tensor {
                     name: info.name,
                     dtype: info.dtype,
@@ -272,14 +277,14 @@ impl Namespace {
                     start,
                     len,
                     path,
-                    served_dtype: if matches!(content_kind, Content::F32(_)) { Dtype::F32 } else { info.dtype },
+                    served_dtype,
                     served_len,
                     npy_path: None,
                 });
                 // A tensor whose header cannot be expressed (never for a validated file) has no view.
                 if let Some(header) = npy_header {
-                    let size = header.len() as u64 + len;
-                    let content = Content::Npy { tensor: i, header: header.into() };
+                    let size = header.len() as u64 + served_len;
+                    let content = Content::Npy { tensor: i, header: header.into(), converted };
                     let name = std::mem::take(&mut ns.tensors[i].name);
                     let placed = ns.place(&reserved, layout, views, &name, content, size, ".npy");
                     ns.tensors[i].name = name;

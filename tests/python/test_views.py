@@ -91,6 +91,36 @@ def test_bf16_npy_view_is_u2_for_ml_dtypes(tmp_path):
         assert np.array_equal(loaded.view(ml_dtypes.bfloat16), x)
 
 
+def test_npy_view_under_as_f32_is_the_conversion(tmp_path):
+    """With --npy and --as f32 together, NAME.npy loads as what NAME serves: float32 values, bit for
+    bit ml_dtypes' conversion, for every float dtype, and the raw bytes for integers."""
+    floats = {
+        "bf16": ("bfloat16", rng.standard_normal((8, 3)).astype(ml_dtypes.bfloat16)),
+        "f16": ("float16", special_values(np.float16)),
+        "e4m3": ("float8_e4m3fn", special_values(ml_dtypes.float8_e4m3fn).reshape(16, 16)),
+        "f64": ("float64", rng.standard_normal((3, 5, 7))),
+        "empty": ("bfloat16", np.zeros((0, 4), dtype=ml_dtypes.bfloat16)),
+    }
+    ints = {"i16": rng.integers(-32768, 32767, (9, 11), dtype=np.int16)}
+    path = tmp_path / "nf.safetensors"
+    specs = {k: spec(d, a) for k, (d, a) in floats.items()}
+    specs.update({k: spec(str(a.dtype), a) for k, a in ints.items()})
+    safetensors.serialize_file(specs, str(path))
+    with mounted(path, "--npy", "--as", "f32", "--block-size", "4K", "--cache-size", "16K") as mp:
+        for name, (_, a) in floats.items():
+            p = os.path.join(mp, name + ".npy")
+            want = a.astype(np.float32)
+            for loaded in (np.load(p), np.asarray(np.load(p, mmap_mode="r"))):
+                assert loaded.dtype == np.dtype("<f4") and loaded.shape == a.shape, name
+                assert loaded.view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
+            raw = open(p, "rb").read()
+            hlen = 10 + int.from_bytes(raw[8:10], "little")
+            assert raw[hlen:] == open(os.path.join(mp, name), "rb").read(), name
+        for name, a in ints.items():
+            loaded = np.load(os.path.join(mp, name + ".npy"))
+            assert loaded.dtype == a.dtype and np.array_equal(loaded, a), name
+
+
 def test_hub_style_shards_mount_as_one(tmp_path):
     """Shards and index named and laid out as huggingface_hub's save_torch_state_dict writes them."""
     weight_map, shards = {}, {}
