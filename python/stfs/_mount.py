@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
+import signal
 import subprocess
 import sysconfig
 import tempfile
@@ -17,6 +19,12 @@ DEFAULT_TIMEOUT = 60.0
 #: process itself still maps or opens files there (then at once). A child being forked elsewhere holds
 #: copies of our descriptors for a moment; anything longer is a real user.
 BUSY_RETRY_SECONDS = 1.0
+#: How long processes left by a mount that was given up on (timed out, interrupted) are waited for
+#: after SIGTERM, before SIGKILL.
+STRAY_EXIT_SECONDS = 5.0
+#: The environment variable that marks the processes of one `stfs mount` run (the command and the
+#: daemon it forks, which inherits it), so they can be found once the command is gone.
+_MOUNT_ID_ENV = "STFS_PY_MOUNT_ID"
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -187,11 +195,42 @@ def _header_env(headers) -> Optional[dict]:
     return env
 
 
+def _marked(pid: int, mark: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return mark in f.read().split(b"\0")
+    except OSError:  # gone, or not this user's
+        return False
+
+
+def _stop_marked(token: str, seconds: float) -> None:
+    """Stops what a mount run that was given up on left behind: the `stfs mount` command itself is
+    gone (subprocess killed it), but the daemon it forked goes on and mounts. Those processes are
+    the ones (this user's, not this one) whose environment holds ``STFS_PY_MOUNT_ID=token``, which the
+    daemon inherits. SIGTERM makes a daemon unmount its own mount and exit (one that has not mounted
+    yet just exits); each is waited for up to `seconds`, then killed (a mount it leaves stale is
+    cleared by `stfs umount`)."""
+    mark = f"{_MOUNT_ID_ENV}={token}".encode()
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _marked(int(p), mark)]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + seconds
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pids = [p for p in pids if _marked(p, mark)]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
     """Mounts and returns (binary, mount point, the temporary directory made for it or None).
     ``header=`` options travel in the environment (see _header_env), the rest as flags."""
     options = dict(options)
-    env = _header_env(options.pop("header", None))
+    env = _header_env(options.pop("header", None)) or dict(os.environ)
+    token = secrets.token_hex(16)
+    env[_MOUNT_ID_ENV] = token
     flags = mount_flags(options)
     binary = find_binary()
     made = None
@@ -206,8 +245,12 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
     try:
         _check(command, timeout, env)
     except BaseException:
-        # A mount that timed out may still have come up in the background daemon: take it down (but
-        # never one that was there before: then stfs refused to mount over it).
+        # A mount given up on (timed out, or interrupted: KeyboardInterrupt) may still come up: the
+        # command was killed, but not the daemon it forked, which mounts on its own. Stop that daemon
+        # first, then take down a mount that is there (but never one that was there before: then
+        # stfs refused to mount over it).
+        with contextlib.suppress(OSError):
+            _stop_marked(token, min(STRAY_EXIT_SECONDS, timeout))
         if not mounted_before and is_mounted(mp):
             with contextlib.suppress(StfsError):
                 _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
@@ -239,8 +282,10 @@ def mount(source: PathLike, mountpoint: Optional[PathLike] = None, *, timeout: f
     With no `mountpoint`, a fresh temporary directory is mounted on and removed afterwards. Keyword
     options become mount flags (see mount_flags): ``mount(ckpt, cache_size="1G", npy=True)``. A failure
     of the binary raises StfsError with its one-line message. Each call of the binary is bounded by
-    `timeout` seconds. If files of the mount are still open or mapped when the block ends, the mount
-    is detached lazily (see unmount), so arrays mapped from it stay readable until they are freed."""
+    `timeout` seconds; a mount given up on (timed out, or KeyboardInterrupt during the wait) is taken
+    down, its daemon included, never left to come up afterwards. If files of the mount are still open
+    or mapped when the block ends, the mount is detached lazily (see unmount), so arrays mapped from
+    it stay readable until they are freed."""
     binary, mp, made = _mount(source, mountpoint, timeout, options)
     try:
         yield mp

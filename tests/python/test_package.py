@@ -9,6 +9,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -322,6 +323,70 @@ def test_every_wait_on_the_binary_is_bounded(tmp_path, monkeypatch):
             pytest.fail("the block ran")
     assert time.monotonic() - started < 10
     assert not stfs_temp_dirs()
+
+
+def write_script(path, text):
+    """An executable script, created exclusively (never through a link planted at `path`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def processes_naming(path):
+    """PIDs of processes with `path` as one of their arguments."""
+    want = os.fsencode(str(path))
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_mount_given_up_on_does_not_come_up_later(tmp_path, monkeypatch):
+    """`stfs mount` forks the daemon, which mounts on its own: a command killed because it timed out,
+    or because KeyboardInterrupt came during the wait, leaves that daemon mounting. This binary's
+    `mount` does the same, slowly: it forks a process that runs the real `stfs mount` 0.5 s later,
+    and waits 30 s itself. Neither a mount point given nor a temporary one may end up mounted."""
+    real = stfs.find_binary()
+    late = tmp_path / "stfs-mounts-late"
+    write_script(late, f"#!/bin/sh\nif [ \"$1\" = mount ]; then (sleep 0.5; exec '{real}' \"$@\") & sleep 30; exit 1; fi\n"
+                       f"exec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(late))
+    mp = tmp_path / "mp"
+    mp.mkdir()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
+            with stfs.mount(SAMPLE, mp, timeout=0.5):
+                pytest.fail("the block ran")
+        assert not wait_until(lambda: is_mounted(mp), 2), "the timed-out mount came up afterwards"
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with stfs.mount(SAMPLE, mp, timeout=20):
+                    pytest.fail("the block ran")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert not wait_until(lambda: is_mounted(mp), 2), "the interrupted mount came up afterwards"
+        assert not processes_naming(mp), "a process of the mount given up on is still there"
+        with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
+            stfs.load(SAMPLE, timeout=0.5)
+        assert not wait_until(lambda: any("stfs-" in os.path.basename(p) for p in mounted_paths()
+                                          if p.startswith(tempfile.gettempdir())), 2), "load's mount came up afterwards"
+        assert not stfs_temp_dirs()
+    finally:
+        for path in [mp] + [p for p in mounted_paths() if p.startswith(tempfile.gettempdir() + os.sep)]:
+            if is_mounted(path):
+                subprocess.run([real, "umount", "--lazy", "--", path], capture_output=True, timeout=TIMEOUT)
 
 
 # --- load with NumPy ---------------------------------------------------------------------------------
