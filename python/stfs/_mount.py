@@ -285,12 +285,18 @@ def mount(source: PathLike, mountpoint: Optional[PathLike] = None, *, timeout: f
     `timeout` seconds; a mount given up on (timed out, or KeyboardInterrupt during the wait) is taken
     down, its daemon included, never left to come up afterwards. If files of the mount are still open
     or mapped when the block ends, the mount is detached lazily (see unmount), so arrays mapped from
-    it stay readable until they are freed."""
+    it stay readable until they are freed. Only the process that mounted unmounts: a child forked
+    inside the block (os.fork) leaves the mount alone when it leaves the block."""
     binary, mp, made = _mount(source, mountpoint, timeout, options)
+    owner = os.getpid()
     try:
         yield mp
     except BaseException:
         # Do not let a failing unmount hide the exception the block raised.
-        _release(binary, mp, made, timeout, quiet=True)
+        if os.getpid() == owner:
+            _release(binary, mp, made, timeout, quiet=True)
         raise
-    _release(binary, mp, made, timeout, quiet=False)
+    # A child forked inside the block (os.fork) that leaves it leaves the mount to the process that
+    # made it: it must not unmount it from under that process.
+    if os.getpid() == owner:
+        _release(binary, mp, made, timeout, quiet=False)

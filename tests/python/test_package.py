@@ -219,6 +219,34 @@ def test_mount_unmounts_when_the_block_raises():
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "the daemon outlived its mount"
 
 
+def test_a_child_forked_inside_the_block_leaves_the_mount_to_its_parent():
+    """A child forked inside `with stfs.mount(...)` that leaves the block (returns, sys.exit, an
+    exception) must not unmount the parent's mount, nor remove its mount point."""
+    parent = os.getpid()
+    try:
+        for how in ("end", "raise"):
+            with stfs.mount(SAMPLE) as mp:
+                child = os.fork()
+                if child == 0 and how == "raise":
+                    raise SystemExit(0)
+                if child != 0:
+                    deadline = time.monotonic() + TIMEOUT
+                    while os.waitpid(child, os.WNOHANG) == (0, 0):
+                        assert time.monotonic() < deadline, "the child did not exit"
+                        time.sleep(0.02)
+                    assert is_mounted(mp), how
+                    assert (mp / "lm_head.weight").read_bytes() == load_file(SAMPLE)["lm_head.weight"].tobytes(), how
+            if os.getpid() != parent:
+                os._exit(0)  # the child, out of the block
+            assert not is_mounted(mp) and not mp.exists(), how
+    except SystemExit:
+        if os.getpid() == parent:
+            raise
+    finally:
+        if os.getpid() != parent:
+            os._exit(0)
+
+
 def test_mount_on_a_given_directory_keeps_it(tmp_path):
     mp = tmp_path / "m"
     mp.mkdir()
