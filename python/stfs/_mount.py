@@ -67,38 +67,64 @@ def find_binary() -> str:
     raise StfsError("stfs: the stfs binary was not found (pip install stfs puts it on PATH; or set STFS_BIN)")
 
 
-def _unescape_mountinfo(field: str) -> str:
-    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
-    out, i = [], 0
+def _unescape_mountinfo(field: bytes) -> bytes:
+    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo octal escapes; every
+    # other byte as it is, so a path that is not UTF-8 stays so.
+    out, i = bytearray(), 0
     while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
+        octal = field[i + 1 : i + 4]
+        if field[i] == 0x5C and len(octal) == 3 and all(0x30 <= c <= 0x37 for c in octal) and int(octal, 8) < 256:
+            out.append(int(octal, 8))
             i += 4
         else:
             out.append(field[i])
             i += 1
-    return "".join(out)
+    return bytes(out)
+
+
+def _mounts() -> Iterator[tuple]:
+    """(mount point, type, source) of each mount in /proc/self/mountinfo, in mount order (of two at
+    one place the later is on top), as bytes: read as text, one mount point that is not UTF-8 (a
+    USB stick's latin-1 label, anyone's) would make every lookup fail."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            # ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
+            fields, sep, rest = line.rstrip(b"\n").partition(b" - ")
+            parts = fields.split(b" ")
+            if not sep or len(parts) < 5:
+                continue
+            kind = rest.split(b" ")
+            yield _unescape_mountinfo(parts[4]), kind[0], _unescape_mountinfo(kind[1]) if len(kind) > 1 else b""
+
+
+def _topmost_mount(path) -> Optional[tuple]:
+    """(type, source) of the topmost mount at `path` (links to it followed), as bytes; None if
+    nothing is mounted there."""
+    target = os.fsencode(os.path.realpath(os.fspath(path)))
+    found = None
+    for point, kind, source in _mounts():
+        if point == target:
+            found = (kind, source)
+    return found
 
 
 def is_mounted(path: PathLike) -> bool:
     """Whether `path` is a mount point, by /proc/self/mountinfo."""
-    target = os.path.realpath(os.fspath(path))
-    with open("/proc/self/mountinfo") as f:
-        return any(_unescape_mountinfo(line.split(" ")[4]) == target for line in f)
+    return _topmost_mount(path) is not None
 
 
 def _held_here(mountpoint: str) -> bool:
     """Whether this process maps (np.memmap, torch.from_file) or has open a file under `mountpoint`."""
-    prefix = os.path.realpath(mountpoint) + os.sep
+    prefix = os.fsencode(os.path.realpath(mountpoint)) + b"/"
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/maps", "rb") as f:  # bytes: a mapped file's name need not be UTF-8
             for line in f:
-                fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode [path]
+                fields = line.rstrip(b"\n").split(maxsplit=5)  # address perms offset dev inode [path]
                 if len(fields) == 6 and fields[5].startswith(prefix):
                     return True
         for fd in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+                if os.readlink(os.fsencode(f"/proc/self/fd/{fd}")).startswith(prefix):
                     return True
     except OSError:
         pass

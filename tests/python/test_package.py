@@ -5,8 +5,10 @@ scripts/test_python_package runs this file with the python of a fresh virtualenv
 in (STFS_EXPECT_INSTALLED=1, no STFS_BIN): `import stfs` and the `stfs` binary then come from the wheel,
 and test_the_installed_package_is_used proves it. Run by plain pytest from a checkout, the package is
 imported from python/ and runs $STFS_BIN (the conftest's binary)."""
+import contextlib
 import gc
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -40,8 +42,8 @@ rng = np.random.default_rng(18)
 
 def mounted_paths():
     """Every mount point, by /proc/self/mountinfo (its own parser, not the package's)."""
-    with open("/proc/self/mountinfo") as f:
-        return {line.split(" ")[4].replace("\\040", " ").replace("\\134", "\\") for line in f}
+    with open("/proc/self/mountinfo", "rb") as f:  # bytes: a mount point need not be UTF-8
+        return {os.fsdecode(line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\134", b"\\")) for line in f}
 
 
 def is_mounted(path):
@@ -245,6 +247,51 @@ def test_a_child_forked_inside_the_block_leaves_the_mount_to_its_parent():
     finally:
         if os.getpid() != parent:
             os._exit(0)
+
+
+@contextlib.contextmanager
+def tmpfs_at(path):
+    """A tmpfs mounted at `path` (bytes allowed) for the block."""
+    os.mkdir(path)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", path], check=True, capture_output=True, timeout=TIMEOUT)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True, timeout=TIMEOUT)
+
+
+def test_is_mounted_reads_a_mount_table_holding_a_mount_point_that_is_not_utf8(tmp_path):
+    """Another mount whose mount point is not UTF-8 (a latin-1 name: anyone's USB stick) is in
+    /proc/self/mountinfo: is_mounted still answers, for it and for an stfs mount. (The stfs binary
+    itself cannot mount or unmount while such a mount exists, so the stfs mount is made before it
+    and the tmpfs is gone before the stfs mount is released.)"""
+    latin1 = os.path.join(os.fsencode(str(tmp_path)), b"caf\xe9")
+    with stfs.mount(SAMPLE) as mp:
+        with tmpfs_at(latin1):
+            assert stfs.is_mounted(mp) and stfs.is_mount_dir(mp)
+            assert stfs.is_mounted(os.fsdecode(latin1)) and stfs.is_mounted(latin1)
+            assert not stfs.is_mounted(tmp_path)
+    assert not is_mounted(mp)
+
+
+def test_unmounting_a_busy_mount_while_a_file_that_is_not_utf8_is_mapped(tmp_path):
+    """An unmount that finds the mount busy looks at what this process maps (/proc/self/maps): a
+    mapped file whose name is not UTF-8 does not stop it; the mount is detached lazily."""
+    mapped = os.path.join(os.fsencode(str(tmp_path)), b"mapped-\xff")
+    with open(mapped, "xb") as f:
+        f.write(b"x" * 4096)
+    with open(mapped, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        assert m[:1] == b"x"
+        with stfs.mount(SAMPLE) as mp:
+            # Another process holds a file of the mount open, so `stfs umount` says busy.
+            with open(mp / "lm_head.weight", "rb") as held:
+                holder = subprocess.Popen(["sleep", "60"], stdin=held)
+            try:
+                stfs.unmount(mp)
+                assert not is_mounted(mp)
+            finally:
+                holder.kill()
+                holder.wait(TIMEOUT)
 
 
 def test_mount_on_a_given_directory_keeps_it(tmp_path):
