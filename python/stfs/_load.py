@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
 
-from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _run, is_mounted
+from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _run, _topmost_mount, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
 NUMPY_DTYPES = {
@@ -46,13 +46,22 @@ class Entry(NamedTuple):
     path: str
 
 
+def _stfs_mount_at(root: str) -> bool:
+    """Whether the topmost mount at `root` is stfs's, by /proc/self/mountinfo: type ``fuse.stfs``, or
+    ``fuse`` with the source ``stfs#...`` that a fusermount unable to set a subtype records."""
+    top = _topmost_mount(root)
+    return top is not None and (top[0] == b"fuse.stfs" or (top[0] in (b"fuse", b"fuseblk") and top[1].startswith(b"stfs#")))
+
+
 def is_mount_dir(path: PathLike) -> bool:
-    """Whether `path` is the root of an stfs mount: a mount point (links to it followed) holding the
-    `.stfs` control directory, whose metadata.json is stfs's. A plain directory is never one, even with
-    a metadata.json copied out of a mount in it: its shards are mounted and read, not that file."""
+    """Whether `path` is the root of an stfs mount: a mount point (links to it followed) whose
+    mount is stfs's (type ``fuse.stfs`` in /proc/self/mountinfo), holding the `.stfs` control
+    directory and stfs's metadata.json. A plain directory is never one, even with a metadata.json
+    copied out of a mount in it: its shards are mounted and read, not that file; nor is the root of
+    another filesystem's mount (a tmpfs, a volume) holding such a copy."""
     root = os.path.realpath(os.fspath(path))
     meta = os.path.join(root, "metadata.json")
-    if not (os.path.ismount(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
+    if not (_stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
         return False
     try:
         with open(meta) as f:

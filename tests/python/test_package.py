@@ -583,6 +583,25 @@ def test_a_plain_directory_holding_a_mounts_metadata_json_is_a_source_not_a_moun
     assert bytes(stfs.load(shards)["w"]) == b"REAL"
 
 
+def test_another_filesystems_mount_holding_a_mounts_files_is_a_source_not_a_mount(tmp_path):
+    """The root of a tmpfs (a volume, /dev/shm) holding a copy of a mount's metadata.json and
+    `.stfs` is a mount point with stfs's files, but not an stfs mount: it is mounted and its shard
+    read, not taken for a mount whose tensor files it would then read."""
+    with tmpfs_at(str(tmp_path / "volume")) as volume:
+        save_file({"w": np.frombuffer(b"REAL", dtype=np.uint8)}, os.path.join(volume, "model.safetensors"))
+        with stfs.mount(os.path.join(volume, "model.safetensors")) as mp:
+            assert stfs.is_mount_dir(mp)
+            (Path(volume) / "metadata.json").write_bytes((mp / "metadata.json").read_bytes())
+        os.mkdir(os.path.join(volume, ".stfs"))
+        with open(os.path.join(volume, "w"), "xb") as f:
+            f.write(b"FAKE")
+        assert os.path.ismount(volume)
+        assert not stfs.is_mount_dir(volume)
+        loaded = stfs.load(volume)
+        assert bytes(loaded["w"]) == b"REAL"
+        del loaded
+
+
 def test_a_source_whose_name_begins_with_a_dash_is_a_path_not_a_flag(tmp_path, monkeypatch):
     """The binary is called with `--` before its positional arguments: a relative path that begins
     with "-" is mounted, not parsed as flags."""
