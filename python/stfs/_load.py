@@ -64,7 +64,7 @@ def is_mount_dir(path: PathLike) -> bool:
     if not (_stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
         return False
     try:
-        with open(meta) as f:
+        with open(meta, "rb") as f:  # UTF-8 JSON, whatever the locale
             return "stfs_metadata_version" in json.load(f)
     except (OSError, ValueError):
         return False
@@ -74,7 +74,7 @@ def entries(mountpoint: PathLike) -> List[Entry]:
     """Every tensor of the mount at `mountpoint`, in checkpoint order (shard, then offset)."""
     root = os.fspath(mountpoint)
     real_root = os.path.realpath(root)
-    with open(os.path.join(root, "metadata.json")) as f:
+    with open(os.path.join(root, "metadata.json"), "rb") as f:  # UTF-8 JSON, whatever the locale
         meta = json.load(f)
     plain = _plain_children(root)
     ordered = sorted(meta["tensors"].items(), key=lambda kv: (kv[1].get("shard", 0), kv[1].get("offset", 0)))
@@ -104,6 +104,12 @@ def tensor_path(root: str, name: str, path: Any, real_root: Optional[str] = None
     inside `root` once resolved: not absolute, no ``..`` out of it, no link leading out of it
     (`real_root`: os.path.realpath(root), when the caller has it; `plain`: names in `root` known
     not to be links, see _plain_children, taken as inside it without resolving them)."""
+    if isinstance(path, str):
+        # The mount names files by the UTF-8 bytes of the name; spelled for this process's
+        # filesystem encoding (the same string under UTF-8; surrogate escapes under an ASCII or
+        # latin-1 locale), the path names those bytes.
+        with contextlib.suppress(UnicodeError):
+            path = os.fsdecode(path.encode("utf-8"))
     if plain and isinstance(path, str) and path in plain:
         return os.path.join(root, path)
     real_root = real_root or os.path.realpath(root)

@@ -141,7 +141,8 @@ def _message(stderr: str, fallback: str) -> str:
 
 def _run(command: List[str], timeout: float, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
+        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise StfsError(f"stfs: `{' '.join(command[1:3])}` did not finish within {timeout:g} s", command=command) from e
     except OSError as e:
