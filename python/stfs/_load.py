@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
 
-from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _run, _topmost_mount, is_mounted
+from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _run, _topmost_mount, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
 NUMPY_DTYPES = {
@@ -59,7 +59,7 @@ def is_mount_dir(path: PathLike) -> bool:
     directory and stfs's metadata.json. A plain directory is never one, even with a metadata.json
     copied out of a mount in it: its shards are mounted and read, not that file; nor is the root of
     another filesystem's mount (a tmpfs, a volume) holding such a copy."""
-    root = os.path.realpath(os.fspath(path))
+    root = os.path.realpath(_path(path))
     meta = os.path.join(root, "metadata.json")
     if not (_stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
         return False
@@ -72,7 +72,7 @@ def is_mount_dir(path: PathLike) -> bool:
 
 def entries(mountpoint: PathLike) -> List[Entry]:
     """Every tensor of the mount at `mountpoint`, in checkpoint order (shard, then offset)."""
-    root = os.fspath(mountpoint)
+    root = _path(mountpoint)
     real_root = os.path.realpath(root)
     with open(os.path.join(root, "metadata.json"), "rb") as f:  # UTF-8 JSON, whatever the locale
         meta = json.load(f)
@@ -323,6 +323,7 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     (stfs.mount or the CLI), the arrays are valid while it is mounted, and unmounting it while they map
     files detaches it lazily in the same way.
     """
+    path = _path(path)
     kind = FRAMEWORKS.get(str(framework).lower())
     if kind is None:
         raise ValueError(f"stfs.load: framework must be 'numpy' or 'torch', not {framework!r}")

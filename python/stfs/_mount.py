@@ -26,7 +26,29 @@ STRAY_EXIT_SECONDS = 5.0
 #: daemon it forks, which inherits it), so they can be found once the command is gone.
 _MOUNT_ID_ENV = "STFS_PY_MOUNT_ID"
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+def _path(path) -> str:
+    """`path` (str, bytes or os.PathLike of either) as a str, bytes decoded as the os module does
+    (os.fsdecode: a name that is not UTF-8 keeps its bytes as surrogate escapes). One with a NUL,
+    which no system call takes, is refused (StfsError), not left to fail deep inside."""
+    path = os.fsdecode(os.fspath(path))
+    if "\0" in path:
+        raise StfsError(f"stfs: {path!r}: a path cannot hold a NUL byte")
+    return path
+
+
+def _argument(path: str) -> str:
+    """`path` as an argument for the binary, which takes only UTF-8 (clap refuses anything else
+    with a line that names no path): a path that is not UTF-8 is refused here, naming it."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise StfsError(f"stfs: {shown}: the path is not UTF-8, and the stfs binary takes only UTF-8 paths "
+                        "(rename it, or reach it through a link whose path is UTF-8)") from None
+    return path
 
 
 class StfsError(RuntimeError):
@@ -189,7 +211,7 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
     files that are still open or mapped until the last of them is closed. Raises StfsError if even
     that fails."""
     binary = binary or find_binary()
-    mp = os.fspath(mountpoint)
+    mp = _path(mountpoint)
     deadline = time.monotonic() + min(BUSY_RETRY_SECONDS, timeout)
     delay = 0.02
     while True:
@@ -260,14 +282,18 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
     env[_MOUNT_ID_ENV] = token
     flags = mount_flags(options)
     binary = find_binary()
+    source = _argument(_path(source))
+    if mountpoint is not None:
+        mountpoint = _argument(_path(mountpoint))
     made = None
     if mountpoint is None:
+        _argument(tempfile.gettempdir())
         made = tempfile.mkdtemp(prefix="stfs-")
         mp = Path(made)
     else:
         mp = Path(mountpoint)
     # `--` ends the flags: a source or mount point that begins with "-" is still a path.
-    command = [binary, "mount", *flags, "--", os.fspath(source), str(mp)]
+    command = [binary, "mount", *flags, "--", source, str(mp)]
     mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
     try:
         _check(command, timeout, env)

@@ -641,6 +641,40 @@ def test_load_in_an_ascii_locale(tmp_path):
     assert "mod\u00e8le.safetensors" in result["error"] and "\n" not in result["error"], (result["error"], missing)
 
 
+def test_paths_may_be_bytes_and_one_that_is_not_utf8_is_one_clear_error(tmp_path):
+    """Paths as bytes (os.fsencode, os.listdir(bytes)) work wherever a str does. The binary takes
+    only UTF-8 arguments: a source or mount point that is not UTF-8 (or holds a NUL) is one
+    StfsError naming it, before anything runs, and leaves no temporary directory."""
+    ckpt = tmp_path / "model.safetensors"
+    shutil.copyfile(SAMPLE, ckpt)
+    reference = load_file(SAMPLE)
+    loaded = stfs.load(os.fsencode(str(ckpt)))
+    assert sorted(loaded) == sorted(reference)
+    del loaded
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    with stfs.mount(os.fsencode(str(ckpt)), os.fsencode(str(mp))) as got:
+        assert got == mp and stfs.is_mounted(os.fsencode(str(mp))) and stfs.is_mount_dir(os.fsencode(str(mp)))
+        assert [e.name for e in stfs.entries(os.fsencode(str(mp)))] == [e.name for e in stfs.entries(mp)]
+        assert_same(stfs.load(os.fsencode(str(mp)))["lm_head.weight"], reference["lm_head.weight"], "lm_head.weight")
+        stfs.unmount(os.fsencode(str(mp)))
+        assert not is_mounted(mp)
+    latin1 = os.path.join(os.fsencode(str(tmp_path)), b"mod\xe8le.safetensors")
+    shutil.copyfile(SAMPLE, latin1)
+    for source in (latin1, os.fsdecode(latin1)):
+        with pytest.raises(stfs.StfsError, match=r"^stfs: .*/mod\\xe8le\.safetensors: the path is not UTF-8") as e:
+            stfs.load(source)
+        assert "\n" not in str(e.value)
+    bad_mp = os.path.join(os.fsencode(str(tmp_path)), b"mp\xe8")
+    os.mkdir(bad_mp)
+    with pytest.raises(stfs.StfsError, match=r"^stfs: .*/mp\\xe8: the path is not UTF-8"):
+        with stfs.mount(ckpt, bad_mp):
+            pytest.fail("the block ran")
+    with pytest.raises(stfs.StfsError, match="NUL"):
+        stfs.load(str(ckpt) + "\0x")
+    assert not stfs_temp_dirs()
+
+
 def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
     """Each np.memmap keeps a descriptor open: 300 tensors under a soft limit of 200 still load."""
     import resource
