@@ -238,15 +238,16 @@ def _read_into(path: str, tensor) -> None:
 
 
 def _check_cuda(torch, target, device) -> None:
-    """One clear error, before anything is read, when the CUDA device asked for is not there (torch's
-    own, from the first pinned allocation, names neither stfs.load nor the device)."""
+    """One clear error (StfsError, a RuntimeError), before anything is read, when the CUDA device asked
+    for is not there (torch's own, from the first pinned allocation, names neither stfs.load nor the
+    device)."""
     if not torch.cuda.is_available():
         build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a build without CUDA"
-        raise RuntimeError(f"stfs.load: device={str(device)!r}, but no CUDA device is available "
+        raise StfsError(f"stfs.load: device={str(device)!r}, but no CUDA device is available "
                            f"(torch {torch.__version__} is {build}; torch.cuda.is_available() is False)")
     count = torch.cuda.device_count()
     if target.index is not None and target.index >= count:
-        raise RuntimeError(f"stfs.load: device={str(device)!r}, but this machine has {count} CUDA device(s)")
+        raise StfsError(f"stfs.load: device={str(device)!r}, but this machine has {count} CUDA device(s)")
 
 
 def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
