@@ -250,6 +250,16 @@ def _check_cuda(torch, target, device) -> None:
         raise StfsError(f"stfs.load: device={str(device)!r}, but this machine has {count} CUDA device(s)")
 
 
+def _utf8_path(path: str) -> str:
+    """`path` spelled for torch.from_file, which encodes a str as UTF-8 whatever the filesystem
+    encoding (it refuses the surrogate escapes a path has under an ASCII locale)."""
+    try:
+        return os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise StfsError(f"stfs: {os.fsencode(path).decode('utf-8', 'backslashreplace')}: the path is not UTF-8, "
+                        "which torch.from_file cannot open") from None
+
+
 def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     import torch
 
@@ -283,7 +293,7 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
                 in_flight, in_flight_bytes = [], 0
         else:
             # A private mapping of the file: pages are read through the mount when first touched.
-            t = torch.from_file(e.path, shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
+            t = torch.from_file(_utf8_path(e.path), shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
             out[e.name] = t if target.type == "cpu" else t.to(target)
     if cuda:
         torch.cuda.synchronize(target)  # every copy has landed before load returns

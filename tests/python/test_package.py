@@ -614,25 +614,28 @@ def test_a_source_whose_name_begins_with_a_dash_is_a_path_not_a_flag(tmp_path, m
     assert not is_mounted("-mp")
 
 
-def test_load_in_an_ascii_locale(tmp_path):
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_load_in_an_ascii_locale(tmp_path, framework):
     """Under a locale whose encoding is not UTF-8 (LC_ALL=C without Python's UTF-8 mode), tensor
     names that are not ASCII still load: metadata.json is read as the UTF-8 it is, the tensor files
     are found by their UTF-8 names, and the binary's error line for a path that is not ASCII is one
     StfsError, not a UnicodeDecodeError."""
+    if framework == "torch":
+        import_torch()
     tensors = {"poids.\u00e9": np.arange(3, dtype=np.int32), "\u00df/x": np.ones(2, dtype=np.uint8), "\u6f22": np.zeros(1, np.float32)}
     ckpt = tmp_path / "uni.safetensors"
     save_file(tensors, str(ckpt))
     script = tmp_path / "load.py"
     with open(script, "x") as f:
         f.write("import json, os, sys\nimport stfs\n"
-                "got = {k: v.tolist() for k, v in stfs.load(sys.argv[1]).items()}\n"
+                "got = {k: v.tolist() for k, v in stfs.load(sys.argv[1], framework=sys.argv[3]).items()}\n"
                 "try:\n    stfs.load(os.fsdecode(os.fsencode(sys.argv[2]) + b'/mod\\xc3\\xa8le.safetensors'))\n"
                 "except stfs.StfsError as e:\n    error = str(e)\n"
                 "print(json.dumps({'tensors': got, 'error': error}))\n")
     env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
     if not INSTALLED:
         env["PYTHONPATH"] = os.path.join(ROOT, "python")
-    out = subprocess.run([sys.executable, str(script), str(ckpt), str(tmp_path)], capture_output=True, env=env, timeout=TIMEOUT)
+    out = subprocess.run([sys.executable, str(script), str(ckpt), str(tmp_path), framework], capture_output=True, env=env, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr.decode(errors="replace")
     result = json.loads(out.stdout)
     assert result["tensors"] == {name: a.tolist() for name, a in tensors.items()}
