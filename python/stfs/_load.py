@@ -145,7 +145,12 @@ def _numpy_dtype(np, entry: Entry):
         except ImportError:
             raise ImportError(f"stfs.load: tensor {entry.name!r} is {entry.dtype}, which NumPy has only through the "
                               "ml_dtypes package: pip install ml_dtypes (or pip install 'stfs[numpy]')") from None
-        return np.dtype(getattr(ml_dtypes, ML_DTYPES.get(entry.dtype, "float4_e2m1fn")))
+        name = ML_DTYPES.get(entry.dtype, "float4_e2m1fn")
+        kind = getattr(ml_dtypes, name, None)
+        if kind is None:  # an ml_dtypes older than 0.5 (pulled in by another package) lacks the F8_E8M0 and F4 types
+            raise ImportError(f"stfs.load: tensor {entry.name!r} is {entry.dtype}, which needs ml_dtypes.{name}, and "
+                              f"ml_dtypes {getattr(ml_dtypes, '__version__', '?')} lacks it: pip install -U 'ml_dtypes>=0.5'")
+        return np.dtype(kind)
     raise TypeError(f"stfs.load: tensor {entry.name!r} has dtype {entry.dtype}, unknown to stfs.load")
 
 

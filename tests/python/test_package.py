@@ -523,6 +523,21 @@ def test_load_numpy_every_ml_dtype(ml_checkpoint):
         del as_f32, got
 
 
+@pytest.mark.parametrize("missing", ["float8_e8m0fnu", "float4_e2m1fn"])
+def test_an_ml_dtypes_without_a_type_is_one_clear_error(ml_checkpoint, monkeypatch, missing):
+    """An ml_dtypes older than 0.5 (another package's pin) lacks float8_e8m0fnu and float4_e2m1fn:
+    loading such a tensor says which type, which version, and what to install, not an
+    AttributeError; the mount load made is gone."""
+    monkeypatch.delattr(ml_dtypes, missing)
+    before = mounted_paths()
+    with pytest.raises(ImportError, match=rf"^stfs\.load: tensor .* needs ml_dtypes\.{missing}, and ml_dtypes .* lacks it: pip install") as e:
+        stfs.load(ml_checkpoint)
+    assert "\n" not in str(e.value)
+    gc.collect()
+    assert wait_until(lambda: mounted_paths() <= before, 20)
+    assert not stfs_temp_dirs()
+
+
 def test_load_numpy_f6_comes_back_as_raw_bytes(tmp_path):
     path = tmp_path / "f6.safetensors"
     tensors = {"a": ("F6_E2M3", [2, 4], bytes(range(6))), "b": ("F6_E3M2", [4], b"\xff\x00\x81"), "c": ("F32", [2], b"\0" * 8)}
