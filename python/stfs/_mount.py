@@ -257,20 +257,25 @@ def _stop_marked(token: str, seconds: float) -> None:
     gone (subprocess killed it), but the daemon it forked goes on and mounts. Those processes are
     the ones (this user's, not this one) whose environment holds ``STFS_PY_MOUNT_ID=token``, which the
     daemon inherits. SIGTERM makes a daemon unmount its own mount and exit (one that has not mounted
-    yet just exits); each is waited for up to `seconds`, then killed (a mount it leaves stale is
+    yet just exits). /proc is looked at again until none is left, so a process forked meanwhile
+    gets its SIGTERM too; after `seconds`, those left are killed (a mount one leaves stale is
     cleared by `stfs umount`)."""
     mark = f"{_MOUNT_ID_ENV}={token}".encode()
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _marked(int(p), mark)]
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + seconds
-    while pids and time.monotonic() < deadline:
+    signalled = set()
+    while True:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _marked(int(p), mark)]
+        if not pids:
+            return
+        late = time.monotonic() >= deadline
+        for pid in pids:
+            if late or pid not in signalled:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                signalled.add(pid)
+        if late:
+            return
         time.sleep(0.02)
-        pids = [p for p in pids if _marked(p, mark)]
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
