@@ -464,6 +464,23 @@ def test_a_mount_given_up_on_does_not_come_up_later(tmp_path, monkeypatch):
                 subprocess.run([real, "umount", "--lazy", "--", path], capture_output=True, timeout=TIMEOUT)
 
 
+def test_a_failing_unmount_does_not_hide_why_load_failed(tmp_path, monkeypatch):
+    """When load fails after mounting (here: device="cuda" for NumPy) and then its unmount fails too
+    (a binary whose `umount` hangs past `timeout`), the error raised is load's own, not the
+    unmount's timeout."""
+    real = stfs.find_binary()
+    hangs = tmp_path / "stfs-umount-hangs"
+    write_script(hangs, f"#!/bin/sh\nif [ \"$1\" = umount ]; then exec sleep 30; fi\nexec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(hangs))
+    before = mounted_paths()
+    try:
+        with pytest.raises(ValueError, match="NumPy arrays live on the CPU"):
+            stfs.load(SAMPLE, device="cuda", timeout=3)
+    finally:
+        for path in mounted_paths() - before:
+            subprocess.run([real, "umount", "--lazy", "--", path], capture_output=True, timeout=TIMEOUT)
+
+
 # --- load with NumPy ---------------------------------------------------------------------------------
 
 def assert_same(got, want, name):
