@@ -171,11 +171,15 @@ def _reserve_descriptors(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
+def _numpy_device(device) -> None:
+    if str(device) != "cpu":
+        raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
+
+
 def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
     import numpy as np
 
-    if str(device) != "cpu":
-        raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
+    _numpy_device(device)
     _reserve_descriptors(sum(1 for e in items if e.byte_len and e.dtype != F4))
     out: Dict[str, Any] = {}
     raw: List[str] = []
@@ -265,13 +269,25 @@ def _utf8_path(path: str) -> str:
                         "which torch.from_file cannot open") from None
 
 
+def _torch_device(device):
+    """torch.device(device), checked: a string torch does not take, or a CUDA device that is not
+    there, is one clear error."""
+    import torch
+
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"stfs.load: device={device!r} is not a torch device: {str(e).splitlines()[0] if str(e) else e}") from None
+    if target.type == "cuda":
+        _check_cuda(torch, target, device)
+    return target
+
+
 def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     import torch
 
-    target = torch.device(device)
+    target = _torch_device(device)
     cuda = target.type == "cuda"
-    if cuda:
-        _check_cuda(torch, target, device)
     out: Dict[str, Any] = {}
     raw: List[str] = []
     in_flight: List[Any] = []
@@ -344,6 +360,9 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     if kind is None:
         raise ValueError(f"stfs.load: framework must be 'numpy' or 'torch', not {framework!r}")
     reader = _load_numpy if kind == "numpy" else _load_torch
+    # The device is checked before anything is mounted: asking for one that is not there costs no
+    # mount (of a remote source, seconds), and nothing is left to take down.
+    _numpy_device(device) if kind == "numpy" else _torch_device(device)
     if is_mount_dir(path):
         if options:
             raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")

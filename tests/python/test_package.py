@@ -743,6 +743,27 @@ def test_load_refuses_what_it_cannot_do(tmp_path):
         stfs.load(tmp_path / "nothing.safetensors")
 
 
+def test_a_device_that_is_not_there_is_refused_before_mounting(tmp_path, monkeypatch):
+    """A device NumPy cannot hold, a string torch does not take, or a CUDA device past the last one
+    is one clear error before the binary is run at all: no mount to make (of a remote source,
+    seconds) and none to take down."""
+    real = stfs.find_binary()
+    log = tmp_path / "calls"
+    wrapper = tmp_path / "stfs-logged"
+    write_script(wrapper, f"#!/bin/sh\necho \"$1\" >> '{log}'\nexec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(wrapper))
+    with pytest.raises(ValueError, match=r"^stfs\.load: NumPy arrays live on the CPU"):
+        stfs.load(SAMPLE, device="cuda")
+    torch = import_torch()
+    with pytest.raises(ValueError, match=r"^stfs\.load: device='gpu' is not a torch device") as e:
+        stfs.load(SAMPLE, framework="torch", device="gpu")
+    assert "\n" not in str(e.value)
+    with pytest.raises(stfs.StfsError, match=r"^stfs\.load: device='cuda:\d+', but"):
+        stfs.load(SAMPLE, framework="torch", device=f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    assert not log.exists(), log.read_text()
+    assert not stfs_temp_dirs()
+
+
 # --- load with torch ---------------------------------------------------------------------------------
 
 def import_torch():
