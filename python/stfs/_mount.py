@@ -181,7 +181,8 @@ def _check(command: List[str], timeout: float, env: Optional[dict] = None) -> No
 def mount_flags(options: dict) -> List[str]:
     """Command-line flags for keyword options: ``cache_size="1G"`` is ``--cache-size 1G``, ``npy=True``
     is ``--npy`` (False and None leave a flag out), a list or tuple repeats the flag (``header=[...]``),
-    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b``. Names are
+    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b``; a value
+    that begins with ``-`` is attached (``--log-file=-x.log``), so it is not taken for a flag. Names are
     not checked here: the binary refuses an unknown one, and mount() raises its message."""
     flags: List[str] = []
     for name, value in options.items():
@@ -200,7 +201,10 @@ def mount_flags(options: dict) -> List[str]:
             if v is True:
                 flags.append(flag)
             else:
-                flags += [flag, os.fspath(v) if isinstance(v, os.PathLike) else str(v)]
+                v = _path(v) if isinstance(v, (os.PathLike, bytes)) else str(v)
+                # A value that begins with "-" (a relative path "-x.log") would be taken for a flag:
+                # attached with "=", it is the flag's value.
+                flags += [f"{flag}={v}"] if v.startswith("-") else [flag, v]
     return flags
 
 

@@ -710,6 +710,20 @@ def test_paths_may_be_bytes_and_one_that_is_not_utf8_is_one_clear_error(tmp_path
     assert not stfs_temp_dirs()
 
 
+def test_an_option_value_that_begins_with_a_dash_is_a_value_not_a_flag(tmp_path, monkeypatch):
+    """A relative path given as an option's value may begin with "-": the binary gets it attached
+    (`--log-file=-dash.log`), not as a word of its own that clap takes for a flag."""
+    monkeypatch.chdir(tmp_path)
+    assert stfs.mount_flags({"log_file": "-dash.log", "o": "-x", "cache_size": "1M"}) == [
+        "--log-file=-dash.log", "-o=-x", "--cache-size", "1M"]
+    with stfs.mount(SAMPLE, log_file="-dash.log", cache_size="1M") as mp:
+        assert is_mounted(mp)
+    assert (tmp_path / "-dash.log").is_file()
+    with stfs.mount(SAMPLE, log_file=Path("-other.log")) as mp:
+        assert is_mounted(mp)
+    assert (tmp_path / "-other.log").is_file()
+
+
 def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
     """Each np.memmap keeps a descriptor open: 300 tensors under a soft limit of 200 still load."""
     import resource
