@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import math
 import os
@@ -171,6 +172,16 @@ def _reserve_descriptors(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
+def _framework(name: str):
+    """The module `name` ("numpy" or "torch"), or one ImportError saying what to install."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        extra = "numpy" if name == "numpy" else "torch"
+        raise ImportError(f"stfs.load: framework={name!r} needs {'NumPy' if name == 'numpy' else 'PyTorch'}, which "
+                          f"cannot be imported ({e}): pip install {name} (or pip install 'stfs[{extra}]')") from None
+
+
 def _numpy_device(device) -> None:
     if str(device) != "cpu":
         raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
@@ -253,7 +264,7 @@ def _check_cuda(torch, target, device) -> None:
     if not torch.cuda.is_available():
         build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a build without CUDA"
         raise StfsError(f"stfs.load: device={str(device)!r}, but no CUDA device is available "
-                           f"(torch {torch.__version__} is {build}; torch.cuda.is_available() is False)")
+                        f"(torch {torch.__version__} is {build}; torch.cuda.is_available() is False)")
     count = torch.cuda.device_count()
     if target.index is not None and target.index >= count:
         raise StfsError(f"stfs.load: device={str(device)!r}, but this machine has {count} CUDA device(s)")
@@ -272,7 +283,7 @@ def _utf8_path(path: str) -> str:
 def _torch_device(device):
     """torch.device(device), checked: a string torch does not take, or a CUDA device that is not
     there, is one clear error."""
-    import torch
+    torch = _framework("torch")
 
     try:
         target = torch.device(device)
@@ -362,7 +373,11 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     reader = _load_numpy if kind == "numpy" else _load_torch
     # The device is checked before anything is mounted: asking for one that is not there costs no
     # mount (of a remote source, seconds), and nothing is left to take down.
-    _numpy_device(device) if kind == "numpy" else _torch_device(device)
+    if kind == "numpy":
+        _framework("numpy")
+        _numpy_device(device)
+    else:
+        _torch_device(device)
     if is_mount_dir(path):
         if options:
             raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")

@@ -122,7 +122,7 @@ def _mounts() -> Iterator[tuple]:
 def _topmost_mount(path) -> Optional[tuple]:
     """(type, source) of the topmost mount at `path` (links to it followed), as bytes; None if
     nothing is mounted there."""
-    target = os.fsencode(os.path.realpath(os.fspath(path)))
+    target = os.fsencode(os.path.realpath(_path(path)))
     found = None
     for point, kind, source in _mounts():
         if point == target:

@@ -778,6 +778,22 @@ def test_a_device_that_is_not_there_is_refused_before_mounting(tmp_path, monkeyp
     assert not stfs_temp_dirs()
 
 
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_a_framework_that_cannot_be_imported_is_one_clear_error(tmp_path, monkeypatch, framework):
+    """load(framework=...) without that framework installed says what to install, before the
+    binary runs (before: torch's bare ModuleNotFoundError, after mounting)."""
+    real = stfs.find_binary()
+    log = tmp_path / "calls"
+    wrapper = tmp_path / "stfs-logged"
+    write_script(wrapper, f"#!/bin/sh\necho \"$1\" >> '{log}'\nexec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(wrapper))
+    monkeypatch.setitem(sys.modules, framework, None)  # import fails, as when it is not installed
+    with pytest.raises(ImportError, match=rf"^stfs\.load: framework='{framework}' needs .*: pip install {framework} "
+                                          rf"\(or pip install 'stfs\[{framework}\]'\)$"):
+        stfs.load(SAMPLE, framework=framework)
+    assert not log.exists(), log.read_text()
+
+
 # --- load with torch ---------------------------------------------------------------------------------
 
 def import_torch():
