@@ -182,6 +182,26 @@ def _framework(name: str):
                           f"cannot be imported ({e}): pip install {name} (or pip install 'stfs[{extra}]')") from None
 
 
+def _check_mappings(count: int, what: str) -> None:
+    """Each tensor mapped (np.memmap, torch.from_file) is one memory mapping, and a process may hold
+    only vm.max_map_count of them: past it mmap fails with a bare ENOMEM ("Cannot allocate memory")
+    in the middle of the load. A checkpoint of that many tensors (a large mixture of experts holds
+    ~90,000) is refused at once instead, saying what to change."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read().strip())
+        with open("/proc/self/maps", "rb") as f:
+            used = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return
+    headroom = 1024  # for the mappings the process itself goes on making (malloc arenas, libraries)
+    if used + count + headroom > limit:
+        raise OSError(f"stfs.load: {count} tensors mapped with {what} need {count} memory mappings, and this "
+                      f"process has {used} of the {limit} vm.max_map_count allows: raise it (sysctl -w "
+                      f"vm.max_map_count={2 * (used + count + headroom)}), or load a device other than the CPU "
+                      "with framework='torch' (which maps nothing)")
+
+
 def _numpy_device(device) -> None:
     if str(device) != "cpu":
         raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
@@ -191,7 +211,9 @@ def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
     import numpy as np
 
     _numpy_device(device)
-    _reserve_descriptors(sum(1 for e in items if e.byte_len and e.dtype != F4))
+    mapped = sum(1 for e in items if e.byte_len and e.dtype != F4)
+    _check_mappings(mapped, "np.memmap")
+    _reserve_descriptors(mapped)
     out: Dict[str, Any] = {}
     raw: List[str] = []
     for e in items:
@@ -303,6 +325,8 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     raw: List[str] = []
     in_flight: List[Any] = []
     in_flight_bytes = 0
+    if not cuda:
+        _check_mappings(sum(1 for e in items if e.byte_len), "torch.from_file")
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
         count = math.prod(shape)

@@ -10,6 +10,7 @@ import gc
 import json
 import mmap
 import os
+import re
 import shutil
 import signal
 import struct
@@ -743,6 +744,51 @@ def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
             del loaded
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+MAPPINGS_NEAR_THE_LIMIT = """
+import ctypes, importlib, sys
+import stfs
+importlib.import_module("numpy" if sys.argv[2] == "numpy" else "torch")  # its libraries need mappings too
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+limit = int(open("/proc/sys/vm/max_map_count").read())
+used = sum(1 for _ in open("/proc/self/maps", "rb"))
+# Pages of alternating protection, so the kernel cannot merge neighbours into one mapping.
+for i in range(limit - used - 200):
+    if libc.mmap(None, 4096, i % 2, 0x22, -1, 0) in (None, ctypes.c_void_p(-1).value):
+        sys.exit("mmap failed after %d mappings" % i)
+try:
+    stfs.load(sys.argv[1], framework=sys.argv[2])
+except OSError as e:
+    print(str(e))
+"""
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_more_tensors_than_the_mapping_limit_allows_is_one_clear_error(tmp_path, framework):
+    """Every tensor mapped is a memory mapping, and vm.max_map_count bounds a process's (65530 by
+    default; a large mixture of experts has more tensors): a load that would pass it says so, with
+    what to change, before mapping anything, instead of mmap's bare ENOMEM halfway. A child process
+    fills its mappings to 200 short of the limit, then loads 300 tensors."""
+    if framework == "torch":
+        import_torch()
+    tensors = {f"t.{i}": np.full((3,), i, dtype=np.int32) for i in range(300)}
+    ckpt = tmp_path / "many.safetensors"
+    save_file(tensors, str(ckpt))
+    script = tmp_path / "near_the_limit.py"
+    with open(script, "x") as f:
+        f.write(MAPPINGS_NEAR_THE_LIMIT)
+    env = dict(os.environ)
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    with stfs.mount(ckpt) as mp:
+        out = subprocess.run([sys.executable, str(script), str(mp), framework], capture_output=True, text=True,
+                             env=env, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.match(r"^stfs\.load: 300 tensors mapped with .* need 300 memory mappings, and this process has \d+ "
+                    r"of the \d+ vm\.max_map_count allows: raise it", out.stdout), out.stdout
 
 
 def test_load_refuses_what_it_cannot_do(tmp_path):
