@@ -387,8 +387,10 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     any returned array still maps one of its files; when the last one is freed, the daemon exits. So the
     arrays are valid for exactly as long as they are referenced, and there is nothing to close. (Arrays
     copied to a GPU map nothing, and the mount ends before load returns.) For a mount you made yourself
-    (stfs.mount or the CLI), the arrays are valid while it is mounted, and unmounting it while they map
-    files detaches it lazily in the same way.
+    (stfs.mount or the CLI), the arrays are valid while it is mounted; the end of the stfs.mount block,
+    or stfs.unmount, while they map files detaches it lazily in the same way, and they stay valid.
+    The CLI's `stfs umount` does not: it says the mount is busy and leaves it (`stfs umount -l`
+    detaches it lazily).
     """
     path = _path(path)
     kind = FRAMEWORKS.get(str(framework).lower())

@@ -372,6 +372,30 @@ def test_open_files_at_the_end_detach_the_mount_lazily():
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "daemon outlived its last file"
 
 
+def test_arrays_of_a_cli_mount_outlive_stfs_unmount_but_stfs_umount_says_busy(tmp_path):
+    """The lifetime load's docstring gives for a mount made with the CLI: while arrays map its files
+    `stfs umount` says busy and leaves it, stfs.unmount detaches it lazily, and the arrays stay
+    readable either way."""
+    binary = stfs.find_binary()
+    reference = load_file(SAMPLE)
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    subprocess.run([binary, "mount", SAMPLE, mp], check=True, capture_output=True, timeout=TIMEOUT)
+    try:
+        arrays = stfs.load(mp)
+        out = subprocess.run([binary, "umount", mp], capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.returncode == 1 and "busy" in out.stderr, out.stderr
+        assert is_mounted(mp)
+        stfs.unmount(mp)
+        assert not is_mounted(mp)
+        for name, want in reference.items():
+            assert_same(arrays[name], want, name)
+        del arrays
+    finally:
+        if is_mounted(mp):
+            subprocess.run([binary, "umount", "--lazy", mp], capture_output=True, timeout=TIMEOUT)
+
+
 def test_stfs_bin_overrides_the_binary(tmp_path, monkeypatch):
     real = stfs.find_binary()
     log = tmp_path / "calls"
