@@ -300,7 +300,9 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
         made = tempfile.mkdtemp(prefix="stfs-")
         mp = Path(made)
     else:
-        mp = Path(mountpoint)
+        # Absolute now: the block may change the working directory, and the unmount at its end
+        # must still name this mount point.
+        mp = Path(os.path.abspath(mountpoint))
     # `--` ends the flags: a source or mount point that begins with "-" is still a path.
     command = [binary, "mount", *flags, "--", source, str(mp)]
     mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
@@ -341,7 +343,9 @@ def mount(source: PathLike, mountpoint: Optional[PathLike] = None, *, timeout: f
     with ``stfs mount`` and yields the mount point as a pathlib.Path; unmounts when the block ends,
     also when it raises.
 
-    With no `mountpoint`, a fresh temporary directory is mounted on and removed afterwards. Keyword
+    With no `mountpoint`, a fresh temporary directory is mounted on and removed afterwards; the path
+    yielded is absolute either way (a relative `mountpoint` is taken from the working directory at
+    the call, and a chdir in the block changes nothing). Keyword
     options become mount flags (see mount_flags): ``mount(ckpt, cache_size="1G", npy=True)``. A failure
     of the binary raises StfsError with its one-line message. Each call of the binary is bounded by
     `timeout` seconds; a mount given up on (timed out, or KeyboardInterrupt during the wait) is taken

@@ -304,6 +304,25 @@ def test_mount_on_a_given_directory_keeps_it(tmp_path):
     assert not is_mounted(mp) and mp.is_dir() and not any(mp.iterdir())
 
 
+def test_a_relative_mount_point_is_unmounted_after_a_chdir_in_the_block(tmp_path, monkeypatch):
+    """A relative mount point names the directory it named when mounted: the block may change the
+    working directory, and the mount is still unmounted at its end (it was left mounted, the
+    unmount looking for it under the new directory)."""
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("m")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        with stfs.mount(SAMPLE, "m") as mp:
+            assert is_mounted(tmp_path / "m")
+            os.chdir(elsewhere)
+        assert not is_mounted(tmp_path / "m")
+        assert mp == tmp_path / "m"  # yielded absolute
+    finally:
+        if is_mounted(tmp_path / "m"):
+            subprocess.run([stfs.find_binary(), "umount", "--lazy", tmp_path / "m"], capture_output=True, timeout=TIMEOUT)
+
+
 def test_keyword_options_become_mount_flags(tmp_path):
     assert stfs.mount_flags({"cache_size": "1G", "npy": True, "allow_other": False, "log_file": tmp_path / "l",
                              "header": ["A: 1", "B: 2"], "as_": "f32", "o": "threads=2"}) == [
