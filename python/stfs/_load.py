@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
@@ -172,6 +173,27 @@ def _reserve_descriptors(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
+_RESERVE_LOCK = threading.Lock()
+_pending_descriptors = 0  # memmaps that loads under way have counted on and not all made yet
+
+
+@contextlib.contextmanager
+def _descriptors_for(count: int):
+    """Reserves descriptors for `count` memmaps for the block: each load counts those of the loads
+    under way in other threads too (their memmaps are not open yet, so /proc/self/fd does not show
+    them), and the soft limit is only ever raised, under a lock: two loads at once no longer both
+    find room for themselves alone and then run out together (EMFILE)."""
+    global _pending_descriptors
+    with _RESERVE_LOCK:
+        _reserve_descriptors(count + _pending_descriptors)
+        _pending_descriptors += count
+    try:
+        yield
+    finally:
+        with _RESERVE_LOCK:
+            _pending_descriptors -= count
+
+
 def _framework(name: str):
     """The module `name` ("numpy" or "torch"), or one ImportError saying what to install."""
     try:
@@ -213,7 +235,11 @@ def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
     _numpy_device(device)
     mapped = sum(1 for e in items if e.byte_len and e.dtype != F4)
     _check_mappings(mapped, "np.memmap")
-    _reserve_descriptors(mapped)
+    with _descriptors_for(mapped):
+        return _memmaps(np, items)
+
+
+def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     raw: List[str] = []
     for e in items:

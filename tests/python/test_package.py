@@ -33,6 +33,7 @@ if not INSTALLED:
     os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
     sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
 import stfs  # noqa: E402
+import stfs._load  # noqa: E402
 
 SAMPLE = os.path.join(ROOT, "examples", "sample.safetensors")
 TIMEOUT = 60
@@ -832,6 +833,54 @@ def test_more_tensors_than_the_mapping_limit_allows_is_one_clear_error(tmp_path,
     assert out.returncode == 0, out.stderr[-2000:]
     assert re.match(r"^stfs\.load: 300 tensors mapped with .* need 300 memory mappings, and this process has \d+ "
                     r"of the \d+ vm\.max_map_count allows: raise it", out.stdout), out.stdout
+
+
+def test_loads_in_two_threads_at_once_reserve_descriptors_for_both(tmp_path, monkeypatch):
+    """Two threads load 300 tensors each under a soft limit of 200 open files. Each reservation must
+    count the other load's memmaps, which are not open yet: both reservations are made to happen
+    before either load opens a file (a barrier after each, which a load that waits for the other's
+    reservation passes after 2 s), and both loads must succeed."""
+    import resource
+    import threading
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    ckpts = []
+    for k in range(2):
+        ckpts.append(tmp_path / f"many{k}.safetensors")
+        save_file({f"t.{i}": np.full((3,), i, dtype=np.int32) for i in range(300)}, str(ckpts[-1]))
+    barrier = threading.Barrier(2, timeout=2)
+    real = stfs._load._reserve_descriptors
+
+    def reserve_then_wait(count):
+        real(count)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait()
+
+    monkeypatch.setattr(stfs._load, "_reserve_descriptors", reserve_then_wait)
+    results, errors = {}, []
+
+    def load(mp, k):
+        try:
+            results[k] = stfs.load(mp)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    try:
+        with stfs.mount(ckpts[0]) as a, stfs.mount(ckpts[1]) as b:
+            threads = [threading.Thread(target=load, args=(mp, k)) for k, mp in enumerate((a, b))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT)
+            assert not any(t.is_alive() for t in threads)
+            assert not errors, errors
+            assert all(results[k][f"t.{i}"].tolist() == [i] * 3 for k in range(2) for i in range(300))
+            results.clear()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_load_refuses_what_it_cannot_do(tmp_path):
