@@ -351,7 +351,7 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     raw: List[str] = []
     in_flight: List[Any] = []
     in_flight_bytes = 0
-    if not cuda:
+    if target.type == "cpu":  # moved anywhere else, each mapping is gone once its tensor is copied
         _check_mappings(sum(1 for e in items if e.byte_len), "torch.from_file")
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
