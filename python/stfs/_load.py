@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import math
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
 
-from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _run, is_mounted
+from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _run, _topmost_mount, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
 NUMPY_DTYPES = {
@@ -46,16 +48,25 @@ class Entry(NamedTuple):
     path: str
 
 
+def _stfs_mount_at(root: str) -> bool:
+    """Whether the topmost mount at `root` is stfs's, by /proc/self/mountinfo: type ``fuse.stfs``, or
+    ``fuse`` with the source ``stfs#...`` that a fusermount unable to set a subtype records."""
+    top = _topmost_mount(root)
+    return top is not None and (top[0] == b"fuse.stfs" or (top[0] in (b"fuse", b"fuseblk") and top[1].startswith(b"stfs#")))
+
+
 def is_mount_dir(path: PathLike) -> bool:
-    """Whether `path` is the root of an stfs mount: a mount point (links to it followed) holding the
-    `.stfs` control directory, whose metadata.json is stfs's. A plain directory is never one, even with
-    a metadata.json copied out of a mount in it: its shards are mounted and read, not that file."""
-    root = os.path.realpath(os.fspath(path))
+    """Whether `path` is the root of an stfs mount: a mount point (links to it followed) whose
+    mount is stfs's (type ``fuse.stfs`` in /proc/self/mountinfo), holding the `.stfs` control
+    directory and stfs's metadata.json. A plain directory is never one, even with a metadata.json
+    copied out of a mount in it: its shards are mounted and read, not that file; nor is the root of
+    another filesystem's mount (a tmpfs, a volume) holding such a copy."""
+    root = os.path.realpath(_path(path))
     meta = os.path.join(root, "metadata.json")
-    if not (os.path.ismount(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
+    if not (_stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
         return False
     try:
-        with open(meta) as f:
+        with open(meta, "rb") as f:  # UTF-8 JSON, whatever the locale
             return "stfs_metadata_version" in json.load(f)
     except (OSError, ValueError):
         return False
@@ -63,9 +74,9 @@ def is_mount_dir(path: PathLike) -> bool:
 
 def entries(mountpoint: PathLike) -> List[Entry]:
     """Every tensor of the mount at `mountpoint`, in checkpoint order (shard, then offset)."""
-    root = os.fspath(mountpoint)
+    root = _path(mountpoint)
     real_root = os.path.realpath(root)
-    with open(os.path.join(root, "metadata.json")) as f:
+    with open(os.path.join(root, "metadata.json"), "rb") as f:  # UTF-8 JSON, whatever the locale
         meta = json.load(f)
     plain = _plain_children(root)
     ordered = sorted(meta["tensors"].items(), key=lambda kv: (kv[1].get("shard", 0), kv[1].get("offset", 0)))
@@ -95,6 +106,12 @@ def tensor_path(root: str, name: str, path: Any, real_root: Optional[str] = None
     inside `root` once resolved: not absolute, no ``..`` out of it, no link leading out of it
     (`real_root`: os.path.realpath(root), when the caller has it; `plain`: names in `root` known
     not to be links, see _plain_children, taken as inside it without resolving them)."""
+    if isinstance(path, str):
+        # The mount names files by the UTF-8 bytes of the name; spelled for this process's
+        # filesystem encoding (the same string under UTF-8; surrogate escapes under an ASCII or
+        # latin-1 locale), the path names those bytes.
+        with contextlib.suppress(UnicodeError):
+            path = os.fsdecode(path.encode("utf-8"))
     if plain and isinstance(path, str) and path in plain:
         return os.path.join(root, path)
     real_root = real_root or os.path.realpath(root)
@@ -130,7 +147,12 @@ def _numpy_dtype(np, entry: Entry):
         except ImportError:
             raise ImportError(f"stfs.load: tensor {entry.name!r} is {entry.dtype}, which NumPy has only through the "
                               "ml_dtypes package: pip install ml_dtypes (or pip install 'stfs[numpy]')") from None
-        return np.dtype(getattr(ml_dtypes, ML_DTYPES.get(entry.dtype, "float4_e2m1fn")))
+        name = ML_DTYPES.get(entry.dtype, "float4_e2m1fn")
+        kind = getattr(ml_dtypes, name, None)
+        if kind is None:  # an ml_dtypes older than 0.5 (pulled in by another package) lacks the F8_E8M0 and F4 types
+            raise ImportError(f"stfs.load: tensor {entry.name!r} is {entry.dtype}, which needs ml_dtypes.{name}, and "
+                              f"ml_dtypes {getattr(ml_dtypes, '__version__', '?')} lacks it: pip install -U 'ml_dtypes>=0.5'")
+        return np.dtype(kind)
     raise TypeError(f"stfs.load: tensor {entry.name!r} has dtype {entry.dtype}, unknown to stfs.load")
 
 
@@ -151,12 +173,73 @@ def _reserve_descriptors(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
+_RESERVE_LOCK = threading.Lock()
+_pending_descriptors = 0  # memmaps that loads under way have counted on and not all made yet
+
+
+@contextlib.contextmanager
+def _descriptors_for(count: int):
+    """Reserves descriptors for `count` memmaps for the block: each load counts those of the loads
+    under way in other threads too (their memmaps are not open yet, so /proc/self/fd does not show
+    them), and the soft limit is only ever raised, under a lock: two loads at once no longer both
+    find room for themselves alone and then run out together (EMFILE)."""
+    global _pending_descriptors
+    with _RESERVE_LOCK:
+        _reserve_descriptors(count + _pending_descriptors)
+        _pending_descriptors += count
+    try:
+        yield
+    finally:
+        with _RESERVE_LOCK:
+            _pending_descriptors -= count
+
+
+def _framework(name: str):
+    """The module `name` ("numpy" or "torch"), or one ImportError saying what to install."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        extra = "numpy" if name == "numpy" else "torch"
+        raise ImportError(f"stfs.load: framework={name!r} needs {'NumPy' if name == 'numpy' else 'PyTorch'}, which "
+                          f"cannot be imported ({e}): pip install {name} (or pip install 'stfs[{extra}]')") from None
+
+
+def _check_mappings(count: int, what: str) -> None:
+    """Each tensor mapped (np.memmap, torch.from_file) is one memory mapping, and a process may hold
+    only vm.max_map_count of them: past it mmap fails with a bare ENOMEM ("Cannot allocate memory")
+    in the middle of the load. A checkpoint of that many tensors (a large mixture of experts holds
+    ~90,000) is refused at once instead, saying what to change."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read().strip())
+        with open("/proc/self/maps", "rb") as f:
+            used = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return
+    headroom = 1024  # for the mappings the process itself goes on making (malloc arenas, libraries)
+    if used + count + headroom > limit:
+        raise OSError(f"stfs.load: {count} tensors mapped with {what} need {count} memory mappings, and this "
+                      f"process has {used} of the {limit} vm.max_map_count allows: raise it (sysctl -w "
+                      f"vm.max_map_count={2 * (used + count + headroom)}), or load a device other than the CPU "
+                      "with framework='torch' (which maps nothing)")
+
+
+def _numpy_device(device) -> None:
+    if str(device) != "cpu":
+        raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
+
+
 def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
     import numpy as np
 
-    if str(device) != "cpu":
-        raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
-    _reserve_descriptors(sum(1 for e in items if e.byte_len and e.dtype != F4))
+    _numpy_device(device)
+    mapped = sum(1 for e in items if e.byte_len and e.dtype != F4)
+    _check_mappings(mapped, "np.memmap")
+    with _descriptors_for(mapped):
+        return _memmaps(np, items)
+
+
+def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     raw: List[str] = []
     for e in items:
@@ -223,28 +306,53 @@ def _read_into(path: str, tensor) -> None:
 
 
 def _check_cuda(torch, target, device) -> None:
-    """One clear error, before anything is read, when the CUDA device asked for is not there (torch's
-    own, from the first pinned allocation, names neither stfs.load nor the device)."""
+    """One clear error (StfsError, a RuntimeError), before anything is read, when the CUDA device asked
+    for is not there (torch's own, from the first pinned allocation, names neither stfs.load nor the
+    device)."""
     if not torch.cuda.is_available():
         build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a build without CUDA"
-        raise RuntimeError(f"stfs.load: device={str(device)!r}, but no CUDA device is available "
-                           f"(torch {torch.__version__} is {build}; torch.cuda.is_available() is False)")
+        raise StfsError(f"stfs.load: device={str(device)!r}, but no CUDA device is available "
+                        f"(torch {torch.__version__} is {build}; torch.cuda.is_available() is False)")
     count = torch.cuda.device_count()
     if target.index is not None and target.index >= count:
-        raise RuntimeError(f"stfs.load: device={str(device)!r}, but this machine has {count} CUDA device(s)")
+        raise StfsError(f"stfs.load: device={str(device)!r}, but this machine has {count} CUDA device(s)")
+
+
+def _utf8_path(path: str) -> str:
+    """`path` spelled for torch.from_file, which encodes a str as UTF-8 whatever the filesystem
+    encoding (it refuses the surrogate escapes a path has under an ASCII locale)."""
+    try:
+        return os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise StfsError(f"stfs: {os.fsencode(path).decode('utf-8', 'backslashreplace')}: the path is not UTF-8, "
+                        "which torch.from_file cannot open") from None
+
+
+def _torch_device(device):
+    """torch.device(device), checked: a string torch does not take, or a CUDA device that is not
+    there, is one clear error."""
+    torch = _framework("torch")
+
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"stfs.load: device={device!r} is not a torch device: {str(e).splitlines()[0] if str(e) else e}") from None
+    if target.type == "cuda":
+        _check_cuda(torch, target, device)
+    return target
 
 
 def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     import torch
 
-    target = torch.device(device)
+    target = _torch_device(device)
     cuda = target.type == "cuda"
-    if cuda:
-        _check_cuda(torch, target, device)
     out: Dict[str, Any] = {}
     raw: List[str] = []
     in_flight: List[Any] = []
     in_flight_bytes = 0
+    if target.type == "cpu":  # moved anywhere else, each mapping is gone once its tensor is copied
+        _check_mappings(sum(1 for e in items if e.byte_len), "torch.from_file")
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
         count = math.prod(shape)
@@ -267,7 +375,7 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
                 in_flight, in_flight_bytes = [], 0
         else:
             # A private mapping of the file: pages are read through the mount when first touched.
-            t = torch.from_file(e.path, shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
+            t = torch.from_file(_utf8_path(e.path), shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
             out[e.name] = t if target.type == "cpu" else t.to(target)
     if cuda:
         torch.cuda.synchronize(target)  # every copy has landed before load returns
@@ -305,13 +413,23 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     any returned array still maps one of its files; when the last one is freed, the daemon exits. So the
     arrays are valid for exactly as long as they are referenced, and there is nothing to close. (Arrays
     copied to a GPU map nothing, and the mount ends before load returns.) For a mount you made yourself
-    (stfs.mount or the CLI), the arrays are valid while it is mounted, and unmounting it while they map
-    files detaches it lazily in the same way.
+    (stfs.mount or the CLI), the arrays are valid while it is mounted; the end of the stfs.mount block,
+    or stfs.unmount, while they map files detaches it lazily in the same way, and they stay valid.
+    The CLI's `stfs umount` does not: it says the mount is busy and leaves it (`stfs umount -l`
+    detaches it lazily).
     """
+    path = _path(path)
     kind = FRAMEWORKS.get(str(framework).lower())
     if kind is None:
         raise ValueError(f"stfs.load: framework must be 'numpy' or 'torch', not {framework!r}")
     reader = _load_numpy if kind == "numpy" else _load_torch
+    # The device is checked before anything is mounted: asking for one that is not there costs no
+    # mount (of a remote source, seconds), and nothing is left to take down.
+    if kind == "numpy":
+        _framework("numpy")
+        _numpy_device(device)
+    else:
+        _torch_device(device)
     if is_mount_dir(path):
         if options:
             raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")
@@ -327,7 +445,14 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
 
 
 def _detach(binary: str, mp: Path, made: Optional[str], timeout: float, quiet: bool) -> None:
-    out = _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
+    """Detaches load's own mount lazily and removes its directory. `quiet` (load is raising already):
+    a failure here, the binary's timeout included, never replaces the exception load raises."""
+    try:
+        out = _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
+    except StfsError:
+        if quiet:
+            return
+        raise
     if out.returncode != 0 and is_mounted(mp) and not quiet:
         raise StfsError(out.stderr.strip().splitlines()[0] if out.stderr.strip() else f"stfs: {mp}: unmount failed",
                         returncode=out.returncode, stderr=out.stderr)

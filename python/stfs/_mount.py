@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
+import signal
 import subprocess
 import sysconfig
 import tempfile
@@ -17,8 +19,36 @@ DEFAULT_TIMEOUT = 60.0
 #: process itself still maps or opens files there (then at once). A child being forked elsewhere holds
 #: copies of our descriptors for a moment; anything longer is a real user.
 BUSY_RETRY_SECONDS = 1.0
+#: How long processes left by a mount that was given up on (timed out, interrupted) are waited for
+#: after SIGTERM, before SIGKILL.
+STRAY_EXIT_SECONDS = 5.0
+#: The environment variable that marks the processes of one `stfs mount` run (the command and the
+#: daemon it forks, which inherits it), so they can be found once the command is gone.
+_MOUNT_ID_ENV = "STFS_PY_MOUNT_ID"
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+def _path(path) -> str:
+    """`path` (str, bytes or os.PathLike of either) as a str, bytes decoded as the os module does
+    (os.fsdecode: a name that is not UTF-8 keeps its bytes as surrogate escapes). One with a NUL,
+    which no system call takes, is refused (StfsError), not left to fail deep inside."""
+    path = os.fsdecode(os.fspath(path))
+    if "\0" in path:
+        raise StfsError(f"stfs: {path!r}: a path cannot hold a NUL byte")
+    return path
+
+
+def _argument(path: str) -> str:
+    """`path` as an argument for the binary, which takes only UTF-8 (clap refuses anything else
+    with a line that names no path): a path that is not UTF-8 is refused here, naming it."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise StfsError(f"stfs: {shown}: the path is not UTF-8, and the stfs binary takes only UTF-8 paths "
+                        "(rename it, or reach it through a link whose path is UTF-8)") from None
+    return path
 
 
 class StfsError(RuntimeError):
@@ -59,38 +89,64 @@ def find_binary() -> str:
     raise StfsError("stfs: the stfs binary was not found (pip install stfs puts it on PATH; or set STFS_BIN)")
 
 
-def _unescape_mountinfo(field: str) -> str:
-    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
-    out, i = [], 0
+def _unescape_mountinfo(field: bytes) -> bytes:
+    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo octal escapes; every
+    # other byte as it is, so a path that is not UTF-8 stays so.
+    out, i = bytearray(), 0
     while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
+        octal = field[i + 1 : i + 4]
+        if field[i] == 0x5C and len(octal) == 3 and all(0x30 <= c <= 0x37 for c in octal) and int(octal, 8) < 256:
+            out.append(int(octal, 8))
             i += 4
         else:
             out.append(field[i])
             i += 1
-    return "".join(out)
+    return bytes(out)
+
+
+def _mounts() -> Iterator[tuple]:
+    """(mount point, type, source) of each mount in /proc/self/mountinfo, in mount order (of two at
+    one place the later is on top), as bytes: read as text, one mount point that is not UTF-8 (a
+    USB stick's latin-1 label, anyone's) would make every lookup fail."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            # ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
+            fields, sep, rest = line.rstrip(b"\n").partition(b" - ")
+            parts = fields.split(b" ")
+            if not sep or len(parts) < 5:
+                continue
+            kind = rest.split(b" ")
+            yield _unescape_mountinfo(parts[4]), kind[0], _unescape_mountinfo(kind[1]) if len(kind) > 1 else b""
+
+
+def _topmost_mount(path) -> Optional[tuple]:
+    """(type, source) of the topmost mount at `path` (links to it followed), as bytes; None if
+    nothing is mounted there."""
+    target = os.fsencode(os.path.realpath(_path(path)))
+    found = None
+    for point, kind, source in _mounts():
+        if point == target:
+            found = (kind, source)
+    return found
 
 
 def is_mounted(path: PathLike) -> bool:
     """Whether `path` is a mount point, by /proc/self/mountinfo."""
-    target = os.path.realpath(os.fspath(path))
-    with open("/proc/self/mountinfo") as f:
-        return any(_unescape_mountinfo(line.split(" ")[4]) == target for line in f)
+    return _topmost_mount(path) is not None
 
 
 def _held_here(mountpoint: str) -> bool:
     """Whether this process maps (np.memmap, torch.from_file) or has open a file under `mountpoint`."""
-    prefix = os.path.realpath(mountpoint) + os.sep
+    prefix = os.fsencode(os.path.realpath(mountpoint)) + b"/"
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/maps", "rb") as f:  # bytes: a mapped file's name need not be UTF-8
             for line in f:
-                fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode [path]
+                fields = line.rstrip(b"\n").split(maxsplit=5)  # address perms offset dev inode [path]
                 if len(fields) == 6 and fields[5].startswith(prefix):
                     return True
         for fd in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+                if os.readlink(os.fsencode(f"/proc/self/fd/{fd}")).startswith(prefix):
                     return True
     except OSError:
         pass
@@ -107,7 +163,8 @@ def _message(stderr: str, fallback: str) -> str:
 
 def _run(command: List[str], timeout: float, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
+        return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise StfsError(f"stfs: `{' '.join(command[1:3])}` did not finish within {timeout:g} s", command=command) from e
     except OSError as e:
@@ -124,7 +181,8 @@ def _check(command: List[str], timeout: float, env: Optional[dict] = None) -> No
 def mount_flags(options: dict) -> List[str]:
     """Command-line flags for keyword options: ``cache_size="1G"`` is ``--cache-size 1G``, ``npy=True``
     is ``--npy`` (False and None leave a flag out), a list or tuple repeats the flag (``header=[...]``),
-    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b``. Names are
+    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b``; a value
+    that begins with ``-`` is attached (``--log-file=-x.log``), so it is not taken for a flag. Names are
     not checked here: the binary refuses an unknown one, and mount() raises its message."""
     flags: List[str] = []
     for name, value in options.items():
@@ -143,7 +201,10 @@ def mount_flags(options: dict) -> List[str]:
             if v is True:
                 flags.append(flag)
             else:
-                flags += [flag, os.fspath(v) if isinstance(v, os.PathLike) else str(v)]
+                v = _path(v) if isinstance(v, (os.PathLike, bytes)) else str(v)
+                # A value that begins with "-" (a relative path "-x.log") would be taken for a flag:
+                # attached with "=", it is the flag's value.
+                flags += [f"{flag}={v}"] if v.startswith("-") else [flag, v]
     return flags
 
 
@@ -154,7 +215,7 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
     files that are still open or mapped until the last of them is closed. Raises StfsError if even
     that fails."""
     binary = binary or find_binary()
-    mp = os.fspath(mountpoint)
+    mp = _path(mountpoint)
     deadline = time.monotonic() + min(BUSY_RETRY_SECONDS, timeout)
     delay = 0.02
     while True:
@@ -187,27 +248,73 @@ def _header_env(headers) -> Optional[dict]:
     return env
 
 
+def _marked(pid: int, mark: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return mark in f.read().split(b"\0")
+    except OSError:  # gone, or not this user's
+        return False
+
+
+def _stop_marked(token: str, seconds: float) -> None:
+    """Stops what a mount run that was given up on left behind: the `stfs mount` command itself is
+    gone (subprocess killed it), but the daemon it forked goes on and mounts. Those processes are
+    the ones (this user's, not this one) whose environment holds ``STFS_PY_MOUNT_ID=token``, which the
+    daemon inherits. SIGTERM makes a daemon unmount its own mount and exit (one that has not mounted
+    yet just exits). /proc is looked at again until none is left, so a process forked meanwhile
+    gets its SIGTERM too; after `seconds`, those left are killed (a mount one leaves stale is
+    cleared by `stfs umount`)."""
+    mark = f"{_MOUNT_ID_ENV}={token}".encode()
+    deadline = time.monotonic() + seconds
+    signalled = set()
+    while True:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _marked(int(p), mark)]
+        if not pids:
+            return
+        late = time.monotonic() >= deadline
+        for pid in pids:
+            if late or pid not in signalled:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                signalled.add(pid)
+        if late:
+            return
+        time.sleep(0.02)
+
+
 def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
     """Mounts and returns (binary, mount point, the temporary directory made for it or None).
     ``header=`` options travel in the environment (see _header_env), the rest as flags."""
     options = dict(options)
-    env = _header_env(options.pop("header", None))
+    env = _header_env(options.pop("header", None)) or dict(os.environ)
+    token = secrets.token_hex(16)
+    env[_MOUNT_ID_ENV] = token
     flags = mount_flags(options)
     binary = find_binary()
+    source = _argument(_path(source))
+    if mountpoint is not None:
+        mountpoint = _argument(_path(mountpoint))
     made = None
     if mountpoint is None:
+        _argument(tempfile.gettempdir())
         made = tempfile.mkdtemp(prefix="stfs-")
         mp = Path(made)
     else:
-        mp = Path(mountpoint)
+        # Absolute now: the block may change the working directory, and the unmount at its end
+        # must still name this mount point.
+        mp = Path(os.path.abspath(mountpoint))
     # `--` ends the flags: a source or mount point that begins with "-" is still a path.
-    command = [binary, "mount", *flags, "--", os.fspath(source), str(mp)]
+    command = [binary, "mount", *flags, "--", source, str(mp)]
     mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
     try:
         _check(command, timeout, env)
     except BaseException:
-        # A mount that timed out may still have come up in the background daemon: take it down (but
-        # never one that was there before: then stfs refused to mount over it).
+        # A mount given up on (timed out, or interrupted: KeyboardInterrupt) may still come up: the
+        # command was killed, but not the daemon it forked, which mounts on its own. Stop that daemon
+        # first, then take down a mount that is there (but never one that was there before: then
+        # stfs refused to mount over it).
+        with contextlib.suppress(OSError):
+            _stop_marked(token, min(STRAY_EXIT_SECONDS, timeout))
         if not mounted_before and is_mounted(mp):
             with contextlib.suppress(StfsError):
                 _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
@@ -236,16 +343,26 @@ def mount(source: PathLike, mountpoint: Optional[PathLike] = None, *, timeout: f
     with ``stfs mount`` and yields the mount point as a pathlib.Path; unmounts when the block ends,
     also when it raises.
 
-    With no `mountpoint`, a fresh temporary directory is mounted on and removed afterwards. Keyword
+    With no `mountpoint`, a fresh temporary directory is mounted on and removed afterwards; the path
+    yielded is absolute either way (a relative `mountpoint` is taken from the working directory at
+    the call, and a chdir in the block changes nothing). Keyword
     options become mount flags (see mount_flags): ``mount(ckpt, cache_size="1G", npy=True)``. A failure
     of the binary raises StfsError with its one-line message. Each call of the binary is bounded by
-    `timeout` seconds. If files of the mount are still open or mapped when the block ends, the mount
-    is detached lazily (see unmount), so arrays mapped from it stay readable until they are freed."""
+    `timeout` seconds; a mount given up on (timed out, or KeyboardInterrupt during the wait) is taken
+    down, its daemon included, never left to come up afterwards. If files of the mount are still open
+    or mapped when the block ends, the mount is detached lazily (see unmount), so arrays mapped from
+    it stay readable until they are freed. Only the process that mounted unmounts: a child forked
+    inside the block (os.fork) leaves the mount alone when it leaves the block."""
     binary, mp, made = _mount(source, mountpoint, timeout, options)
+    owner = os.getpid()
     try:
         yield mp
     except BaseException:
         # Do not let a failing unmount hide the exception the block raised.
-        _release(binary, mp, made, timeout, quiet=True)
+        if os.getpid() == owner:
+            _release(binary, mp, made, timeout, quiet=True)
         raise
-    _release(binary, mp, made, timeout, quiet=False)
+    # A child forked inside the block (os.fork) that leaves it leaves the mount to the process that
+    # made it: it must not unmount it from under that process.
+    if os.getpid() == owner:
+        _release(binary, mp, made, timeout, quiet=False)

@@ -5,10 +5,14 @@ scripts/test_python_package runs this file with the python of a fresh virtualenv
 in (STFS_EXPECT_INSTALLED=1, no STFS_BIN): `import stfs` and the `stfs` binary then come from the wheel,
 and test_the_installed_package_is_used proves it. Run by plain pytest from a checkout, the package is
 imported from python/ and runs $STFS_BIN (the conftest's binary)."""
+import contextlib
 import gc
 import json
+import mmap
 import os
+import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -29,6 +33,7 @@ if not INSTALLED:
     os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
     sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
 import stfs  # noqa: E402
+import stfs._load  # noqa: E402
 
 SAMPLE = os.path.join(ROOT, "examples", "sample.safetensors")
 TIMEOUT = 60
@@ -39,8 +44,8 @@ rng = np.random.default_rng(18)
 
 def mounted_paths():
     """Every mount point, by /proc/self/mountinfo (its own parser, not the package's)."""
-    with open("/proc/self/mountinfo") as f:
-        return {line.split(" ")[4].replace("\\040", " ").replace("\\134", "\\") for line in f}
+    with open("/proc/self/mountinfo", "rb") as f:  # bytes: a mount point need not be UTF-8
+        return {os.fsdecode(line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\134", b"\\")) for line in f}
 
 
 def is_mounted(path):
@@ -218,6 +223,79 @@ def test_mount_unmounts_when_the_block_raises():
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "the daemon outlived its mount"
 
 
+def test_a_child_forked_inside_the_block_leaves_the_mount_to_its_parent():
+    """A child forked inside `with stfs.mount(...)` that leaves the block (returns, sys.exit, an
+    exception) must not unmount the parent's mount, nor remove its mount point."""
+    parent = os.getpid()
+    try:
+        for how in ("end", "raise"):
+            with stfs.mount(SAMPLE) as mp:
+                child = os.fork()
+                if child == 0 and how == "raise":
+                    raise SystemExit(0)
+                if child != 0:
+                    deadline = time.monotonic() + TIMEOUT
+                    while os.waitpid(child, os.WNOHANG) == (0, 0):
+                        assert time.monotonic() < deadline, "the child did not exit"
+                        time.sleep(0.02)
+                    assert is_mounted(mp), how
+                    assert (mp / "lm_head.weight").read_bytes() == load_file(SAMPLE)["lm_head.weight"].tobytes(), how
+            if os.getpid() != parent:
+                os._exit(0)  # the child, out of the block
+            assert not is_mounted(mp) and not mp.exists(), how
+    except SystemExit:
+        if os.getpid() == parent:
+            raise
+    finally:
+        if os.getpid() != parent:
+            os._exit(0)
+
+
+@contextlib.contextmanager
+def tmpfs_at(path):
+    """A tmpfs mounted at `path` (bytes allowed) for the block."""
+    os.mkdir(path)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", path], check=True, capture_output=True, timeout=TIMEOUT)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True, timeout=TIMEOUT)
+
+
+def test_is_mounted_reads_a_mount_table_holding_a_mount_point_that_is_not_utf8(tmp_path):
+    """Another mount whose mount point is not UTF-8 (a latin-1 name: anyone's USB stick) is in
+    /proc/self/mountinfo: is_mounted still answers, for it and for an stfs mount. (The stfs binary
+    itself cannot mount or unmount while such a mount exists, so the stfs mount is made before it
+    and the tmpfs is gone before the stfs mount is released.)"""
+    latin1 = os.path.join(os.fsencode(str(tmp_path)), b"caf\xe9")
+    with stfs.mount(SAMPLE) as mp:
+        with tmpfs_at(latin1):
+            assert stfs.is_mounted(mp) and stfs.is_mount_dir(mp)
+            assert stfs.is_mounted(os.fsdecode(latin1)) and stfs.is_mounted(latin1)
+            assert not stfs.is_mounted(tmp_path)
+    assert not is_mounted(mp)
+
+
+def test_unmounting_a_busy_mount_while_a_file_that_is_not_utf8_is_mapped(tmp_path):
+    """An unmount that finds the mount busy looks at what this process maps (/proc/self/maps): a
+    mapped file whose name is not UTF-8 does not stop it; the mount is detached lazily."""
+    mapped = os.path.join(os.fsencode(str(tmp_path)), b"mapped-\xff")
+    with open(mapped, "xb") as f:
+        f.write(b"x" * 4096)
+    with open(mapped, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        assert m[:1] == b"x"
+        with stfs.mount(SAMPLE) as mp:
+            # Another process holds a file of the mount open, so `stfs umount` says busy.
+            with open(mp / "lm_head.weight", "rb") as held:
+                holder = subprocess.Popen(["sleep", "60"], stdin=held)
+            try:
+                stfs.unmount(mp)
+                assert not is_mounted(mp)
+            finally:
+                holder.kill()
+                holder.wait(TIMEOUT)
+
+
 def test_mount_on_a_given_directory_keeps_it(tmp_path):
     mp = tmp_path / "m"
     mp.mkdir()
@@ -225,6 +303,25 @@ def test_mount_on_a_given_directory_keeps_it(tmp_path):
         assert got == mp and is_mounted(mp)
         assert (mp / "metadata.json").is_file()
     assert not is_mounted(mp) and mp.is_dir() and not any(mp.iterdir())
+
+
+def test_a_relative_mount_point_is_unmounted_after_a_chdir_in_the_block(tmp_path, monkeypatch):
+    """A relative mount point names the directory it named when mounted: the block may change the
+    working directory, and the mount is still unmounted at its end (it was left mounted, the
+    unmount looking for it under the new directory)."""
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("m")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        with stfs.mount(SAMPLE, "m") as mp:
+            assert is_mounted(tmp_path / "m")
+            os.chdir(elsewhere)
+        assert not is_mounted(tmp_path / "m")
+        assert mp == tmp_path / "m"  # yielded absolute
+    finally:
+        if is_mounted(tmp_path / "m"):
+            subprocess.run([stfs.find_binary(), "umount", "--lazy", tmp_path / "m"], capture_output=True, timeout=TIMEOUT)
 
 
 def test_keyword_options_become_mount_flags(tmp_path):
@@ -295,6 +392,30 @@ def test_open_files_at_the_end_detach_the_mount_lazily():
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 20), "daemon outlived its last file"
 
 
+def test_arrays_of_a_cli_mount_outlive_stfs_unmount_but_stfs_umount_says_busy(tmp_path):
+    """The lifetime load's docstring gives for a mount made with the CLI: while arrays map its files
+    `stfs umount` says busy and leaves it, stfs.unmount detaches it lazily, and the arrays stay
+    readable either way."""
+    binary = stfs.find_binary()
+    reference = load_file(SAMPLE)
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    subprocess.run([binary, "mount", SAMPLE, mp], check=True, capture_output=True, timeout=TIMEOUT)
+    try:
+        arrays = stfs.load(mp)
+        out = subprocess.run([binary, "umount", mp], capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.returncode == 1 and "busy" in out.stderr, out.stderr
+        assert is_mounted(mp)
+        stfs.unmount(mp)
+        assert not is_mounted(mp)
+        for name, want in reference.items():
+            assert_same(arrays[name], want, name)
+        del arrays
+    finally:
+        if is_mounted(mp):
+            subprocess.run([binary, "umount", "--lazy", mp], capture_output=True, timeout=TIMEOUT)
+
+
 def test_stfs_bin_overrides_the_binary(tmp_path, monkeypatch):
     real = stfs.find_binary()
     log = tmp_path / "calls"
@@ -322,6 +443,87 @@ def test_every_wait_on_the_binary_is_bounded(tmp_path, monkeypatch):
             pytest.fail("the block ran")
     assert time.monotonic() - started < 10
     assert not stfs_temp_dirs()
+
+
+def write_script(path, text):
+    """An executable script, created exclusively (never through a link planted at `path`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def processes_naming(path):
+    """PIDs of processes with `path` as one of their arguments."""
+    want = os.fsencode(str(path))
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_mount_given_up_on_does_not_come_up_later(tmp_path, monkeypatch):
+    """`stfs mount` forks the daemon, which mounts on its own: a command killed because it timed out,
+    or because KeyboardInterrupt came during the wait, leaves that daemon mounting. This binary's
+    `mount` does the same, slowly: it forks a process that runs the real `stfs mount` 0.5 s later,
+    and waits 30 s itself. Neither a mount point given nor a temporary one may end up mounted."""
+    real = stfs.find_binary()
+    late = tmp_path / "stfs-mounts-late"
+    write_script(late, f"#!/bin/sh\nif [ \"$1\" = mount ]; then (sleep 0.5; exec '{real}' \"$@\") & sleep 30; exit 1; fi\n"
+                       f"exec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(late))
+    mp = tmp_path / "mp"
+    mp.mkdir()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
+            with stfs.mount(SAMPLE, mp, timeout=0.5):
+                pytest.fail("the block ran")
+        assert not wait_until(lambda: is_mounted(mp), 2), "the timed-out mount came up afterwards"
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with stfs.mount(SAMPLE, mp, timeout=20):
+                    pytest.fail("the block ran")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert not wait_until(lambda: is_mounted(mp), 2), "the interrupted mount came up afterwards"
+        assert not processes_naming(mp), "a process of the mount given up on is still there"
+        with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
+            stfs.load(SAMPLE, timeout=0.5)
+        assert not wait_until(lambda: any("stfs-" in os.path.basename(p) for p in mounted_paths()
+                                          if p.startswith(tempfile.gettempdir())), 2), "load's mount came up afterwards"
+        assert not stfs_temp_dirs()
+    finally:
+        for path in [mp] + [p for p in mounted_paths() if p.startswith(tempfile.gettempdir() + os.sep)]:
+            if is_mounted(path):
+                subprocess.run([real, "umount", "--lazy", "--", path], capture_output=True, timeout=TIMEOUT)
+
+
+def test_a_failing_unmount_does_not_hide_why_load_failed(tmp_path, monkeypatch):
+    """When load fails after mounting (here: device="cuda" for NumPy) and then its unmount fails too
+    (a binary whose `umount` hangs past `timeout`), the error raised is load's own, not the
+    unmount's timeout."""
+    real = stfs.find_binary()
+    hangs = tmp_path / "stfs-umount-hangs"
+    write_script(hangs, f"#!/bin/sh\nif [ \"$1\" = umount ]; then exec sleep 30; fi\nexec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(hangs))
+    before = mounted_paths()
+    try:
+        with pytest.raises(ValueError, match="NumPy arrays live on the CPU"):
+            stfs.load(SAMPLE, device="cuda", timeout=3)
+    finally:
+        for path in mounted_paths() - before:
+            subprocess.run([real, "umount", "--lazy", "--", path], capture_output=True, timeout=TIMEOUT)
 
 
 # --- load with NumPy ---------------------------------------------------------------------------------
@@ -381,6 +583,21 @@ def test_load_numpy_every_ml_dtype(ml_checkpoint):
             assert got.dtype == np.float32 and list(got.shape) == shape, name
             assert np.array_equal(got.reshape(-1), want.astype(np.float32), equal_nan=True), name
         del as_f32, got
+
+
+@pytest.mark.parametrize("missing", ["float8_e8m0fnu", "float4_e2m1fn"])
+def test_an_ml_dtypes_without_a_type_is_one_clear_error(ml_checkpoint, monkeypatch, missing):
+    """An ml_dtypes older than 0.5 (another package's pin) lacks float8_e8m0fnu and float4_e2m1fn:
+    loading such a tensor says which type, which version, and what to install, not an
+    AttributeError; the mount load made is gone."""
+    monkeypatch.delattr(ml_dtypes, missing)
+    before = mounted_paths()
+    with pytest.raises(ImportError, match=rf"^stfs\.load: tensor .* needs ml_dtypes\.{missing}, and ml_dtypes .* lacks it: pip install") as e:
+        stfs.load(ml_checkpoint)
+    assert "\n" not in str(e.value)
+    gc.collect()
+    assert wait_until(lambda: mounted_paths() <= before, 20)
+    assert not stfs_temp_dirs()
 
 
 def test_load_numpy_f6_comes_back_as_raw_bytes(tmp_path):
@@ -443,6 +660,25 @@ def test_a_plain_directory_holding_a_mounts_metadata_json_is_a_source_not_a_moun
     assert bytes(stfs.load(shards)["w"]) == b"REAL"
 
 
+def test_another_filesystems_mount_holding_a_mounts_files_is_a_source_not_a_mount(tmp_path):
+    """The root of a tmpfs (a volume, /dev/shm) holding a copy of a mount's metadata.json and
+    `.stfs` is a mount point with stfs's files, but not an stfs mount: it is mounted and its shard
+    read, not taken for a mount whose tensor files it would then read."""
+    with tmpfs_at(str(tmp_path / "volume")) as volume:
+        save_file({"w": np.frombuffer(b"REAL", dtype=np.uint8)}, os.path.join(volume, "model.safetensors"))
+        with stfs.mount(os.path.join(volume, "model.safetensors")) as mp:
+            assert stfs.is_mount_dir(mp)
+            (Path(volume) / "metadata.json").write_bytes((mp / "metadata.json").read_bytes())
+        os.mkdir(os.path.join(volume, ".stfs"))
+        with open(os.path.join(volume, "w"), "xb") as f:
+            f.write(b"FAKE")
+        assert os.path.ismount(volume)
+        assert not stfs.is_mount_dir(volume)
+        loaded = stfs.load(volume)
+        assert bytes(loaded["w"]) == b"REAL"
+        del loaded
+
+
 def test_a_source_whose_name_begins_with_a_dash_is_a_path_not_a_flag(tmp_path, monkeypatch):
     """The binary is called with `--` before its positional arguments: a relative path that begins
     with "-" is mounted, not parsed as flags."""
@@ -453,6 +689,84 @@ def test_a_source_whose_name_begins_with_a_dash_is_a_path_not_a_flag(tmp_path, m
     with stfs.mount("-dash.safetensors", "-mp") as mp:
         assert is_mounted(mp) and bytes(stfs.load(mp)["w"]) == b"REAL"
     assert not is_mounted("-mp")
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_load_in_an_ascii_locale(tmp_path, framework):
+    """Under a locale whose encoding is not UTF-8 (LC_ALL=C without Python's UTF-8 mode), tensor
+    names that are not ASCII still load: metadata.json is read as the UTF-8 it is, the tensor files
+    are found by their UTF-8 names, and the binary's error line for a path that is not ASCII is one
+    StfsError, not a UnicodeDecodeError."""
+    if framework == "torch":
+        import_torch()
+    tensors = {"poids.\u00e9": np.arange(3, dtype=np.int32), "\u00df/x": np.ones(2, dtype=np.uint8), "\u6f22": np.zeros(1, np.float32)}
+    ckpt = tmp_path / "uni.safetensors"
+    save_file(tensors, str(ckpt))
+    script = tmp_path / "load.py"
+    with open(script, "x") as f:
+        f.write("import json, os, sys\nimport stfs\n"
+                "got = {k: v.tolist() for k, v in stfs.load(sys.argv[1], framework=sys.argv[3]).items()}\n"
+                "try:\n    stfs.load(os.fsdecode(os.fsencode(sys.argv[2]) + b'/mod\\xc3\\xa8le.safetensors'))\n"
+                "except stfs.StfsError as e:\n    error = str(e)\n"
+                "print(json.dumps({'tensors': got, 'error': error}))\n")
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    out = subprocess.run([sys.executable, str(script), str(ckpt), str(tmp_path), framework], capture_output=True, env=env, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    result = json.loads(out.stdout)
+    assert result["tensors"] == {name: a.tolist() for name, a in tensors.items()}
+    missing = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"mod\xc3\xa8le.safetensors"))
+    assert result["error"].startswith("stfs: ") and "no such file" in result["error"], result["error"]
+    assert "mod\u00e8le.safetensors" in result["error"] and "\n" not in result["error"], (result["error"], missing)
+
+
+def test_paths_may_be_bytes_and_one_that_is_not_utf8_is_one_clear_error(tmp_path):
+    """Paths as bytes (os.fsencode, os.listdir(bytes)) work wherever a str does. The binary takes
+    only UTF-8 arguments: a source or mount point that is not UTF-8 (or holds a NUL) is one
+    StfsError naming it, before anything runs, and leaves no temporary directory."""
+    ckpt = tmp_path / "model.safetensors"
+    shutil.copyfile(SAMPLE, ckpt)
+    reference = load_file(SAMPLE)
+    loaded = stfs.load(os.fsencode(str(ckpt)))
+    assert sorted(loaded) == sorted(reference)
+    del loaded
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    with stfs.mount(os.fsencode(str(ckpt)), os.fsencode(str(mp))) as got:
+        assert got == mp and stfs.is_mounted(os.fsencode(str(mp))) and stfs.is_mount_dir(os.fsencode(str(mp)))
+        assert [e.name for e in stfs.entries(os.fsencode(str(mp)))] == [e.name for e in stfs.entries(mp)]
+        assert_same(stfs.load(os.fsencode(str(mp)))["lm_head.weight"], reference["lm_head.weight"], "lm_head.weight")
+        stfs.unmount(os.fsencode(str(mp)))
+        assert not is_mounted(mp)
+    latin1 = os.path.join(os.fsencode(str(tmp_path)), b"mod\xe8le.safetensors")
+    shutil.copyfile(SAMPLE, latin1)
+    for source in (latin1, os.fsdecode(latin1)):
+        with pytest.raises(stfs.StfsError, match=r"^stfs: .*/mod\\xe8le\.safetensors: the path is not UTF-8") as e:
+            stfs.load(source)
+        assert "\n" not in str(e.value)
+    bad_mp = os.path.join(os.fsencode(str(tmp_path)), b"mp\xe8")
+    os.mkdir(bad_mp)
+    with pytest.raises(stfs.StfsError, match=r"^stfs: .*/mp\\xe8: the path is not UTF-8"):
+        with stfs.mount(ckpt, bad_mp):
+            pytest.fail("the block ran")
+    with pytest.raises(stfs.StfsError, match="NUL"):
+        stfs.load(str(ckpt) + "\0x")
+    assert not stfs_temp_dirs()
+
+
+def test_an_option_value_that_begins_with_a_dash_is_a_value_not_a_flag(tmp_path, monkeypatch):
+    """A relative path given as an option's value may begin with "-": the binary gets it attached
+    (`--log-file=-dash.log`), not as a word of its own that clap takes for a flag."""
+    monkeypatch.chdir(tmp_path)
+    assert stfs.mount_flags({"log_file": "-dash.log", "o": "-x", "cache_size": "1M"}) == [
+        "--log-file=-dash.log", "-o=-x", "--cache-size", "1M"]
+    with stfs.mount(SAMPLE, log_file="-dash.log", cache_size="1M") as mp:
+        assert is_mounted(mp)
+    assert (tmp_path / "-dash.log").is_file()
+    with stfs.mount(SAMPLE, log_file=Path("-other.log")) as mp:
+        assert is_mounted(mp)
+    assert (tmp_path / "-other.log").is_file()
 
 
 def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
@@ -476,6 +790,105 @@ def test_load_numpy_of_many_tensors_raises_the_open_file_limit(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+MAPPINGS_NEAR_THE_LIMIT = """
+import ctypes, importlib, sys
+import stfs
+importlib.import_module("numpy" if sys.argv[2] == "numpy" else "torch")  # its libraries need mappings too
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+limit = int(open("/proc/sys/vm/max_map_count").read())
+used = sum(1 for _ in open("/proc/self/maps", "rb"))
+# Pages of alternating protection, so the kernel cannot merge neighbours into one mapping.
+for i in range(limit - used - 200):
+    if libc.mmap(None, 4096, i % 2, 0x22, -1, 0) in (None, ctypes.c_void_p(-1).value):
+        sys.exit("mmap failed after %d mappings" % i)
+try:
+    loaded = stfs.load(sys.argv[1], framework=sys.argv[2], device=sys.argv[3])
+    print("loaded %d" % len(loaded))
+except OSError as e:
+    print(str(e))
+"""
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_more_tensors_than_the_mapping_limit_allows_is_one_clear_error(tmp_path, framework):
+    """Every tensor mapped is a memory mapping, and vm.max_map_count bounds a process's (65530 by
+    default; a large mixture of experts has more tensors): a load that would pass it says so, with
+    what to change, before mapping anything, instead of mmap's bare ENOMEM halfway. A child process
+    fills its mappings to 200 short of the limit, then loads 300 tensors."""
+    if framework == "torch":
+        import_torch()
+    tensors = {f"t.{i}": np.full((3,), i, dtype=np.int32) for i in range(300)}
+    ckpt = tmp_path / "many.safetensors"
+    save_file(tensors, str(ckpt))
+    script = tmp_path / "near_the_limit.py"
+    with open(script, "x") as f:
+        f.write(MAPPINGS_NEAR_THE_LIMIT)
+    env = dict(os.environ)
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    with stfs.mount(ckpt) as mp:
+        out = subprocess.run([sys.executable, str(script), str(mp), framework, "cpu"], capture_output=True, text=True,
+                             env=env, timeout=TIMEOUT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert re.match(r"^stfs\.load: 300 tensors mapped with .* need 300 memory mappings, and this process has \d+ "
+                        r"of the \d+ vm\.max_map_count allows: raise it", out.stdout), out.stdout
+        if framework == "torch":
+            # Onto another device each mapping goes as soon as its tensor is copied: no limit to check.
+            out = subprocess.run([sys.executable, str(script), str(mp), framework, "meta"], capture_output=True,
+                                 text=True, env=env, timeout=TIMEOUT)
+            assert out.returncode == 0 and out.stdout == "loaded 300\n", (out.stdout, out.stderr[-2000:])
+
+
+def test_loads_in_two_threads_at_once_reserve_descriptors_for_both(tmp_path, monkeypatch):
+    """Two threads load 300 tensors each under a soft limit of 200 open files. Each reservation must
+    count the other load's memmaps, which are not open yet: both reservations are made to happen
+    before either load opens a file (a barrier after each, which a load that waits for the other's
+    reservation passes after 2 s), and both loads must succeed."""
+    import resource
+    import threading
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    ckpts = []
+    for k in range(2):
+        ckpts.append(tmp_path / f"many{k}.safetensors")
+        save_file({f"t.{i}": np.full((3,), i, dtype=np.int32) for i in range(300)}, str(ckpts[-1]))
+    barrier = threading.Barrier(2, timeout=2)
+    real = stfs._load._reserve_descriptors
+
+    def reserve_then_wait(count):
+        real(count)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait()
+
+    monkeypatch.setattr(stfs._load, "_reserve_descriptors", reserve_then_wait)
+    results, errors = {}, []
+
+    def load(mp, k):
+        try:
+            results[k] = stfs.load(mp)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    try:
+        with stfs.mount(ckpts[0]) as a, stfs.mount(ckpts[1]) as b:
+            threads = [threading.Thread(target=load, args=(mp, k)) for k, mp in enumerate((a, b))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT)
+            assert not any(t.is_alive() for t in threads)
+            assert not errors, errors
+            assert all(results[k][f"t.{i}"].tolist() == [i] * 3 for k in range(2) for i in range(300))
+            results.clear()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_load_refuses_what_it_cannot_do(tmp_path):
     with stfs.mount(SAMPLE) as mp:
         with pytest.raises(ValueError, match="framework"):
@@ -486,6 +899,43 @@ def test_load_refuses_what_it_cannot_do(tmp_path):
             stfs.load(mp, cache_size="1G")
     with pytest.raises(stfs.StfsError, match=r"^stfs: .*nothing\.safetensors"):
         stfs.load(tmp_path / "nothing.safetensors")
+
+
+def test_a_device_that_is_not_there_is_refused_before_mounting(tmp_path, monkeypatch):
+    """A device NumPy cannot hold, a string torch does not take, or a CUDA device past the last one
+    is one clear error before the binary is run at all: no mount to make (of a remote source,
+    seconds) and none to take down."""
+    real = stfs.find_binary()
+    log = tmp_path / "calls"
+    wrapper = tmp_path / "stfs-logged"
+    write_script(wrapper, f"#!/bin/sh\necho \"$1\" >> '{log}'\nexec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(wrapper))
+    with pytest.raises(ValueError, match=r"^stfs\.load: NumPy arrays live on the CPU"):
+        stfs.load(SAMPLE, device="cuda")
+    torch = import_torch()
+    with pytest.raises(ValueError, match=r"^stfs\.load: device='gpu' is not a torch device") as e:
+        stfs.load(SAMPLE, framework="torch", device="gpu")
+    assert "\n" not in str(e.value)
+    with pytest.raises(stfs.StfsError, match=r"^stfs\.load: device='cuda:\d+', but"):
+        stfs.load(SAMPLE, framework="torch", device=f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    assert not log.exists(), log.read_text()
+    assert not stfs_temp_dirs()
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_a_framework_that_cannot_be_imported_is_one_clear_error(tmp_path, monkeypatch, framework):
+    """load(framework=...) without that framework installed says what to install, before the
+    binary runs (before: torch's bare ModuleNotFoundError, after mounting)."""
+    real = stfs.find_binary()
+    log = tmp_path / "calls"
+    wrapper = tmp_path / "stfs-logged"
+    write_script(wrapper, f"#!/bin/sh\necho \"$1\" >> '{log}'\nexec '{real}' \"$@\"\n")
+    monkeypatch.setenv("STFS_BIN", str(wrapper))
+    monkeypatch.setitem(sys.modules, framework, None)  # import fails, as when it is not installed
+    with pytest.raises(ImportError, match=rf"^stfs\.load: framework='{framework}' needs .*: pip install {framework} "
+                                          rf"\(or pip install 'stfs\[{framework}\]'\)$"):
+        stfs.load(SAMPLE, framework=framework)
+    assert not log.exists(), log.read_text()
 
 
 # --- load with torch ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from test_remote import find_nginx, free_port
 os.environ.setdefault("STFS_BIN", STFS)
 sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
 import stfs  # noqa: E402
+import stfs._load  # noqa: E402
 from stfs._load import tensor_path  # noqa: E402
 
 TOKEN = "py_tok_5ecret_bearer_value"
@@ -113,13 +114,13 @@ def test_mount_header_never_reaches_a_command_line(private, monkeypatch):
 
 def fake_mount(tmp_path, path, monkeypatch):
     """A directory that looks like an stfs mount, whose one tensor has metadata.json `path`: its
-    `.stfs` directory, and os.path.ismount saying yes for it (stfs.load reads only a mount point's
-    metadata.json; what is tested here is what it does with a hostile one)."""
+    `.stfs` directory, and the package's mountinfo check saying an stfs mount is there (stfs.load
+    reads only an stfs mount's metadata.json; what is tested here is what it does with a hostile one)."""
     root = tmp_path / "fake"
     root.mkdir()
     (root / ".stfs").mkdir()
-    real_ismount = os.path.ismount
-    monkeypatch.setattr(os.path, "ismount", lambda p: os.path.realpath(p) == str(root) or real_ismount(p))
+    real_check = stfs._load._stfs_mount_at
+    monkeypatch.setattr(stfs._load, "_stfs_mount_at", lambda p: os.path.realpath(p) == str(root) or real_check(p))
     (tmp_path / "outside").write_bytes(b"not yours")
     meta = {"stfs_metadata_version": 1,
             "tensors": {"t": {"dtype": "U8", "shape": [9], "byte_len": 9, "path": path}}}

@@ -226,21 +226,21 @@ def test_cuda_without_a_gpu_is_one_clear_error(every_dtype, tmp_path):
         pytest.skip("this machine has a CUDA device: the no-GPU error cannot happen here")
     before = mounted_paths()
     for device in ("cuda", "cuda:0", torch.device("cuda", 1)):
-        with pytest.raises(RuntimeError) as err:
+        with pytest.raises(stfs.StfsError) as err:
             stfs.load(every_dtype, framework="torch", device=device)
         message = str(err.value)
         assert message.startswith(f"stfs.load: device='{device}', but no CUDA device is available"), message
         assert "\n" not in message and "torch.cuda.is_available() is False" in message, message
         assert mounted_paths() <= before  # the mount load made is gone
     with mounted(every_dtype) as mp:
-        with pytest.raises(RuntimeError, match=r"^stfs\.load: device='cuda', but no CUDA device"):
+        with pytest.raises(stfs.StfsError, match=r"^stfs\.load: device='cuda', but no CUDA device"):
             stfs.load(mp, framework="torch", device="cuda")
 
 
 def test_cuda_device_index_past_the_last_gpu_is_one_clear_error(every_dtype):
     need_device("cuda")
     count = torch.cuda.device_count()
-    with pytest.raises(RuntimeError, match=rf"^stfs\.load: device='cuda:{count}', but this machine has {count} CUDA device"):
+    with pytest.raises(stfs.StfsError, match=rf"^stfs\.load: device='cuda:{count}', but this machine has {count} CUDA device"):
         stfs.load(every_dtype, framework="torch", device=f"cuda:{count}")
 
 
