@@ -185,3 +185,25 @@ fn umount_finds_the_mount_by_relative_symlinked_and_escaped_paths_without_touchi
         assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon of {name:?} did not exit");
     }
 }
+
+/// A mount elsewhere whose mount point is not UTF-8 (a tmpfs at a Latin-1 name; any user can name
+/// a FUSE mount so) hides nothing from stfs: `stfs mount` and `stfs umount` still see every mount.
+/// Before, /proc/self/mountinfo was read as text, and one such line lost the whole table:
+/// `stfs mount` said something was already mounted at a fresh directory and `stfs umount` that
+/// an stfs mount was not a mount point.
+#[test]
+fn a_mount_point_elsewhere_that_is_not_utf8_hides_no_mount() {
+    use std::os::unix::ffi::OsStrExt;
+    let (dir, file, _) = one_tensor_checkpoint();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    let mp = dir.path().join("mp");
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::create_dir(&mp).unwrap();
+    let _detach = DetachAll(vec![odd.clone(), mp.clone()]);
+    mount_tmpfs(&odd);
+    let out = stfs(&["mount", file.to_str().unwrap(), mp.to_str().unwrap()]);
+    assert!(out.status.success(), "stfs mount: {}", stderr_of(&out));
+    let out = stfs(&["umount", mp.to_str().unwrap()]);
+    assert!(out.status.success(), "stfs umount: {}", stderr_of(&out));
+    assert!(!listed(&mp) && listed(&odd));
+}

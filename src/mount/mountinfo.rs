@@ -46,8 +46,8 @@ impl MountEntry {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
+fn unescape(field: impl AsRef<[u8]>) -> Vec<u8> {
+    let b = field.as_ref();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
@@ -67,32 +67,38 @@ fn unescape(field: &str) -> Vec<u8> {
     out
 }
 
-/// Parses mountinfo text into entries in mount order: of two at one place, the later is on top.
-pub fn parse(text: &str) -> Vec<MountEntry> {
-    text.lines()
-        .filter_map(|line| {
-            // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
-            let (fields, rest) = line.split_once(" - ")?;
-            let mut ids = fields.split(' ').map(|field| field.parse().ok());
-            let (id, parent) = (ids.next()??, ids.next()??);
-            let mount_point = fields.split(' ').nth(4)?;
-            let mut rest = rest.split(' ');
-            let (fs_type, source, super_options) = (rest.next()?, rest.next()?, rest.next().unwrap_or(""));
-            Some(MountEntry {
-                id,
-                parent,
-                mount_point: PathBuf::from(OsStr::from_bytes(&unescape(mount_point))),
-                fs_type: String::from_utf8_lossy(&unescape(fs_type)).into_owned(),
-                source: String::from_utf8_lossy(&unescape(source)).into_owned(),
-                super_options: String::from_utf8_lossy(&unescape(super_options)).into_owned(),
-            })
-        })
-        .collect()
+/// Parses mountinfo into entries in mount order: of two at one place, the later is on top. It is
+/// bytes, not text: a mount point, type or source may be any bytes but NUL (a user's FUSE mount
+/// named in Latin-1), and one such line must not hide the others.
+pub fn parse(text: impl AsRef<[u8]>) -> Vec<MountEntry> {
+    text.as_ref().split(|&b| b == b'\n').filter_map(parse_line).collect()
+}
+
+/// One line of mountinfo, or None if it is not one.
+fn parse_line(line: &[u8]) -> Option<MountEntry> {
+    // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
+    let split = line.windows(3).position(|w| w == b" - ")?;
+    let (fields, rest) = (&line[..split], &line[split + 3..]);
+    let mut fields = fields.split(|&b| b == b' ');
+    let mut number = || std::str::from_utf8(fields.next()?).ok()?.parse().ok();
+    let (id, parent) = (number()?, number()?);
+    let mount_point = fields.nth(2)?;
+    let mut rest = rest.split(|&b| b == b' ');
+    let (fs_type, source, super_options) = (rest.next()?, rest.next()?, rest.next().unwrap_or_default());
+    let text = |field: &[u8]| String::from_utf8_lossy(&unescape(field)).into_owned();
+    Some(MountEntry {
+        id,
+        parent,
+        mount_point: PathBuf::from(OsStr::from_bytes(&unescape(mount_point))),
+        fs_type: text(fs_type),
+        source: text(source),
+        super_options: text(super_options),
+    })
 }
 
 /// This process's mounts (none if /proc is not there).
 pub fn mounts() -> Vec<MountEntry> {
-    fs::read_to_string("/proc/self/mountinfo").map(|text| parse(&text)).unwrap_or_default()
+    fs::read("/proc/self/mountinfo").map(parse).unwrap_or_default()
 }
 
 /// The topmost of `mounts` at exactly `path`.
@@ -157,6 +163,20 @@ mod tests {
         assert!(old[0].is_stfs());
         let other = parse("1 2 0:50 / /m rw - fuse sshfs#host:/ ro,user_id=0\n");
         assert!(!other[0].is_stfs());
+    }
+
+    /// A mount point that is not UTF-8 (a user's FUSE mount named in Latin-1) is parsed as bytes,
+    /// and the lines around it still are. Read as text, the whole table was lost: `stfs mount`
+    /// saw nothing mounted anywhere and `stfs umount` no stfs mount.
+    #[test]
+    fn a_mount_point_that_is_not_utf8_hides_no_line() {
+        let mut table = b"40 27 0:21 / /tmp/caf\xe9 rw,relatime - tmpfs t\xe9mp rw\n".to_vec();
+        table.extend_from_slice(b"41 27 0:22 / /mnt/m rw - fuse.stfs /m.safetensors ro,user_id=0\n");
+        let entries = parse(&table);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].mount_point.as_os_str().as_bytes(), b"/tmp/caf\xe9");
+        assert_eq!(entries[0].source, "t\u{fffd}mp");
+        assert!(entries[1].is_stfs() && entries[1].mount_point == Path::new("/mnt/m"));
     }
 
     #[test]

@@ -23,43 +23,16 @@ pub struct MountEntry {
     pub options: String,
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal =
-            b.get(i + 1..i + 4).and_then(|o| std::str::from_utf8(o).ok()).and_then(|o| u8::from_str_radix(o, 8).ok());
-        match (b[i], octal) {
-            (b'\\', Some(v)) => {
-                out.push(v);
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-/// Every mount of this process's namespace, in mount order.
+/// Every mount of this process's namespace, in mount order: mountinfo as stfs itself reads it
+/// (bytes: a mount point elsewhere that is not UTF-8 hides no line).
 pub fn mounts() -> Vec<MountEntry> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
-    info.lines()
-        .filter_map(|line| {
-            let (before, after) = line.split_once(" - ")?;
-            let mount_point = before.split(' ').nth(4)?;
-            let mut after = after.split(' ');
-            let (fs_type, source, options) = (after.next()?, after.next()?, after.next()?);
-            Some(MountEntry {
-                mount_point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(mount_point))),
-                fs_type: fs_type.to_string(),
-                source: String::from_utf8_lossy(&unescape(source)).into_owned(),
-                options: options.to_string(),
-            })
+    stfs::mount::mountinfo::mounts()
+        .into_iter()
+        .map(|m| MountEntry {
+            mount_point: m.mount_point,
+            fs_type: m.fs_type,
+            source: m.source,
+            options: m.super_options,
         })
         .collect()
 }
