@@ -61,7 +61,7 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         crate::source::object::start_background_refresh();
         let fs = build_fs(opened, &fs_options, stats.clone())?;
         let _exporter = export(&stats, labels, exports)?;
-        serve(fs, &fsname, &serve_options, watcher, |_| {})?;
+        serve(fs, &fsname, &serve_options, watcher, |_| true)?;
         return Ok(ExitCode::SUCCESS);
     }
     let readiness = match daemon::daemonize(config.log_file.as_deref())? {
@@ -98,13 +98,13 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         }
     };
     let mut readiness = Some(readiness);
-    let result = serve(fs, &fsname, &serve_options, watcher, |r| {
-        if let Some(p) = readiness.take() {
-            match r {
-                Ok(()) => p.ready(),
-                Err(e) => p.failed(e),
-            }
+    let result = serve(fs, &fsname, &serve_options, watcher, |r| match (readiness.take(), r) {
+        (Some(p), Ok(())) => p.ready(),
+        (Some(p), Err(e)) => {
+            p.failed(e);
+            true
         }
+        (None, _) => true,
     });
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),

@@ -27,9 +27,10 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Tells the parent the mount is ready; the parent exits 0.
-    pub fn ready(mut self) {
-        let _ = self.pipe.write_all(READY);
+    /// Tells the parent the mount is ready; the parent exits 0. False when the parent cannot hear
+    /// it (it was killed while waiting: its end of the pipe is closed).
+    pub fn ready(mut self) -> bool {
+        self.pipe.write_all(READY).is_ok()
     }
 
     /// Tells the parent why mounting failed; the parent returns it as [`DaemonError::Child`].
@@ -275,7 +276,36 @@ fn redirect_std_streams(log: Option<&File>) -> io::Result<()> {
 mod tests {
     use std::error::Error;
 
-    use crate::mount::daemon::{descriptors_named, DaemonError};
+    use std::fs::File;
+    use std::os::fd::FromRawFd;
+
+    use crate::mount::daemon::{descriptors_named, DaemonError, Readiness, READY};
+
+    /// The daemon learns whether the news of a ready mount reached the parent: not when the
+    /// parent's end of the pipe is closed (it was killed while waiting), so the daemon withdraws
+    /// a mount nobody knows of (`session::serve`). A write to a closed pipe is EPIPE, not a
+    /// SIGPIPE: Rust ignores that signal.
+    #[test]
+    fn readiness_says_whether_the_parent_heard() {
+        use std::io::Read;
+        for parent_alive in [true, false] {
+            let mut fds = [0; 2];
+            // SAFETY: fds is a valid array of two ints for pipe2 to fill.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+            // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+            let (read_end, write_end) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+            let readiness = Readiness { pipe: write_end };
+            if parent_alive {
+                assert!(readiness.ready());
+                let mut heard = Vec::new();
+                (&read_end).read_to_end(&mut heard).unwrap();
+                assert_eq!(heard, READY);
+            } else {
+                drop(read_end);
+                assert!(!readiness.ready());
+            }
+        }
+    }
 
     #[test]
     fn descriptors_named_as_paths_are_found_anywhere_in_a_text() {

@@ -142,14 +142,17 @@ fn fuse_config(fsname: &str, options: &ServeOptions, splice: bool) -> Config {
 }
 
 /// Mounts `fs`, calls `on_ready` once the mount answers (with the error if it never does), and
-/// serves until unmounted or signalled; `watcher` is armed once the mount answers. Signals must
-/// already be blocked (see [`crate::mount::signals::block_signals`]).
+/// serves until unmounted or signalled; `watcher` is armed once the mount answers. `on_ready`
+/// returns whether the news reached whoever waits for the mount: if not (the `stfs mount` that
+/// forked this daemon was killed meanwhile), nobody knows the mount is there, and it is withdrawn
+/// (detached lazily) instead of left behind. Signals must already be blocked (see
+/// [`crate::mount::signals::block_signals`]).
 pub fn serve(
     fs: Arc<Fs>,
     fsname: &str,
     options: &ServeOptions,
     mut watcher: Option<AutoUnmount>,
-    on_ready: impl FnOnce(Result<(), &ServeError>),
+    on_ready: impl FnOnce(Result<(), &ServeError>) -> bool,
 ) -> Result<(), ServeError> {
     let mp = options.mountpoint.clone();
     // Spliced replies only carry a local file's bytes: without one, keep per-thread descriptors.
@@ -190,7 +193,15 @@ pub fn serve(
         _ => {}
     }
     info!("mounted {} on {}", fsname, mp.display());
-    on_ready(Ok(()));
+    if !on_ready(Ok(())) {
+        warn!("{}: whoever mounted it is gone before hearing it was ready: withdrawing the mount", mp.display());
+        match own.as_ref().map(|own| own.unmount(true)) {
+            Some(Ok(Whereabouts::Top(_) | Whereabouts::Gone)) => {}
+            Some(Ok(Whereabouts::Covered(at))) => warn!("{} is covered by another mount: left as it is", at.display()),
+            Some(Err(e)) => warn!("{}: withdrawing failed: {e}", mp.display()),
+            None => warn!("{} is not known in mountinfo: left as it is", mp.display()),
+        }
+    }
     let signal_mp = mp.clone();
     std::thread::Builder::new()
         .name("signals".into())
@@ -285,7 +296,7 @@ impl Drop for SessionEnded {
 }
 
 /// Tells `on_ready` that the mount will not answer, and gives the error back for the caller.
-fn not_ready(on_ready: impl FnOnce(Result<(), &ServeError>), e: ServeError) -> ServeError {
+fn not_ready(on_ready: impl FnOnce(Result<(), &ServeError>) -> bool, e: ServeError) -> ServeError {
     on_ready(Err(&e));
     e
 }
