@@ -200,7 +200,16 @@ fn xattrs_and_views() {
         .collect();
     assert_eq!(f32_bytes, want);
     assert_eq!(fs.read(w, 5, 6).unwrap(), &want[5..11]);
-    // The .npy view: header then raw bytes.
+    // The .npy view shows what the file beside it serves: a '<f4' header, then the same F32 bytes,
+    // whole and at an offset that straddles the header's end.
+    let npy = fs.read(ino(&fs, "w.npy"), 0, 10_000).unwrap();
+    let header = crate::views::npy::npy_header(Dtype::F32, &[2, 3]).unwrap();
+    assert!(npy.starts_with(b"\x93NUMPY") && npy.windows(5).any(|w| w == b"'<f4'"));
+    assert_eq!((&npy[..header.len()], &npy[header.len()..]), (&header[..], &want[..]));
+    let straddling = fs.read(ino(&fs, "w.npy"), header.len() as u64 - 3, 9).unwrap();
+    assert_eq!(&straddling[3..], &want[..6]);
+    // Without the conversion, the .npy view is the header then the raw bytes.
+    let (fs, tensors, _) = fixture(Views { npy: true, as_f32: false });
     let npy = fs.read(ino(&fs, "w.npy"), 0, 10_000).unwrap();
     assert!(npy.starts_with(b"\x93NUMPY"));
     assert_eq!(&npy[npy.len() - 12..], &tensors[1].3[..]);
