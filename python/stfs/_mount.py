@@ -181,7 +181,8 @@ def _check(command: List[str], timeout: float, env: Optional[dict] = None) -> No
 def mount_flags(options: dict) -> List[str]:
     """Command-line flags for keyword options: ``cache_size="1G"`` is ``--cache-size 1G``, ``npy=True``
     is ``--npy`` (False and None leave a flag out), a list or tuple repeats the flag (``header=[...]``),
-    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b``; a value
+    ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b`` (mount()
+    takes ``header=`` options out of ``o`` first: they travel in the environment); a value
     that begins with ``-`` is attached (``--log-file=-x.log``), so it is not taken for a flag. Names are
     not checked here: the binary refuses an unknown one, and mount() raises its message."""
     flags: List[str] = []
@@ -248,6 +249,59 @@ def _header_env(headers) -> Optional[dict]:
     return env
 
 
+def _option_items(text: str) -> List[str]:
+    """The options of an ``-o`` list as the binary cuts it (src/cli/option_list.rs): at every comma
+    that no backslash escapes, each option with its escapes still in it; empty ones left out."""
+    items, start, at = [], 0, 0
+    while at < len(text):
+        if text[at] == "\\" and at + 1 < len(text):
+            at += 2
+            continue
+        if text[at] == ",":
+            items.append(text[start:at])
+            start = at + 1
+        at += 1
+    items.append(text[start:])
+    return [item for item in items if item]
+
+
+def _unescape_option(item: str) -> str:
+    """An option with ``\\,`` made ``,`` and ``\\\\`` made ``\\``, as the binary reads it; any other
+    backslash is kept."""
+    out, at = [], 0
+    while at < len(item):
+        if item[at] == "\\" and at + 1 < len(item) and item[at + 1] in ",\\":
+            out.append(item[at + 1])
+            at += 2
+        else:
+            out.append(item[at])
+            at += 1
+    return "".join(out)
+
+
+def _headers_out_of_o(options: dict) -> List[str]:
+    """Takes every ``header=`` option out of ``o`` (a ``-o`` list, or a list of them) and returns
+    the headers, so that they travel in the environment like ``header=`` keywords, never on the
+    command line; the other options stay in ``o``."""
+    value = options.get("o")
+    if value is None or value is False or value is True:
+        return []
+    headers, kept = [], []
+    for text in value if isinstance(value, (list, tuple)) else [value]:
+        if text is None:
+            continue
+        rest = []
+        for item in _option_items(str(text)):
+            if item.startswith("header="):
+                headers.append(_unescape_option(item)[len("header="):])
+            else:
+                rest.append(item)
+        if rest:
+            kept.append(",".join(rest))
+    options["o"] = kept or None
+    return headers
+
+
 def _marked(pid: int, mark: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -284,9 +338,12 @@ def _stop_marked(token: str, seconds: float) -> None:
 
 def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
     """Mounts and returns (binary, mount point, the temporary directory made for it or None).
-    ``header=`` options travel in the environment (see _header_env), the rest as flags."""
+    ``header=`` options, keywords or in an ``o`` list, travel in the environment (see _header_env),
+    the rest as flags."""
     options = dict(options)
-    env = _header_env(options.pop("header", None)) or dict(os.environ)
+    headers = options.pop("header", None)
+    headers = [headers] if isinstance(headers, str) else [h for h in (headers or []) if h is not None]
+    env = _header_env(headers + _headers_out_of_o(options)) or dict(os.environ)
     token = secrets.token_hex(16)
     env[_MOUNT_ID_ENV] = token
     flags = mount_flags(options)
