@@ -242,3 +242,35 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
     }
     G(Some(f))
 }
+
+/// An argument that is not UTF-8 (a checkpoint path in Latin-1) is one usage line naming it, its
+/// bytes escaped, exit 2: clap's own message named no argument and ran to several lines. A mount
+/// point is a path of any bytes and still mounts.
+#[test]
+fn an_argument_that_is_not_utf8_is_one_line_naming_it() {
+    use std::os::unix::ffi::OsStrExt;
+    let (dir, file, t) = one_tensor_checkpoint();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9\x1b[31m.safetensors"));
+    std::fs::copy(&file, &odd).unwrap();
+    for command in ["inspect", "mount"] {
+        let mut cmd = std::process::Command::new(STFS);
+        cmd.arg(command).arg(&odd);
+        if command == "mount" {
+            cmd.arg(dir.path());
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{command}: {err}");
+        assert_eq!(err.lines().count(), 1, "{command}: {err}");
+        assert!(err.starts_with("stfs: ") && err.contains("caf\\xe9\\x1b[31m.safetensors: not UTF-8"), "{err}");
+        assert!(!err.contains('\x1b'), "{err:?}");
+    }
+    let mp = dir.path().join(std::ffi::OsStr::from_bytes(b"mp-\xe9"));
+    std::fs::create_dir(&mp).unwrap();
+    let _detach = DetachAll(vec![mp.clone()]);
+    let out = std::process::Command::new(STFS).arg("mount").arg(&file).arg(&mp).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(mp.join(&t.name)).unwrap(), t.data);
+    let out = std::process::Command::new(STFS).arg("umount").arg(&mp).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -59,5 +59,22 @@ pub fn run_args(args: Vec<OsString>) -> ExitCode {
         let call = helper::parse(args.get(1..).unwrap_or_default()).map_err(Failure::usage);
         return report::finish_helper(call.and_then(helper::run));
     }
-    run(Cli::parse_from(args))
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => run(cli),
+        // clap's own message names no argument and runs to several lines.
+        Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => report::finish(Err(not_utf8(&args))),
+        Err(e) => e.exit(),
+    }
+}
+
+/// The usage failure for an argument that is not UTF-8 (a path in Latin-1): one line naming it,
+/// its bytes escaped. Sources, tensor names and options are UTF-8 text to stfs.
+fn not_utf8(args: &[OsString]) -> Failure {
+    use std::os::unix::ffi::OsStrExt;
+    let arg = args.iter().skip(1).find(|a| a.to_str().is_none()).map_or(&[][..], |a| a.as_bytes());
+    let shown = arg.escape_ascii().to_string();
+    Failure::usage(format!(
+        "{}: not UTF-8; stfs takes paths and names in UTF-8 only (reach the file through a link whose path is UTF-8)",
+        crate::format::PrintablePath(&shown)
+    ))
 }
