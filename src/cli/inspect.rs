@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use crate::checkpoint::{self, OpenOptions};
 use crate::cli::args::InspectArgs;
 use crate::cli::report::{print_out, Failure};
-use crate::format::PrintablePath;
+use crate::format::prints_as_itself;
 use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 
 /// Runs `stfs inspect`.
@@ -39,7 +39,7 @@ pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
 /// and other format characters), so a hostile name can neither drive the terminal nor reorder
 /// the line.
 fn shown_name(name: &str) -> String {
-    if PrintablePath(name).to_string() == name {
+    if name.chars().all(prints_as_itself) {
         name.to_string()
     } else {
         format!("{name:?}")

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::format::PrintablePath;
+use crate::format::prints_as_itself;
 
 /// Work below this many bytes finishes too fast for a bar to help.
 pub const MIN_BYTES_FOR_BAR: u64 = 64 << 20;
@@ -77,13 +77,6 @@ fn render(done: u64, total: u64, elapsed: Duration, label: &str) -> String {
         human(total as f64),
         human(rate)
     )
-}
-
-/// Whether `c` shows as itself, as [`PrintablePath`] decides it (escaped there, `?` here).
-fn prints_as_itself(c: char) -> bool {
-    let mut buf = [0u8; 4];
-    let one: &str = c.encode_utf8(&mut buf);
-    PrintablePath(one).to_string() == one
 }
 
 /// Bytes with one decimal and a binary unit (`781.5 KiB`).

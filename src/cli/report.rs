@@ -6,7 +6,7 @@ use std::fmt;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use crate::format::PrintablePath;
+use crate::format::prints_as_itself;
 use crate::util::describe_io;
 
 /// Exit status for success.
@@ -146,13 +146,11 @@ fn finish_with(result: Result<ExitCode, Failure>, failed: u8, usage: u8) -> Exit
 /// that show such text escape it already, and escaped text passes unchanged.
 fn one_line(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    let mut buf = [0u8; 4];
     for c in text.chars() {
-        let one: &str = c.encode_utf8(&mut buf);
-        if c.is_ascii() && !c.is_ascii_control() {
+        if prints_as_itself(c) {
             out.push(c);
         } else {
-            out.push_str(&PrintablePath(one).to_string());
+            out.extend(c.escape_debug());
         }
     }
     out

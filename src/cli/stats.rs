@@ -45,26 +45,14 @@ impl std::error::Error for NotStats {}
 /// Longest stats document read: a mount's is a few KiB.
 const MAX_STATS_BYTES: u64 = 1 << 20;
 
-/// Reads the stats document at `path`, which must be a regular file (not a link, a FIFO or a
-/// device) of at most [`MAX_STATS_BYTES`]: `stfs stats DIR` on a directory that is no mount reads
-/// whatever is planted there, and must neither block on a FIFO nor read `/dev/zero` until memory
-/// runs out.
+/// Reads the stats document at `path`, which must be a regular file (not a FIFO or a device) of
+/// at most [`MAX_STATS_BYTES`] ([`crate::source::read_regular`]): `stfs stats DIR` on a directory
+/// that is no mount reads whatever is planted there, and must neither block on a FIFO nor read
+/// `/dev/zero` until memory runs out.
 fn read_stats(path: &std::path::Path) -> io::Result<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::other(format!("{CONTROL_DIR}/{STATS_NAME} is not a regular file")));
-    }
-    let mut text = String::new();
-    file.take(MAX_STATS_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_STATS_BYTES {
-        return Err(io::Error::other(format!("{CONTROL_DIR}/{STATS_NAME} is over {MAX_STATS_BYTES} bytes")));
-    }
-    Ok(text)
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{CONTROL_DIR}/{STATS_NAME} {e}"));
+    let bytes = crate::source::read_regular(path, MAX_STATS_BYTES).map_err(named)?;
+    String::from_utf8(bytes).map_err(|_| named(io::Error::new(io::ErrorKind::InvalidData, "is not UTF-8")))
 }
 
 /// Runs `stfs stats`: prints the mount's live counters as JSON, or in the Prometheus text format.
@@ -131,7 +119,7 @@ mod tests {
         let zero = error_with(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap());
         assert!(zero.starts_with("not an stfs mount, or not readable ("), "{zero}");
         let big = error_with(|p| crate::util::test_support::write_new(p, vec![b' '; (1 << 20) + 1]));
-        assert_eq!(big, "not an stfs mount, or not readable (.stfs/stats.json is over 1048576 bytes)");
+        assert_eq!(big, "not an stfs mount, or not readable (.stfs/stats.json is larger than 1048576 bytes)");
         let junk = error_with(|p| crate::util::test_support::write_new(p, b"\x1b[2J"));
         assert!(junk.starts_with(".stfs/stats.json is not a stats document ("), "{junk}");
     }

@@ -63,7 +63,8 @@ impl fmt::Display for PrintablePath<'_> {
 /// Whether `c` shows as itself: `str::escape_debug` escapes exactly what does not print, plus
 /// backslashes and quotes (which do) and, as a string's first character only, combining marks
 /// (which print over what comes before them); asked about `c` after a letter, it tells which.
-fn prints_as_itself(c: char) -> bool {
+/// [`PrintablePath`]'s rule, for callers that escape or replace characters their own way.
+pub fn prints_as_itself(c: char) -> bool {
     if matches!(c, '\\' | '"' | '\'') {
         return true;
     }

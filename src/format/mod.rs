@@ -29,7 +29,7 @@ pub mod writer;
 
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::FormatError;
-pub use escape::PrintablePath;
+pub use escape::{prints_as_itself, PrintablePath};
 pub use foreign::PyTorchFormat;
 pub use header::{Header, TensorInfo, MAX_HEADER_SIZE, N_LEN};
 pub use parse::{parse_header, read_header};

@@ -193,7 +193,7 @@ impl serde_json::ser::Formatter for Escaping {
             return writer.write_all(fragment.as_bytes());
         }
         let mut rest = fragment;
-        while let Some((at, c)) = rest.char_indices().find(|&(_, c)| !prints_as_itself(c)) {
+        while let Some((at, c)) = rest.char_indices().find(|&(_, c)| !crate::format::prints_as_itself(c)) {
             writer.write_all(&rest.as_bytes()[..at])?;
             let mut units = [0u16; 2];
             for unit in c.encode_utf16(&mut units) {
@@ -203,16 +203,4 @@ impl serde_json::ser::Formatter for Escaping {
         }
         writer.write_all(rest.as_bytes())
     }
-}
-
-/// Whether `c` shows as itself, by the rule of [`crate::format::PrintablePath`]: what
-/// `str::escape_debug` leaves alone after a letter, plus the backslash and the quotes (which JSON
-/// escapes itself where it must).
-fn prints_as_itself(c: char) -> bool {
-    if c.is_ascii() {
-        return !c.is_ascii_control();
-    }
-    let mut pair = [b'a'; 5];
-    let len = 1 + c.encode_utf8(&mut pair[1..]).len();
-    std::str::from_utf8(&pair[..len]).is_ok_and(|pair| pair.escape_debug().nth(1) == Some(c))
 }
