@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
 
-from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _run, _topmost_mount, is_mounted
+from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _run, _topmost_mount, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
 NUMPY_DTYPES = {
@@ -321,11 +321,7 @@ def _check_cuda(torch, target, device) -> None:
 def _utf8_path(path: str) -> str:
     """`path` spelled for torch.from_file, which encodes a str as UTF-8 whatever the filesystem
     encoding (it refuses the surrogate escapes a path has under an ASCII locale)."""
-    try:
-        return os.fsencode(path).decode("utf-8")
-    except UnicodeDecodeError:
-        raise StfsError(f"stfs: {os.fsencode(path).decode('utf-8', 'backslashreplace')}: the path is not UTF-8, "
-                        "which torch.from_file cannot open") from None
+    return _utf8(path, "which torch.from_file cannot open")
 
 
 def _torch_device(device):

@@ -39,15 +39,21 @@ def _path(path) -> str:
     return path
 
 
-def _argument(path: str) -> str:
-    """`path` as an argument for the binary, which takes only UTF-8 (clap refuses anything else
-    with a line that names no path): a path that is not UTF-8 is refused here, naming it."""
+def _utf8(path: str, why: str) -> str:
+    """`path`'s bytes decoded as UTF-8 (the same str under a UTF-8 filesystem encoding; the real
+    name where an ASCII locale spells it with surrogate escapes); a path that is not UTF-8 is
+    refused (StfsError) naming it, its bytes escaped, and saying `why` that matters."""
+    raw = os.fsencode(path)
     try:
-        os.fsencode(path).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        raise StfsError(f"stfs: {shown}: the path is not UTF-8, and the stfs binary takes only UTF-8 paths "
-                        "(rename it, or reach it through a link whose path is UTF-8)") from None
+        raise StfsError(f"stfs: {raw.decode('utf-8', 'backslashreplace')}: the path is not UTF-8, {why}") from None
+
+
+def _argument(path: str) -> str:
+    """`path` as an argument for the binary, which takes only UTF-8: a path that is not UTF-8 is
+    refused here, naming it."""
+    _utf8(path, "and the stfs binary takes only UTF-8 paths (rename it, or reach it through a link whose path is UTF-8)")
     return path
 
 
