@@ -99,9 +99,52 @@ fn a_header_and_a_presigned_query_on_the_command_line_leave_the_process_list() {
     let auth = format!("Authorization: Bearer {TOKEN}");
     let m = Mount::new(Path::new(&presigned(&nginx)), &["--header", &auth]);
     assert_hidden_and_served(&m, &tensors);
-    // The same through -o, as an fstab line gives it.
-    let m = Mount::new(Path::new(&presigned(&nginx)), &["-o", &format!("cache_size=8M,header={auth}")]);
+    // The same through -o, as an fstab line gives it, and in every other spelling clap takes.
+    let list = format!("cache_size=8M,header={auth}");
+    for spelling in [
+        vec!["-o".to_string(), list.clone()],
+        vec![format!("-o{list}")],
+        vec![format!("-o={list}")],
+        vec![format!("--header={auth}")],
+        vec![format!("-o=header={auth}")],
+        vec![format!("-o=npy,header={auth}")],
+    ] {
+        let extra: Vec<&str> = spelling.iter().map(String::as_str).collect();
+        let m = Mount::new(Path::new(&presigned(&nginx)), &extra);
+        assert_hidden_and_served(&m, &tensors);
+    }
+}
+
+/// A foreground mount whose header came in a cluster of short flags (`-fo`): its one process is the
+/// daemon, and other users never see the header in its command line.
+#[test]
+fn a_header_after_clustered_short_flags_leaves_the_process_list() {
+    if !util_linux() {
+        return;
+    }
+    let nginx = nginx_or_skip!();
+    let tensors = fixture();
+    write_checkpoint(&nginx.root.join("private/m.safetensors"), &tensors, None);
+    let dir = workdir();
+    let mp = dir.path().join("m");
+    std::fs::create_dir(&mp).unwrap();
+    let _detach = DetachAll(vec![mp.clone()]);
+    let header = format!("header=Authorization: Bearer {TOKEN}");
+    let child = Command::new(STFS)
+        .args(["mount", &presigned(&nginx), mp.to_str().unwrap(), "-fo", &header])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    assert!(wait_until(TIMEOUT, || is_mounted(&mp)), "the foreground mount never appeared");
+    let m = Mount::adopt(dir, mp);
     assert_hidden_and_served(&m, &tensors);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = wait_output(child, TIMEOUT);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: a header value on the command line"));
 }
 
 #[test]

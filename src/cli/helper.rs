@@ -190,7 +190,8 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
     if call.verbose {
         // Header values and URL secrets starred, as `ps` shows them once the mount has started.
         let options = call.options.join(",");
-        let shown = crate::cli::scrub::starred(&[&call.source, "-o", &options]);
+        let secrets = crate::cli::scrub::Secrets::of_helper(&call);
+        let shown = crate::cli::scrub::starred(&[&call.source, "-o", &options], &secrets);
         eprintln!("stfs: mounting {} on {} (-o {})", shown[0], call.mountpoint.display(), shown[2]);
     }
     if call.fake {

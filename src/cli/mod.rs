@@ -57,13 +57,33 @@ pub fn run_args(args: Vec<OsString>) -> ExitCode {
         command.get_subcommands().flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases())).collect();
     if helper::is_helper_call(&args, &names) {
         let call = helper::parse(args.get(1..).unwrap_or_default()).map_err(Failure::usage);
+        if let Ok(call) = &call {
+            hide_secrets(&scrub::Secrets::of_helper(call));
+        }
         return report::finish_helper(call.and_then(helper::run));
     }
     match Cli::try_parse_from(&args) {
-        Ok(cli) => run(cli),
+        Ok(cli) => {
+            hide_secrets(&scrub::Secrets::of_command(&cli.command));
+            run(cli)
+        }
         // clap's own message names no argument and runs to several lines.
         Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => report::finish(Err(not_utf8(&args))),
         Err(e) => e.exit(),
+    }
+}
+
+/// Clears `secrets` from what other users see of this process's command line (the background daemon
+/// is a fork of this process and would show them for the life of the mount), and warns when a
+/// header value was there. Called right after parsing, before any thread starts.
+fn hide_secrets(secrets: &scrub::Secrets) {
+    match scrub::hide_secret_arguments(secrets) {
+        Ok(found) if found.header => eprintln!(
+            "stfs: warning: a header value on the command line was visible to other users until now; \
+             use --header-file or STFS_HEADER_* variables"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("stfs: warning: could not clear secrets from the command line: {e}"),
     }
 }
 

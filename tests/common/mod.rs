@@ -157,6 +157,11 @@ impl Mount {
         guard
     }
 
+    /// The mount already made at `path` (inside `dir`), to be unmounted when the guard drops.
+    pub fn adopt(dir: tempfile::TempDir, path: PathBuf) -> Mount {
+        Mount { _dir: dir, path }
+    }
+
     /// Path of a file inside the mount.
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
