@@ -55,6 +55,55 @@ fn auto_unmount_watcher_exits_after_a_normal_unmount() {
     assert!(!is_mounted(&m.path));
 }
 
+/// The soft `RLIMIT_NOFILE` of process `pid`, from `/proc/PID/limits`.
+fn soft_open_files(pid: i32) -> u64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    line.split_whitespace().nth(3).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
+#[test]
+fn the_daemon_raises_its_descriptor_limit_to_its_budget_and_its_watcher_keeps_the_callers() {
+    use std::os::unix::process::CommandExt;
+    use stfs::mount::limits::DESCRIPTORS_NEEDED;
+    let dir = workdir();
+    let (file, tensors) = fixture(dir.path());
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let _detach = DetachAll(vec![mp.clone()]);
+    // A container's hard limit can be about 10^9; a test may lower the soft one only.
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct we pass.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    let (soft, hard) = (512u64, limit.rlim_max as u64);
+    assert!(hard > DESCRIPTORS_NEEDED, "a hard limit of {hard} leaves nothing to test");
+    let mut command = std::process::Command::new(STFS);
+    command.args(["mount", file.to_str().unwrap(), mp.to_str().unwrap(), "--auto-unmount"]);
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        })
+    };
+    let out = wait_output(command.spawn().unwrap(), TIMEOUT);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(mp.join("small")).unwrap(), tensors[1].data);
+    let daemon = daemon_pid(&mp).expect("daemon pid");
+    let watcher = watcher_pid(&mp).expect("watcher pid");
+    assert_eq!(soft_open_files(daemon), DESCRIPTORS_NEEDED, "the daemon's limit is what its budget needs");
+    assert_eq!(soft_open_files(watcher), soft, "the watcher starts with the caller's limit");
+    let out = unmount_retrying(|| stfs(&["umount", mp.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn without_auto_unmount_no_watcher_runs() {
     let dir = workdir();

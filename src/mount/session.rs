@@ -355,7 +355,9 @@ fn open_session(
     let Some((device, pending)) =
         mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?
     else {
-        let mut session = fuser::Session::new(adapter, mp, config).map_err(failed)?;
+        // fusermount3 mounts it, and lives on with auto_unmount: with the caller's limit.
+        let session = crate::mount::limits::with_original_limit(|| fuser::Session::new(adapter, mp, config));
+        let mut session = session.map_err(failed)?;
         let unmounter = Mounted::Fuser(session.unmount_callable());
         connect_splice(splice, &target, &session);
         return Ok((session, unmounter));

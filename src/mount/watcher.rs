@@ -58,6 +58,7 @@ pub fn spawn_watcher(mountpoint: &Path, init: impl FnOnce()) -> io::Result<AutoU
     if child == 0 {
         // SAFETY: as above; the intermediate child exits at once, so init adopts the watcher.
         if unsafe { libc::fork() } == 0 {
+            crate::mount::limits::restore_for_child();
             drop(write_end);
             watch(read_end, &mountpoint, init);
         }
