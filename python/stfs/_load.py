@@ -7,11 +7,11 @@ import importlib
 import json
 import math
 import os
-import threading
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
 
+from ._mapping import mapped
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _run, _topmost_mount, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
@@ -156,44 +156,6 @@ def _numpy_dtype(np, entry: Entry):
     raise TypeError(f"stfs.load: tensor {entry.name!r} has dtype {entry.dtype}, unknown to stfs.load")
 
 
-def _reserve_descriptors(count: int) -> None:
-    """Python's mmap keeps a descriptor open per mapping, so every np.memmap holds one: raises the soft
-    RLIMIT_NOFILE (up to the hard limit) when `count` more would not fit, and says so when they cannot."""
-    try:
-        import resource
-    except ImportError:
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = len(os.listdir("/proc/self/fd")) + count + 64
-    if soft == resource.RLIM_INFINITY or need <= soft:
-        return
-    if hard != resource.RLIM_INFINITY and need > hard:
-        raise OSError(f"stfs.load: {count} memmaps need {count} open files, more than the limit of {hard} "
-                      "(ulimit -Hn) allows; raise it, or load with framework='torch' (which keeps none open)")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-
-
-_RESERVE_LOCK = threading.Lock()
-_pending_descriptors = 0  # memmaps that loads under way have counted on and not all made yet
-
-
-@contextlib.contextmanager
-def _descriptors_for(count: int):
-    """Reserves descriptors for `count` memmaps for the block: each load counts those of the loads
-    under way in other threads too (their memmaps are not open yet, so /proc/self/fd does not show
-    them), and the soft limit is only ever raised, under a lock: two loads at once no longer both
-    find room for themselves alone and then run out together (EMFILE)."""
-    global _pending_descriptors
-    with _RESERVE_LOCK:
-        _reserve_descriptors(count + _pending_descriptors)
-        _pending_descriptors += count
-    try:
-        yield
-    finally:
-        with _RESERVE_LOCK:
-            _pending_descriptors -= count
-
-
 def _framework(name: str):
     """The module `name` ("numpy" or "torch"), or one ImportError saying what to install."""
     try:
@@ -235,8 +197,7 @@ def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
     _numpy_device(device)
     mapped = sum(1 for e in items if e.byte_len and e.dtype != F4)
     _check_mappings(mapped, "np.memmap")
-    with _descriptors_for(mapped):
-        return _memmaps(np, items)
+    return _memmaps(np, items)
 
 
 def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
@@ -247,7 +208,7 @@ def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
         if e.dtype in F6:
             _check_size(e, count, 0.75)
             raw.append(e.name)
-            out[e.name] = np.memmap(e.path, dtype=np.uint8, mode="r", shape=(e.byte_len,)) if e.byte_len else _frozen(np.zeros(0, np.uint8))
+            out[e.name] = mapped(np, e.path, np.uint8, (e.byte_len,), e.byte_len) if e.byte_len else _frozen(np.zeros(0, np.uint8))
             continue
         dtype = _numpy_dtype(np, e)
         if e.dtype == F4:
@@ -265,7 +226,7 @@ def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
         if count == 0:
             out[e.name] = _frozen(np.zeros(e.shape, dtype))  # mmap cannot map zero bytes
         else:
-            out[e.name] = np.memmap(e.path, dtype=dtype, mode="r", shape=tuple(e.shape))
+            out[e.name] = mapped(np, e.path, dtype, tuple(e.shape), count * dtype.itemsize)
     _warn_raw(raw, "NumPy")
     return out
 
@@ -392,9 +353,8 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     with `options` as mount flags (see stfs.mount). dtype and shape come from metadata.json (the served
     dtype under ``as_="f32"``).
 
-    framework="numpy": read-only np.memmap's, so pages are read only when touched (each keeps a file
-    descriptor open, as Python's mmap does: the soft RLIMIT_NOFILE is raised toward the hard limit when
-    the tensors need it); BF16 and the F8 family through ml_dtypes; F4 unpacked into an in-memory ml_dtypes.float4_e2m1fn array (NumPy has
+    framework="numpy": read-only np.memmap's, so pages are read only when touched (each is a mapping
+    that keeps no file descriptor open, so no limit on open files is raised or reached); BF16 and the F8 family through ml_dtypes; F4 unpacked into an in-memory ml_dtypes.float4_e2m1fn array (NumPy has
     one byte per element); F6 (no NumPy type) as its raw bytes, a uint8 memmap, with a warning. Only
     device="cpu".
 

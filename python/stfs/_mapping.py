@@ -1,0 +1,56 @@
+"""Read-only memory mappings of served tensor files as np.memmap's that keep no file descriptor open.
+
+Python's mmap module (before 3.13's trackfd=False) keeps a duplicate of the file's descriptor for as long
+as the mapping lives, so a load of 90,000 tensors would need 90,000 open files, and the caller's soft
+RLIMIT_NOFILE raised for good. A mapping needs no descriptor once made: this module maps with libc's
+mmap, closes the file at once, and unmaps when the last array viewing the mapping is freed."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from typing import Any, Tuple
+
+_PROT_READ = 0x1
+_MAP_SHARED = 0x01
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_munmap = _libc.munmap
+_munmap.restype = ctypes.c_int
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+def mapped(np, path: str, dtype: Any, shape: Tuple[int, ...], length: int):
+    """A read-only np.memmap of the first `length` bytes (more than zero) of the file at `path`, as
+    `dtype` and `shape`, holding no descriptor: the file is open only while it is mapped."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        size = os.fstat(fd).st_size
+        if size < length:  # pages past the end would raise SIGBUS when touched
+            raise OSError(f"{path}: {size} bytes, {length} expected")
+        address = _mmap(None, length, _PROT_READ, _MAP_SHARED, fd, 0)
+        error = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if address in (None, _MAP_FAILED):
+        raise OSError(error, f"mmap: {os.strerror(error)}", path)
+    try:
+        memory = (ctypes.c_ubyte * length).from_address(address)
+        # Unmapped once nothing refers to `memory`: every array made here or viewed from one keeps
+        # it through its base.
+        weakref.finalize(memory, _munmap, address, length)
+    except BaseException:
+        _munmap(address, length)
+        raise
+    array = np.ndarray.__new__(np.memmap, shape, dtype=dtype, buffer=memory, order="C")
+    array._mmap = None  # nothing for np.memmap.flush to flush: the mapping is read-only
+    array.filename = os.path.abspath(path)
+    array.offset = 0
+    array.mode = "r"
+    array.flags.writeable = False
+    return array
