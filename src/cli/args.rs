@@ -429,7 +429,8 @@ const UMOUNT_HELP: &str = "\
 Only stfs mounts (type fuse.stfs) are unmounted; anything else mounted there is
 named and left alone. What is mounted is read from /proc/self/mountinfo without
 touching the mount, so this returns within 2 s even when the daemon is stopped
-or hung. As root it calls umount2(2); as another user it runs `fusermount3 -u`
+or hung (longer only while the kernel is still working through the inodes of
+a large mount, up to 60 s). As root it calls umount2(2); as another user it runs `fusermount3 -u`
 (package fuse3), which unmounts only that user's own mounts.
 
 Examples:

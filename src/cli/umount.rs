@@ -1,5 +1,6 @@
 //! `stfs umount`: unmount an stfs mount (and nothing else), or clear a stale one left by a killed
-//! daemon, within 2 s whatever the daemon does; through fusermount3 when not root.
+//! daemon, within 2 s whatever the daemon does (up to 60 s while the kernel still works through a
+//! large mount); through fusermount3 when not root.
 
 use std::process::ExitCode;
 

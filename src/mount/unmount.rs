@@ -1,7 +1,10 @@
 //! `stfs umount`'s work: unmount an stfs mount, and nothing else, within a bounded time whatever
 //! its daemon does. It decides from /proc/self/mountinfo alone ([`mountinfo::locate`]), detaches
-//! with umount2(2), or through `fusermount3 -u` when not root, and only then reports; every step
-//! runs against one deadline ([`UNMOUNT_BUDGET`]), so a stopped or wedged daemon cannot hold it.
+//! with umount2(2), or through `fusermount3 -u` when not root, and only then reports. Every step
+//! runs against one deadline ([`UNMOUNT_BUDGET`]), so a stopped or wedged daemon cannot hold it; an
+//! unmount still working in the kernel at that point (forgetting the inodes of a mount whose
+//! hundreds of thousands of files were listed) is waited for while it works, up to
+//! [`UNMOUNT_LIMIT`].
 
 use std::fmt;
 use std::io::{self, Read};
@@ -16,6 +19,9 @@ use crate::mount::mountinfo::{self, MountEntry};
 /// All of an unmount must be done within this: `stfs umount` promises 2 s, and the rest is for
 /// starting and ending the process.
 pub const UNMOUNT_BUDGET: Duration = Duration::from_millis(1500);
+/// The most an unmount still working in the kernel is waited for: it forgets about 8 µs worth of
+/// inode a file here, so a million files listed take about 8 s, far within it.
+pub const UNMOUNT_LIMIT: Duration = Duration::from_secs(60);
 /// The most a busy mount's staleness probe may take of that.
 const PROBE_LIMIT: Duration = Duration::from_millis(300);
 
@@ -49,9 +55,15 @@ pub enum UnmountError {
         /// Its message, without its `fusermount3: ` prefix.
         message: String,
     },
-    /// A step did not finish in time.
+    /// A step was waiting, not working, at the deadline: what it waits for (the daemon) does not
+    /// answer.
     TimedOut {
         /// What did not finish.
+        step: &'static str,
+    },
+    /// The kernel was still unmounting, and working, at [`UNMOUNT_LIMIT`].
+    StillUnmounting {
+        /// What was still working.
         step: &'static str,
     },
     /// A system call failed otherwise.
@@ -76,8 +88,15 @@ impl fmt::Display for UnmountError {
             UnmountError::Fusermount { program, message } => write!(f, "{}: {message}", program.display()),
             UnmountError::TimedOut { step } => write!(
                 f,
-                "{step} did not finish within {} ms; the mount may still be there (try --lazy)",
+                "{step} was still waiting after {} ms, doing no work (its daemon does not answer); the mount may \
+                 still be there (try --lazy)",
                 UNMOUNT_BUDGET.as_millis()
+            ),
+            UnmountError::StillUnmounting { step } => write!(
+                f,
+                "{step} was still working after {} s (the kernel forgetting the mount's files); the mount is gone \
+                 once it ends",
+                UNMOUNT_LIMIT.as_secs()
             ),
             UnmountError::Io(e) => f.write_str(&crate::util::describe_io(e)),
         }
@@ -95,9 +114,11 @@ impl std::error::Error for UnmountError {
 
 /// Unmounts the stfs mount at `path`; `lazy` detaches it even while files are open (MNT_DETACH).
 /// Refuses anything that is not an stfs mount. A busy mount whose daemon is gone (killed) is
-/// detached anyway, since nothing can be served there. Returns within [`UNMOUNT_BUDGET`].
+/// detached anyway, since nothing can be served there. Returns within [`UNMOUNT_BUDGET`], or
+/// while the kernel still works on the unmount, within [`UNMOUNT_LIMIT`].
 pub fn unmount(path: &Path, lazy: bool) -> Result<(), UnmountError> {
-    let deadline = Instant::now() + UNMOUNT_BUDGET;
+    let start = Instant::now();
+    let deadline = Deadline { wait: start + wait_budget(), work: start + UNMOUNT_LIMIT };
     let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => UnmountError::Missing,
         _ => UnmountError::Io(e),
@@ -118,18 +139,32 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), UnmountError> {
     }
 }
 
+/// [`UNMOUNT_BUDGET`], or less for tests: `STFS_UMOUNT_WAIT_MS`, which can only shorten it, lets a
+/// test see an unmount outlast the time a waiting step is given without a mount of millions of files.
+fn wait_budget() -> Duration {
+    let asked = std::env::var("STFS_UMOUNT_WAIT_MS").ok().and_then(|ms| ms.parse().ok()).map(Duration::from_millis);
+    asked.map_or(UNMOUNT_BUDGET, |asked| asked.min(UNMOUNT_BUDGET))
+}
+
+/// When an unmount gives up: at `wait` on a step that waits, at `work` on one that still works.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    wait: Instant,
+    work: Instant,
+}
+
 /// Whether the FUSE mount at `at` has lost its daemon: statfs(2) says ENOTCONN. Asked only after
 /// an unmount found the mount busy, and for at most [`PROBE_LIMIT`]: a daemon that does not answer
 /// counts as there.
-fn daemon_gone(at: &Path, deadline: Instant) -> bool {
-    let limit = deadline.min(Instant::now() + PROBE_LIMIT);
+fn daemon_gone(at: &Path, deadline: Deadline) -> bool {
+    let limit = deadline.wait.min(Instant::now() + PROBE_LIMIT);
     matches!(bounded::statfs(at, limit), Ok(Outcome::Returned(libc::ENOTCONN)))
 }
 
 /// One detach: umount2(2), or fusermount3 when this user may not call it.
-fn detach(at: &Path, entry: &MountEntry, lazy: bool, deadline: Instant) -> Result<(), UnmountError> {
+fn detach(at: &Path, entry: &MountEntry, lazy: bool, deadline: Deadline) -> Result<(), UnmountError> {
     let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
-    match bounded::umount2(at, flags, deadline).map_err(UnmountError::Io)? {
+    match bounded::umount2(at, flags, deadline.wait, deadline.work).map_err(UnmountError::Io)? {
         Outcome::Returned(0) => Ok(()),
         Outcome::Returned(libc::EPERM) => through_fusermount(at, entry, lazy, deadline),
         Outcome::Returned(libc::EBUSY) => Err(UnmountError::Busy),
@@ -137,12 +172,13 @@ fn detach(at: &Path, entry: &MountEntry, lazy: bool, deadline: Instant) -> Resul
         Outcome::Returned(libc::ENOENT) => Err(UnmountError::Missing),
         Outcome::Returned(errno) => Err(UnmountError::Io(io::Error::from_raw_os_error(errno))),
         Outcome::TimedOut => Err(UnmountError::TimedOut { step: "umount2" }),
+        Outcome::StillWorking => Err(UnmountError::StillUnmounting { step: "umount2" }),
     }
 }
 
 /// Unmounts through `fusermount3 -u` (with `-z` when lazy), the setuid helper that lets the user
 /// who mounted a FUSE filesystem unmount it; decided from mountinfo's `user_id` first.
-fn through_fusermount(at: &Path, entry: &MountEntry, lazy: bool, deadline: Instant) -> Result<(), UnmountError> {
+fn through_fusermount(at: &Path, entry: &MountEntry, lazy: bool, deadline: Deadline) -> Result<(), UnmountError> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     if let Some(owner) = entry.user_id().filter(|&owner| owner != uid) {
@@ -159,13 +195,24 @@ fn through_fusermount(at: &Path, entry: &MountEntry, lazy: bool, deadline: Insta
         .stderr(Stdio::piped())
         .spawn()
         .map_err(UnmountError::Io)?;
+    let mut work = bounded::WorkWatch::default();
     let status = loop {
         if let Some(status) = child.try_wait().map_err(UnmountError::Io)? {
             break status;
         }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            return Err(UnmountError::TimedOut { step: "fusermount3 -u" });
+        let now = Instant::now();
+        if now >= deadline.wait {
+            // fusermount3 unmounts in its own process: working there is the kernel's unmount.
+            let working = work.working(child.id() as libc::pid_t);
+            if !working || now >= deadline.work {
+                let _ = child.kill();
+                let step = "fusermount3 -u";
+                return Err(if working {
+                    UnmountError::StillUnmounting { step }
+                } else {
+                    UnmountError::TimedOut { step }
+                });
+            }
         }
         std::thread::sleep(Duration::from_millis(1));
     };
