@@ -719,3 +719,49 @@ fn a_read_near_the_end_of_a_source_claiming_2_to_the_60_bytes_keeps_the_daemon_s
     let rss = resident_bytes(pid);
     assert!(rss < 256 << 20, "the daemon holds {rss} bytes after one read");
 }
+
+/// Issue 31, defect 6: an extent whose record cannot be written (the cache disk fails the
+/// record's rename, as a disk filling up between the two renames would). The data file, already
+/// renamed into place, was left without a record: taken for one being published for 10 minutes,
+/// then removed as corrupt, and this process never assembled the extent again. Now the failed
+/// assembly leaves no data file behind, and once the disk takes writes again (a block of another
+/// tensor) the extent is assembled and passed through.
+#[test]
+fn an_extent_whose_record_cannot_be_written_leaves_no_data_file_and_is_assembled_later() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let work = workdir();
+    let (path, tensors) = local_checkpoint(work.path(), 2, 100_000);
+    let (disk, cache) = slow_cache(work.path(), ".meta");
+    // Listed in the slow disk's backing directory (see the test above).
+    let extents = work.path().join("disk").join(cache.strip_prefix(&disk.path).unwrap()).join("extents");
+    let listed = |suffix: &str| {
+        let files = if extents.is_dir() { walk(&extents) } else { vec![] };
+        files.iter().filter(|p| p.to_string_lossy().ends_with(suffix)).count()
+    };
+    let data_files = || {
+        let files = if extents.is_dir() { walk(&extents) } else { vec![] };
+        files.iter().filter(|p| p.extension().is_none() && !p.to_string_lossy().ends_with(".tmp")).count()
+    };
+    disk.rename_fails.store(true, std::sync::atomic::Ordering::SeqCst);
+    let m = Mount::new(&path, &["--cache-dir", cache.to_str().unwrap(), "--block-size", "64K"]);
+    read_all_exact(&m, &tensors[..1]);
+    assert!(eventually(|| count(&m, "disk_cache_errors") > 0), "the assembly never failed: {}", stats(&m));
+    assert!(eventually(|| listed(".tmp") == 0), "a temporary file was left");
+    assert_eq!((data_files(), listed(".meta")), (0, 0), "a data file was left without its record");
+    disk.rename_fails.store(false, std::sync::atomic::Ordering::SeqCst);
+    // The other tensor's blocks are written: the directory takes writes again.
+    read_all_exact(&m, &tensors[1..]);
+    assert!(
+        eventually(|| {
+            read_all_exact(&m, &tensors);
+            listed(".meta") == tensors.len()
+        }),
+        "the extent was never assembled again: {}",
+        stats(&m)
+    );
+    assert_eq!(data_files(), tensors.len());
+    assert!(all_passed_through(&m, &tensors), "{}", stats(&m));
+    assert_eq!(count(&m, "disk_cache_corrupt"), 0);
+}

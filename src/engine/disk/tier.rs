@@ -34,6 +34,9 @@ pub(crate) struct Tier {
     evicting: AtomicBool,
     /// A failed write was already logged.
     warned: AtomicBool,
+    /// Writes this process stored (blocks and extents): a failed extent is tried again once this
+    /// moved (`extents`).
+    writes: AtomicU64,
     /// Blocks this process wrote or read verified, by key: set on a write or a hit, cleared on a
     /// miss and, wholesale, when this process evicts. Another process may still remove a block
     /// meanwhile; whoever reads it then finds it missing. Sparse ([`Present`]): its size follows
@@ -53,6 +56,7 @@ impl Tier {
             written_since_scan: AtomicU64::new(0),
             evicting: AtomicBool::new(false),
             warned: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
             present: Mutex::default(),
         };
         tier.publish_stored();
@@ -101,6 +105,7 @@ impl Tier {
 
     /// Accounts for `bytes` just stored, evicting if the bound is passed.
     pub(crate) fn wrote(&self, bytes: u64) {
+        self.writes.fetch_add(1, Relaxed);
         Stats::add(&self.stats.disk_cache_written_bytes, bytes);
         let stored = self.stored.fetch_add(bytes, Relaxed) + bytes;
         let since = self.written_since_scan.fetch_add(bytes, Relaxed) + bytes;
@@ -108,6 +113,11 @@ impl Tier {
         if stored > self.limit || since > self.limit / 8 {
             self.evict_now();
         }
+    }
+
+    /// How many writes this process has stored: one more after each.
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(Relaxed)
     }
 
     /// Counts a failed write and warns about the first one.
