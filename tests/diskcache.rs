@@ -673,3 +673,95 @@ fn a_daemon_is_gone_within_10_s_of_an_unmount_whatever_its_cache_disk_does() {
     drop(m);
     assert!(gone && took < Duration::from_secs(10), "the daemon took {took:?} to exit after the unmount");
 }
+
+/// The resident memory of process `pid` in bytes (`VmRSS`).
+fn resident_bytes(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Issue 31, defect 2: a source claiming a hostile length (a sparse local file of 2^60 bytes on a
+/// tmpfs, as an HTTP server's `Content-Range` could claim) and one read near its end with
+/// `--cache-dir`. The disk tier's set of blocks known on disk grew a dense vector to the block
+/// read (2 TiB here): the daemon died with "memory allocation of ... failed" and left a stale
+/// mount. Now the read answers (zeros), the daemon answers on, and its memory stays small.
+#[test]
+fn a_read_near_the_end_of_a_source_claiming_2_to_the_60_bytes_keeps_the_daemon_small() {
+    if not_root("mounting a tmpfs") {
+        return;
+    }
+    let work = workdir();
+    let cache = cache_dir(work.path());
+    let fs = work.path().join("tmpfs");
+    std::fs::create_dir(&fs).unwrap();
+    mount_tmpfs(&fs);
+    let _detach = DetachAll(vec![fs.clone()]);
+    let len: u64 = 1 << 60;
+    let mut header = format!(r#"{{"w":{{"dtype":"U8","shape":[{len}],"data_offsets":[0,{len}]}}}}"#).into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let path = fs.join("huge.safetensors");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_len(bytes.len() as u64 + len).unwrap();
+
+    let m = mount_cached(path.to_str().unwrap(), &cache, &["--block-size", "64K"]);
+    let pid = daemon_pid(&m.path).expect("the daemon's pid");
+    let file = std::fs::File::open(served(&m, "w")).unwrap();
+    let mut buf = vec![1u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, len - 4096).expect("a read near the end");
+    assert!(buf.iter().all(|&b| b == 0), "a sparse file reads as zeros");
+    drop(file);
+    // The block reached the disk tier (its writer marks it on disk), and the daemon answers on.
+    assert!(eventually(|| count(&m, "disk_cache_written_bytes") > 0), "{}", stats(&m));
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "the daemon died");
+    let rss = resident_bytes(pid);
+    assert!(rss < 256 << 20, "the daemon holds {rss} bytes after one read");
+}
+
+/// Issue 31, defect 6: an extent whose record cannot be written (the cache disk fails the
+/// record's rename, as a disk filling up between the two renames would). The data file, already
+/// renamed into place, was left without a record: taken for one being published for 10 minutes,
+/// then removed as corrupt, and this process never assembled the extent again. Now the failed
+/// assembly leaves no data file behind, and once the disk takes writes again (a block of another
+/// tensor) the extent is assembled and passed through.
+#[test]
+fn an_extent_whose_record_cannot_be_written_leaves_no_data_file_and_is_assembled_later() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let work = workdir();
+    let (path, tensors) = local_checkpoint(work.path(), 2, 100_000);
+    let (disk, cache) = slow_cache(work.path(), ".meta");
+    // Listed in the slow disk's backing directory (see the test above).
+    let extents = work.path().join("disk").join(cache.strip_prefix(&disk.path).unwrap()).join("extents");
+    let listed = |suffix: &str| {
+        let files = if extents.is_dir() { walk(&extents) } else { vec![] };
+        files.iter().filter(|p| p.to_string_lossy().ends_with(suffix)).count()
+    };
+    let data_files = || {
+        let files = if extents.is_dir() { walk(&extents) } else { vec![] };
+        files.iter().filter(|p| p.extension().is_none() && !p.to_string_lossy().ends_with(".tmp")).count()
+    };
+    disk.rename_fails.store(true, std::sync::atomic::Ordering::SeqCst);
+    let m = Mount::new(&path, &["--cache-dir", cache.to_str().unwrap(), "--block-size", "64K"]);
+    read_all_exact(&m, &tensors[..1]);
+    assert!(eventually(|| count(&m, "disk_cache_errors") > 0), "the assembly never failed: {}", stats(&m));
+    assert!(eventually(|| listed(".tmp") == 0), "a temporary file was left");
+    assert_eq!((data_files(), listed(".meta")), (0, 0), "a data file was left without its record");
+    disk.rename_fails.store(false, std::sync::atomic::Ordering::SeqCst);
+    // The other tensor's blocks are written: the directory takes writes again.
+    read_all_exact(&m, &tensors[1..]);
+    assert!(
+        eventually(|| {
+            read_all_exact(&m, &tensors);
+            listed(".meta") == tensors.len()
+        }),
+        "the extent was never assembled again: {}",
+        stats(&m)
+    );
+    assert_eq!(data_files(), tensors.len());
+    assert!(all_passed_through(&m, &tensors), "{}", stats(&m));
+    assert_eq!(count(&m, "disk_cache_corrupt"), 0);
+}

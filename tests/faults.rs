@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -126,6 +126,42 @@ fn backing_file_replaced_by_rename_gives_eio() {
 #[test]
 fn deleted_backing_file_gives_eio() {
     check_change_is_refused(|f| std::fs::remove_file(f).unwrap(), "delete");
+}
+
+/// Issue 31, defect 3: a FIFO put at the checkpoint's path after mounting, before any read. A
+/// read's lazy reopen of the file was a blocking open: the FUSE thread waited in it for a writer
+/// and a second reader sat in D state. Now each read fails with EIO at once (section 4's
+/// promise), and the daemon answers on and unmounts. A read still blocked after 10 s is freed (the
+/// FIFO opened for writing) before the test fails.
+#[test]
+fn a_fifo_put_at_the_checkpoints_path_after_mounting_gives_eio_without_blocking() {
+    let dir = workdir();
+    let (file, tensors) = fixture(dir.path());
+    let log = dir.path().join("stfs.log");
+    let m = mount_logged(&file, &log);
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    std::fs::rename(&file, file.with_extension("old")).unwrap();
+    let c_path = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    for t in &tensors {
+        let (done, answer) = std::sync::mpsc::channel();
+        let path = m.file(&t.name);
+        std::thread::spawn(move || done.send(std::fs::read(path).map(|b| b.len()).map_err(|e| e.raw_os_error())));
+        let read = answer.recv_timeout(Duration::from_secs(10));
+        if read.is_err() {
+            // Frees the daemon's open (it has the FIFO's read end) so the test ends.
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&file);
+            let _ = answer.recv_timeout(Duration::from_secs(10));
+        }
+        assert_eq!(read, Ok(Err(Some(libc::EIO))), "{}: a read must fail with EIO at once", t.name);
+    }
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "daemon died");
+    assert!(std::fs::read_to_string(m.file("metadata.json")).unwrap().contains("\"big\""));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("not a regular file"), "the log does not say why: {text}");
+    let out = unmount_retrying(|| stfs(&["umount", m.path.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

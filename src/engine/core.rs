@@ -306,6 +306,12 @@ impl Engine {
         }
     }
 
+    /// What the idle sweep does, now, with `idle` for [`IDLE_DESCRIPTORS_AFTER`].
+    #[cfg(test)]
+    pub(crate) fn close_idle_sources(&self, idle: std::time::Duration) {
+        close_idle(&self.shared, &self.sources, idle);
+    }
+
     fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
         // Poisoning is ignored, as `crate::util::lock` does.
         let sources = read(&self.sources);
@@ -344,9 +350,14 @@ fn start_sweeper(shared: &Arc<Shared>, sources: &Arc<RwLock<Vec<Arc<SourceEntry>
             if shared.stopping.load(Relaxed) {
                 return;
             }
-            let sources = read(&sources).clone();
-            shared.descriptors.close_idle(&sources, |e| &e.activity, |e| e.close_descriptors(), IDLE_DESCRIPTORS_AFTER);
+            close_idle(&shared, &sources, IDLE_DESCRIPTORS_AFTER);
         })
         .map_err(|e| log::warn!("no thread to close idle sources' descriptors: {e}"))
         .ok()
+}
+
+/// Closes the descriptors of each of `sources` not read for `idle` (`descriptors`).
+fn close_idle(shared: &Shared, sources: &RwLock<Vec<Arc<SourceEntry>>>, idle: std::time::Duration) {
+    let sources = read(sources).clone();
+    shared.descriptors.close_idle(&sources, |e| &e.activity, |e| e.close_descriptors(), idle);
 }

@@ -183,12 +183,15 @@ impl Demand<'_> {
             if own.is_none() {
                 *own = entry.spares.take();
             }
-            backing::read_blocks(shared, entry, first, buffers, &mut own, false, &mut land)?;
-            return Ok(filled);
+            let loaded = backing::read_blocks(shared, entry, first, buffers, &mut own, false, &mut land);
+            // A load that outlasted the idle time: the source may have been closed meanwhile.
+            shared.descriptors.holding(&entry.activity);
+            return loaded.map(|()| filled);
         }
         let mut spare = entry.spares.take();
         let loaded = backing::read_blocks(shared, entry, first, buffers, &mut spare, false, &mut land);
         entry.spares.keep(spare);
+        shared.descriptors.holding(&entry.activity);
         loaded.map(|()| filled)
     }
 }

@@ -7,7 +7,8 @@
 //! of a thousand shards read one after the other keeps the descriptors of a few dozen, not of
 //! every shard it has read, and never runs into the process's limit on open files. A source not
 //! read for [`IDLE_DESCRIPTORS_AFTER`](super::tuning::IDLE_DESCRIPTORS_AFTER) closes them too
-//! ([`Budget::close_idle`]): a mount left idle keeps no lane descriptor and no keep-alive socket.
+//! ([`Budget::close_idle`]): a mount left idle keeps no lane descriptor and no keep-alive socket,
+//! also when a prefetch queued before that opened one after ([`Budget::holding`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -55,6 +56,18 @@ impl Budget {
             return false;
         }
         self.open.fetch_add(1, Relaxed) + 1 > OPEN_SOURCES
+    }
+
+    /// Records that the source whose part is `activity` may hold descriptors, with no read: a
+    /// prefetch job queued before [`Budget::close_idle`] closed the source's descriptors (or a
+    /// load that outlasted the idle time) opened one after, and calls this once it is left where
+    /// closing finds it. Counted again, the source is closed at a later call; unmarked, no call
+    /// would ever close it, and an idle mount would keep a descriptor or a socket for its life.
+    /// Its last read stays as it was.
+    pub(crate) fn holding(&self, activity: &Activity) {
+        if !activity.open.load(Relaxed) && !activity.open.swap(true, Relaxed) {
+            self.open.fetch_add(1, Relaxed);
+        }
     }
 
     /// Closes the descriptors of the least recently read of `sources` (each with its part of the

@@ -51,6 +51,14 @@ impl Prefetcher {
 /// each run of missing blocks in one read on the lane's own descriptor (or, for a source served
 /// from its mapping, asks the kernel to read the chunk into the page cache).
 fn run_lane(shared: &Shared, job: &Job) {
+    load_lane(shared, job);
+    // The lane's descriptor (or the mapping) is left where closing the source finds it: counted
+    // as held, in case the source was closed as idle while this job waited in the queue.
+    shared.descriptors.holding(&job.source.activity);
+}
+
+/// [`run_lane`]'s work.
+fn load_lane(shared: &Shared, job: &Job) {
     let bs = shared.config.block_size;
     let Some(lane) = job.stream.lanes.get(job.lane) else {
         return;

@@ -463,3 +463,47 @@ fn reads_inside_the_opening_bytes_load_no_block_and_others_whole_blocks() {
     assert_eq!(counter(&stats.opening_reads), 3);
     assert_whole_blocks(&source, bs);
 }
+
+/// Descriptors of this process open on `path`.
+fn descriptors_on(path: &std::path::Path) -> usize {
+    let fds = std::fs::read_dir("/proc/self/fd").unwrap();
+    fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path)).count()
+}
+
+/// Issue 31, defect 7: a prefetch job still queued when the idle sweep closed its source opens a
+/// lane descriptor after it. The source was left unmarked in the descriptor budget, so no sweep
+/// ever looked at it again and an idle mount held that descriptor (or an HTTP lane's socket) for
+/// its life. Here the one I/O thread is held by another source's prefetch while the sweep runs;
+/// once the queued prefetch has run, a later sweep must close what it opened.
+#[test]
+fn a_prefetch_that_opens_a_lane_after_its_source_was_closed_as_idle_is_closed_by_a_later_sweep() {
+    let bs = 4096;
+    let gated = FakeSource::gated((0..64 * bs as usize).map(|i| (i % 249) as u8).collect());
+    let (_dir, path, bytes, local) = local_file(64 * bs as usize);
+    let stats = Arc::new(Stats::default());
+    let config = EngineConfig {
+        block_size: bs,
+        cache_size: 1 << 20,
+        io_threads: 1,
+        map_files: false,
+        source_timeout: Duration::from_secs(30),
+    };
+    let engine = Engine::with_readahead(config, ReadaheadConfig::new(bs, 1 << 20), Arc::clone(&stats));
+    let (held, idle) = (engine.add_source(Arc::new(Arc::clone(&gated))), engine.add_source(local));
+    // A read of a file's first byte prefetches the rest of it: the held source's prefetch takes
+    // the only I/O thread and waits at the gate; the other source's queues behind it.
+    let file = 2 * bs..40 * bs;
+    engine.read_in(held, file.clone(), file.start, 100, <[u8]>::to_vec).unwrap();
+    eventually("the held prefetch to take the I/O thread", || counter(&stats.prefetched_bytes) >= bs);
+    let got = engine.read_in(idle, file.clone(), file.start, 100, <[u8]>::to_vec).unwrap();
+    assert_eq!(got, &bytes[file.start as usize..][..100]);
+    engine.close_idle_sources(Duration::ZERO);
+    assert_eq!(descriptors_on(&path), 0, "the sweep closed the idle source's descriptors");
+    // The queued prefetch runs now, on a lane descriptor of its own.
+    gated.open_gate();
+    eventually("the queued prefetch to open its lane", || descriptors_on(&path) > 0);
+    eventually("a later sweep to close the lane's descriptor", || {
+        engine.close_idle_sources(Duration::ZERO);
+        descriptors_on(&path) == 0
+    });
+}

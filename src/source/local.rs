@@ -74,10 +74,22 @@ impl LocalFile {
         Ok(LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) })
     }
 
-    /// A new descriptor on the pinned file: fails if the path no longer names it unchanged.
+    /// A new descriptor on the pinned file: fails if the path no longer names it unchanged. Opened
+    /// as every other open of stfs is, never waiting: a FIFO (or a device) put at the path after
+    /// the mount would block a read-only open until a writer came, with the FUSE request and
+    /// every reader behind it stuck; opened without waiting, it is refused by its type and
+    /// identity before anything reads it, and the read fails with EIO.
     fn open_pinned(&self) -> io::Result<File> {
-        let file = File::open(&self.path)?;
+        let flags = libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(&self.path)?;
+        if !file.metadata()?.is_file() {
+            return Err(changed("the path now names something that is not a regular file".into()));
+        }
         check_unchanged(&file, &self.path, self.pinned)?;
+        // The pinned regular file: its reads block as any file's do (the flag only served the open).
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        // SAFETY: plain fcntl calls on a descriptor we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) & !libc::O_NONBLOCK) };
         Ok(file)
     }
 

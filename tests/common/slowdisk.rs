@@ -1,7 +1,7 @@
 //! A writable FUSE passthrough of one directory tree for tests that need a slow disk below stfs's
 //! cache directory: every WRITE or READ can be made to take a set time (a disk that barely
 //! moves), and every RENAME onto a name with a set suffix too (a slow metadata update, to widen a
-//! window between two renames). Everything else passes straight through to the backing directory.
+//! window between two renames), or fail (a disk full between two renames). Everything else passes straight through to the backing directory.
 //!
 //! Attributes and entries are never cached by the kernel (TTL 0), so what stfs sees is always the
 //! backing directory as it is. Inode numbers are handed out per path (a rename moves the number).
@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -35,6 +35,7 @@ struct SlowDisk {
     write_delay_ms: Arc<AtomicU64>,
     read_delay_ms: Arc<AtomicU64>,
     rename_delay_ms: Arc<AtomicU64>,
+    rename_fails: Arc<AtomicBool>,
     rename_suffix: String,
     inodes: Mutex<Inodes>,
     files: Mutex<HashMap<u64, Arc<File>>>,
@@ -324,6 +325,9 @@ impl Filesystem for SlowDisk {
         };
         if newname.to_string_lossy().ends_with(&self.rename_suffix) {
             sleep_ms(&self.rename_delay_ms);
+            if self.rename_fails.load(SeqCst) {
+                return reply.error(Errno::ENOSPC);
+            }
         }
         // With the caller's flags (RENAME_NOREPLACE), as the filesystem below would take them.
         match rename_with_flags(&from, &to, flags.bits()) {
@@ -421,6 +425,9 @@ pub struct SlowDiskMount {
     pub read_delay_ms: Arc<AtomicU64>,
     /// Milliseconds every RENAME onto a name ending in the suffix takes.
     pub rename_delay_ms: Arc<AtomicU64>,
+    /// While set, every RENAME onto a name ending in the suffix fails with ENOSPC (a disk that
+    /// fills up between two renames).
+    pub rename_fails: Arc<AtomicBool>,
     session: Option<fuser::BackgroundSession>,
 }
 
@@ -431,11 +438,13 @@ impl SlowDiskMount {
         let write_delay_ms = Arc::new(AtomicU64::new(0));
         let read_delay_ms = Arc::new(AtomicU64::new(0));
         let rename_delay_ms = Arc::new(AtomicU64::new(0));
+        let rename_fails = Arc::new(AtomicBool::new(false));
         let fs = SlowDisk {
             backing: backing.to_path_buf(),
             write_delay_ms: Arc::clone(&write_delay_ms),
             read_delay_ms: Arc::clone(&read_delay_ms),
             rename_delay_ms: Arc::clone(&rename_delay_ms),
+            rename_fails: Arc::clone(&rename_fails),
             rename_suffix: rename_suffix.to_string(),
             inodes: Mutex::default(),
             files: Mutex::default(),
@@ -454,6 +463,7 @@ impl SlowDiskMount {
             write_delay_ms,
             read_delay_ms,
             rename_delay_ms,
+            rename_fails,
             session: Some(session),
         }
     }

@@ -30,8 +30,9 @@
 //! medium corrupting data under the filesystem within one boot, as for any file read from disk.
 //!
 //! Publication. The record holds the stats of the data file in place (a rename moves its ctime),
-//! so the data file is renamed into place first and its record follows. Another process (a mount
-//! sharing the directory) can open the data file in between: a data file without a record is
+//! so the data file is renamed into place first and its record follows; if the record cannot be
+//! written, the data file is removed again, so a failure leaves nothing behind. Another process (a
+//! mount sharing the directory) can open the data file in between: a data file without a record is
 //! taken for one being published ([`Opened::Unpublished`]: not used, not removed) until it is
 //! [`UNPUBLISHED_AGE`] old, when only a crash between the two renames can explain it and it is
 //! removed. A record never shows half written (it is renamed into place too). The data file's
@@ -217,13 +218,33 @@ pub(crate) fn assemble(
             return Ok(Assembled::Published);
         }
         // From an fstat after the rename, which moves the file's ctime on most filesystems.
-        let record = Record::of(hasher.finalize(), &file.metadata()?);
-        Ok(Assembled::Written(range.end - range.start + write_record(&path, record)?))
+        let record = file.metadata().and_then(|meta| write_record(&path, Record::of(hasher.finalize(), &meta)));
+        match record {
+            Ok(bytes) => Ok(Assembled::Written(range.end - range.start + bytes)),
+            Err(e) => {
+                // No record (a disk full between the two renames): the data file is taken back, or
+                // it would stand as one being published for UNPUBLISHED_AGE, then be removed as
+                // corrupt, and no assembly would replace it meanwhile.
+                unpublish(&path, &file);
+                Err(e)
+            }
+        }
     })();
     if !matches!(result, Ok(Assembled::Written(_))) {
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+/// Removes the data file at `path` if it is still `ours` (same device and inode): never another
+/// process's, which only a crash-left file's cleanup could have put there meanwhile.
+fn unpublish(path: &Path, ours: &File) {
+    let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| (a.dev(), a.ino()) == (b.dev(), b.ino());
+    if let (Ok(there), Ok(ours)) = (std::fs::symlink_metadata(path), ours.metadata()) {
+        if same(&there, &ours) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// Renames `from` to `to` unless something is at `to` already (`renameat2` with

@@ -11,14 +11,17 @@
 //!
 //! Each extent has at most one piece of work queued at a time. An assembly that found a block
 //! missing forgets that block (the next close asks again once it is back); one that failed to
-//! write is not retried by this process (a full or read-only disk). An extent found corrupt is
-//! removed and may be assembled again.
+//! write (and left nothing behind: `extent::assemble`) is tried again only once the directory has
+//! taken another write since, or after [`RETRY_FAILED_AFTER`]: a full or read-only disk is not
+//! asked at every close, and a disk that takes writes again gets the extent. An extent found
+//! corrupt is removed and may be assembled again.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::behind::{Job, WriteBehind};
 use super::extent::{self, Assembled, Opened};
@@ -30,13 +33,29 @@ use crate::util::lock;
 /// One extent: the source's key and the byte range.
 type Id = (ObjectKey, u64, u64);
 
+/// How long an assembly that failed to write waits before it may be tried again, if the directory
+/// took no write meanwhile.
+const RETRY_FAILED_AFTER: Duration = Duration::from_secs(300);
+
 /// Where an extent stands in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Its assembly or its full check is queued or running.
     Queued,
-    /// Its assembly failed to write: not tried again by this process.
-    Failed,
+    /// Its assembly failed to write, when the directory had taken `writes` writes
+    /// ([`Tier::writes`]): tried again once it took another, or after [`RETRY_FAILED_AFTER`].
+    Failed { writes: u64, at: Instant },
+}
+
+impl State {
+    /// Whether work on an extent in this state may be queued now.
+    fn may_queue(state: Option<&State>, tier: &Tier) -> bool {
+        match state {
+            None => true,
+            Some(State::Queued) => false,
+            Some(State::Failed { writes, at }) => *writes != tier.writes() || at.elapsed() >= RETRY_FAILED_AFTER,
+        }
+    }
 }
 
 /// A tensor file's extent: which source, which bytes, and the source's layout in blocks.
@@ -127,7 +146,7 @@ impl Extents {
     /// assembly of its extent file if it has none and every block it covers is on disk or
     /// queued for it. Costs one `stat` and a look at the blocks known to be on disk.
     pub(crate) fn closed(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent) {
-        let idle = || !lock(&self.states).contains_key(&extent.id());
+        let idle = || State::may_queue(lock(&self.states).get(&extent.id()), tier);
         if self.usable(extent) && idle() && !extent::extent_path(&tier.root, &extent.key, &extent.range).exists() {
             self.want(tier, queue, extent);
         }
@@ -145,12 +164,12 @@ impl Extents {
     }
 
     /// Queues `work` on `extent` for the writer thread, unless work on it is queued already (or
-    /// its assembly failed before).
+    /// its assembly failed and may not be tried again yet).
     fn queue_work(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent, work: Work) {
         let id = extent.id();
         {
             let mut states = lock(&self.states);
-            if states.contains_key(&id) {
+            if !State::may_queue(states.get(&id), tier) {
                 return;
             }
             states.insert(id.clone(), State::Queued);
@@ -179,7 +198,7 @@ impl Extents {
                 Ok(Assembled::Published) => log::debug!("{}: published by another process first", extent.name()),
                 Err(e) => {
                     tier.failed_write(&e);
-                    next = Some(State::Failed);
+                    next = Some(State::Failed { writes: tier.writes(), at: Instant::now() });
                 }
             },
             Work::Check => match extent::check(&tier.root, key, range) {

@@ -4,7 +4,7 @@
 //! assemble an extent costs no `stat` per block). The reading threads use it through `DiskCache`;
 //! the write-behind thread (`behind`) writes through it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -34,10 +34,14 @@ pub(crate) struct Tier {
     evicting: AtomicBool,
     /// A failed write was already logged.
     warned: AtomicBool,
-    /// Blocks this process wrote or read verified, by key (a bit per block): set on a write or a
-    /// hit, cleared on a miss and, wholesale, when this process evicts. Another process may
-    /// still remove a block meanwhile; whoever reads it then finds it missing.
-    present: Mutex<HashMap<ObjectKey, Vec<u64>>>,
+    /// Writes this process stored (blocks and extents): a failed extent is tried again once this
+    /// moved (`extents`).
+    writes: AtomicU64,
+    /// Blocks this process wrote or read verified, by key: set on a write or a hit, cleared on a
+    /// miss and, wholesale, when this process evicts. Another process may still remove a block
+    /// meanwhile; whoever reads it then finds it missing. Sparse ([`Present`]): its size follows
+    /// the blocks marked, never the source's claimed length.
+    present: Mutex<HashMap<ObjectKey, Present>>,
 }
 
 impl Tier {
@@ -52,6 +56,7 @@ impl Tier {
             written_since_scan: AtomicU64::new(0),
             evicting: AtomicBool::new(false),
             warned: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
             present: Mutex::default(),
         };
         tier.publish_stored();
@@ -100,6 +105,7 @@ impl Tier {
 
     /// Accounts for `bytes` just stored, evicting if the bound is passed.
     pub(crate) fn wrote(&self, bytes: u64) {
+        self.writes.fetch_add(1, Relaxed);
         Stats::add(&self.stats.disk_cache_written_bytes, bytes);
         let stored = self.stored.fetch_add(bytes, Relaxed) + bytes;
         let since = self.written_since_scan.fetch_add(bytes, Relaxed) + bytes;
@@ -107,6 +113,11 @@ impl Tier {
         if stored > self.limit || since > self.limit / 8 {
             self.evict_now();
         }
+    }
+
+    /// How many writes this process has stored: one more after each.
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(Relaxed)
     }
 
     /// Counts a failed write and warns about the first one.
@@ -144,20 +155,20 @@ impl Tier {
 
     /// Records that block `block` of `key` is (or is not) on disk.
     pub(crate) fn mark(&self, key: &ObjectKey, block: u64, on: bool) {
-        let (word, bit) = ((block / 64) as usize, 1u64 << (block % 64));
         let mut present = lock(&self.present);
         if on {
             // The key is cloned only for its first block, not on every hit.
             if !present.contains_key(key) {
-                present.insert(key.clone(), Vec::new());
+                present.insert(key.clone(), Present::default());
             }
-            let Some(bits) = present.get_mut(key) else { return };
-            if bits.len() <= word {
-                bits.resize(word + 1, 0);
+            if let Some(blocks) = present.get_mut(key) {
+                blocks.set(block);
             }
-            bits[word] |= bit;
-        } else if let Some(w) = present.get_mut(key).and_then(|bits| bits.get_mut(word)) {
-            *w &= !bit;
+        } else if let Some(blocks) = present.get_mut(key) {
+            blocks.clear(block);
+            if blocks.is_empty() {
+                present.remove(key);
+            }
         }
     }
 
@@ -166,11 +177,11 @@ impl Tier {
     pub(crate) fn all_present(&self, key: &ObjectKey, blocks: Range<u64>, pending: impl Fn(u64) -> bool) -> bool {
         let missing: Vec<u64> = {
             let present = lock(&self.present);
-            let bits = present.get(key).map_or(&[][..], Vec::as_slice);
-            let on = |b: u64| bits.get((b / 64) as usize).is_some_and(|w| w & (1 << (b % 64)) != 0);
+            let marked = present.get(key);
+            let marked = |b: u64| marked.is_some_and(|p| p.get(b));
             let mut missing = Vec::new();
             for block in blocks {
-                if !on(block) {
+                if !marked(block) {
                     missing.push(block);
                     // More holes than the write queue can hold blocks: not worth asking it.
                     if missing.len() > MAX_PENDING_ASKED {
@@ -185,5 +196,35 @@ impl Tier {
 
     fn publish_stored(&self) {
         self.stats.disk_cache_bytes.store(self.stored.load(Relaxed), Relaxed);
+    }
+}
+
+/// One source's blocks known on disk: a bit per block, in 64-block words kept only where a bit is
+/// set, so its size follows the blocks marked (bounded by what the cache holds), whatever block
+/// index a source of a hostile claimed length asks about. (A dense vector grew to the highest
+/// block ever marked: one read near the end of a source claiming 2^60 bytes asked for terabytes.)
+#[derive(Debug, Default)]
+struct Present(BTreeMap<u64, u64>);
+
+impl Present {
+    fn set(&mut self, block: u64) {
+        *self.0.entry(block / 64).or_insert(0) |= 1 << (block % 64);
+    }
+
+    fn clear(&mut self, block: u64) {
+        if let Some(word) = self.0.get_mut(&(block / 64)) {
+            *word &= !(1 << (block % 64));
+            if *word == 0 {
+                self.0.remove(&(block / 64));
+            }
+        }
+    }
+
+    fn get(&self, block: u64) -> bool {
+        self.0.get(&(block / 64)).is_some_and(|word| word & (1 << (block % 64)) != 0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
