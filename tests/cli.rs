@@ -274,3 +274,30 @@ fn an_argument_that_is_not_utf8_is_one_line_naming_it() {
     let out = std::process::Command::new(STFS).arg("umount").arg(&mp).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `stfs mount-info PATH`: what is mounted there, from mountinfo alone, as one JSON line (the Python
+/// package's one reading of mountinfo): an stfs mount, another filesystem, nothing, a missing path.
+#[test]
+fn mount_info_says_what_is_mounted_at_a_path() {
+    let info = |path: &std::path::Path| {
+        let out = stfs(&["mount-info", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (_dir, file, _) = one_tensor_checkpoint();
+    let m = Mount::new(&file, &[]);
+    let v = info(&m.path);
+    assert_eq!((v["mounted"].as_bool(), v["stfs"].as_bool()), (Some(true), Some(true)), "{v}");
+    assert_eq!(v["fs_type"], "fuse.stfs");
+    assert_eq!(v["source"], file.to_str().unwrap());
+    let v = info(std::path::Path::new("/proc"));
+    assert_eq!(
+        (v["mounted"].as_bool(), v["stfs"].as_bool(), v["fs_type"].as_str()),
+        (Some(true), Some(false), Some("proc"))
+    );
+    let plain = workdir();
+    let v = info(plain.path());
+    assert_eq!((v["mounted"].as_bool(), v["fs_type"].is_null()), (Some(false), true), "{v}");
+    let v = info(&plain.path().join("no/such"));
+    assert_eq!(v["mounted"].as_bool(), Some(false), "{v}");
+}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Set
 
 from ._mapping import mapped
-from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _run, _topmost_mount, _utf8, is_mounted
+from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
 NUMPY_DTYPES = {
@@ -51,8 +51,7 @@ class Entry(NamedTuple):
 def _stfs_mount_at(root: str) -> bool:
     """Whether the topmost mount at `root` is stfs's, by /proc/self/mountinfo: type ``fuse.stfs``, or
     ``fuse`` with the source ``stfs#...`` that a fusermount unable to set a subtype records."""
-    top = _topmost_mount(root)
-    return top is not None and (top[0] == b"fuse.stfs" or (top[0] in (b"fuse", b"fuseblk") and top[1].startswith(b"stfs#")))
+    return bool(_mount_info(root)["stfs"])
 
 
 def is_mount_dir(path: PathLike) -> bool:
@@ -409,7 +408,7 @@ def _detach(binary: str, mp: Path, made: Optional[str], timeout: float, quiet: b
         if quiet:
             return
         raise
-    if out.returncode != 0 and is_mounted(mp) and not quiet:
+    if out.returncode != 0 and not quiet and is_mounted(mp, timeout=timeout, binary=binary):
         raise StfsError(out.stderr.strip().splitlines()[0] if out.stderr.strip() else f"stfs: {mp}: unmount failed",
                         returncode=out.returncode, stderr=out.stderr)
     if made is not None:

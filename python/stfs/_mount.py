@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -95,50 +96,30 @@ def find_binary() -> str:
     raise StfsError("stfs: the stfs binary was not found (pip install stfs puts it on PATH; or set STFS_BIN)")
 
 
-def _unescape_mountinfo(field: bytes) -> bytes:
-    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo octal escapes; every
-    # other byte as it is, so a path that is not UTF-8 stays so.
-    out, i = bytearray(), 0
-    while i < len(field):
-        octal = field[i + 1 : i + 4]
-        if field[i] == 0x5C and len(octal) == 3 and all(0x30 <= c <= 0x37 for c in octal) and int(octal, 8) < 256:
-            out.append(int(octal, 8))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return bytes(out)
+def _mount_info(path, binary: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """What is mounted at `path` (links to it followed), as the binary reads /proc/self/mountinfo
+    (``stfs mount-info``): {"path", "mounted", "stfs", "fs_type", "source"}. One reading of mountinfo's
+    rules (its escapes, stacked mounts, a mount point that is not UTF-8) for the binary and the package."""
+    binary = binary or find_binary()
+    target = os.path.realpath(_path(path))
+    command = [binary, "mount-info", "--", target]
+    out = _run(command, timeout)
+    if out.returncode != 0:
+        raise StfsError(_message(out.stderr, f"stfs: {target}: mount-info failed"), command=command,
+                        returncode=out.returncode, stderr=out.stderr)
+    try:
+        info = json.loads(out.stdout)
+        info["mounted"], info["stfs"]  # noqa: B018 - the fields every caller reads
+    except (ValueError, TypeError, KeyError):
+        raise StfsError(f"stfs: {binary} mount-info gave no answer for {target} (an stfs binary older than this "
+                        "package?)", command=command, returncode=out.returncode, stderr=out.stderr) from None
+    return info
 
 
-def _mounts() -> Iterator[tuple]:
-    """(mount point, type, source) of each mount in /proc/self/mountinfo, in mount order (of two at
-    one place the later is on top), as bytes: read as text, one mount point that is not UTF-8 (a
-    USB stick's latin-1 label, anyone's) would make every lookup fail."""
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            # ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
-            fields, sep, rest = line.rstrip(b"\n").partition(b" - ")
-            parts = fields.split(b" ")
-            if not sep or len(parts) < 5:
-                continue
-            kind = rest.split(b" ")
-            yield _unescape_mountinfo(parts[4]), kind[0], _unescape_mountinfo(kind[1]) if len(kind) > 1 else b""
-
-
-def _topmost_mount(path) -> Optional[tuple]:
-    """(type, source) of the topmost mount at `path` (links to it followed), as bytes; None if
-    nothing is mounted there."""
-    target = os.fsencode(os.path.realpath(_path(path)))
-    found = None
-    for point, kind, source in _mounts():
-        if point == target:
-            found = (kind, source)
-    return found
-
-
-def is_mounted(path: PathLike) -> bool:
-    """Whether `path` is a mount point, by /proc/self/mountinfo."""
-    return _topmost_mount(path) is not None
+def is_mounted(path: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: Optional[str] = None) -> bool:
+    """Whether `path` is a mount point, by /proc/self/mountinfo (read by the stfs binary, within
+    `timeout` seconds)."""
+    return bool(_mount_info(path, binary, timeout)["mounted"])
 
 
 def _held_here(mountpoint: str) -> bool:
@@ -188,7 +169,7 @@ def mount_flags(options: dict) -> List[str]:
     """Command-line flags for keyword options: ``cache_size="1G"`` is ``--cache-size 1G``, ``npy=True``
     is ``--npy`` (False and None leave a flag out), a list or tuple repeats the flag (``header=[...]``),
     ``as_="f32"`` is ``--as f32`` (``as`` is a Python keyword) and ``o="a,b"`` is ``-o a,b`` (mount()
-    takes ``header=`` options out of ``o`` first: they travel in the environment); a value
+    passes ``o`` in the environment instead, as STFS_OPTIONS_*: it may hold a header); a value
     that begins with ``-`` is attached (``--log-file=-x.log``), so it is not taken for a flag. Names are
     not checked here: the binary refuses an unknown one, and mount() raises its message."""
     flags: List[str] = []
@@ -227,14 +208,14 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
     delay = 0.02
     while True:
         out = _run([binary, "umount", "--", mp], timeout)
-        if out.returncode == 0 or not is_mounted(mp):
+        if out.returncode == 0 or not is_mounted(mp, timeout=timeout, binary=binary):
             return
         if "busy" not in out.stderr or time.monotonic() + delay > deadline or _held_here(mp):
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
     out = _run([binary, "umount", "--lazy", "--", mp], timeout)
-    if out.returncode != 0 and is_mounted(mp):
+    if out.returncode != 0 and is_mounted(mp, timeout=timeout, binary=binary):
         raise StfsError(_message(out.stderr, f"stfs: {mp}: unmount failed"), command=[binary, "umount", "--lazy", "--", mp],
                         returncode=out.returncode, stderr=out.stderr)
 
@@ -255,57 +236,20 @@ def _header_env(headers) -> Optional[dict]:
     return env
 
 
-def _option_items(text: str) -> List[str]:
-    """The options of an ``-o`` list as the binary cuts it (src/cli/option_list.rs): at every comma
-    that no backslash escapes, each option with its escapes still in it; empty ones left out."""
-    items, start, at = [], 0, 0
-    while at < len(text):
-        if text[at] == "\\" and at + 1 < len(text):
-            at += 2
-            continue
-        if text[at] == ",":
-            items.append(text[start:at])
-            start = at + 1
-        at += 1
-    items.append(text[start:])
-    return [item for item in items if item]
-
-
-def _unescape_option(item: str) -> str:
-    """An option with ``\\,`` made ``,`` and ``\\\\`` made ``\\``, as the binary reads it; any other
-    backslash is kept."""
-    out, at = [], 0
-    while at < len(item):
-        if item[at] == "\\" and at + 1 < len(item) and item[at + 1] in ",\\":
-            out.append(item[at + 1])
-            at += 2
-        else:
-            out.append(item[at])
-            at += 1
-    return "".join(out)
-
-
-def _headers_out_of_o(options: dict) -> List[str]:
-    """Takes every ``header=`` option out of ``o`` (a ``-o`` list, or a list of them) and returns
-    the headers, so that they travel in the environment like ``header=`` keywords, never on the
-    command line; the other options stay in ``o``."""
-    value = options.get("o")
+def _options_env(env: dict, options: dict) -> None:
+    """Moves ``o`` (an ``-o`` list, or a list of them) out of `options` into `env` as STFS_OPTIONS_*
+    variables, which the binary reads as ``-o`` lists taken before the command line's: a ``header=``
+    option in one never reaches a command line, and the lists are cut by the binary's one rule."""
+    value = options.pop("o", None)
     if value is None or value is False or value is True:
-        return []
-    headers, kept = [], []
+        return
+    n = 0
     for text in value if isinstance(value, (list, tuple)) else [value]:
         if text is None:
             continue
-        rest = []
-        for item in _option_items(str(text)):
-            if item.startswith("header="):
-                headers.append(_unescape_option(item)[len("header="):])
-            else:
-                rest.append(item)
-        if rest:
-            kept.append(",".join(rest))
-    options["o"] = kept or None
-    return headers
+        while f"STFS_OPTIONS_PY{n:04d}" in env:
+            n += 1
+        env[f"STFS_OPTIONS_PY{n:04d}"] = str(text)
 
 
 def _marked(pid: int, mark: bytes) -> bool:
@@ -344,12 +288,13 @@ def _stop_marked(token: str, seconds: float) -> None:
 
 def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, options: dict):
     """Mounts and returns (binary, mount point, the temporary directory made for it or None).
-    ``header=`` options, keywords or in an ``o`` list, travel in the environment (see _header_env),
-    the rest as flags."""
+    ``header=`` keywords and ``o`` lists travel in the environment (see _header_env, _options_env), the
+    rest as flags."""
     options = dict(options)
     headers = options.pop("header", None)
     headers = [headers] if isinstance(headers, str) else [h for h in (headers or []) if h is not None]
-    env = _header_env(headers + _headers_out_of_o(options)) or dict(os.environ)
+    env = _header_env(headers) or dict(os.environ)
+    _options_env(env, options)
     token = secrets.token_hex(16)
     env[_MOUNT_ID_ENV] = token
     flags = mount_flags(options)
@@ -368,7 +313,7 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
         mp = Path(os.path.abspath(mountpoint))
     # `--` ends the flags: a source or mount point that begins with "-" is still a path.
     command = [binary, "mount", *flags, "--", source, str(mp)]
-    mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp)
+    mounted_before = made is None and os.path.isdir(mp) and is_mounted(mp, timeout=timeout, binary=binary)
     try:
         _check(command, timeout, env)
     except BaseException:
@@ -378,8 +323,10 @@ def _mount(source: PathLike, mountpoint: Optional[PathLike], timeout: float, opt
         # stfs refused to mount over it).
         with contextlib.suppress(OSError):
             _stop_marked(token, min(STRAY_EXIT_SECONDS, timeout))
-        if not mounted_before and is_mounted(mp):
-            with contextlib.suppress(StfsError):
+        # A binary that cannot say (the one that just failed) leaves the mount point as it is: the
+        # error the caller sees is the mount's, not this look's.
+        with contextlib.suppress(StfsError):
+            if not mounted_before and is_mounted(mp, timeout=timeout, binary=binary):
                 _run([binary, "umount", "--lazy", "--", str(mp)], timeout)
         if made is not None:
             with contextlib.suppress(OSError):

@@ -66,6 +66,10 @@ pub enum Command {
     /// Link /sbin/mount.fuse.stfs to this binary, so `mount -t fuse.stfs` and fstab lines work.
     #[command(after_help = INSTALL_HELPER_HELP, display_name = "stfs")]
     InstallHelper(InstallHelperArgs),
+    /// What is mounted at a path, from /proc/self/mountinfo without touching it, as one JSON line
+    /// (for the Python package and scripts: one reading of mountinfo for every caller).
+    #[command(name = "mount-info", hide = true, display_name = "stfs")]
+    MountInfo(MountInfoArgs),
 }
 
 const INSTALL_HELPER_HELP: &str = "\
@@ -97,7 +101,9 @@ pub struct MountArgs {
     /// Accepted for mount(8) habits and ignored, like `-o ro`: the mount is always read-only.
     #[arg(long)]
     pub read_only: bool,
-    /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`.
+    /// Comma-separated options, as mount(8) passes them: `-o cache_size=1G,allow_other`. Every
+    /// environment variable STFS_OPTIONS_<ANY> holds one more list, taken first (for options that
+    /// carry a header value, which no command line should show).
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub options: Vec<String>,
     /// Most bytes the block cache may hold (readahead included) [default: 512M].
@@ -277,6 +283,13 @@ pub struct UmountArgs {
     /// Detach now even if files are open; the mount goes away when they are closed.
     #[arg(short = 'l', long)]
     pub lazy: bool,
+}
+
+/// Arguments of `stfs mount-info`.
+#[derive(Args, Debug)]
+pub struct MountInfoArgs {
+    /// The path (links followed up to its last component, which is looked up in mountinfo).
+    pub path: PathBuf,
 }
 
 /// Arguments of `stfs inspect`.

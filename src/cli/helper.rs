@@ -181,12 +181,12 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
         println!("{HELPER_USAGE}");
         return Ok(ExitCode::SUCCESS);
     }
-    let args = MountArgs {
+    let args = crate::cli::with_env_options(MountArgs {
         source: call.source.clone(),
         mountpoint: call.mountpoint.clone(),
         options: vec![call.options.join(",")],
         ..Default::default()
-    };
+    })?;
     if call.verbose {
         // Header values and URL secrets starred, as `ps` shows them once the mount has started.
         let options = call.options.join(",");

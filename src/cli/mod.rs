@@ -13,6 +13,7 @@ mod headers;
 mod helper;
 mod inspect;
 mod mount;
+mod mount_info;
 mod option_list;
 mod options;
 mod progress;
@@ -28,7 +29,7 @@ use clap::{CommandFactory, Parser};
 
 pub use args::{
     BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs,
-    MetricsArgs, MountArgs, RemoteArgs, StatsArgs, UmountArgs,
+    MetricsArgs, MountArgs, MountInfoArgs, RemoteArgs, StatsArgs, UmountArgs,
 };
 pub use options::{ConfigError, MountConfig};
 pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, EXIT_OK, EXIT_USAGE};
@@ -36,7 +37,7 @@ pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, 
 /// Runs the parsed command line; errors are printed as one line prefixed with `stfs: `.
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Mount(args) => mount::run(args),
+        Command::Mount(args) => with_env_options(args).and_then(mount::run),
         Command::Umount(args) => umount::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Stats(args) => stats::run(args),
@@ -44,6 +45,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Extract(args) => extract::run_extract(args),
         Command::Cat(args) => extract::run_cat(args),
         Command::InstallHelper(args) => helper::install(args),
+        Command::MountInfo(args) => mount_info::run(args),
     };
     report::finish(result)
 }
@@ -71,6 +73,14 @@ pub fn run_args(args: Vec<OsString>) -> ExitCode {
         Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => report::finish(Err(not_utf8(&args))),
         Err(e) => e.exit(),
     }
+}
+
+/// `args` with the `-o` lists of the `STFS_OPTIONS_*` variables before its own.
+pub(crate) fn with_env_options(mut args: MountArgs) -> Result<MountArgs, Failure> {
+    let mut lists = option_list::lists_from_env(std::env::vars_os()).map_err(Failure::usage)?;
+    lists.append(&mut args.options);
+    args.options = lists;
+    Ok(args)
 }
 
 /// Clears `secrets` from what other users see of this process's command line (the background daemon

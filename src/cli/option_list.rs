@@ -4,6 +4,23 @@
 
 use std::ops::Range;
 
+/// Every environment variable whose name starts with this holds one `-o` list for `stfs mount`,
+/// taken before the command line's: how a caller (the Python package) passes options that may hold
+/// a header value without any command line, which every user can read, ever showing them.
+pub const ENV_PREFIX: &str = "STFS_OPTIONS_";
+
+/// The `-o` lists of the `STFS_OPTIONS_*` variables of `vars` (the environment), in name order; a
+/// value that is not UTF-8 is named by its variable.
+pub fn lists_from_env(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<String>, String> {
+    let mut found: Vec<(String, std::ffi::OsString)> = vars
+        .filter_map(|(name, value)| name.into_string().ok().filter(|n| n.starts_with(ENV_PREFIX)).map(|n| (n, value)))
+        .collect();
+    found.sort();
+    found.into_iter().map(|(name, value)| value.into_string().map_err(|_| format!("{name}: not UTF-8"))).collect()
+}
+
 /// Where each option of `list` lies (empty ones included), its escapes still in it: the list is cut
 /// at every comma that no backslash escapes.
 pub fn item_ranges(list: &[u8]) -> Vec<Range<usize>> {
@@ -65,5 +82,20 @@ mod tests {
         assert_eq!(split(r"header=X-K: a\b\"), [r"header=X-K: a\b\"]);
         assert_eq!(raw_items(r"a\,b,c").collect::<Vec<_>>(), [r"a\,b", "c"]);
         assert_eq!(item_ranges(b"a,,b"), [0..1, 2..2, 3..4]);
+    }
+
+    #[test]
+    fn environment_lists_are_taken_in_name_order() {
+        let vars = [
+            ("STFS_OPTIONS_B", "npy"),
+            ("PATH", "/bin"),
+            ("STFS_OPTIONS_A", r"header=X-K: a\,b"),
+            ("STFS_OPTION", "x"),
+        ];
+        let lists = lists_from_env(vars.iter().map(|(n, v)| (n.into(), v.into()))).unwrap();
+        assert_eq!(lists, [r"header=X-K: a\,b", "npy"]);
+        use std::os::unix::ffi::OsStringExt;
+        let bad = [("STFS_OPTIONS_X".into(), std::ffi::OsString::from_vec(vec![0xff]))];
+        assert_eq!(lists_from_env(bad.into_iter()).unwrap_err(), "STFS_OPTIONS_X: not UTF-8");
     }
 }

@@ -49,7 +49,11 @@ impl Secrets {
             Command::Inspect(a) => secrets.add_remote(&a.source, &a.remote),
             Command::Extract(a) => secrets.add_remote(&a.source, &a.remote),
             Command::Cat(a) => secrets.add_remote(&a.source, &a.remote),
-            Command::Umount(_) | Command::Stats(_) | Command::Cache(_) | Command::InstallHelper(_) => {}
+            Command::Umount(_)
+            | Command::Stats(_)
+            | Command::Cache(_)
+            | Command::InstallHelper(_)
+            | Command::MountInfo(_) => {}
         }
         secrets
     }
