@@ -264,6 +264,45 @@ fn a_generation_replaced_between_reads_is_refused() {
     result.unwrap();
 }
 
+/// An HTTPS endpoint whose certificate a test CA signed, trusted the way every request of stfs
+/// trusts its roots (the platform's store, here `SSL_CERT_FILE`): the metadata request that pins
+/// the generation goes through the same agent as the reads (its roots, proxy and timeouts), so
+/// the mount succeeds and every tensor reads. (Before it had an agent of its own, with ureq's
+/// bundled roots: "invalid peer certificate: UnknownIssuer".)
+#[test]
+fn the_metadata_request_trusts_the_same_roots_as_the_reads() {
+    let objects: Objects = Arc::default();
+    let server = start_gcs(Arc::clone(&objects));
+    let home = workdir();
+    let Some(account) = service_account(home.path(), &server) else {
+        return tool_missing("openssl", "apt-get install openssl");
+    };
+    let certificates = workdir();
+    assert!(certs::make_certificates(certificates.path(), "IP:127.0.0.1"), "openssl made no certificate");
+    let tls = (certificates.path().join("leaf.pem"), certificates.path().join("leaf.key"));
+    let listen = format!("127.0.0.1:{}", nginx::free_port());
+    let Some(front) = nginx::Nginx::start_tls_proxy(&listen, (&tls.0, &tls.1), &server.url()) else {
+        return tool_missing("nginx", "apt-get install nginx");
+    };
+    let tensors = store_fixture(&objects, 1_700_000_000_000_003);
+    let vars = [
+        ("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string()),
+        ("SSL_CERT_FILE", certificates.path().join("ca.pem").display().to_string()),
+    ];
+    let endpoint = format!("https://{listen}");
+    let url = "gs://models/dir/m.safetensors";
+    let mp = workdir();
+    let args = ["mount", "--timeout", "10s", "--endpoint-url", &endpoint, url, mp.path().to_str().unwrap()];
+    let out = run(&args, home.path(), &vars);
+    let _guard = Unmount(mp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for t in &tensors {
+        let path = mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
+        assert!(std::fs::read(&path).unwrap() == t.data, "{} differs", t.name);
+    }
+    drop(front);
+}
+
 /// An endpoint that accepts the connection and never answers: the mount fails within `--timeout`,
 /// in one line naming the object once.
 #[test]

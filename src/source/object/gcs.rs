@@ -13,7 +13,7 @@ use ureq::http::Uri;
 
 use super::names::{encode_path, ObjectName};
 use super::refresh::{block_on, Expiring, Refreshing};
-use crate::source::http::{Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
+use crate::source::http::{new_agent, Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
 
 /// The OAuth scope asked for: reading objects only.
 const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_only";
@@ -162,16 +162,14 @@ fn fetch_generation(shown: &str, url: &str, auth: &GcsAuth, http: &HttpOptions) 
     // Within the one time budget of the opening (`--timeout`, or the checkpoint's deadline).
     let now = Instant::now();
     let budget = http.deadline.map_or(http.timeout, |d| d.saturating_duration_since(now).min(http.timeout));
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(http.connect_timeout.min(budget)))
-        .timeout_global(Some(budget))
-        .build();
-    let agent = ureq::Agent::new_with_config(config);
+    // The agent of every other request (proxy, trusted roots, timeouts), the whole exchange
+    // within the budget.
+    let agent = new_agent(http, None)?;
     let mut request = agent.get(url).query("fields", "generation,size");
     if let Some(token) = auth.bearer()? {
         request = request.header(AUTHORIZATION, format!("Bearer {token}"));
     }
+    let request = request.config().timeout_global(Some(budget)).build();
     let server = ureq::http::Uri::try_from(url).ok().and_then(|u| u.authority().map(|a| a.to_string()));
     let server = server.unwrap_or_else(|| "the server".to_string());
     let transport = |e: ureq::Error| {
