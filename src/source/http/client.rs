@@ -277,8 +277,7 @@ impl Remote {
         deadline: Instant,
     ) -> Result<(Response<Body>, Uri), Failure> {
         for _hop in 0..=MAX_REDIRECTS {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
+            if Instant::now() >= deadline {
                 return Err(self.timed_out(&uri, Stalled::Answer, (first, last)));
             }
             let mut request = Request::get(uri.clone()).header(RANGE, format!("bytes={first}-{last}"));
@@ -290,7 +289,7 @@ impl Remote {
                     request = request.header(name, value);
                 }
                 if let Some(auth) = &self.auth {
-                    for (name, mut value) in auth.0.headers(&uri).map_err(Failure::permanent)? {
+                    for (name, mut value) in auth.0.headers(&uri, deadline).map_err(Failure::permanent)? {
                         value.set_sensitive(true);
                         request = request.header(name, value);
                     }
@@ -300,7 +299,12 @@ impl Remote {
                 .body(())
                 .map_err(|_| Failure::permanent(HttpError::BadOption("a header could not be encoded".to_string())))?;
             // The whole exchange, body included, ends by the deadline: a server that trickles its
-            // answer a byte at a time is cut off as surely as a silent one.
+            // answer a byte at a time is cut off as surely as a silent one. Measured after the
+            // credentials, whose wait for a refresh is part of the same deadline.
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(self.timed_out(&uri, Stalled::Answer, (first, last)));
+            }
             let request = agent.configure_request(request).timeout_global(Some(remaining)).build();
             Stats::add(&self.stats.http_requests, 1);
             let response = agent.run(request).map_err(|e| self.transport_failure(e, &uri, (first, last)))?;

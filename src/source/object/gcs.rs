@@ -65,16 +65,17 @@ impl GcsAuth {
         Ok(GcsAuth { endpoint, token, shown: shown.to_string() })
     }
 
-    /// The current token, fetched again shortly before it expires.
-    fn bearer(&self) -> Result<Option<String>, HttpError> {
+    /// The current token, fetched again shortly before it expires; a wait for a new one ends by
+    /// `deadline`.
+    fn bearer(&self, deadline: Instant) -> Result<Option<String>, HttpError> {
         let Some(token) = &self.token else { return Ok(None) };
-        token.get().map(|t| Some(t.value)).map_err(|detail| auth_error(&self.shown, detail))
+        token.get(deadline).map(|t| Some(t.value)).map_err(|detail| auth_error(&self.shown, detail))
     }
 }
 
 impl RequestAuth for GcsAuth {
-    fn headers(&self, _uri: &Uri) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
-        let Some(token) = self.bearer()? else { return Ok(Vec::new()) };
+    fn headers(&self, _uri: &Uri, deadline: Instant) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
+        let Some(token) = self.bearer(deadline)? else { return Ok(Vec::new()) };
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| auth_error(&self.shown, "the token holds invalid characters".to_string()))?;
         Ok(vec![(AUTHORIZATION, value)])
@@ -166,9 +167,11 @@ fn fetch_generation(shown: &str, url: &str, auth: &GcsAuth, http: &HttpOptions) 
     // within the budget.
     let agent = new_agent(http, None)?;
     let mut request = agent.get(url).query("fields", "generation,size");
-    if let Some(token) = auth.bearer()? {
+    if let Some(token) = auth.bearer(now + budget)? {
         request = request.header(AUTHORIZATION, format!("Bearer {token}"));
     }
+    // What the token took is taken from the budget.
+    let budget = (now + budget).saturating_duration_since(Instant::now());
     let request = request.config().timeout_global(Some(budget)).build();
     let server = ureq::http::Uri::try_from(url).ok().and_then(|u| u.authority().map(|a| a.to_string()));
     let server = server.unwrap_or_else(|| "the server".to_string());

@@ -102,11 +102,10 @@ impl<C: Expiring> Refreshing<C> {
     }
 
     /// Valid credentials: the current ones while they are valid (never waiting, a fetch started in
-    /// the background when they expire soon), else new ones, waiting at most the timeout for the
-    /// fetch in flight. The error holds no secret.
-    pub fn get(&self) -> Result<C, String> {
+    /// the background when they expire soon), else new ones, waiting for the fetch in flight until
+    /// `deadline` (the read's own), never past it. The error holds no secret.
+    pub fn get(&self, deadline: Instant) -> Result<C, String> {
         let shared = &self.shared;
-        let deadline = Instant::now() + shared.timeout;
         let mut state = lock(&shared.state);
         // The count of finished fetches when this caller began waiting for one.
         let mut waiting_since: Option<u64> = None;
@@ -140,7 +139,7 @@ impl<C: Expiring> Refreshing<C> {
                     if BACKGROUND.load(Ordering::SeqCst) {
                         Shared::spawn(shared, &mut state);
                     } else {
-                        state = shared.fetch_here(state);
+                        state = shared.fetch_here(state, deadline);
                     }
                     continue;
                 }
@@ -166,7 +165,7 @@ impl<C: Expiring> Shared<C> {
         state.last_start = Some(Instant::now());
         let worker = Arc::clone(shared);
         let spawned = std::thread::Builder::new().name("stfs-credentials".to_string()).spawn(move || {
-            let result = worker.fetch_bounded();
+            let result = worker.fetch_bounded(worker.timeout);
             let mut state = lock(&worker.state);
             worker.finish(&mut state, result);
         });
@@ -175,12 +174,13 @@ impl<C: Expiring> Shared<C> {
         }
     }
 
-    /// Fetches on the caller's thread (before the mount's last fork), the lock released meanwhile.
-    fn fetch_here<'a>(&'a self, mut state: MutexGuard<'a, State<C>>) -> MutexGuard<'a, State<C>> {
+    /// Fetches on the caller's thread (before the mount's last fork), the lock released meanwhile,
+    /// ending by the caller's `deadline`.
+    fn fetch_here<'a>(&'a self, mut state: MutexGuard<'a, State<C>>, deadline: Instant) -> MutexGuard<'a, State<C>> {
         state.in_flight = true;
         state.last_start = Some(Instant::now());
         drop(state);
-        let result = self.fetch_bounded();
+        let result = self.fetch_bounded(deadline.saturating_duration_since(Instant::now()).min(self.timeout));
         let mut state = lock(&self.state);
         self.finish(&mut state, result);
         state
@@ -188,8 +188,8 @@ impl<C: Expiring> Shared<C> {
 
     /// One fetch; a panic in the credential library becomes an error rather than a fetch that
     /// never ends.
-    fn fetch_bounded(&self) -> Result<C, String> {
-        let fetch = std::panic::AssertUnwindSafe(|| (self.fetch)(self.timeout));
+    fn fetch_bounded(&self, bound: Duration) -> Result<C, String> {
+        let fetch = std::panic::AssertUnwindSafe(|| (self.fetch)(bound));
         std::panic::catch_unwind(fetch).unwrap_or_else(|_| Err("the credential lookup panicked".to_string()))
     }
 
@@ -251,8 +251,11 @@ pub(crate) fn block_on<F: Future>(bound: Duration, future: F) -> Result<F::Outpu
         .thread_name(LOOKUP_THREAD)
         .build()
         .map_err(|e| format!("cannot start the credential lookup: {e}"))?;
+    let deadline = Instant::now() + bound;
     let output = runtime.block_on(async { tokio::time::timeout(bound, future).await });
-    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    // Joining the blocking threads takes from the same bound: a lookup that used all of it is
+    // left to end on its own rather than hold its caller past the deadline.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN.min(deadline.saturating_duration_since(Instant::now())));
     output.map_err(|_| format!("the credential lookup did not finish within {} (--timeout)", words(bound)))
 }
 
@@ -292,12 +295,12 @@ mod tests {
         ));
         let started = Instant::now();
         let got: Vec<Token> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..8).map(|_| s.spawn(|| cache.get().unwrap())).collect();
+            let handles: Vec<_> = (0..8).map(|_| s.spawn(|| cache.get(in_secs(5)).unwrap())).collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(started.elapsed() < Duration::from_millis(300), "{:?}", started.elapsed());
         assert!(got.iter().all(|t| *t == first));
-        assert!(wait_for(|| cache.get().unwrap().0 == 1), "the refresh never landed");
+        assert!(wait_for(|| cache.get(in_secs(5)).unwrap().0 == 1), "the refresh never landed");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "more than one fetch");
     }
 
@@ -315,7 +318,7 @@ mod tests {
         );
         let started = Instant::now();
         let errors: Vec<String> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..4).map(|_| s.spawn(|| cache.get().unwrap_err())).collect();
+            let handles: Vec<_> = (0..4).map(|_| s.spawn(|| cache.get(Instant::now() + Duration::from_millis(300)).unwrap_err())).collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(started.elapsed() < Duration::from_millis(1000), "{:?}", started.elapsed());
@@ -333,7 +336,7 @@ mod tests {
             Duration::from_secs(5),
             slow_fetch(Arc::new(AtomicUsize::new(0)), Duration::from_millis(100)),
         );
-        assert_eq!(cache.get().unwrap().0, 1);
+        assert_eq!(cache.get(in_secs(5)).unwrap().0, 1);
         // A failing fetch: the waiting caller gets its reason, and so does a caller a moment
         // later (the kernel's repeat of a failed read) without another fetch; later, one more.
         let failures = Arc::new(AtomicUsize::new(0));
@@ -348,11 +351,11 @@ mod tests {
             }),
         );
         let said = "test credentials expired and fetching new ones failed: the endpoint said 403";
-        assert_eq!(failing.get().unwrap_err(), said);
-        assert_eq!(failing.get().unwrap_err(), said);
+        assert_eq!(failing.get(in_secs(5)).unwrap_err(), said);
+        assert_eq!(failing.get(in_secs(5)).unwrap_err(), said);
         assert_eq!(failures.load(Ordering::SeqCst), 1);
         std::thread::sleep(FAILURE_HOLD);
-        assert_eq!(failing.get().unwrap_err(), said);
+        assert_eq!(failing.get(in_secs(5)).unwrap_err(), said);
         assert_eq!(failures.load(Ordering::SeqCst), 2);
     }
 
@@ -374,6 +377,10 @@ mod tests {
             .filter(|name| name.trim() == LOOKUP_THREAD)
             .count();
         assert_eq!(lookups, 0, "a lookup thread is still alive");
+    }
+
+    fn in_secs(seconds: u64) -> Instant {
+        Instant::now() + Duration::from_secs(seconds)
     }
 
     fn wait_for(mut done: impl FnMut() -> bool) -> bool {
