@@ -1,9 +1,9 @@
 //! One ranged GET against a remote object: headers, manual redirects (with the target cached),
 //! classification of failures, and the retry loop around it.
 
+use super::agent::agent_config;
 use super::auth::Authorizer;
 use super::error::{HttpError, Refusal, Stalled, Timeout};
-use super::agent::agent_config;
 use super::options::HttpOptions;
 use super::pin::{header_text, Pin};
 use super::retry::{parse_retry_after, RetryPolicy};
