@@ -12,7 +12,7 @@ use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use ureq::http::Uri;
 
 use super::names::{encode_path, ObjectName};
-use super::refresh::{block_on, Expiring, Refreshing};
+use super::refresh::{lookup, Expiring, Refreshing};
 use crate::source::http::{new_agent, Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
 
 /// The OAuth scope asked for: reading objects only.
@@ -40,7 +40,7 @@ impl Expiring for Token {
 }
 
 impl GcsAuth {
-    /// Finds the endpoint and, unless anonymous, a first token (before the daemon forks), within
+    /// Finds the endpoint and, unless anonymous, a first token (as the mount opens its sources), within
     /// `timeout` (`--timeout`), which also bounds each later fetch of a token.
     pub fn load(
         shown: &str,
@@ -86,9 +86,9 @@ fn auth_error(shown: &str, detail: String) -> HttpError {
     HttpError::Auth { name: shown.to_string(), detail }
 }
 
-/// One token from Application Default Credentials, within `timeout`, on a runtime made for the fetch.
+/// One token from Application Default Credentials, within `timeout`, on the lookup runtime.
 fn fetch_token(timeout: Duration) -> Result<Token, String> {
-    block_on(timeout, async {
+    lookup(timeout, async {
         let provider = gcp_auth::provider().await.map_err(|e| match e {
             // Each source's own failure, in the order tried (gcp_auth names no file or host).
             gcp_auth::Error::NoAuthMethod(gcloud, metadata, user_file) => format!(
