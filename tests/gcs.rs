@@ -589,7 +589,7 @@ fn store_fixture(objects: &Objects, generation: u64) -> Vec<T> {
     tensors
 }
 
-/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), then, 6 s after the
+/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), then, 11 s after the
 /// mount started (the first token lives [`TOKEN_LIFE`], so it is then within the 5 minutes before
 /// expiry in which the daemon fetches a new one, off the read path), reads the end of the last
 /// tensor, and every tensor once a new token is in. Checks
@@ -620,7 +620,9 @@ fn read_across_a_token_refresh(
     let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
     let (big, small) = tensors.split_last().unwrap();
     assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
-    std::thread::sleep(Duration::from_secs(6).saturating_sub(mounted.elapsed()));
+    // 11 s: within the 5 minutes before expiry, and past the 10 s stfs leaves between two fetches
+    // (the first token was fetched as the mount opened the object).
+    std::thread::sleep(Duration::from_secs(11).saturating_sub(mounted.elapsed()));
     // This read, with the current token (still valid), starts the refresh, which runs off the read
     // path: the read does not wait for it, and later reads from the store carry the new token.
     let tail = big.data.len() as u64 - 1000;
@@ -860,9 +862,13 @@ fn a_stalled_token_endpoint_holds_no_read_while_the_token_is_valid() {
     let tensors = store_fixture(&objects, 1_700_000_000_000_003);
     let vars = [("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string())];
     let (mp, log) = (workdir(), home.path().join("stfs.log"));
+    let mounted = Instant::now();
     mount_with_timeout(home.path(), "gs://models/dir/m.safetensors", &server.url(), &vars, "10s", &log, mp.path());
     let guard = Unmount(mp.path());
     stall.on.store(true, Ordering::SeqCst);
+    // The reads come 11 s after the mount, past the 10 s stfs leaves between two fetches (the
+    // first token was fetched as the mount opened the object).
+    std::thread::sleep((mounted + Duration::from_secs(11)).saturating_duration_since(Instant::now()));
     let big = tensors.last().unwrap();
     let results = read_parts(&mp.path().join("big.weight"), &big.data, 4);
     // The refresh those reads started reaches the endpoint on its own thread, soon.

@@ -81,7 +81,9 @@ impl<C: Expiring> Refreshing<C> {
         let state = State {
             current: first,
             in_flight: false,
-            last_start: None,
+            // The first credentials were fetched just now, at open time: the next fetch not before
+            // the pause, and not while the mount is being opened.
+            last_start: Some(Instant::now()),
             finished: 0,
             last_error: None,
             last_failure: None,
@@ -299,6 +301,8 @@ mod tests {
         let (gated, fetch) = gated_fetch();
         let first = Token(0, SystemTime::now() + Duration::from_secs(60));
         let cache = Arc::new(Refreshing::new("test credentials", first.clone(), HANG, fetch));
+        // As if the first credentials were fetched more than the pause ago.
+        lock(&cache.shared.state).last_start = None;
         for _ in 0..8 {
             let cache = Arc::clone(&cache);
             let got = answer_of(move || cache.get(Instant::now() + HANG));
