@@ -301,3 +301,30 @@ fn mount_info_says_what_is_mounted_at_a_path() {
     let v = info(&plain.path().join("no/such"));
     assert_eq!(v["mounted"].as_bool(), Some(false), "{v}");
 }
+
+/// In the background, a source named by a relative path is opened in the caller's directory (the
+/// daemon opens it after the fork, and leaves that directory only then), and a missing one is
+/// refused in one line naming it as given, exit 1, nothing mounted.
+#[test]
+fn a_relative_source_is_opened_and_named_as_given_in_the_background() {
+    let (dir, path, t) = one_tensor_checkpoint();
+    let name = path.file_name().unwrap().to_str().unwrap().to_string();
+    let mp = workdir();
+    let mount = |source: &str| {
+        let mut command = std::process::Command::new(STFS);
+        command.current_dir(dir.path()).args(["mount", source, mp.path().to_str().unwrap()]);
+        command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        wait_output(command.spawn().unwrap(), TIMEOUT)
+    };
+    let out = mount("missing.safetensors");
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("stfs: missing.safetensors: "), "{err}");
+    assert!(!is_mounted(mp.path()));
+    let out = mount(&name);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let read = std::fs::read(mp.path().join(&t.name));
+    force_unmount(mp.path());
+    assert!(read.unwrap() == t.data, "{} differs", t.name);
+}

@@ -264,6 +264,45 @@ fn a_generation_replaced_between_reads_is_refused() {
     result.unwrap();
 }
 
+/// An HTTPS endpoint whose certificate a test CA signed, trusted the way every request of stfs
+/// trusts its roots (the platform's store, here `SSL_CERT_FILE`): the metadata request that pins
+/// the generation goes through the same agent as the reads (its roots, proxy and timeouts), so
+/// the mount succeeds and every tensor reads. (Before it had an agent of its own, with ureq's
+/// bundled roots: "invalid peer certificate: UnknownIssuer".)
+#[test]
+fn the_metadata_request_trusts_the_same_roots_as_the_reads() {
+    let objects: Objects = Arc::default();
+    let server = start_gcs(Arc::clone(&objects));
+    let home = workdir();
+    let Some(account) = service_account(home.path(), &server) else {
+        return tool_missing("openssl", "apt-get install openssl");
+    };
+    let certificates = workdir();
+    assert!(certs::make_certificates(certificates.path(), "IP:127.0.0.1"), "openssl made no certificate");
+    let tls = (certificates.path().join("leaf.pem"), certificates.path().join("leaf.key"));
+    let listen = format!("127.0.0.1:{}", nginx::free_port());
+    let Some(front) = nginx::Nginx::start_tls_proxy(&listen, (&tls.0, &tls.1), &server.url()) else {
+        return tool_missing("nginx", "apt-get install nginx");
+    };
+    let tensors = store_fixture(&objects, 1_700_000_000_000_003);
+    let vars = [
+        ("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string()),
+        ("SSL_CERT_FILE", certificates.path().join("ca.pem").display().to_string()),
+    ];
+    let endpoint = format!("https://{listen}");
+    let url = "gs://models/dir/m.safetensors";
+    let mp = workdir();
+    let args = ["mount", "--timeout", "10s", "--endpoint-url", &endpoint, url, mp.path().to_str().unwrap()];
+    let out = run(&args, home.path(), &vars);
+    let _guard = Unmount(mp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for t in &tensors {
+        let path = mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
+        assert!(std::fs::read(&path).unwrap() == t.data, "{} differs", t.name);
+    }
+    drop(front);
+}
+
 /// An endpoint that accepts the connection and never answers: the mount fails within `--timeout`,
 /// in one line naming the object once.
 #[test]
@@ -550,7 +589,7 @@ fn store_fixture(objects: &Objects, generation: u64) -> Vec<T> {
     tensors
 }
 
-/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), then, 6 s after the
+/// Mounts `url` from `endpoint` (64 KiB blocks, `vars` set, `home` as HOME), then, 11 s after the
 /// mount started (the first token lives [`TOKEN_LIFE`], so it is then within the 5 minutes before
 /// expiry in which the daemon fetches a new one, off the read path), reads the end of the last
 /// tensor, and every tensor once a new token is in. Checks
@@ -581,7 +620,9 @@ fn read_across_a_token_refresh(
     let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
     let (big, small) = tensors.split_last().unwrap();
     assert!(tokens.seen.lock().unwrap().contains(&first), "the store never saw the first token");
-    std::thread::sleep(Duration::from_secs(6).saturating_sub(mounted.elapsed()));
+    // 11 s: within the 5 minutes before expiry, and past the 10 s stfs leaves between two fetches
+    // (the first token was fetched as the mount opened the object).
+    std::thread::sleep(Duration::from_secs(11).saturating_sub(mounted.elapsed()));
     // This read, with the current token (still valid), starts the refresh, which runs off the read
     // path: the read does not wait for it, and later reads from the store carry the new token.
     let tail = big.data.len() as u64 - 1000;
@@ -821,9 +862,13 @@ fn a_stalled_token_endpoint_holds_no_read_while_the_token_is_valid() {
     let tensors = store_fixture(&objects, 1_700_000_000_000_003);
     let vars = [("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string())];
     let (mp, log) = (workdir(), home.path().join("stfs.log"));
+    let mounted = Instant::now();
     mount_with_timeout(home.path(), "gs://models/dir/m.safetensors", &server.url(), &vars, "10s", &log, mp.path());
     let guard = Unmount(mp.path());
     stall.on.store(true, Ordering::SeqCst);
+    // The reads come 11 s after the mount, past the 10 s stfs leaves between two fetches (the
+    // first token was fetched as the mount opened the object).
+    std::thread::sleep((mounted + Duration::from_secs(11)).saturating_duration_since(Instant::now()));
     let big = tensors.last().unwrap();
     let results = read_parts(&mp.path().join("big.weight"), &big.data, 4);
     // The refresh those reads started reaches the endpoint on its own thread, soon.

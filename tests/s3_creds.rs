@@ -610,6 +610,74 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     }
 }
 
+/// Expired credentials, a credential endpoint that answers only after 4 s of a 5 s `--timeout`,
+/// and then a store that accepts the GET and never answers: the read fails with EIO once its one
+/// `--timeout` has passed, the wait for the credentials included. (It used to measure its time
+/// left before the credentials and so waited about 4 s + a whole 5 s more.)
+#[test]
+fn a_slow_credential_refresh_counts_in_the_reads_one_timeout() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let lifetime = Duration::from_secs(8);
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let slow = Arc::new(AtomicBool::new(false));
+    let ecs = {
+        let (issued, slow) = (Arc::clone(&issued), Arc::clone(&slow));
+        TinyHttp::start(move |request| {
+            if slow.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_secs(4));
+            }
+            container_answer(request, lifetime, &issued)
+        })
+    };
+    let silent = Arc::new(Stall::default());
+    let gate = {
+        let silent = Arc::clone(&silent);
+        S3Gate::start(server.port, move |_| {
+            if !silent.on.load(Ordering::SeqCst) {
+                return None;
+            }
+            silent.held.fetch_add(1, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(60);
+            while silent.on.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Some(s3_error(503, "SlowDown", "stalled"))
+        })
+    };
+    let vars = container_vars(gate.endpoint(), &ecs);
+    let url = format!("s3://{BUCKET}/m.safetensors");
+    let log_path = home.path().join("stfs.log");
+    let m = mount_with_timeout(&url, home.path(), &vars, "5s", &log_path);
+    assert_all_exact(&m, &tensors[..1]);
+    // That read started a refresh (the credentials expire within 5 minutes): let it land first.
+    std::thread::sleep(Duration::from_secs(1));
+    slow.store(true, Ordering::SeqCst);
+    let expiry = issued.lock().unwrap().last().unwrap().0 + lifetime;
+    std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+    let fetched_before = issued.lock().unwrap().len();
+    silent.on.store(true, Ordering::SeqCst);
+
+    let big: Vec<&T> = tensors.iter().filter(|t| t.name.starts_with("big.")).take(1).collect();
+    let results = read_concurrently(&m, &big);
+    silent.on.store(false, Ordering::SeqCst);
+    drop(m);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let (result, slowest) = &results[0];
+    let error = result.as_ref().err().unwrap_or_else(|| panic!("read from a silent store; log: {log}"));
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    assert!(issued.lock().unwrap().len() > fetched_before, "the read fetched no new credentials: {log}");
+    assert!(silent.held.load(Ordering::SeqCst) >= 1, "the store was not asked: {log}");
+    // 5 s, and the kernel's repeats of the failed read (half a second each, twice), and a margin:
+    // well under the 4 s + 5 s of a read whose timeout starts after its credentials.
+    let bound = Duration::from_millis(7500);
+    assert!(*slowest < bound, "a read waited {slowest:?} with --timeout 5s; log: {log}");
+    println!("the read failed after {slowest:?}");
+    assert_no_secret_in(&log);
+}
+
 /// A credential lookup that resolves a host name (the container endpoint named `localhost`) runs
 /// a thread of tokio's blocking pool; the lookup joins it before the daemon forks, so the daemon's
 /// log reports no thread alive at the fork.

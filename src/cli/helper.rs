@@ -198,7 +198,8 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
         let config = MountConfig::from_args(args)?;
         let stats = Arc::new(crate::stats::Stats::default());
         let opened = crate::checkpoint::open(&config.source, &config.open_options(stats)?)?;
-        crate::cli::mount::check_place(&config.mountpoint, &opened)?;
+        crate::cli::mount::check_place(&config.mountpoint)?;
+        crate::cli::mount::check_hiding(&config.mountpoint, &opened)?;
         return Ok(ExitCode::SUCCESS);
     }
     crate::cli::mount::run(args)

@@ -1,15 +1,17 @@
-//! `stfs mount`: validate everything in the foreground, then serve (in the background by default).
+//! `stfs mount`: check what needs no opening in the foreground, go to the background, then open
+//! the checkpoint and serve; an error of the opening travels back to the foreground as one line.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::checkpoint;
+use crate::checkpoint::{self, OpenOptions};
 use crate::cli::args::MountArgs;
 use crate::cli::options::MountConfig;
 use crate::cli::report::Failure;
 use crate::engine::disk::DiskCache;
+use crate::fs::Fs;
 use crate::mount::access::check_can_mount;
-use crate::mount::build::build_fs;
+use crate::mount::build::{build_fs, FsOptions};
 use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
@@ -20,27 +22,22 @@ use crate::mount::watcher::{spawn_watcher, AutoUnmount};
 use crate::stats::Stats;
 
 /// Runs `stfs mount`.
+///
+/// Before the fork: the options, the mount point (a directory, nothing mounted on it), whether
+/// this user can mount FUSE, the metrics targets. After it (or without it, in the foreground):
+/// the checkpoint is opened (credentials fetched, every shard's header read), the mount point
+/// checked not to hide one of its files, the disk cache opened and the tree built. So no thread
+/// of a source (a credential refresh, a lookup's runtime) ever crosses a fork, and an error of
+/// the opening reaches the foreground as the one line it always was, nothing half-mounted.
 pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     let mut config = MountConfig::from_args(args)?;
     // The daemon leaves the working directory, so every path it keeps must be absolute.
     config.mountpoint =
         std::path::absolute(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
-    // Everything that can be wrong with the input is found before forking: nothing is half-mounted.
     let stats = Arc::new(Stats::default());
-    // Before any shard is opened: a checkpoint of hundreds of shards needs more than a soft 1,024.
-    crate::mount::limits::raise_open_files_limit();
-    let opened = checkpoint::open(&config.source, &config.open_options(stats.clone())?)?;
-    check_place(&config.mountpoint, &opened)?;
+    let open_options = config.open_options(stats.clone())?;
+    check_place(&config.mountpoint)?;
     let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());
-    if let Some(dir) = &config.cache_dir {
-        // Checked here, before forking: a directory others could write to is refused in one line.
-        let disk =
-            DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;
-        if config.no_passthrough {
-            disk.forbid_extents();
-        }
-        fs_options.disk = Some(Arc::new(disk));
-    }
     let fsname = if checkpoint::is_url(&config.source) {
         crate::source::http::display_name(&config.source)
     } else {
@@ -51,20 +48,25 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     // --prometheus` labels this mount's samples the same.
     let place = crate::mount::mountinfo::locate(&config.mountpoint).map_or(config.mountpoint.clone(), |(p, _)| p);
     let labels = metrics::labels(&place, &mount_source(&fsname));
+    // Before any shard is opened: a checkpoint of hundreds of shards needs more than a soft 1,024.
+    crate::mount::limits::raise_open_files_limit();
     if config.foreground {
         let init = || if config.debug { init_debug_logging() } else { init_logging(None) };
         let watcher = watch(&config, init)?;
+        // Before any thread starts (the opening's may): they inherit the mask.
+        block_signals();
+        // Logging starts once the checkpoint is open: a failed opening is the one line on stderr.
+        let fs = open(&config, &open_options, &mut fs_options, &stats)?;
         init();
         log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
-        block_signals();
-        // No fork from here on: credentials may be fetched again on a thread of their own.
-        crate::source::object::start_background_refresh();
-        let fs = build_fs(opened, &fs_options, stats.clone())?;
         let _exporter = export(&stats, labels, exports)?;
         serve(fs, &fsname, &serve_options, watcher, |_| true)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let readiness = match daemon::daemonize(config.log_file.as_deref())? {
+    // The foreground waits for the opening too: within its timeout (credentials, then the
+    // checkpoint's one deadline), then the usual time for the mount to answer.
+    let wait = daemon::READY_TIMEOUT + 2 * open_options.http.timeout;
+    let readiness = match daemon::daemonize(config.log_file.as_deref(), wait)? {
         // The child reported that the mount answers.
         Role::Parent => return Ok(ExitCode::SUCCESS),
         Role::Child(readiness) => readiness,
@@ -81,14 +83,17 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         }
     };
     block_signals();
-    crate::source::object::start_background_refresh();
-    let fs = match build_fs(opened, &fs_options, stats.clone()) {
+    let opened = open(&config, &open_options, &mut fs_options, &stats);
+    // Sources are kept by absolute path; relative ones were opened (and named) as given.
+    daemon::leave_working_directory();
+    let fs = match opened {
         Ok(fs) => fs,
         Err(e) => {
             readiness.failed(&e);
-            return Err(e.into());
+            return Err(e);
         }
     };
+    log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
     // Stopped (and its file removed) when this returns, after the mount is gone.
     let _exporter = match export(&stats, labels, exports) {
         Ok(exporter) => exporter,
@@ -115,6 +120,27 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     }
 }
 
+/// Opens the checkpoint and what serves it: its sources (credentials included), the check that
+/// the mount would hide none of its files, the disk cache (a directory others could write to is
+/// refused in one line), and the filesystem.
+fn open(
+    config: &MountConfig,
+    open_options: &OpenOptions,
+    fs_options: &mut FsOptions,
+    stats: &Arc<Stats>,
+) -> Result<Arc<Fs>, Failure> {
+    let opened = checkpoint::open(&config.source, open_options)?;
+    check_hiding(&config.mountpoint, &opened)?;
+    if let Some(dir) = &config.cache_dir {
+        let disk =
+            DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;
+        if config.no_passthrough {
+            disk.forbid_extents();
+        }
+        fs_options.disk = Some(Arc::new(disk));
+    }
+    Ok(build_fs(opened, fs_options, stats.clone())?)
+}
 /// Checks `--metrics-file` (made absolute: the daemon leaves the working directory) and binds
 /// `--metrics-addr`, before anything is mounted.
 fn metrics_targets(config: &mut crate::cli::options::MountConfig) -> Result<MetricsTargets, Failure> {
@@ -153,13 +179,16 @@ fn watch(config: &MountConfig, init: impl FnOnce()) -> Result<Option<AutoUnmount
         .map_err(|error| ServeError::Thread { purpose: "auto_unmount watcher", error })
 }
 
-/// Checks, before anything is mounted, that `mountpoint` is a directory with nothing mounted on it,
-/// that a mount there would not hide a file of `checkpoint`, and that this user can mount FUSE.
-pub fn check_place(mountpoint: &std::path::Path, checkpoint: &checkpoint::Checkpoint) -> Result<(), Failure> {
-    let at = |e| Failure::at(mountpoint.display(), e);
-    check_mount_point(mountpoint).map_err(at)?;
+/// Checks, before anything is opened or mounted, that `mountpoint` is a directory with nothing
+/// mounted on it and that this user can mount FUSE.
+pub fn check_place(mountpoint: &std::path::Path) -> Result<(), Failure> {
+    check_mount_point(mountpoint).map_err(|e| Failure::at(mountpoint.display(), e))?;
+    check_can_mount().map_err(|e| Failure::at(mountpoint.display(), e))
+}
+
+/// Checks that a mount on `mountpoint` would hide no file of `checkpoint`.
+pub fn check_hiding(mountpoint: &std::path::Path, checkpoint: &checkpoint::Checkpoint) -> Result<(), Failure> {
     // Local shards are named by absolute path; remote ones by URL.
     let files = checkpoint.shards.iter().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
-    check_not_hiding(mountpoint, files).map_err(at)?;
-    check_can_mount().map_err(|e| Failure::at(mountpoint.display(), e))
+    check_not_hiding(mountpoint, files).map_err(|e| Failure::at(mountpoint.display(), e))
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use crate::util::describe_io;
 
-/// How long the parent waits for the child to mount before giving up.
+/// How long the parent waits for the child to mount before giving up, besides the time the child
+/// is given to open the checkpoint (see [`daemonize`]).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// What the child sends when the mount answers.
 const READY: &[u8] = b"ready\n";
@@ -63,7 +64,7 @@ pub enum DaemonError {
     Fork(io::Error),
     /// The child could not point its standard streams away from the terminal.
     Redirect(io::Error),
-    /// The child did not report within [`READY_TIMEOUT`] (it has been sent SIGTERM).
+    /// The child did not report within the time it was given (it has been sent SIGTERM).
     Timeout(Duration),
     /// The parent could not read the child's report.
     Report(io::Error),
@@ -143,11 +144,18 @@ fn close_inherited_descriptors() {
     }
 }
 
-/// Forks. In the parent, waits for the child's report: [`Role::Parent`] once the mount answers, an
-/// error otherwise. In the child, returns its end of the pipe, having closed the descriptors the
+/// Leaves the working directory for `/`, so that the daemon does not keep the caller's directory
+/// busy. The daemon calls it once the checkpoint is open: relative paths of the command line are
+/// opened, and named in messages, as given.
+pub fn leave_working_directory() {
+    let _ = std::env::set_current_dir("/");
+}
+
+/// Forks. In the parent, waits for the child's report, at most `wait`: [`Role::Parent`] once the
+/// mount answers, an error otherwise (the child's own line, or the time that ran out). In the child, returns its end of the pipe, having closed the descriptors the
 /// process inherited ([`note_inherited_descriptors`]). Call before starting any thread (a thread
 /// alive at the fork is reported in the child's log: `N threads alive at fork`).
-pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
+pub fn daemonize(log_file: Option<&Path>, wait: Duration) -> Result<Role, DaemonError> {
     let log = match log_file {
         Some(p) => Some(open_log(p).map_err(|error| DaemonError::LogFile { path: p.to_path_buf(), error })?),
         None => None,
@@ -169,8 +177,6 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
             drop(read_end);
             // SAFETY: setsid has no memory-safety preconditions.
             unsafe { libc::setsid() };
-            // Do not keep the caller's directory busy; every path was made absolute before the fork.
-            let _ = std::env::set_current_dir("/");
             redirect_std_streams(log.as_ref()).map_err(DaemonError::Redirect)?;
             close_inherited_descriptors();
             if let Some(threads) = threads.filter(|n| *n > 1) {
@@ -182,7 +188,7 @@ pub fn daemonize(log_file: Option<&Path>) -> Result<Role, DaemonError> {
         }
         child => {
             drop(write_end);
-            wait_for_child(File::from(read_end), child).map(|()| Role::Parent)
+            wait_for_child(File::from(read_end), child, wait).map(|()| Role::Parent)
         }
     }
 }
@@ -225,9 +231,9 @@ pub fn threads_alive() -> Option<usize> {
     status.lines().find_map(|line| line.strip_prefix("Threads:")).and_then(|n| n.trim().parse().ok())
 }
 
-/// Reads the child's report with a timeout: `Ok` once the mount answers.
-fn wait_for_child(mut pipe: File, child: libc::pid_t) -> Result<(), DaemonError> {
-    let deadline = Instant::now() + READY_TIMEOUT;
+/// Reads the child's report, waiting at most `wait`: `Ok` once the mount answers.
+fn wait_for_child(mut pipe: File, child: libc::pid_t, wait: Duration) -> Result<(), DaemonError> {
+    let deadline = Instant::now() + wait;
     let mut report = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -238,7 +244,7 @@ fn wait_for_child(mut pipe: File, child: libc::pid_t) -> Result<(), DaemonError>
         if n == 0 {
             // SAFETY: child is our own child's pid.
             unsafe { libc::kill(child, libc::SIGTERM) };
-            return Err(DaemonError::Timeout(READY_TIMEOUT));
+            return Err(DaemonError::Timeout(wait));
         }
         match pipe.read(&mut buf) {
             Ok(0) => break,

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use ureq::http::header::{HeaderName, HeaderValue};
 use ureq::http::Uri;
@@ -14,7 +15,9 @@ use super::error::HttpError;
 /// if any; the `Range` and precondition headers are not signed). Errors must hold no secret.
 pub trait RequestAuth: Send + Sync {
     /// The authorization headers for a GET of `uri` sent now. Marked sensitive by the caller.
-    fn headers(&self, uri: &Uri) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError>;
+    /// Returns by `deadline`, the read's own (a wait for new credentials included): the time
+    /// spent here is taken from the read's, not added to it.
+    fn headers(&self, uri: &Uri, deadline: Instant) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError>;
 }
 
 /// A shared [`RequestAuth`], printable without its secrets.

@@ -1,9 +1,10 @@
 //! One ranged GET against a remote object: headers, manual redirects (with the target cached),
 //! classification of failures, and the retry loop around it.
 
+use super::agent::agent_config;
 use super::auth::Authorizer;
 use super::error::{HttpError, Refusal, Stalled, Timeout};
-use super::options::{HttpOptions, ProxySetting};
+use super::options::HttpOptions;
 use super::pin::{header_text, Pin};
 use super::retry::{parse_retry_after, RetryPolicy};
 use super::url::{display_name, is_hub_url, parse_http_url, resolve_location, same_origin};
@@ -126,28 +127,7 @@ impl Remote {
             origin_headers.retain(|(name, _)| *name != AUTHORIZATION);
             origin_headers.push((AUTHORIZATION, value));
         }
-        let proxy = match &options.proxy {
-            ProxySetting::FromEnvironment => ureq::Proxy::try_from_env(),
-            ProxySetting::Direct => None,
-            ProxySetting::Url(url) => Some(
-                ureq::Proxy::new(url.expose())
-                    .map_err(|_| HttpError::BadOption(format!("invalid proxy URL {}", display_name(url.expose()))))?,
-            ),
-        };
-        let roots = match &options.ca_bundle {
-            None => ureq::tls::RootCerts::PlatformVerifier,
-            Some(path) => load_ca_bundle(path)?,
-        };
-        let config = Agent::config_builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .user_agent(concat!("stfs/", env!("CARGO_PKG_VERSION")))
-            .proxy(proxy)
-            .timeout_connect(Some(options.connect_timeout))
-            .timeout_per_read(Some(options.read_timeout))
-            .timeout_per_call(Some(options.request_timeout))
-            .tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build())
-            .build();
+        let config = agent_config(options, None)?;
         Ok(Remote {
             name: name.map_or_else(|| display_name(url), str::to_string),
             uri,
@@ -297,8 +277,7 @@ impl Remote {
         deadline: Instant,
     ) -> Result<(Response<Body>, Uri), Failure> {
         for _hop in 0..=MAX_REDIRECTS {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
+            if Instant::now() >= deadline {
                 return Err(self.timed_out(&uri, Stalled::Answer, (first, last)));
             }
             let mut request = Request::get(uri.clone()).header(RANGE, format!("bytes={first}-{last}"));
@@ -310,7 +289,7 @@ impl Remote {
                     request = request.header(name, value);
                 }
                 if let Some(auth) = &self.auth {
-                    for (name, mut value) in auth.0.headers(&uri).map_err(Failure::permanent)? {
+                    for (name, mut value) in auth.0.headers(&uri, deadline).map_err(Failure::permanent)? {
                         value.set_sensitive(true);
                         request = request.header(name, value);
                     }
@@ -320,7 +299,12 @@ impl Remote {
                 .body(())
                 .map_err(|_| Failure::permanent(HttpError::BadOption("a header could not be encoded".to_string())))?;
             // The whole exchange, body included, ends by the deadline: a server that trickles its
-            // answer a byte at a time is cut off as surely as a silent one.
+            // answer a byte at a time is cut off as surely as a silent one. Measured after the
+            // credentials, whose wait for a refresh is part of the same deadline.
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(self.timed_out(&uri, Stalled::Answer, (first, last)));
+            }
             let request = agent.configure_request(request).timeout_global(Some(remaining)).build();
             Stats::add(&self.stats.http_requests, 1);
             let response = agent.run(request).map_err(|e| self.transport_failure(e, &uri, (first, last)))?;
@@ -424,26 +408,6 @@ impl Remote {
         let detail = format!("reading the response body: {error}");
         Failure::transient(HttpError::Transport { name: self.name.clone(), detail, source: Some(Box::new(error)) })
     }
-}
-
-/// Longest CA bundle read (the system's whole bundle is about 200 KiB).
-const MAX_CA_BUNDLE_BYTES: u64 = 16 << 20;
-
-/// Root certificates from a PEM file (`AWS_CA_BUNDLE`), instead of the platform's.
-fn load_ca_bundle(path: &std::path::Path) -> Result<ureq::tls::RootCerts, HttpError> {
-    let shown = path.display();
-    let pem = crate::source::read_regular(path, MAX_CA_BUNDLE_BYTES)
-        .map_err(|e| HttpError::BadOption(format!("CA bundle {shown}: {}", crate::util::describe_io(&e))))?;
-    let certs: Vec<_> = ureq::tls::parse_pem(&pem)
-        .filter_map(|item| match item {
-            Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),
-            _ => None,
-        })
-        .collect();
-    if certs.is_empty() {
-        return Err(HttpError::BadOption(format!("CA bundle {shown} holds no PEM certificate")));
-    }
-    Ok(ureq::tls::RootCerts::new_with_certs(&certs))
 }
 
 /// Whether an I/O error from a body read is a timeout (ureq wraps its own, or the socket's).

@@ -11,9 +11,11 @@
 //! - `client`: one ranged GET (headers, redirects followed by hand) and the retry loop around it;
 //! - `pin`: the version pin and the header parsing it needs; `retry`: [`RetryPolicy`];
 //! - `url`: validation ([`UrlError`]) and credential-free [`display_name`]s;
+//! - `agent`: every ureq agent's configuration (proxy, roots, timeouts), in one place;
 //! - `options`: [`HttpOptions`]; `error`: [`HttpError`]; `auth`: [`RequestAuth`], per-request
 //!   credentials (object stores' signatures and tokens).
 
+mod agent;
 mod auth;
 mod client;
 mod error;
@@ -28,6 +30,7 @@ pub(crate) mod test_server;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use agent::new_agent;
 pub use auth::{Authorizer, RequestAuth};
 pub use error::{HttpError, Refusal, Stalled, Timeout};
 pub use options::{HttpOptions, ProxySetting, Secret, DEFAULT_TIMEOUT};

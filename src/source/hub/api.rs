@@ -13,7 +13,7 @@ use ureq::{Agent, Body};
 
 use super::error::HubError;
 use super::spec::{encode_path, encode_segment};
-use crate::source::http::{resolve_location, same_origin, HttpOptions, ProxySetting, Secret};
+use crate::source::http::{new_agent, resolve_location, same_origin, HttpOptions, Secret};
 
 /// Largest API answer read: a repository's file list is a few hundred KB even for thousands of files.
 const MAX_API_BYTES: u64 = 32 << 20;
@@ -72,23 +72,9 @@ impl HubClient {
     /// A client of `endpoint` sending `token` as a bearer token, with the proxy, timeouts and extra
     /// headers of `options`.
     pub fn new(endpoint: &str, token: Option<Secret>, options: &HttpOptions) -> Result<HubClient, HubError> {
-        let proxy = match &options.proxy {
-            ProxySetting::FromEnvironment => ureq::Proxy::try_from_env(),
-            ProxySetting::Direct => None,
-            ProxySetting::Url(url) => {
-                Some(ureq::Proxy::new(url.expose()).map_err(|_| HubError::Api("invalid proxy URL".to_string()))?)
-            }
-        };
-        let config = Agent::config_builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .user_agent(concat!("stfs/", env!("CARGO_PKG_VERSION")))
-            .proxy(proxy)
-            .timeout_connect(Some(options.connect_timeout))
-            .timeout_per_read(Some(options.read_timeout))
-            .timeout_global(Some(global_timeout(options)))
-            .tls_config(ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build())
-            .build();
+        // The same proxy, roots and timeouts as the file sources; a whole exchange within
+        // `global_timeout`.
+        let agent = new_agent(options, Some(global_timeout(options))).map_err(|e| HubError::Api(e.to_string()))?;
         let mut headers = Vec::new();
         for (name, value) in &options.headers {
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| HubError::Api("bad header".to_string()))?;
@@ -97,7 +83,6 @@ impl HubClient {
             value.set_sensitive(true);
             headers.push((name, value));
         }
-        let agent = Agent::new_with_config(config);
         Ok(HubClient { endpoint: endpoint.to_string(), token, headers, agent, deadline: options.deadline })
     }
 
@@ -271,6 +256,7 @@ fn transport_detail(error: ureq::Error) -> String {
 mod tests {
     use super::*;
     use crate::source::http::test_server::{Fault, TestServer};
+    use crate::source::http::ProxySetting;
 
     const TOKEN: &str = "hf_TOKENSECRET";
 

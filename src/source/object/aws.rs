@@ -16,7 +16,7 @@ use aws_smithy_runtime_api::client::http::{HttpClient, HttpConnectorSettings, Sh
 use aws_smithy_runtime_api::client::runtime_components::{RuntimeComponents, RuntimeComponentsBuilder};
 use aws_smithy_runtime_api::client::runtime_plugin::RuntimePlugin;
 
-use super::refresh::{block_on, Expiring, Refreshing};
+use super::refresh::{lookup, Expiring, Refreshing};
 use crate::source::http::HttpError;
 
 /// What the AWS chain said at open time, and the credentials it gave (none for unsigned requests).
@@ -40,7 +40,7 @@ impl Expiring for Credentials {
 }
 
 impl AwsSession {
-    /// Runs the chain once (before the daemon forks): region, endpoint and first credentials, all
+    /// Runs the chain once (as the mount opens its sources): region, endpoint and first credentials, all
     /// within `timeout` (`--timeout`), which also bounds each later fetch of credentials.
     pub fn load(
         shown: &str,
@@ -49,7 +49,7 @@ impl AwsSession {
         timeout: Duration,
     ) -> Result<AwsSession, HttpError> {
         let auth_error = |detail: String| HttpError::Auth { name: shown.to_string(), detail };
-        let loaded = block_on(timeout, async {
+        let loaded = lookup(timeout, async {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
             if let Some(client) = deferred_default_client() {
                 loader = loader.http_client(client);
@@ -115,7 +115,7 @@ impl HttpClient for Deferred {
 fn fetch(region: Option<String>) -> super::refresh::Fetch<Credentials> {
     Box::new(move |timeout| {
         let region = region.clone();
-        let fresh = block_on(timeout, async move {
+        let fresh = lookup(timeout, async move {
             let mut chain = DefaultCredentialsChain::builder();
             if let Some(region) = region {
                 chain = chain.region(Region::new(region));

@@ -12,8 +12,8 @@ use ureq::http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use ureq::http::Uri;
 
 use super::names::{encode_path, ObjectName};
-use super::refresh::{block_on, Expiring, Refreshing};
-use crate::source::http::{Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
+use super::refresh::{lookup, Expiring, Refreshing};
+use crate::source::http::{new_agent, Authorizer, HttpError, HttpOptions, HttpSource, Refusal, RequestAuth};
 
 /// The OAuth scope asked for: reading objects only.
 const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_only";
@@ -40,7 +40,7 @@ impl Expiring for Token {
 }
 
 impl GcsAuth {
-    /// Finds the endpoint and, unless anonymous, a first token (before the daemon forks), within
+    /// Finds the endpoint and, unless anonymous, a first token (as the mount opens its sources), within
     /// `timeout` (`--timeout`), which also bounds each later fetch of a token.
     pub fn load(
         shown: &str,
@@ -65,16 +65,17 @@ impl GcsAuth {
         Ok(GcsAuth { endpoint, token, shown: shown.to_string() })
     }
 
-    /// The current token, fetched again shortly before it expires.
-    fn bearer(&self) -> Result<Option<String>, HttpError> {
+    /// The current token, fetched again shortly before it expires; a wait for a new one ends by
+    /// `deadline`.
+    fn bearer(&self, deadline: Instant) -> Result<Option<String>, HttpError> {
         let Some(token) = &self.token else { return Ok(None) };
-        token.get().map(|t| Some(t.value)).map_err(|detail| auth_error(&self.shown, detail))
+        token.get(deadline).map(|t| Some(t.value)).map_err(|detail| auth_error(&self.shown, detail))
     }
 }
 
 impl RequestAuth for GcsAuth {
-    fn headers(&self, _uri: &Uri) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
-        let Some(token) = self.bearer()? else { return Ok(Vec::new()) };
+    fn headers(&self, _uri: &Uri, deadline: Instant) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
+        let Some(token) = self.bearer(deadline)? else { return Ok(Vec::new()) };
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| auth_error(&self.shown, "the token holds invalid characters".to_string()))?;
         Ok(vec![(AUTHORIZATION, value)])
@@ -85,9 +86,9 @@ fn auth_error(shown: &str, detail: String) -> HttpError {
     HttpError::Auth { name: shown.to_string(), detail }
 }
 
-/// One token from Application Default Credentials, within `timeout`, on a runtime made for the fetch.
+/// One token from Application Default Credentials, within `timeout`, on the lookup runtime.
 fn fetch_token(timeout: Duration) -> Result<Token, String> {
-    block_on(timeout, async {
+    lookup(timeout, async {
         let provider = gcp_auth::provider().await.map_err(|e| match e {
             // Each source's own failure, in the order tried (gcp_auth names no file or host).
             gcp_auth::Error::NoAuthMethod(gcloud, metadata, user_file) => format!(
@@ -162,16 +163,16 @@ fn fetch_generation(shown: &str, url: &str, auth: &GcsAuth, http: &HttpOptions) 
     // Within the one time budget of the opening (`--timeout`, or the checkpoint's deadline).
     let now = Instant::now();
     let budget = http.deadline.map_or(http.timeout, |d| d.saturating_duration_since(now).min(http.timeout));
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(http.connect_timeout.min(budget)))
-        .timeout_global(Some(budget))
-        .build();
-    let agent = ureq::Agent::new_with_config(config);
+    // The agent of every other request (proxy, trusted roots, timeouts), the whole exchange
+    // within the budget.
+    let agent = new_agent(http, None)?;
     let mut request = agent.get(url).query("fields", "generation,size");
-    if let Some(token) = auth.bearer()? {
+    if let Some(token) = auth.bearer(now + budget)? {
         request = request.header(AUTHORIZATION, format!("Bearer {token}"));
     }
+    // What the token took is taken from the budget.
+    let budget = (now + budget).saturating_duration_since(Instant::now());
+    let request = request.config().timeout_global(Some(budget)).build();
     let server = ureq::http::Uri::try_from(url).ok().and_then(|u| u.authority().map(|a| a.to_string()));
     let server = server.unwrap_or_else(|| "the server".to_string());
     let transport = |e: ureq::Error| {

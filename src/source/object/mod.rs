@@ -9,8 +9,8 @@
 //! - `refresh`: expiring credentials fetched again off the read path, one fetch at a time, each
 //!   bounded by `--timeout`.
 //!
-//! Credentials are fetched on a current-thread tokio runtime made for that fetch and shut down
-//! after it, its threads joined (nothing async crosses the daemon's fork or sits on the read path).
+//! Credentials are fetched on one tokio runtime, off the read path; the mount opens its sources
+//! after its fork, so nothing async crosses it.
 
 mod aws;
 mod gcs;
@@ -19,7 +19,6 @@ mod refresh;
 mod s3;
 
 pub use names::{ObjectName, Store};
-pub use refresh::start_background_refresh;
 
 use std::sync::{Arc, OnceLock};
 

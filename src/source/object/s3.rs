@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{
@@ -100,11 +100,11 @@ struct SigV4 {
 }
 
 impl RequestAuth for SigV4 {
-    fn headers(&self, uri: &Uri) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
+    fn headers(&self, uri: &Uri, deadline: Instant) -> Result<Vec<(HeaderName, HeaderValue)>, HttpError> {
         let auth_error = |detail: String| HttpError::Auth { name: self.shown.clone(), detail };
         let cache: &CredentialCache =
             self.session.credentials.as_ref().ok_or_else(|| auth_error("no credentials".into()))?;
-        let credentials = cache.get().map_err(auth_error)?;
+        let credentials = cache.get(deadline).map_err(auth_error)?;
         sign_get(uri, &credentials, &self.region, SystemTime::now()).map_err(auth_error)
     }
 }
