@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import weakref
 
@@ -229,7 +230,7 @@ def test_cuda_without_a_gpu_is_one_clear_error(every_dtype, tmp_path, request):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", STFS_REQUIRE_GPU="0")
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
                              cwd=request.config.rootpath, env=env, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0 and " 1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+        assert out.returncode == 0 and re.search(r"^1 passed", out.stdout, re.M), out.stdout[-3000:] + out.stderr[-2000:]
         return
     before = mounted_paths()
     for device in ("cuda", "cuda:0", torch.device("cuda", 1)):
