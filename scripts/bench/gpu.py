@@ -341,6 +341,8 @@ def main():
         print("building slowfs (cargo build --release --example slowfs)", flush=True)
         subprocess.run(["cargo", "build", "--release", "--example", "slowfs"], cwd=REPO, check=True, timeout=STEP_TIMEOUT_S)
 
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
     outputs = [p for p in (args.json, args.out_dir and os.path.join(args.out_dir, "gpu-bench.json")) if p]
     summary, partial = {}, {}
 
