@@ -5,7 +5,7 @@ Loaders, each in a fresh process whose torch and CUDA context are up before the 
 is the load itself, ending once every tensor is on the device: torch.cuda.synchronize):
 
   stfs          stfs.load(CKPT, framework="torch", device=DEV): mounts CKPT (the mount is timed),
-                reads each tensor file into pinned memory and copies it without blocking
+                reads each tensor file in pieces through a ring of pinned buffers, copied without blocking
   safetensors   safetensors.torch.load_file(CKPT, device=DEV)
   cpu-then-to   safetensors.torch.load_file(CKPT) on the CPU, then .to(DEV) tensor by tensor
   runai         Run:ai Model Streamer: SafetensorsStreamer().stream_file(CKPT, device=DEV)
