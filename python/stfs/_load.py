@@ -343,7 +343,7 @@ class StagingRing:
         self._recorded = [False] * slots  # whether the slot's event stands behind copies not yet waited for
         self._slot = -1  # the buffer being filled; -1 before the first
         self._fill = 0  # bytes of it handed out since it was last refilled
-        self.allocated_bytes = 0  # host memory the ring holds (at most `bound`)
+        self.allocated_bytes = 0  # host memory the ring allocated over its life (at most `bound`)
         self.waits = 0  # times a buffer was waited for before its reuse
 
     @property
