@@ -1,14 +1,29 @@
 """scripts/bench/gpu.py's summary, judged without a GPU: a missed target or a missing row makes the
 run fail with a line naming it, a partial row says so instead of showing figures, and slowfs's limit
 is labelled per open file. Pure functions of the runs: no torch, no mount."""
+import importlib.util
 import os
 import sys
 import types
 
 from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "scripts", "bench"))
-import gpu  # noqa: E402
+
+def _import_gpu():
+    """scripts/bench/gpu.py as a module, with sys.path left as it was: gpu.py puts scripts/bench first
+    on it, where profile.py would shadow the standard library's (cProfile, which transformers imports,
+    then breaks for every later test of the session)."""
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("stfs_bench_gpu", os.path.join(ROOT, "scripts", "bench", "gpu.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path[:] = saved
+
+
+gpu = _import_gpu()
 
 SIZE = 1 << 30
 
