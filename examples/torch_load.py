@@ -4,9 +4,9 @@
     usage: examples/torch_load.py MOUNTPOINT [--device auto|cpu|cuda|cuda:N|mps] [TENSOR...]
 
 `stfs.load(MOUNTPOINT, framework="torch", device=D)` takes dtype and shape from the mount's
-metadata.json, creates every tensor on the CPU explicitly (`device="cpu"`: a private mapping of its
-file, or for CUDA a read into pinned memory) and moves it only to the device asked for (`auto`: CUDA if
-available, else MPS if available, else the CPU). The script checks each tensor landed there and holds
+metadata.json, creates every tensor explicitly where it goes (on the CPU a private mapping of its file;
+for CUDA allocated on the device and filled through a small ring of pinned buffers) and places it only
+on the device asked for (`auto`: CUDA if available, else MPS if available, else the CPU). The script checks each tensor landed there and holds
 exactly its file's bytes. Code that relies on an implicit default device (`torch.set_default_device`, a
 device picked up from the environment) ends up with tensors in the wrong place, silently; this does not.
 

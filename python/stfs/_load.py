@@ -34,9 +34,11 @@ TORCH_DTYPES = {
 F4 = "F4"  # two per byte, the first element in the low nibble (torch's float4_e2m1fn_x2)
 F6 = ("F6_E2M3", "F6_E3M2")  # four per three bytes; no NumPy or torch type holds them packed
 
-#: With a CUDA device, host copies in flight are waited for once they add up to this many bytes, so
-#: pinned memory stays bounded instead of growing to the size of the model.
-PINNED_IN_FLIGHT = 256 << 20
+#: With a CUDA device, tensors are staged through a ring of this many pinned host buffers of (at most)
+#: PINNED_SLOT_BYTES each, reused across tensors: the pinned host memory of a load is bounded by
+#: PINNED_SLOTS * PINNED_SLOT_BYTES (128 MiB), whatever the size of the model or of its largest tensor.
+PINNED_SLOTS = 4
+PINNED_SLOT_BYTES = 32 << 20
 
 
 class Entry(NamedTuple):
@@ -265,6 +267,179 @@ def _read_into(path: str, tensor) -> None:
             done += got
 
 
+def _read_full(f, view) -> int:
+    """Fills `view` (a writable byte memoryview) from the file object `f`'s position, in as many reads
+    as it takes; returns how many bytes it got (fewer only at the end of the file)."""
+    done, n = 0, len(view)
+    while done < n:
+        got = f.readinto(view[done:])
+        if not got:
+            break
+        done += got
+    return done
+
+
+class StagingRing:
+    """A fixed ring of `slots` host buffers of `slot_bytes` each, through which files are copied to a
+    device: a file is read in pieces into the buffers, each piece copied out without blocking, and a
+    buffer is refilled only after the event recorded behind its copies has completed.
+
+    Pure of CUDA, so that it is tested on the CPU: `alloc(nbytes)` gives one buffer (a 1-D uint8
+    tensor: pinned host memory for CUDA, plain memory in a test), `new_event()` an object with
+    ``record()`` (on the stream the copies go to) and ``synchronize()`` (waits until every copy queued
+    before that record is done). Buffers are made when first used and never more than `slots` of
+    them, so the host memory a load holds is at most ``bound == slots * slot_bytes``, however many
+    and however large the tensors are. Small pieces share a buffer (packed one after another); a
+    buffer's event is recorded when the ring moves on to the next buffer, and `finish` records the
+    last, waits for every event and drops the buffers."""
+
+    def __init__(self, slots: int, slot_bytes: int, alloc, new_event):
+        if slots < 2 or slot_bytes < 1:
+            raise ValueError(f"StagingRing: needs at least 2 slots of at least 1 byte, not {slots} x {slot_bytes}")
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self._alloc, self._new_event = alloc, new_event
+        self._buffers: List[Any] = []
+        self._events: List[Any] = []
+        self._recorded = [False] * slots  # whether the slot's event stands behind copies not yet waited for
+        self._slot = -1  # the buffer being filled; -1 before the first
+        self._fill = 0  # bytes of it handed out since it was last refilled
+        self.allocated_bytes = 0  # host memory the ring allocated over its life (at most `bound`)
+        self.waits = 0  # times a buffer was waited for before its reuse
+
+    @property
+    def bound(self) -> int:
+        """The most host memory the ring ever holds: a pure function of its size."""
+        return self.slots * self.slot_bytes
+
+    def take(self, want: int):
+        """A buffer piece of min(`want`, slot_bytes) bytes, free to fill: the rest of the current
+        buffer if that much is left in it, else the next buffer of the ring, once the copies out of
+        it queued on its last use are done."""
+        n = min(want, self.slot_bytes)
+        if n <= 0:
+            raise ValueError(f"StagingRing.take: {want} bytes")
+        if self._slot < 0 or self._fill + n > self.slot_bytes:
+            self._advance()
+        start = self._fill
+        self._fill += n
+        return self._buffers[self._slot][start:start + n]
+
+    def _advance(self) -> None:
+        self._close()
+        self._slot = (self._slot + 1) % self.slots
+        self._fill = 0
+        if self._slot == len(self._buffers):
+            self._buffers.append(self._alloc(self.slot_bytes))
+            self._events.append(self._new_event())
+            self.allocated_bytes += self.slot_bytes
+        elif self._recorded[self._slot]:
+            self._events[self._slot].synchronize()  # its copies are done: the buffer may be refilled
+            self._recorded[self._slot] = False
+            self.waits += 1
+
+    def _close(self) -> None:
+        """Records the current buffer's event behind the copies queued out of it."""
+        if self._slot >= 0 and self._fill and not self._recorded[self._slot]:
+            self._events[self._slot].record()
+            self._recorded[self._slot] = True
+
+    def finish(self) -> None:
+        """Waits for every copy out of the ring, then drops its buffers."""
+        try:
+            self._close()
+            for i, event in enumerate(self._events):
+                if self._recorded[i]:
+                    event.synchronize()
+                    self._recorded[i] = False
+        finally:
+            self._buffers.clear()
+            self._events.clear()
+            self._slot, self._fill = -1, 0
+
+
+def _stage_file(path: str, dst, ring: StagingRing, copy) -> None:
+    """Copies the file at `path` into `dst` (a contiguous 1-D uint8 tensor of exactly its size, on
+    any device) through `ring`: read a piece into a ring buffer, `copy(dst_piece, buffer_piece)`
+    (a non-blocking copy_), and on to the next piece while that copy is in flight."""
+    n = dst.numel()
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < n:
+            piece = ring.take(n - done)
+            got = _read_full(f, memoryview((ctypes.c_ubyte * piece.numel()).from_address(piece.data_ptr())).cast("B"))
+            if got != piece.numel():
+                raise StfsError(f"stfs: {path}: ended after {done + got} of {n} bytes")
+            copy(dst[done:done + got], piece)
+            done += got
+
+
+def _load_staged(torch, items: List[Entry], target, ring: StagingRing, copy, raw: List[str]) -> Dict[str, Any]:
+    """Every tensor of `items` on `target`, each allocated there as bytes, filled through `ring` by
+    `copy`, and viewed as its dtype and shape. The caller finishes the ring (waits for the copies)."""
+    out: Dict[str, Any] = {}
+    for e in items:
+        dtype, shape = _torch_type(torch, e, raw)
+        count = math.prod(shape)
+        _check_size(e, count, dtype.itemsize)
+        if count == 0:
+            out[e.name] = torch.empty(shape, dtype=dtype, device=target)
+            continue
+        dst = torch.empty(e.byte_len, dtype=torch.uint8, device=target)
+        _stage_file(e.path, dst, ring, copy)
+        out[e.name] = dst.view(dtype).reshape(shape)
+    return out
+
+
+def _slot_bytes(items: List[Entry]) -> int:
+    """PINNED_SLOT_BYTES, or less for a checkpoint smaller than one slot (the smallest power of two
+    that holds it: torch's pinned allocator rounds up to one anyway)."""
+    total = sum(e.byte_len for e in items)
+    return max(1, min(PINNED_SLOT_BYTES, 1 << max(0, total - 1).bit_length()))
+
+
+def _empty_host_cache(torch) -> None:
+    """Hands torch's cached pinned blocks back to the driver (where this torch can), so the ring's
+    pinned memory is freed at the end of the load, not kept for the life of the process."""
+    for owner, name in ((getattr(torch.cuda, "memory", None), "empty_host_cache"), (torch._C, "_host_emptyCache")):
+        fn = getattr(owner, name, None)
+        if callable(fn):
+            fn()
+            return
+
+
+def _load_cuda(torch, items: List[Entry], target, raw: List[str]) -> Dict[str, Any]:
+    """The CUDA path: everything under torch.cuda.device(target), so no other GPU gets a context
+    (device="cuda:1" makes none on GPU 0); a StagingRing of pinned buffers with one CUDA event each,
+    recorded on the target's current stream, instead of a device-wide synchronize."""
+    with torch.cuda.device(target):
+        stream = torch.cuda.current_stream(target)
+
+        class _Event:
+            def __init__(self):
+                self.event = torch.cuda.Event()
+
+            def record(self):
+                self.event.record(stream)
+
+            def synchronize(self):
+                self.event.synchronize()
+
+        def alloc(nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=True)
+
+        def copy(dst, src):
+            dst.copy_(src, non_blocking=True)
+
+        ring = StagingRing(PINNED_SLOTS, _slot_bytes(items), alloc, _Event)
+        try:
+            out = _load_staged(torch, items, target, ring, copy, raw)
+        finally:
+            ring.finish()  # every copy has landed before load returns (or raises)
+            del ring
+            _empty_host_cache(torch)
+    return out
+
+
 def _check_cuda(torch, target, device) -> None:
     """One clear error (StfsError, a RuntimeError), before anything is read, when the CUDA device asked
     for is not there (torch's own, from the first pinned allocation, names neither stfs.load nor the
@@ -302,11 +477,14 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     import torch
 
     target = _torch_device(device)
-    cuda = target.type == "cuda"
-    out: Dict[str, Any] = {}
     raw: List[str] = []
-    in_flight: List[Any] = []
-    in_flight_bytes = 0
+    if target.type == "cuda":
+        if target.index is None:  # "cuda": the current device, named, so the guard and the tensors agree
+            target = torch.device("cuda", torch.cuda.current_device())
+        out = _load_cuda(torch, items, target, raw)
+        _warn_raw(raw, "torch")
+        return out
+    out: Dict[str, Any] = {}
     if target.type == "cpu":  # moved anywhere else, each mapping is gone once its tensor is copied
         _check_mappings(sum(1 for e in items if e.byte_len), "torch.from_file")
     for e in items:
@@ -317,24 +495,10 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
         # default-device context) cannot place it; then it goes exactly where it was asked to.
         if count == 0:
             t = torch.empty(shape, dtype=dtype, device="cpu")
-            out[e.name] = t if target.type == "cpu" else t.to(target)
-        elif cuda:
-            # Read straight into pinned host memory, then copy without blocking: the next tensor's
-            # read overlaps this one's transfer.
-            host = torch.empty(e.byte_len, dtype=torch.uint8, device="cpu", pin_memory=True)
-            _read_into(e.path, host)
-            out[e.name] = host.view(dtype).reshape(shape).to(target, non_blocking=True)
-            in_flight.append(host)
-            in_flight_bytes += e.byte_len
-            if in_flight_bytes >= PINNED_IN_FLIGHT:
-                torch.cuda.synchronize(target)
-                in_flight, in_flight_bytes = [], 0
         else:
             # A private mapping of the file: pages are read through the mount when first touched.
             t = torch.from_file(_utf8_path(e.path), shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
-            out[e.name] = t if target.type == "cpu" else t.to(target)
-    if cuda:
-        torch.cuda.synchronize(target)  # every copy has landed before load returns
+        out[e.name] = t if target.type == "cpu" else t.to(target)
     _warn_raw(raw, "torch")
     return out
 
@@ -359,8 +523,11 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
 
     framework="torch": each tensor is created on the CPU explicitly (``device="cpu"``; a
     torch.set_default_device in force changes nothing), as a private mapping of its file
-    (torch.from_file), and moved only to `device`. For a CUDA device it is read into pinned memory and
-    copied with non_blocking=True; load synchronizes before returning. F4 is float4_e2m1fn_x2 (pairs
+    (torch.from_file), and moved only to `device`. For a CUDA device each tensor is allocated there and
+    filled through a ring of PINNED_SLOTS pinned host buffers of PINNED_SLOT_BYTES (128 MiB of pinned
+    memory at most, freed at the end), read in pieces and copied with non_blocking=True, one CUDA
+    event per buffer; all of it under torch.cuda.device(device), so no other GPU gets a context, and
+    every copy has landed when load returns. F4 is float4_e2m1fn_x2 (pairs
     along the last dimension) where torch has it; dtypes this torch lacks raise TypeError.
 
     Lifetime, when load mounts `path` itself: the mount is detached lazily (``stfs umount --lazy``)

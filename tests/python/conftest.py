@@ -56,13 +56,40 @@ def wait_port(port, what, timeout=5):
 
 def tool_missing(tool, install):
     """Skips a test whose tool is not installed; under CI=true (where the test command installs every
-    tool) fails it instead, so a missing tool never passes as a skip."""
-    if os.environ.get("CI") in ("true", "1"):
-        pytest.fail(f"{tool} is not installed, and CI=true: the test command must install it ({install})")
+    tool) or STFS_REQUIRE_GPU=1 (scripts/test-gpu) fails it instead, so a missing tool never passes as
+    a skip."""
+    if os.environ.get("CI") in ("true", "1") or os.environ.get("STFS_REQUIRE_GPU") == "1":
+        pytest.fail(f"{tool} is not installed, and CI=true or STFS_REQUIRE_GPU=1: the test command must install it ({install})")
     pytest.skip(f"{tool} is not installed ({install})")
 
 
-@pytest.fixture
-def stfs_bin():
-    assert os.path.exists(STFS), f"build stfs first: {STFS}"
-    return STFS
+def allowed_skips():
+    """The tests STFS_ALLOWED_SKIPS names (comma-separated test function names, parameters left off):
+    the only ones that may skip under no_skip()."""
+    return {name.strip() for name in os.environ.get("STFS_ALLOWED_SKIPS", "").split(",") if name.strip()}
+
+
+def no_skip():
+    """Whether a skip fails the test: under STFS_REQUIRE_GPU=1 (scripts/test-gpu on a GPU machine) or
+    STFS_NO_SKIP=1 (its rehearsal without one)."""
+    return os.environ.get("STFS_REQUIRE_GPU") == "1" or os.environ.get("STFS_NO_SKIP") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under no_skip() a skip is a failure, whatever raised it (a skip marker, pytest.importorskip, a
+    helper), unless the test is named in STFS_ALLOWED_SKIPS, or (STFS_ALLOW_NO_CUDA_SKIPS=1: the
+    rehearsal on a machine without a GPU) it skipped for want of a CUDA device: every test selected
+    must run."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (no_skip() and report.skipped and not hasattr(report, "wasxfail")):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if item.originalname in allowed_skips():
+        return
+    if os.environ.get("STFS_ALLOW_NO_CUDA_SKIPS") == "1" and reason.startswith("Skipped: no CUDA device"):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{reason}: a skip, and under STFS_REQUIRE_GPU=1 or STFS_NO_SKIP=1 only these tests may "
+                       f"skip: {', '.join(sorted(allowed_skips())) or 'none'} (STFS_ALLOWED_SKIPS)")

@@ -98,7 +98,10 @@ def test_numpy_example_refuses_unknown_tensor(sample_mount):
 
 
 def test_torch_example(sample_mount, reference):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed; examples/torch_load.py not run")
+    try:
+        import torch
+    except ImportError:
+        tool_missing("torch", "pip install -r tests/python/requirements-torch.txt; examples/torch_load.py not run")
     out = run(["python3", os.path.join(EXAMPLES, "torch_load.py"), sample_mount, "--device", "cpu"])
     sums = sums_by_tensor(out)
     assert sorted(sums) == sorted(reference), out

@@ -953,6 +953,8 @@ def import_torch():
         import torch
     except ImportError:
         requirements = Path(ROOT, "tests", "python", "requirements.txt").read_text()
+        if os.environ.get("STFS_REQUIRE_GPU") == "1":
+            pytest.fail("torch cannot be imported, and STFS_REQUIRE_GPU=1 (scripts/test-gpu) needs it")
         if os.environ.get("CI") == "true" and any(line.split("=")[0].split(">")[0].strip() == "torch" for line in requirements.splitlines()):
             pytest.fail("torch is in tests/python/requirements.txt but cannot be imported")
         pytest.skip("PyTorch is not installed: stfs.load(framework='torch') is not tested (pip install torch to run it)")
