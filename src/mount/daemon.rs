@@ -227,7 +227,11 @@ fn open_log(path: &Path) -> io::Result<File> {
 
 /// How many threads this process has (`Threads:` of `/proc/self/status`), if it can tell.
 pub fn threads_alive() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    threads_in_status(&std::fs::read_to_string("/proc/self/status").ok()?)
+}
+
+/// The `Threads:` count of a `/proc/PID/status` text.
+fn threads_in_status(status: &str) -> Option<usize> {
     status.lines().find_map(|line| line.strip_prefix("Threads:")).and_then(|n| n.trim().parse().ok())
 }
 
@@ -322,12 +326,24 @@ mod tests {
 
     #[test]
     fn threads_are_counted() {
-        let before = crate::mount::daemon::threads_alive().unwrap();
+        use super::threads_in_status;
+        assert_eq!(threads_in_status("Name:\tstfs\nThreads:\t7\nSigQ:\t0/1\n"), Some(7));
+        assert_eq!(threads_in_status("Name:\tstfs\n"), None);
+        // Three threads parked until told: this one and they are alive, whatever other tests run.
         let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || rx.recv());
-        assert!(crate::mount::daemon::threads_alive().unwrap() > before.min(1));
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let parked: Vec<_> = (0..3)
+            .map(|_| {
+                let rx = rx.clone();
+                std::thread::spawn(move || rx.lock().unwrap().recv())
+            })
+            .collect();
+        let counted = crate::mount::daemon::threads_alive().unwrap();
         drop(tx);
-        let _ = thread.join();
+        for thread in parked {
+            let _ = thread.join();
+        }
+        assert!(counted >= 4, "{counted} threads counted with 4 alive");
     }
 
     #[test]
