@@ -353,13 +353,9 @@ impl Filesystem for FuseAdapter {
                     stats.spliced_read_bytes.fetch_sub(data.len() as u64, Relaxed);
                 }
                 match outcome {
-                    splice::Spliced::Sent => {
-                        // fuser 0.18 cannot be told a reply went out another way: dropping it
-                        // would send a second one (EIO). Forgetting it skips that, and leaks one
-                        // count of the session's shared descriptor (no memory).
-                        std::mem::forget(reply);
-                        return;
-                    }
+                    // Answered on the device already: nothing more goes out for this request
+                    // (vendor/fuser's one patch).
+                    splice::Spliced::Sent => return reply.sent_elsewhere(),
                     splice::Spliced::Failed(e) => {
                         warn!("read of inode {} at {offset}: the backing file: {e}", ino.0);
                         Stats::add(&stats.read_errors, 1);
