@@ -75,7 +75,7 @@ fn the_daemon_raises_its_descriptor_limit_to_its_budget_and_its_watcher_keeps_th
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct we pass.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
-    let (soft, hard) = (512u64, limit.rlim_max as u64);
+    let (soft, hard) = (512u64, limit.rlim_max);
     assert!(hard > DESCRIPTORS_NEEDED, "a hard limit of {hard} leaves nothing to test");
     let mut command = std::process::Command::new(STFS);
     command.args(["mount", file.to_str().unwrap(), mp.to_str().unwrap(), "--auto-unmount"]);
@@ -86,7 +86,7 @@ fn the_daemon_raises_its_descriptor_limit_to_its_budget_and_its_watcher_keeps_th
     // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
     unsafe {
         command.pre_exec(move || {
-            let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+            let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
             match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
                 0 => Ok(()),
                 _ => Err(std::io::Error::last_os_error()),

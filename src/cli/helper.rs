@@ -181,16 +181,18 @@ pub fn run(call: HelperCall) -> Result<ExitCode, Failure> {
         println!("{HELPER_USAGE}");
         return Ok(ExitCode::SUCCESS);
     }
-    let args = crate::cli::with_env_options(MountArgs {
+    let args = MountArgs {
         source: call.source.clone(),
         mountpoint: call.mountpoint.clone(),
         options: vec![call.options.join(",")],
         ..Default::default()
-    })?;
+    };
+    let args = option_list::with_env_lists(args, std::env::vars_os())
+        .map_err(crate::cli::options::ConfigError::EnvOptionsNotUtf8)?;
     if call.verbose {
         // Header values and URL secrets starred, as `ps` shows them once the mount has started.
         let options = call.options.join(",");
-        let secrets = crate::cli::scrub::Secrets::of_helper(&call);
+        let secrets = crate::cli::scrub::Secrets::of_source_and_options(&call.source, &call.options);
         let shown = crate::cli::scrub::starred(&[&call.source, "-o", &options], &secrets);
         eprintln!("stfs: mounting {} on {} (-o {})", shown[0], call.mountpoint.display(), shown[2]);
     }
@@ -293,5 +295,22 @@ mod tests {
         assert!(!is_helper_call(&os(&["stfs", "--help", "/"]), &subs));
         assert!(!is_helper_call(&os(&["stfs", "/no/such/stfs/path", "/mnt"]), &subs));
         assert!(!is_helper_call(&os(&["stfs", "/"]), &subs));
+    }
+
+    #[test]
+    fn the_helper_call_and_its_starred_echo_hide_secrets() {
+        use std::ffi::OsString;
+        for form in [vec!["-o", r"ro,header=X-K: v\,1"], vec![r"-oro,header=X-K: v\,1"]] {
+            let mut argv: Vec<OsString> = ["https://h/m?sig=q1", "/mnt/m"].map(OsString::from).to_vec();
+            argv.extend(form.iter().map(OsString::from));
+            let call = parse(&argv).unwrap();
+            let secrets = crate::cli::scrub::Secrets::of_source_and_options(&call.source, &call.options);
+            let block: Vec<String> = argv.iter().map(|a| a.to_str().unwrap().to_string()).collect();
+            let (text, found) = crate::cli::scrub::tests::scrubbed(&block, &secrets);
+            assert!(!text.contains(r"v\,1") && !text.contains("sig=q1"), "{text}");
+            assert_eq!(found, crate::cli::scrub::Scrubbed { header: true, url: true });
+            let shown = crate::cli::scrub::starred(&[&call.source, "-o", &call.options.join(",")], &secrets);
+            assert_eq!(shown, ["https://h/m?******", "-o", "ro,header=X-K: ****"]);
+        }
     }
 }

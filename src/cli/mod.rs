@@ -37,7 +37,9 @@ pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, 
 /// Runs the parsed command line; errors are printed as one line prefixed with `stfs: `.
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Mount(args) => with_env_options(args).and_then(mount::run),
+        Command::Mount(args) => option_list::with_env_lists(args, std::env::vars_os())
+            .map_err(|name| Failure::from(ConfigError::EnvOptionsNotUtf8(name)))
+            .and_then(mount::run),
         Command::Umount(args) => umount::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Stats(args) => stats::run(args),
@@ -60,7 +62,7 @@ pub fn run_args(args: Vec<OsString>) -> ExitCode {
     if helper::is_helper_call(&args, &names) {
         let call = helper::parse(args.get(1..).unwrap_or_default()).map_err(Failure::usage);
         if let Ok(call) = &call {
-            hide_secrets(&scrub::Secrets::of_helper(call));
+            hide_secrets(&scrub::Secrets::of_source_and_options(&call.source, &call.options));
         }
         return report::finish_helper(call.and_then(helper::run));
     }
@@ -73,14 +75,6 @@ pub fn run_args(args: Vec<OsString>) -> ExitCode {
         Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => report::finish(Err(not_utf8(&args))),
         Err(e) => e.exit(),
     }
-}
-
-/// `args` with the `-o` lists of the `STFS_OPTIONS_*` variables before its own.
-pub(crate) fn with_env_options(mut args: MountArgs) -> Result<MountArgs, Failure> {
-    let mut lists = option_list::lists_from_env(std::env::vars_os()).map_err(Failure::usage)?;
-    lists.append(&mut args.options);
-    args.options = lists;
-    Ok(args)
 }
 
 /// Clears `secrets` from what other users see of this process's command line (the background daemon

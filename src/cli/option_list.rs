@@ -4,13 +4,15 @@
 
 use std::ops::Range;
 
+use super::args::MountArgs;
+
 /// Every environment variable whose name starts with this holds one `-o` list for `stfs mount`,
 /// taken before the command line's: how a caller (the Python package) passes options that may hold
 /// a header value without any command line, which every user can read, ever showing them.
 pub const ENV_PREFIX: &str = "STFS_OPTIONS_";
 
-/// The `-o` lists of the `STFS_OPTIONS_*` variables of `vars` (the environment), in name order; a
-/// value that is not UTF-8 is named by its variable.
+/// The `-o` lists of the `STFS_OPTIONS_*` variables of `vars` (the environment), in name order; the
+/// error is the name of a variable whose value is not UTF-8.
 pub fn lists_from_env(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 ) -> Result<Vec<String>, String> {
@@ -18,7 +20,7 @@ pub fn lists_from_env(
         .filter_map(|(name, value)| name.into_string().ok().filter(|n| n.starts_with(ENV_PREFIX)).map(|n| (n, value)))
         .collect();
     found.sort();
-    found.into_iter().map(|(name, value)| value.into_string().map_err(|_| format!("{name}: not UTF-8"))).collect()
+    found.into_iter().map(|(name, value)| value.into_string().map_err(|_| name)).collect()
 }
 
 /// Where each option of `list` lies (empty ones included), its escapes still in it: the list is cut
@@ -51,6 +53,19 @@ pub fn raw_items(list: &str) -> impl Iterator<Item = &str> {
 /// The options of `list` with `\,` and `\\` resolved (empty ones left out).
 pub fn items(list: &str) -> impl Iterator<Item = String> + '_ {
     raw_items(list).map(unescape)
+}
+
+/// `args` with the `-o` lists of the `STFS_OPTIONS_*` variables of `vars` (the environment) before
+/// its own, so that a flag on the command line or a later `-o` option wins over them; the error is
+/// the name of a variable whose value is not UTF-8.
+pub fn with_env_lists(
+    mut args: MountArgs,
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<MountArgs, String> {
+    let mut lists = lists_from_env(vars)?;
+    lists.append(&mut args.options);
+    args.options = lists;
+    Ok(args)
 }
 
 /// An option with `\,` made `,` and `\\` made `\`.
@@ -96,6 +111,6 @@ mod tests {
         assert_eq!(lists, [r"header=X-K: a\,b", "npy"]);
         use std::os::unix::ffi::OsStringExt;
         let bad = [("STFS_OPTIONS_X".into(), std::ffi::OsString::from_vec(vec![0xff]))];
-        assert_eq!(lists_from_env(bad.into_iter()).unwrap_err(), "STFS_OPTIONS_X: not UTF-8");
+        assert_eq!(lists_from_env(bad.into_iter()).unwrap_err(), "STFS_OPTIONS_X");
     }
 }

@@ -115,6 +115,8 @@ pub enum ConfigError {
         /// Two blocks.
         least: u64,
     },
+    /// An `STFS_OPTIONS_*` variable that is not UTF-8: its name.
+    EnvOptionsNotUtf8(String),
     /// A view dtype other than `f32`.
     ViewDtype(String),
     /// A layout other than `flat` or `tree`.
@@ -170,6 +172,7 @@ impl fmt::Display for ConfigError {
                 let (size, least) = (format_size(*size), format_size(*least));
                 write!(f, "cache size {size} must hold at least two blocks ({least})")
             }
+            ConfigError::EnvOptionsNotUtf8(name) => write!(f, "{name}: not UTF-8"),
             ConfigError::ViewDtype(d) => write!(f, "unsupported view dtype `{d}` (only `f32`)"),
             ConfigError::Layout(l) => write!(f, "unknown layout `{l}` (use `flat` or `tree`)"),
             ConfigError::Header(e) => write!(f, "--header: {e}"),

@@ -25,7 +25,7 @@ const NOT_RAISED: u64 = u64::MAX;
 /// The soft limit to raise `soft` to under the hard limit `hard` so that [`DESCRIPTORS_NEEDED`]
 /// fit, or `None` to leave it: never lowered, never past `hard`.
 pub fn raised_soft_limit(soft: u64, hard: u64) -> Option<u64> {
-    let infinite = libc::RLIM_INFINITY as u64;
+    let infinite = libc::RLIM_INFINITY;
     let want = DESCRIPTORS_NEEDED.min(hard);
     (soft != infinite && soft < want).then_some(want)
 }
@@ -38,17 +38,17 @@ pub fn raised_soft_limit(soft: u64, hard: u64) -> Option<u64> {
 /// headroom, so it is only logged.
 pub fn raise_open_files_limit() -> u64 {
     let Some(mut limit) = get_limit() else { return 0 };
-    let Some(raised) = raised_soft_limit(limit.rlim_cur as u64, limit.rlim_max as u64) else {
-        return limit.rlim_cur as u64;
+    let Some(raised) = raised_soft_limit(limit.rlim_cur, limit.rlim_max) else {
+        return limit.rlim_cur;
     };
     let before = limit.rlim_cur;
-    limit.rlim_cur = raised as libc::rlim_t;
+    limit.rlim_cur = raised;
     // SAFETY: setrlimit reads the struct we pass; a soft limit up to the hard one is always allowed.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
         log::debug!("setrlimit(RLIMIT_NOFILE, {raised}): {}", std::io::Error::last_os_error());
-        return before as u64;
+        return before;
     }
-    ORIGINAL_SOFT.store(before as u64, Relaxed);
+    ORIGINAL_SOFT.store(before, Relaxed);
     log::debug!("open files limit raised from {before} to {raised}");
     raised
 }
@@ -66,7 +66,7 @@ pub fn restore_for_child() {
     // always allowed.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = original as libc::rlim_t;
+            limit.rlim_cur = original;
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
@@ -112,7 +112,7 @@ mod tests {
     /// which reads a daemon's and its watcher's limits, so no other test here sees it change.
     #[test]
     fn the_soft_limit_is_raised_to_the_budget_only() {
-        let infinite = libc::RLIM_INFINITY as u64;
+        let infinite = libc::RLIM_INFINITY;
         assert_eq!(raised_soft_limit(1024, 1 << 30), Some(DESCRIPTORS_NEEDED));
         assert_eq!(raised_soft_limit(1024, infinite), Some(DESCRIPTORS_NEEDED));
         assert_eq!(raised_soft_limit(256, 2000), Some(2000), "never past the hard limit");
