@@ -49,9 +49,10 @@ fn main() -> std::io::Result<()> {
     let mut stfs = stfs::cli::Cli::command().disable_help_subcommand(true);
     // Building propagates the version and global settings to the subcommands.
     stfs.build();
-    let subcommands: Vec<String> = stfs.get_subcommands().map(|s| format!("stfs-{}", s.get_name())).collect();
+    let subcommands: Vec<String> =
+        stfs.get_subcommands().filter(|s| !s.is_hide_set()).map(|s| format!("stfs-{}", s.get_name())).collect();
     let mut pages = vec![("stfs".to_string(), stfs.clone())];
-    for sub in stfs.get_subcommands() {
+    for sub in stfs.get_subcommands().filter(|s| !s.is_hide_set()) {
         // A subcommand's page is named and titled as `stfs-NAME`, the convention of git(1) and cargo(1).
         // clap takes names as &'static str; leaking a few short strings in a one-shot generator is fine.
         let name: &'static str = format!("stfs-{}", sub.get_name()).leak();

@@ -279,3 +279,55 @@ fn failed_reads_log_plain_lines() {
         }
     }
 }
+
+/// Ctrl-C (SIGINT) to `stfs mount -f`, and SIGTERM to a background daemon, while the checkpoint is
+/// still opening against a silent server: each ends at once, nothing mounted, the foreground with
+/// one line saying so. The signals are blocked in every thread before the opening (so that only
+/// the serving thread takes them later); before, they waited for the whole `--timeout` (30 s here).
+#[test]
+fn a_signal_while_the_checkpoint_opens_ends_the_mount_at_once() {
+    let (server, _) = serving();
+    server.set_mode(Mode::Silent);
+    let url = server.url("model.safetensors");
+    let mp = workdir();
+    let _detach = DetachAll(vec![mp.path().to_path_buf()]);
+    let started = Instant::now();
+    let child = Command::new(STFS)
+        .args(["mount", "-f", &url, mp.path().to_str().unwrap(), "--timeout", "30s"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Waiting on the silent server by now (it has accepted the connection).
+    assert!(wait_until(TIMEOUT, || server.requests() > 0), "stfs never reached the server");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = wait_output(child, Duration::from_secs(20));
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(took < Duration::from_secs(10), "Ctrl-C took {took:?} to end the opening: {err}");
+    assert_eq!(out.status.code(), Some(1), "{:?} {err}", out.status);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("SIGINT while opening the checkpoint; nothing was mounted"), "{err}");
+    assert!(!is_mounted(mp.path()));
+
+    // The background daemon: SIGTERM while it opens ends it, and the foreground says so.
+    let before = server.requests();
+    let child = Command::new(STFS)
+        .args(["mount", &url, mp.path().to_str().unwrap(), "--timeout", "30s"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(TIMEOUT, || server.requests() > before), "the daemon never reached the server");
+    let foreground = child.id() as i32;
+    let daemon = daemon_pids(mp.path()).into_iter().find(|pid| *pid != foreground).expect("the daemon");
+    let started = Instant::now();
+    // SAFETY: signalling the daemon this test started.
+    unsafe { libc::kill(daemon, libc::SIGTERM) };
+    let out = wait_output(child, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM took {:?}: {err}", started.elapsed());
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!is_mounted(mp.path()));
+}

@@ -43,7 +43,10 @@ def mapped(np, path: str, dtype: Any, shape: Tuple[int, ...], length: int):
         memory = (ctypes.c_ubyte * length).from_address(address)
         # Unmapped once nothing refers to `memory`: every array made here or viewed from one keeps
         # it through its base.
-        weakref.finalize(memory, _munmap, address, length)
+        unmap = weakref.finalize(memory, _munmap, address, length)
+        # Not at interpreter exit: an atexit handler or a daemon thread may still read an array
+        # then, and the kernel unmaps everything when the process ends anyway.
+        unmap.atexit = False
     except BaseException:
         _munmap(address, length)
         raise

@@ -101,7 +101,9 @@ def _mount_info(path, binary: Optional[str] = None, timeout: float = DEFAULT_TIM
     (``stfs mount-info``): {"path", "mounted", "stfs", "fs_type", "source"}. One reading of mountinfo's
     rules (its escapes, stacked mounts, a mount point that is not UTF-8) for the binary and the package."""
     binary = binary or find_binary()
-    target = os.path.realpath(_path(path))
+    # Not realpath: it would lstat the mount's root, which a stopped daemon never answers; the binary
+    # follows links up to the last component without touching what is mounted there.
+    target = os.path.abspath(_path(path))
     command = [binary, "mount-info", "--", target]
     out = _run(command, timeout)
     if out.returncode != 0:
@@ -124,7 +126,9 @@ def is_mounted(path: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: Opti
 
 def _held_here(mountpoint: str) -> bool:
     """Whether this process maps (np.memmap, torch.from_file) or has open a file under `mountpoint`."""
-    prefix = os.fsencode(os.path.realpath(mountpoint)) + b"/"
+    # Resolved up to the mount point, never into it (a stopped daemon would hold the lstat).
+    prefix = os.fsencode(os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(mountpoint))),
+                                      os.path.basename(os.path.abspath(mountpoint)))) + b"/"
     try:
         with open("/proc/self/maps", "rb") as f:  # bytes: a mapped file's name need not be UTF-8
             for line in f:

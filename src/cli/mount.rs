@@ -17,7 +17,7 @@ use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
 use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
 use crate::mount::session::{mount_source, serve, ServeError};
-use crate::mount::signals::block_signals;
+use crate::mount::signals::{block_signals, interruptible, signal_name};
 use crate::mount::watcher::{spawn_watcher, AutoUnmount};
 use crate::stats::Stats;
 
@@ -56,7 +56,14 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         // Before any thread starts (the opening's may): they inherit the mask.
         block_signals();
         // Logging starts once the checkpoint is open: a failed opening is the one line on stderr.
-        let fs = open(&config, &open_options, &mut fs_options, &stats)?;
+        let shown = config.mountpoint.display().to_string();
+        let fs = interruptible(
+            || open(&config, &open_options, &mut fs_options, &stats),
+            move |signal| {
+                eprintln!("stfs: {shown}: {} while opening the checkpoint; nothing was mounted", signal_name(signal));
+                std::process::exit(crate::cli::report::EXIT_FAILURE.into());
+            },
+        )?;
         init();
         log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
         let _exporter = export(&stats, labels, exports)?;
@@ -83,7 +90,15 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         }
     };
     block_signals();
-    let opened = open(&config, &open_options, &mut fs_options, &stats);
+    // A signal while opening (the foreground gave up waiting, or a user's kill) ends the daemon at
+    // once: nothing is mounted yet, and the foreground reads the end of the report.
+    let opened = interruptible(
+        || open(&config, &open_options, &mut fs_options, &stats),
+        |signal| {
+            log::warn!("{} while opening the checkpoint; nothing was mounted", signal_name(signal));
+            std::process::exit(crate::cli::report::EXIT_FAILURE.into());
+        },
+    );
     // Sources are kept by absolute path; relative ones were opened (and named) as given.
     daemon::leave_working_directory();
     let fs = match opened {

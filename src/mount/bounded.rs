@@ -131,7 +131,10 @@ pub struct WorkWatch {
 
 impl WorkWatch {
     /// Whether process `pid` is working: running now, or having used CPU time since the last look
-    /// (an answer at most [`WORK_CHECK_EVERY`] old is given again). One that cannot be read is not.
+    /// (an answer at most [`WORK_CHECK_EVERY`] old is given again). The first look only takes a
+    /// baseline and counts as working: an unmount sleeps now and then while it works (waiting for
+    /// RCU, or for a lock another unmount holds), so one sample in such a sleep decides nothing.
+    /// One that cannot be read is not working.
     pub fn working(&mut self, pid: libc::pid_t) -> bool {
         let now = Instant::now();
         if let Some((at, working, _)) = self.last {
@@ -140,7 +143,7 @@ impl WorkWatch {
             }
         }
         let Some((running, ticks)) = activity(pid) else { return false };
-        let worked = self.last.is_some_and(|(_, _, before)| ticks > before);
+        let worked = self.last.is_none_or(|(_, _, before)| ticks > before);
         self.last = Some((now, running || worked, ticks));
         running || worked
     }

@@ -1,5 +1,6 @@
 //! The signals that end a mount (SIGINT, SIGTERM, SIGHUP): blocked in every thread, then taken by
-//! one thread that waits for them and unmounts.
+//! one thread that waits for them and unmounts; while the checkpoint opens (nothing mounted yet),
+//! taken by a watcher that ends the process at once ([`interruptible`]).
 
 /// The signals that unmount cleanly.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -31,4 +32,85 @@ pub fn wait_for_signal() -> libc::c_int {
     // SAFETY: set is initialised and sig is a valid out-pointer.
     unsafe { libc::sigwait(&set, &mut sig) };
     sig
+}
+
+/// The name of a signal of [`SIGNALS`] as a message says it: `SIGTERM`; another's number.
+pub fn signal_name(signal: libc::c_int) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".to_string(),
+        libc::SIGTERM => "SIGTERM".to_string(),
+        libc::SIGHUP => "SIGHUP".to_string(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// Runs `opening` (nothing is mounted while it runs) so that SIGINT, SIGTERM or SIGHUP still end
+/// the process: they are blocked in every thread (see [`block_signals`]), so a watcher thread
+/// waits for one of them on a signalfd beside `opening` and calls `on_signal` (which must end the
+/// process) if one comes; once `opening` returns, the watcher is woken through an eventfd and ends
+/// without taking any signal, which the serving thread then takes as usual. A slow or stuck open
+/// (a hard NFS mount, a credential helper that hangs) is so never beyond Ctrl-C or `kill`.
+pub fn interruptible<T>(opening: impl FnOnce() -> T, on_signal: impl FnOnce(libc::c_int) + Send + 'static) -> T {
+    let set = signal_set();
+    // SAFETY: set is initialised; signalfd and eventfd return new descriptors or -1.
+    let (signals, wake) = unsafe { (libc::signalfd(-1, &set, libc::SFD_CLOEXEC), libc::eventfd(0, libc::EFD_CLOEXEC)) };
+    if signals < 0 || wake < 0 {
+        // SAFETY: closing only descriptors made above.
+        unsafe {
+            if signals >= 0 {
+                libc::close(signals);
+            }
+            if wake >= 0 {
+                libc::close(wake);
+            }
+        }
+        log::debug!("no signal watcher while opening: {}", std::io::Error::last_os_error());
+        return opening();
+    }
+    // SAFETY: both descriptors were just made and are owned here alone.
+    let (signals, wake) = unsafe {
+        use std::os::fd::FromRawFd;
+        (std::os::fd::OwnedFd::from_raw_fd(signals), std::os::fd::OwnedFd::from_raw_fd(wake))
+    };
+    let watch = {
+        use std::os::fd::AsRawFd;
+        let (signal_fd, wake_fd) = (signals.as_raw_fd(), wake.as_raw_fd());
+        std::thread::Builder::new().name("stfs-opening".into()).spawn(move || {
+            let mut fds = [
+                libc::pollfd { fd: signal_fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: wake_fd, events: libc::POLLIN, revents: 0 },
+            ];
+            loop {
+                // SAFETY: fds is a valid array of two pollfds for the duration of the call.
+                let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+                if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if fds[1].revents != 0 || n < 0 {
+                    return;
+                }
+                if fds[0].revents != 0 {
+                    // SAFETY: info is a zeroed signalfd_siginfo we own, read into whole.
+                    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+                    let size = std::mem::size_of::<libc::signalfd_siginfo>();
+                    // SAFETY: reading at most `size` bytes into `info`.
+                    let got = unsafe { libc::read(signal_fd, (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+                    if got == size as isize {
+                        on_signal(info.ssi_signo as libc::c_int);
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let result = opening();
+    if let Ok(watch) = watch {
+        use std::os::fd::AsRawFd;
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from `one` to the eventfd we own.
+        unsafe { libc::write(wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = watch.join();
+    }
+    drop((signals, wake));
+    result
 }

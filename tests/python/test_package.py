@@ -808,6 +808,29 @@ def test_load_numpy_of_many_tensors_keeps_no_descriptor_and_the_limit_as_it_was(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_arrays_stay_readable_in_atexit_handlers(tmp_path):
+    """A loaded array read by an atexit handler registered before the load (handlers run last-registered
+    first, after the mapping's finalizer would have run) reads its bytes: the mapping is not unmapped at
+    interpreter exit."""
+    ckpt = tmp_path / "m.safetensors"
+    save_file({"w": np.arange(1000, dtype=np.float32)}, str(ckpt))
+    script = tmp_path / "late_read.py"
+    with open(script, "x") as f:
+        f.write("import atexit, sys, stfs\n"
+                "holder = {}\n"
+                "atexit.register(lambda: print('sum', float(holder['w'].sum()), flush=True))\n"
+                "with stfs.mount(sys.argv[1]) as mp:\n"
+                "    holder['w'] = stfs.load(mp)['w']\n"
+                "    print('loaded', flush=True)\n")
+    env = dict(os.environ)
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    out = subprocess.run([sys.executable, str(script), str(ckpt)], capture_output=True, text=True, env=env,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.splitlines() == ["loaded", "sum 499500.0"], out.stdout
+
+
 MAPPINGS_NEAR_THE_LIMIT = """
 import ctypes, importlib, sys
 import stfs

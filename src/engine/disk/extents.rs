@@ -43,17 +43,23 @@ enum State {
     /// Its assembly or its full check is queued or running.
     Queued,
     /// Its assembly failed to write, when the directory had taken `writes` writes
-    /// ([`Tier::writes`]): tried again once it took another, or after [`RETRY_FAILED_AFTER`].
+    /// ([`Tier::writes`]): tried again once it took another and its filesystem has room for the
+    /// extent, or after [`RETRY_FAILED_AFTER`]. A block written meanwhile alone is no sign of room:
+    /// on a filesystem other users fill, a retry at every close would read and write the whole
+    /// extent again each time, only to fail.
     Failed { writes: u64, at: Instant },
 }
 
 impl State {
-    /// Whether work on an extent in this state may be queued now.
-    fn may_queue(state: Option<&State>, tier: &Tier) -> bool {
+    /// Whether work on an extent of `bytes` bytes in this state may be queued now.
+    fn may_queue(state: Option<&State>, tier: &Tier, bytes: u64) -> bool {
         match state {
             None => true,
             Some(State::Queued) => false,
-            Some(State::Failed { writes, at }) => *writes != tier.writes() || at.elapsed() >= RETRY_FAILED_AFTER,
+            Some(State::Failed { writes, at }) => {
+                at.elapsed() >= RETRY_FAILED_AFTER
+                    || (*writes != tier.writes() && super::open::free_bytes(&tier.root) >= bytes)
+            }
         }
     }
 }
@@ -146,7 +152,8 @@ impl Extents {
     /// assembly of its extent file if it has none and every block it covers is on disk or
     /// queued for it. Costs one `stat` and a look at the blocks known to be on disk.
     pub(crate) fn closed(self: &Arc<Self>, tier: &Arc<Tier>, queue: &Arc<WriteBehind>, extent: &Extent) {
-        let idle = || State::may_queue(lock(&self.states).get(&extent.id()), tier);
+        let bytes = extent.range.end - extent.range.start;
+        let idle = || State::may_queue(lock(&self.states).get(&extent.id()), tier, bytes);
         if self.usable(extent) && idle() && !extent::extent_path(&tier.root, &extent.key, &extent.range).exists() {
             self.want(tier, queue, extent);
         }
@@ -169,7 +176,7 @@ impl Extents {
         let id = extent.id();
         {
             let mut states = lock(&self.states);
-            if !State::may_queue(states.get(&id), tier) {
+            if !State::may_queue(states.get(&id), tier, extent.range.end - extent.range.start) {
                 return;
             }
             states.insert(id.clone(), State::Queued);

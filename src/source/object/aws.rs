@@ -49,13 +49,14 @@ impl AwsSession {
         timeout: Duration,
     ) -> Result<AwsSession, HttpError> {
         let auth_error = |detail: String| HttpError::Auth { name: shown.to_string(), detail };
-        let loaded = lookup(timeout, async {
+        let region_asked = region.map(str::to_string);
+        let loaded = lookup(timeout, async move {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
             if let Some(client) = deferred_default_client() {
                 loader = loader.http_client(client);
             }
-            if let Some(region) = region {
-                loader = loader.region(Region::new(region.to_string()));
+            if let Some(region) = region_asked {
+                loader = loader.region(Region::new(region));
             }
             if no_sign_request {
                 loader = loader.no_credentials();

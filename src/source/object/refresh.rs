@@ -6,8 +6,11 @@
 //! error that names no secret.
 //!
 //! The mount opens its sources after it has gone to the background (`cli::mount`), so no fork
-//! follows a fetch: every lookup runs on one tokio runtime ([`lookup`]), started at the first and
-//! kept for the life of the process.
+//! follows a fetch: every lookup runs as a task on one tokio runtime ([`lookup`]), started at the
+//! first and kept for the life of the process, and its caller waits for it on a plain channel with
+//! the bound: a credential library that blocks inside its future (gcp_auth runs `gcloud` with a
+//! blocking `Command::output`) holds one of the runtime's threads, never its caller past the bound
+//! nor the other lookups.
 
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -217,15 +220,18 @@ fn words(d: Duration) -> String {
     }
 }
 
+/// Threads the lookup runtime runs its tasks on: two, so one lookup blocked inside its future
+/// leaves the other going.
+const LOOKUP_WORKERS: usize = 2;
+
 /// The one runtime every credential lookup runs on (its HTTP clients' connections, DNS lookups
 /// and file reads), started at the first lookup.
 fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            // Current-thread: whichever caller is in `lookup` drives it (tokio hands the driver
-            // from one `block_on` to the next), so no thread of its own idles between lookups.
-            tokio::runtime::Builder::new_current_thread()
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(LOOKUP_WORKERS)
                 .enable_all()
                 .thread_name(LOOKUP_THREAD)
                 .build()
@@ -235,12 +241,23 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
         .map_err(Clone::clone)
 }
 
-/// Runs `future` to completion on the lookup runtime, at most `bound`: past it the future is
-/// dropped (its connections closed; a blocking DNS lookup or file read ends on its own, on the
-/// runtime's thread) and the caller gets an error at once.
-pub(crate) fn lookup<F: Future>(bound: Duration, future: F) -> Result<F::Output, String> {
-    let output = runtime()?.block_on(async { tokio::time::timeout(bound, future).await });
-    output.map_err(|_| format!("the credential lookup did not finish within {} (--timeout)", words(bound)))
+/// Runs `future` to completion as a task of the lookup runtime, waiting at most `bound`: past it
+/// the task is aborted (its connections closed; a blocking DNS lookup, file read or `gcloud` run
+/// ends on its own, on the runtime's thread) and the caller gets an error at once. The caller's
+/// wait is a plain channel's, so it ends at the bound even while the task blocks its thread.
+pub(crate) fn lookup<F>(bound: Duration, future: F) -> Result<F::Output, String>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let task = runtime()?.spawn(async move {
+        let _ = tx.send(future.await);
+    });
+    rx.recv_timeout(bound).map_err(|_| {
+        task.abort();
+        format!("the credential lookup did not finish within {} (--timeout)", words(bound))
+    })
 }
 
 #[cfg(test)]
@@ -396,5 +413,24 @@ mod tests {
         });
         let name = answer.expect("the lookup hung").unwrap().unwrap();
         assert_eq!(name.as_deref(), Some(LOOKUP_THREAD));
+    }
+
+    /// A lookup whose future blocks its thread (as gcp_auth's `gcloud` run does) is given up at its
+    /// bound, while it still blocks, and another lookup meanwhile runs to its end: the blocked one
+    /// holds one of the runtime's threads, never its caller nor the other lookups. The blocking
+    /// future is held on a gate the test opens only after both answers are in.
+    #[test]
+    fn a_lookup_that_blocks_its_thread_is_bounded_and_holds_up_no_other() {
+        let (open, gate) = mpsc::channel::<()>();
+        let blocked = answer_of(move || {
+            lookup(Duration::from_millis(100), async move {
+                let _ = gate.recv_timeout(HANG);
+            })
+        });
+        let blocked = blocked.expect("a lookup that blocks its thread held its caller past its bound");
+        assert_eq!(blocked.unwrap_err(), "the credential lookup did not finish within 100 ms (--timeout)");
+        let other = answer_of(|| lookup(HANG, async { 7 })).expect("another lookup was held up");
+        assert_eq!(other, Ok(7));
+        let _ = open.send(());
     }
 }
