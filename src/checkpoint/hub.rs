@@ -52,9 +52,7 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
     }
     .map(str::to_string);
     let mut checkpoint = match choice {
-        Choice::Single(path) => {
-            Checkpoint { shards: vec![open_one(&path)?], index_files: Vec::new(), repo_files: Vec::new() }
-        }
+        Choice::Single(path) => Checkpoint::of(vec![open_one(&path)?]),
         Choice::Shards(paths) => {
             let opened = open_all(&paths, open_one)?;
             checked(&shown, opened, None, Vec::new())?

@@ -48,7 +48,9 @@ fn unknown_scheme(spec: &str) -> Option<&str> {
 }
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
-/// `*.safetensors` shards, an `http(s)://` URL of a file or of an index, or an `hf://` repository.
+/// `*.safetensors` shards (with the folders below it that hold a checkpoint as components: a model
+/// repository as it is laid out), an `http(s)://` URL of a file or of an index, or an `hf://`
+/// repository.
 ///
 /// A remote checkpoint is opened within one [`HttpOptions::timeout`], index and shards together:
 /// a server that stalls makes this fail in that time, not in one timeout per request.
@@ -70,7 +72,7 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
     }
     let path = Path::new(spec);
     let mut checkpoint = if path.is_dir() {
-        open_dir(path)?
+        return super::folders::open_folder(path, options);
     } else if spec.ends_with(".json") {
         open_index(path)?
     } else {
@@ -78,14 +80,13 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
     };
     if options.repo_files {
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let dir = if path.is_dir() { path } else { parent.unwrap_or(Path::new(".")) };
-        checkpoint.repo_files = super::beside::small_files_beside(dir);
+        checkpoint.repo_files = super::beside::small_files_beside(parent.unwrap_or(Path::new(".")));
     }
     Ok(checkpoint)
 }
 
 fn single(shard: OpenedShard) -> Checkpoint {
-    Checkpoint { shards: vec![shard], index_files: Vec::new(), repo_files: Vec::new() }
+    Checkpoint::of(vec![shard])
 }
 
 /// Every `*.safetensors` entry of `dir`, in name order, as one checkpoint; its
@@ -95,7 +96,7 @@ fn single(shard: OpenedShard) -> Checkpoint {
 /// Each `*.safetensors` entry is opened whatever it is, so one that is not a readable regular file
 /// (a dangling or looping link, a FIFO, a directory) is an error naming it, as a shard an index
 /// names is, never a checkpoint served without its tensors.
-fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
+pub(super) fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .and_then(|listing| listing.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>())
@@ -113,7 +114,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
 }
 
 /// The shards named by a local index file.
-fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
+pub(super) fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
     let name = path.display().to_string();
     let bytes = read_index_file(path, MAX_INDEX_SIZE).map_err(|e| OpenError::new(&name, e))?;
     let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;

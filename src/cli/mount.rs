@@ -159,7 +159,7 @@ pub fn check_place(mountpoint: &std::path::Path, checkpoint: &checkpoint::Checkp
     let at = |e| Failure::at(mountpoint.display(), e);
     check_mount_point(mountpoint).map_err(at)?;
     // Local shards are named by absolute path; remote ones by URL.
-    let files = checkpoint.shards.iter().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
+    let files = checkpoint.all_shards().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
     check_not_hiding(mountpoint, files).map_err(at)?;
     check_can_mount().map_err(|e| Failure::at(mountpoint.display(), e))
 }

@@ -2,8 +2,14 @@
 //! tensors are laid out into it (`lay_out`; `build.rs` adds metadata.json). Pure data.
 //!
 //! Inode numbers are assigned in a fixed order (root, reserved files, the checkpoint's own files,
-//! the repository's small files, then tensors in shard and offset order), so the same checkpoint
-//! gets the same numbers on every mount.
+//! the repository's small files, then tensors in shard and offset order; then the same for each
+//! component folder, in path order), so the same checkpoint gets the same numbers on every mount.
+//!
+//! A mount is one or more components ([`Component`]): the root, and each folder of a model
+//! repository that holds a checkpoint of its own (`unet/`, `2_Dense/`). Each is laid out in its
+//! folder as a flat mount lays out its root: its own `metadata.json`, its checkpoint's files, its
+//! small files and a file per tensor. A folder's name (a component's, or one a small file is in)
+//! is reserved in the directory it is in, as `config.json` is: a tensor named like it is escaped.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -64,10 +70,11 @@ pub struct Shard {
     pub file: Option<String>,
 }
 
-/// A small file served in the root as it was read at open.
+/// A small file served in a component's folder as it was read at open.
 #[derive(Debug, Clone)]
 pub struct RootFile {
-    /// Its name in the root.
+    /// Its path relative to the component's folder: a name, or `FOLDER/NAME` for a file of a
+    /// folder that is not a component itself (`scheduler/scheduler_config.json`).
     pub name: String,
     /// Its bytes.
     pub bytes: Arc<[u8]>,
@@ -85,12 +92,52 @@ pub enum RootKind {
     Repo,
 }
 
-/// A checkpoint or repository file served in the root, for metadata.json.
+/// What one component of a mount holds: laid out in `folder` as a flat mount lays out its root.
+#[derive(Debug, Clone, Default)]
+pub struct Component {
+    /// Its folder relative to the mount root (`unet`, `a/b`); empty for the root itself.
+    pub folder: String,
+    /// Its shards (tensor names unique among them; checked by the caller).
+    pub shards: Vec<Shard>,
+    /// Its small files: index files, then the repository's files.
+    pub files: Vec<RootFile>,
+}
+
+/// A component as laid out: where it is and which shards, tensors and files are its.
+#[derive(Debug, Clone)]
+pub struct ComponentInfo {
+    /// Its folder relative to the mount root; empty for the root.
+    pub folder: String,
+    /// Its directory's inode.
+    pub dir: Ino,
+    /// The inode of its `metadata.json`.
+    pub metadata: Ino,
+    /// Its range of [`Namespace::shards`].
+    pub shards: Range<usize>,
+    /// Its range of [`Namespace::tensors`].
+    pub tensors: Range<usize>,
+    /// The checkpoint's own files served in its folder, shards first.
+    pub served: Vec<ServedFile>,
+    /// The repository's small files served in (or below) its folder, in name order.
+    pub repo_served: Vec<ServedFile>,
+}
+
+impl ComponentInfo {
+    /// `path` (from the mount root) relative to this component's folder.
+    pub fn relative<'a>(&self, path: &'a str) -> &'a str {
+        if self.folder.is_empty() {
+            return path;
+        }
+        path.strip_prefix(self.folder.as_str()).and_then(|p| p.strip_prefix('/')).unwrap_or(path)
+    }
+}
+
+/// A checkpoint or repository file served in a component's folder, for metadata.json.
 #[derive(Debug, Clone)]
 pub struct ServedFile {
-    /// Its name in the root.
+    /// Its path relative to the component's folder.
     pub name: String,
-    /// The shard it is, or `None` for an index file.
+    /// The shard it is (an index into the component's shards), or `None` for an index file.
     pub shard: Option<usize>,
     /// Its size.
     pub size: u64,
@@ -113,7 +160,8 @@ pub struct Tensor {
     pub start: u64,
     /// Byte length.
     pub len: u64,
-    /// Path of its file, relative to the mount root.
+    /// Path of its file, relative to the mount root (its component's metadata.json gives it
+    /// relative to the component's folder).
     pub path: String,
     /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for float types.
     pub served_dtype: Dtype,
@@ -219,42 +267,87 @@ pub struct Namespace {
     shards: Vec<Shard>,
     /// For each shard, the range of [`Namespace::tensors`] it holds.
     shard_tensors: Vec<Range<usize>>,
-    /// The checkpoint's own files served in the root.
-    served: Vec<ServedFile>,
-    /// The repository's small files served in the root.
-    repo_served: Vec<ServedFile>,
+    /// The components, the root first, then in folder order.
+    components: Vec<ComponentInfo>,
 }
 
 impl Namespace {
-    /// Lays out the tree for `shards` with an empty `metadata.json` ([`Namespace::build`] renders
-    /// it). Tensor names are unique across shards (checked by the caller). Each shard's tensor list
-    /// is moved into [`Namespace::tensors`] (not copied: a header may hold a million entries), so
-    /// the kept shards' `header.tensors` are empty.
+    /// Lays out the tree for `components` with empty `metadata.json` files ([`Namespace::build`]
+    /// renders them). The root's comes first (an empty one is made if there is none); the others
+    /// are laid out in folder order, each in its folder. Each shard's tensor list is
+    /// moved into [`Namespace::tensors`] (not copied: a header may hold a million entries), so the
+    /// kept shards' `header.tensors` are empty.
     pub(super) fn lay_out(
-        mut shards: Vec<Shard>,
-        root_files: Vec<RootFile>,
+        mut components: Vec<Component>,
         layout: Layout,
         views: Views,
     ) -> Result<Namespace, NameClash> {
+        let root = components.iter().position(|c| c.folder.is_empty()).map(|i| components.remove(i));
+        // A folder must be a path of plain names (the caller's are; nothing else could be served).
+        components.retain(|c| {
+            let plain = c.folder.split('/').all(|part| !matches!(part, "" | "." | ".."));
+            if !plain {
+                log::warn!("folder {:?} is not served: not a relative path of plain names", c.folder);
+            }
+            plain
+        });
+        components.sort_by(|a, b| a.folder.cmp(&b.folder));
+        components.insert(0, root.unwrap_or_default());
+        let folders = child_folders(&components);
         let mut ns = Namespace {
             nodes: Vec::new(),
             tensors: Vec::new(),
             shards: Vec::new(),
             shard_tensors: Vec::new(),
-            served: Vec::new(),
-            repo_served: Vec::new(),
+            components: Vec::new(),
         };
         ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
-        ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
+        let root_metadata = ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
         let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
         ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
-        let reserved = ns.add_checkpoint_files(&mut shards, root_files);
-        let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
+        for component in components {
+            let (dir, metadata) = if component.folder.is_empty() {
+                (ROOT_INO, root_metadata)
+            } else {
+                let Some(dir) = ns.make_dirs(ROOT_INO, &component.folder) else {
+                    log::warn!("folder {:?} is not served: the name is taken", component.folder);
+                    continue;
+                };
+                (dir, ns.add_file(dir, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0))
+            };
+            ns.lay_out_component(component, dir, metadata, &folders, layout, views)?;
+        }
+        for node in &mut ns.nodes {
+            if let NodeKind::Dir(d) = &mut node.kind {
+                d.entries.sort_unstable();
+            }
+        }
+        Ok(ns)
+    }
 
-        for (shard_index, shard) in shards.iter_mut().enumerate() {
-            let first = ns.tensors.len();
+    /// Lays out one component in `dir`: its checkpoint's files, its small files, then its tensors
+    /// (the names in `folders` under its folder reserved in `dir`).
+    fn lay_out_component(
+        &mut self,
+        component: Component,
+        dir: Ino,
+        metadata: Ino,
+        folders: &HashMap<String, Vec<String>>,
+        layout: Layout,
+        views: Views,
+    ) -> Result<(), NameClash> {
+        let Component { folder, mut shards, files } = component;
+        let first_shard = self.shards.len();
+        let first_tensor = self.tensors.len();
+        let (served, repo_served, reserved) = self.add_checkpoint_files(dir, first_shard, &mut shards, files);
+        let mut reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
+        reserved.extend(folders.get(&folder).into_iter().flatten().map(String::as_str));
+        let prefix = if folder.is_empty() { String::new() } else { format!("{folder}/") };
+        for (local_index, shard) in shards.iter_mut().enumerate() {
+            let shard_index = first_shard + local_index;
+            let first = self.tensors.len();
             for info in std::mem::take(&mut shard.header.tensors) {
-                let i = ns.tensors.len();
+                let i = self.tensors.len();
                 let start = shard.header.data_start() + info.data_offsets.0;
                 let len = info.byte_len();
                 let elements = info.shape.iter().product::<u64>();
@@ -264,11 +357,12 @@ impl Namespace {
                 };
                 let converted = matches!(content, Content::F32(_));
                 let served_dtype = if converted { Dtype::F32 } else { info.dtype };
-                let path = ns.place(&reserved, layout, views, &info.name, content, served_len, "")?;
+                let place = Place { base: dir, prefix: &prefix, reserved: &reserved, layout, views };
+                let path = self.place(&place, &info.name, content, served_len, "")?;
                 // The view shows what the tensor's file serves: under `as=f32`, the conversion.
                 let npy_header =
                     if views.npy { crate::views::npy::npy_header(served_dtype, &info.shape).ok() } else { None };
-                ns.tensors.push(Tensor {
+                self.tensors.push(Tensor {
                     name: info.name,
                     dtype: info.dtype,
                     shape: info.shape,
@@ -285,35 +379,47 @@ impl Namespace {
                 if let Some(header) = npy_header {
                     let size = header.len() as u64 + served_len;
                     let content = Content::Npy { tensor: i, header: header.into(), converted };
-                    let name = std::mem::take(&mut ns.tensors[i].name);
-                    let placed = ns.place(&reserved, layout, views, &name, content, size, ".npy");
-                    ns.tensors[i].name = name;
-                    ns.tensors[i].npy_path = Some(placed?);
+                    let name = std::mem::take(&mut self.tensors[i].name);
+                    let placed = self.place(&place, &name, content, size, ".npy");
+                    self.tensors[i].name = name;
+                    self.tensors[i].npy_path = Some(placed?);
                 }
             }
-            ns.shard_tensors.push(first..ns.tensors.len());
+            self.shard_tensors.push(first..self.tensors.len());
         }
-        for node in &mut ns.nodes {
-            if let NodeKind::Dir(d) = &mut node.kind {
-                d.entries.sort_unstable();
-            }
-        }
-        ns.shards = shards;
-        Ok(ns)
+        self.shards.extend(shards);
+        self.components.push(ComponentInfo {
+            folder,
+            dir,
+            metadata,
+            shards: first_shard..self.shards.len(),
+            tensors: first_tensor..self.tensors.len(),
+            served,
+            repo_served,
+        });
+        Ok(())
     }
 
-    /// Sets the contents of `metadata.json` in the root.
-    pub(super) fn set_metadata(&mut self, json: Vec<u8>) {
-        let Some(ino) = self.dir(ROOT_INO).and_then(|root| root.get(METADATA_NAME)) else { return };
+    /// Sets the contents of component `component`'s `metadata.json` (0: the root's).
+    pub(super) fn set_metadata(&mut self, component: usize, json: Vec<u8>) {
+        let Some(ino) = self.components.get(component).map(|c| c.metadata) else { return };
         let size = json.len() as u64;
         self.nodes[(ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
     }
 
-    /// Adds the checkpoint's own files to the root: each shard that has a [`Shard::file`] name,
-    /// then the index files, then the repository's files. A name already taken (a reserved one, or
-    /// an earlier file's) is left out: that file is not served. Returns every name tensors may not
-    /// take in the root.
-    fn add_checkpoint_files(&mut self, shards: &mut [Shard], root_files: Vec<RootFile>) -> Vec<String> {
+    /// Adds a component's own files to its directory `dir`: each shard that has a [`Shard::file`]
+    /// name, then the index files, then the repository's files (one whose path has folders goes
+    /// into them, made as needed). A name already taken (a reserved one, or an earlier file's) is
+    /// left out: that file is not served. Returns the checkpoint's files and the repository's
+    /// files served, and every name tensors may not take in `dir`.
+    fn add_checkpoint_files(
+        &mut self,
+        dir: Ino,
+        first_shard: usize,
+        shards: &mut [Shard],
+        root_files: Vec<RootFile>,
+    ) -> (Vec<ServedFile>, Vec<ServedFile>, Vec<String>) {
+        let (mut served, mut repo_served) = (Vec::new(), Vec::new());
         let mut reserved: Vec<String> = RESERVED.iter().map(|r| r.to_string()).collect();
         let mut claim = |name: &Option<String>| match name {
             Some(n) if !reserved.contains(n) => {
@@ -333,23 +439,41 @@ impl Namespace {
             }
             let name = shard.file.clone().unwrap_or_default();
             let size = shard.header.file_len;
-            self.add_file(ROOT_INO, name.clone(), Content::Checkpoint(i), size);
-            self.served.push(ServedFile { name, shard: Some(i), size });
+            self.add_file(dir, name.clone(), Content::Checkpoint(first_shard + i), size);
+            served.push(ServedFile { name, shard: Some(i), size });
         }
         let (index_files, repo_files): (Vec<_>, Vec<_>) =
             root_files.into_iter().partition(|f| f.kind == RootKind::Index);
         for file in index_files.into_iter().chain(repo_files) {
-            if claim(&Some(file.name.clone())) {
-                let size = file.bytes.len() as u64;
-                self.add_file(ROOT_INO, file.name.clone(), Content::Bytes(file.bytes), size);
-                let served = ServedFile { name: file.name, shard: None, size };
-                match file.kind {
-                    RootKind::Index => self.served.push(served),
-                    RootKind::Repo => self.repo_served.push(served),
-                }
+            if !claim(&Some(file.name.clone())) {
+                continue;
+            }
+            let (parent, leaf) = match file.name.rsplit_once('/') {
+                Some((folders, leaf)) => (self.make_dirs(dir, folders), leaf),
+                None => (Some(dir), file.name.as_str()),
+            };
+            let Some(parent) = parent.filter(|&p| self.dir(p).is_some_and(|d| d.get(leaf).is_none())) else {
+                log::warn!("file {:?} is not served: the name is taken", file.name);
+                continue;
+            };
+            let size = file.bytes.len() as u64;
+            self.add_file(parent, leaf.to_string(), Content::Bytes(file.bytes), size);
+            let entry = ServedFile { name: file.name, shard: None, size };
+            match file.kind {
+                RootKind::Index => served.push(entry),
+                RootKind::Repo => repo_served.push(entry),
             }
         }
-        reserved
+        (served, repo_served, reserved)
+    }
+
+    /// The directory at `path` (`a/b`) below `dir`, made as needed; `None` if a file holds one of
+    /// its names.
+    fn make_dirs(&mut self, dir: Ino, path: &str) -> Option<Ino> {
+        path.split('/').try_fold(dir, |parent, name| match self.dir(parent)?.get(name) {
+            Some(ino) => self.dir(ino).map(|_| ino),
+            None => Some(self.add_dir(parent, name.to_string())),
+        })
     }
 
     /// The byte range within shard `shard`'s file that a read of `range` of the re-served file is
@@ -381,29 +505,32 @@ impl Namespace {
         }
     }
 
-    /// The checkpoint's own files served in the root, shards first.
+    /// The root's checkpoint files served, shards first.
     pub fn served_files(&self) -> &[ServedFile] {
-        &self.served
+        self.components.first().map_or(&[], |c| &c.served)
     }
 
     /// The repository's small files served in the root, in name order.
     pub fn repo_files(&self) -> &[ServedFile] {
-        &self.repo_served
+        self.components.first().map_or(&[], |c| &c.repo_served)
     }
 
-    /// Adds the file for one tensor under its escaped path (`reserved`: the names it may not take
-    /// in the root); returns the path.
-    #[allow(clippy::too_many_arguments)]
+    /// The components, the root first, then in folder order.
+    pub fn components(&self) -> &[ComponentInfo] {
+        &self.components
+    }
+
+    /// Adds the file for one tensor under its escaped path in `place`'s folder; returns the path
+    /// from the mount root.
     fn place(
         &mut self,
-        reserved_in_root: &[&str],
-        layout: Layout,
-        views: Views,
+        place: &Place<'_>,
         name: &str,
         content: Content,
         size: u64,
         suffix: &str,
     ) -> Result<String, NameClash> {
+        let &Place { base, prefix, reserved: reserved_in_root, layout, views } = place;
         let clash = |path: String| NameClash { path, tensor: name.to_string() };
         let (dirs, leaf): (Vec<&str>, &str) = match layout {
             Layout::Flat => (Vec::new(), name),
@@ -413,10 +540,10 @@ impl Namespace {
                 (parts, leaf)
             }
         };
-        let mut dir = ROOT_INO;
-        let mut path = String::new();
+        let mut dir = base;
+        let mut path = prefix.to_string();
         for part in dirs {
-            let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
+            let reserved = if dir == base { reserved_in_root } else { &[] };
             let file_name = names::escape(part, reserved);
             path.push_str(&file_name);
             path.push('/');
@@ -427,7 +554,7 @@ impl Namespace {
                 None => self.add_dir(dir, file_name),
             };
         }
-        let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
+        let reserved = if dir == base { reserved_in_root } else { &[] };
         // With the .npy view on, a raw file may not end in `.npy`: that dot is escaped (`x%2Enpy`).
         let guard = (views.npy && suffix.is_empty()).then_some(".npy");
         let file_name = names::escape_view(leaf, reserved, suffix, guard);
@@ -525,6 +652,45 @@ impl Namespace {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
+}
+
+/// Where and how [`Namespace::place`] lays a component's tensors out.
+struct Place<'a> {
+    /// The component's directory.
+    base: Ino,
+    /// Its folder and a `/`, or empty for the root: the start of every path.
+    prefix: &'a str,
+    /// The names its tensors may not take in `base`.
+    reserved: &'a [&'a str],
+    layout: Layout,
+    views: Views,
+}
+
+/// For every folder (the root is `""`), the names of the folders directly in it that the mount
+/// shows: components' folders and those of small files, and every folder on the way to them.
+fn child_folders(components: &[Component]) -> HashMap<String, Vec<String>> {
+    let mut folders: HashMap<String, Vec<String>> = HashMap::new();
+    let mut add = |path: &str| {
+        let mut parent = String::new();
+        for name in path.split('/') {
+            let names = folders.entry(parent.clone()).or_default();
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+            parent = if parent.is_empty() { name.to_string() } else { format!("{parent}/{name}") };
+        }
+    };
+    for c in components {
+        if !c.folder.is_empty() {
+            add(&c.folder);
+        }
+        for f in &c.files {
+            if let Some((dirs, _)) = f.name.rsplit_once('/') {
+                add(&if c.folder.is_empty() { dirs.to_string() } else { format!("{}/{dirs}", c.folder) });
+            }
+        }
+    }
+    folders
 }
 
 /// Attributes shared by every node: owner, times and permission masks.
