@@ -8,7 +8,7 @@ use super::beside::read_bounded;
 use super::error::{OpenError, OpenProblem};
 use super::layout::{self, MAX_DEPTH};
 use super::open::{open_dir, open_index, OpenOptions};
-use super::shard::{checked, open_all, open_file, Checkpoint, Component, RootFile};
+use super::shard::{checked, open_all, open_file, Checkpoint, Component};
 use crate::source::hub::{self, Choice, HubError, Sibling};
 
 /// Opens the folder `dir`: the checkpoint of its own files (every `*.safetensors` entry, as a
@@ -78,13 +78,6 @@ fn add_small_files(dir: &Path, files: &[Sibling], checkpoint: &mut Checkpoint) {
                 continue;
             }
         };
-        let folder = layout::folder_of(&path);
-        match checkpoint.components.iter_mut().find(|c| c.folder == folder) {
-            Some(c) => {
-                let name = path[folder.len() + 1..].to_string();
-                c.checkpoint.repo_files.push(RootFile { name, bytes });
-            }
-            None => checkpoint.repo_files.push(RootFile { name: path, bytes }),
-        }
+        checkpoint.add_repo_file(path, bytes);
     }
 }

@@ -65,6 +65,19 @@ impl Checkpoint {
         Ok(self)
     }
 
+    /// Adds a small file of the repository at `path` (from this checkpoint's folder): to the
+    /// component whose folder holds it directly, by its name, else to this checkpoint, by `path`.
+    pub fn add_repo_file(&mut self, path: String, bytes: Vec<u8>) {
+        let folder = path.rsplit_once('/').map_or("", |(folder, _)| folder);
+        match self.components.iter_mut().find(|c| c.folder == folder) {
+            Some(c) => {
+                let name = path[folder.len() + 1..].to_string();
+                c.checkpoint.repo_files.push(RootFile { name, bytes });
+            }
+            None => self.repo_files.push(RootFile { name: path, bytes }),
+        }
+    }
+
     /// Every shard, the components' too.
     pub fn all_shards(&self) -> impl Iterator<Item = &OpenedShard> {
         self.shards.iter().chain(self.components.iter().flat_map(|c| c.checkpoint.shards.iter()))
