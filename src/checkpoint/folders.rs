@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use super::beside::read_bounded;
 use super::error::{OpenError, OpenProblem};
 use super::layout::{self, MAX_DEPTH};
-use super::open::{open_dir, open_index, OpenOptions};
+use super::local::{open_dir, open_index};
 use super::shard::{checked, open_all, open_file, Checkpoint, Component};
 use crate::source::hub::{self, Choice, HubError, Sibling};
 
@@ -15,7 +15,8 @@ use crate::source::hub::{self, Choice, HubError, Sibling};
 /// directory of shards), and each folder below that holds one as a component. A folder that holds
 /// none, in it or below, is one line: [`OpenProblem::NoShardFiles`] without folders,
 /// [`OpenProblem::NothingLoadable`] with.
-pub(super) fn open_folder(dir: &Path, options: &OpenOptions) -> Result<Checkpoint, OpenError> {
+/// With `repo_files`, the small files come along ([`super::OpenOptions::repo_files`]).
+pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
     let (files, has_folders) = layout::walk(dir)?;
     let root_has = layout::root_has_checkpoint(&files);
@@ -30,7 +31,7 @@ pub(super) fn open_folder(dir: &Path, options: &OpenOptions) -> Result<Checkpoin
         let component = open_component(dir, &files, folder)?;
         checkpoint.components.push(Component { folder: folder.clone(), checkpoint: component });
     }
-    if options.repo_files {
+    if repo_files {
         add_small_files(dir, &files, &mut checkpoint);
     }
     Ok(checkpoint)

@@ -8,6 +8,7 @@
 //!   that they make one checkpoint;
 //! - `index_file`: a local `*.index.json` read into memory (a regular file, bounded), and those a
 //!   directory of shards re-serves (bounded together);
+//! - `local`: a directory's own shards, and the shards a local index names;
 //! - `beside`: the small files (configs, tokenizers) beside a local index;
 //! - `layout`: which folders of a model repository are components and whose small files a mount
 //!   serves, and the limits of one mount (depth, components, entries walked);
@@ -24,6 +25,7 @@ mod folders;
 mod hub;
 mod index_file;
 pub mod layout;
+mod local;
 mod open;
 mod shard;
 

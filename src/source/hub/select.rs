@@ -201,11 +201,15 @@ mod tests {
     /// The total is over every folder asked for together, the largest left out first.
     #[test]
     fn small_files_of_several_folders_share_one_total() {
-        let half = SMALL_FILES_TOTAL / 2;
-        let siblings: Vec<Sibling> = [("a/x.json", half), ("b/y.json", half), ("z.json", 1), ("c/big.txt", half + 1)]
-            .into_iter()
-            .map(|(p, size)| Sibling { path: p.to_string(), size: Some(size) })
-            .collect();
-        assert_eq!(small_files_in(&siblings, &["", "a", "b", "c"]), ["a/x.json", "z.json"]);
+        // Four of 30 MiB and one byte fit in 128 MiB; a fifth file, of 31 MiB, does not.
+        let (mib, files) = (1 << 20, ["a/x.json", "b/x.json", "c/x.json", "d/x.json", "e/big.txt", "z.json"]);
+        let sizes = [30 * mib, 30 * mib, 30 * mib, 30 * mib, 31 * mib, 1];
+        let siblings: Vec<Sibling> =
+            files.iter().zip(sizes).map(|(p, size)| Sibling { path: p.to_string(), size: Some(size) }).collect();
+        assert!(4 * 30 * mib + 1 <= SMALL_FILES_TOTAL && 4 * 30 * mib + 31 * mib > SMALL_FILES_TOTAL);
+        let all = ["", "a", "b", "c", "d", "e"];
+        assert_eq!(small_files_in(&siblings, &all), ["a/x.json", "b/x.json", "c/x.json", "d/x.json", "z.json"]);
+        // Only the folders asked for.
+        assert_eq!(small_files_in(&siblings, &["e"]), ["e/big.txt"]);
     }
 }
