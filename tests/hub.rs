@@ -389,3 +389,97 @@ fn missing_repos_revisions_and_checkpoints_are_refused_with_one_line() {
     let out = hub.stfs(&["inspect", "hf://org/nope"], &[]);
     assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stderr).lines().count()), (Some(1), 1));
 }
+
+/// A diffusers pipeline and a sentence-transformers model by name: the repository listed once,
+/// at one commit, and laid out as a local folder is (a component in each folder with a checkpoint,
+/// the small files of the folders served, the others neither served nor fetched); a folder of the
+/// repository is laid out the same from it; a pipeline with nothing loadable is one line.
+#[test]
+fn a_pipeline_and_a_sentence_transformers_repo_mount_as_they_are_laid_out() {
+    let hub = hub_or_skip!();
+    let (unet, unet_tensors) = checkpoint(&["conv_in.weight"], 20);
+    let (fp16, _) = checkpoint(&["conv_in.weight"], 3);
+    let (vae1, vae_a) = checkpoint(&["encoder.w"], 10);
+    let (vae2, vae_b) = checkpoint(&["decoder.w"], 12);
+    let vae_index = serde_json::json!({"weight_map": {
+        "encoder.w": "diffusion_pytorch_model-00001-of-00002.safetensors",
+        "decoder.w": "diffusion_pytorch_model-00002-of-00002.safetensors"}});
+    let model_index = small(
+        r#"{"_class_name": "DDPMPipeline", "scheduler": ["diffusers", "DDPMScheduler"],
+            "unet": ["diffusers", "UNet2DModel"], "vae": ["diffusers", "AutoencoderKL"]}"#,
+    );
+    let files = [
+        ("model_index.json", model_index.clone()),
+        ("README.md", small("a pipeline")),
+        ("unet/config.json", small(r#"{"_class_name": "UNet2DModel"}"#)),
+        ("unet/diffusion_pytorch_model.safetensors", unet.clone()),
+        ("unet/diffusion_pytorch_model.fp16.safetensors", fp16),
+        ("vae/config.json", small("{}")),
+        ("vae/diffusion_pytorch_model.safetensors.index.json", vae_index.to_string().into_bytes()),
+        ("vae/diffusion_pytorch_model-00001-of-00002.safetensors", vae1),
+        ("vae/diffusion_pytorch_model-00002-of-00002.safetensors", vae2),
+        ("scheduler/scheduler_config.json", small(r#"{"num_train_timesteps": 10}"#)),
+        ("onnx/model.json", small("{}")),
+    ];
+    hub.publish("org/pipe", SHA_A, &["main"], &files);
+    let m = hub.mount("hf://org/pipe", &[]);
+    assert!(m.read("unet/conv_in.weight") == unet_tensors[0].data);
+    assert!(m.read("vae/encoder.w") == vae_a[0].data && m.read("vae/decoder.w") == vae_b[0].data);
+    assert!(m.read("unet/diffusion_pytorch_model.safetensors") == unet);
+    assert_eq!(m.read("model_index.json"), model_index);
+    assert_eq!(m.read("scheduler/scheduler_config.json"), small(r#"{"num_train_timesteps": 10}"#));
+    assert_eq!(m.read("vae/config.json"), small("{}"));
+    assert!(!m.path.join("onnx").exists() && !m.path.join("unet/diffusion_pytorch_model.fp16.safetensors").exists());
+    let doc: serde_json::Value = serde_json::from_slice(&m.read("metadata.json")).unwrap();
+    assert_eq!(
+        doc["components"],
+        serde_json::json!([{"path": "unet", "tensors": 1, "shards": 1}, {"path": "vae", "tensors": 2, "shards": 2}])
+    );
+    let vae: serde_json::Value = serde_json::from_slice(&m.read("vae/metadata.json")).unwrap();
+    assert_eq!(vae["files"], serde_json::json!({"decoder.w": "decoder.w", "encoder.w": "encoder.w"}));
+    // One listing, one commit: every file read is of the pinned commit; onnx/ and the variant
+    // are never asked for.
+    let log = hub.nginx.log();
+    let api: Vec<_> = log.iter().filter(|l| l.request.contains("/api/models/")).collect();
+    assert_eq!(api.len(), 1, "{log:?}");
+    for l in log.iter().filter(|l| !l.request.contains("/api/models/")) {
+        assert!(l.request.contains(&format!("/org/pipe/resolve/{SHA_A}/")), "{}", l.request);
+        assert!(!l.request.contains("/onnx/") && !l.request.contains("fp16"), "{}", l.request);
+    }
+    drop(m);
+    // A folder of the repository is laid out from it: the vae alone.
+    let m = hub.mount("hf://org/pipe/vae", &[]);
+    assert!(m.read("encoder.w") == vae_a[0].data);
+    assert_eq!(m.read("config.json"), small("{}"));
+    drop(m);
+
+    // sentence-transformers: a root checkpoint, a module config, a module with its own weights.
+    let (own, own_tensors) = checkpoint(&["embeddings.weight", "1_Pooling"], 8);
+    let (dense, dense_tensors) = checkpoint(&["linear.weight"], 4);
+    let modules = small(
+        r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]"#,
+    );
+    let files = [
+        ("model.safetensors", own),
+        ("config.json", small(r#"{"model_type": "bert"}"#)),
+        ("modules.json", modules),
+        ("1_Pooling/config.json", small(r#"{"word_embedding_dimension": 8}"#)),
+        ("2_Dense/config.json", small(r#"{"in_features": 1000}"#)),
+        ("2_Dense/model.safetensors", dense),
+    ];
+    hub.publish("org/st", SHA_B, &["main"], &files);
+    let m = hub.mount("hf://org/st", &[]);
+    assert!(m.read("embeddings.weight") == own_tensors[0].data && m.read("%31_Pooling") == own_tensors[1].data);
+    assert!(m.read("2_Dense/linear.weight") == dense_tensors[0].data);
+    assert_eq!(m.read("1_Pooling/config.json"), small(r#"{"word_embedding_dimension": 8}"#));
+    assert_eq!(m.read("2_Dense/config.json"), small(r#"{"in_features": 1000}"#));
+    let doc: serde_json::Value = serde_json::from_slice(&m.read("metadata.json")).unwrap();
+    assert_eq!(doc["components"], serde_json::json!([{"path": "2_Dense", "tensors": 1, "shards": 1}]));
+    drop(m);
+
+    // Folders of small files only: nothing to mount, one line.
+    hub.publish("org/configs", SHA_A, &["main"], &[("scheduler/scheduler_config.json", small("{}"))]);
+    hub.refused("hf://org/configs", &[], "hf://org/configs: the repository holds no *.safetensors files");
+}

@@ -37,7 +37,7 @@ pub fn small_files_beside(dir: &Path) -> Vec<RootFile> {
 }
 
 /// The bytes of `path`, refused past [`SMALL_FILE_LIMIT`] (it may have grown since it was listed).
-fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+pub(super) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)?.take(SMALL_FILE_LIMIT + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > SMALL_FILE_LIMIT {

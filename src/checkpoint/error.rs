@@ -37,6 +37,29 @@ pub enum OpenProblem {
     Shards(ShardError),
     /// A directory holds no `*.safetensors` file.
     NoShardFiles,
+    /// A directory with folders holds no `*.safetensors` file in it or in them (within the depth
+    /// a mount looks).
+    NothingLoadable {
+        /// How many folders down a mount looks.
+        depth: usize,
+    },
+    /// A directory holds more folders with a checkpoint than one mount takes.
+    TooManyComponents {
+        /// How many (with the root's own, if any).
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A directory's folders hold more entries than a mount reads.
+    TooManyEntries {
+        /// The limit.
+        limit: usize,
+    },
+    /// A folder holds several index files and none of the standard names.
+    Ambiguous(Vec<String>),
+    /// A command that reads one checkpoint was given a folder whose checkpoints are all in folders
+    /// below it (a diffusers pipeline).
+    OnlyInFolders(Vec<String>),
     /// An index file is larger than any real one.
     IndexTooLarge {
         /// Its length in bytes.
@@ -81,6 +104,27 @@ impl fmt::Display for OpenProblem {
             OpenProblem::Hub(error) => write!(f, "{error}"),
             OpenProblem::Shards(error) => write!(f, "{error}"),
             OpenProblem::NoShardFiles => f.write_str("directory holds no *.safetensors files"),
+            OpenProblem::NothingLoadable { depth } => write!(
+                f,
+                "directory holds no *.safetensors files, in it or in its folders (looked {depth} folders down): \
+                 small files alone are nothing to mount"
+            ),
+            OpenProblem::TooManyComponents { count, limit } => write!(
+                f,
+                "holds {count} folders with a checkpoint (the root's own included), over the limit of {limit} for \
+                 one mount: mount a folder of it"
+            ),
+            OpenProblem::TooManyEntries { limit } => {
+                write!(f, "its folders hold over {limit} entries, more than a mount reads: mount a folder of it")
+            }
+            OpenProblem::Ambiguous(files) => {
+                write!(f, "several checkpoints in one folder ({}): mount one of them by its path", files.join(", "))
+            }
+            OpenProblem::OnlyInFolders(folders) => write!(
+                f,
+                "holds no checkpoint of its own, only in its folders ({}): name one of them",
+                folders.join(", ")
+            ),
             OpenProblem::IndexTooLarge { len, limit } => write!(f, "index of {len} bytes is over the limit of {limit}"),
             OpenProblem::NotOpened => f.write_str("was not opened"),
             OpenProblem::UnknownScheme(scheme) => {
@@ -103,6 +147,11 @@ impl std::error::Error for OpenProblem {
             OpenProblem::Hub(error) => Some(error),
             OpenProblem::Shards(error) => Some(error),
             OpenProblem::NoShardFiles
+            | OpenProblem::NothingLoadable { .. }
+            | OpenProblem::TooManyComponents { .. }
+            | OpenProblem::TooManyEntries { .. }
+            | OpenProblem::Ambiguous(_)
+            | OpenProblem::OnlyInFolders(_)
             | OpenProblem::IndexTooLarge { .. }
             | OpenProblem::NotOpened
             | OpenProblem::UnknownScheme(_) => None,

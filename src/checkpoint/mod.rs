@@ -8,7 +8,12 @@
 //!   that they make one checkpoint;
 //! - `index_file`: a local `*.index.json` read into memory (a regular file, bounded), and those a
 //!   directory of shards re-serves (bounded together);
-//! - `beside`: the small files (configs, tokenizers) beside a local directory or index;
+//! - `local`: a directory's own shards, and the shards a local index names;
+//! - `beside`: the small files (configs, tokenizers) beside a local index;
+//! - `layout`: which folders of a model repository are components and whose small files a mount
+//!   serves, and the limits of one mount (depth, components, entries walked);
+//! - `folders`: a local folder opened as the model repository it is (its components, its small
+//!   files);
 //! - `hub`: `hf://` names, through the hub's API, to shards at a pinned commit;
 //! - `error`: [`OpenError`] and its [`OpenProblem`].
 //!
@@ -16,12 +21,15 @@
 
 mod beside;
 mod error;
+mod folders;
 mod hub;
 mod index_file;
+pub mod layout;
+mod local;
 mod open;
 mod shard;
 
 pub use error::{OpenError, OpenProblem};
 pub use hub::{open_hub_with, HubRepo};
 pub use open::{is_url, open, OpenOptions};
-pub use shard::{file_name, open_file, open_source, Checkpoint, OpenedShard, RootFile};
+pub use shard::{file_name, open_file, open_source, Checkpoint, Component, OpenedShard, RootFile};

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{OpenError, OpenProblem};
-use super::index_file::{directory_index_files, read_index_file, MAX_DIRECTORY_INDEX_TOTAL, MAX_INDEX_SIZE};
+use super::index_file::MAX_INDEX_SIZE;
+use super::local::open_index;
 use super::shard::{checked, file_name, open_all, open_file, open_source, Checkpoint, OpenedShard, RootFile};
 use crate::format::index;
 use crate::source::http::{display_name, HttpError, HttpOptions, HttpSource};
@@ -48,7 +49,9 @@ fn unknown_scheme(spec: &str) -> Option<&str> {
 }
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
-/// `*.safetensors` shards, an `http(s)://` URL of a file or of an index, or an `hf://` repository.
+/// `*.safetensors` shards (with the folders below it that hold a checkpoint as components: a model
+/// repository as it is laid out), an `http(s)://` URL of a file or of an index, or an `hf://`
+/// repository.
 ///
 /// A remote checkpoint is opened within one [`HttpOptions::timeout`], index and shards together:
 /// a server that stalls makes this fail in that time, not in one timeout per request.
@@ -70,7 +73,7 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
     }
     let path = Path::new(spec);
     let mut checkpoint = if path.is_dir() {
-        open_dir(path)?
+        return super::folders::open_folder(path, options.repo_files);
     } else if spec.ends_with(".json") {
         open_index(path)?
     } else {
@@ -78,56 +81,13 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
     };
     if options.repo_files {
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let dir = if path.is_dir() { path } else { parent.unwrap_or(Path::new(".")) };
-        checkpoint.repo_files = super::beside::small_files_beside(dir);
+        checkpoint.repo_files = super::beside::small_files_beside(parent.unwrap_or(Path::new(".")));
     }
     Ok(checkpoint)
 }
 
 fn single(shard: OpenedShard) -> Checkpoint {
-    Checkpoint { shards: vec![shard], index_files: Vec::new(), repo_files: Vec::new() }
-}
-
-/// Every `*.safetensors` entry of `dir`, in name order, as one checkpoint; its
-/// `*.safetensors.index.json` files come along (read whole, to be re-served, within
-/// [`MAX_DIRECTORY_INDEX_TOTAL`] together), unchecked.
-///
-/// Each `*.safetensors` entry is opened whatever it is, so one that is not a readable regular file
-/// (a dangling or looping link, a FIFO, a directory) is an error naming it, as a shard an index
-/// names is, never a checkpoint served without its tensors.
-fn open_dir(dir: &Path) -> Result<Checkpoint, OpenError> {
-    let name = dir.display().to_string();
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .and_then(|listing| listing.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>())
-        .map_err(|e| OpenError::new(&name, e))?;
-    entries.sort();
-    let files: Vec<_> = entries.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
-    if files.is_empty() {
-        return Err(OpenError::new(&name, OpenProblem::NoShardFiles));
-    }
-    let indexes: Vec<_> =
-        entries.iter().filter(|p| p.to_str().is_some_and(|p| p.ends_with(".safetensors.index.json"))).collect();
-    let index_files = directory_index_files(&indexes, MAX_DIRECTORY_INDEX_TOTAL);
-    let shards = open_all(&files, |f| open_file(f))?;
-    checked(&name, shards, None, index_files)
-}
-
-/// The shards named by a local index file.
-fn open_index(path: &Path) -> Result<Checkpoint, OpenError> {
-    let name = path.display().to_string();
-    let bytes = read_index_file(path, MAX_INDEX_SIZE).map_err(|e| OpenError::new(&name, e))?;
-    let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    // One file named two ways (`a.safetensors`, `./a.safetensors`, a symbolic link to it) is one
-    // shard: compared by canonical path, or, for a file that is not there, by its lexical one.
-    index.merge_spellings(|f| {
-        let lexical = std::path::absolute(dir.join(index::without_dot_segments(f))).unwrap_or_else(|_| dir.join(f));
-        std::fs::canonicalize(&lexical).unwrap_or(lexical)
-    });
-    let files: Vec<_> = index.shards.iter().map(|f| dir.join(f)).collect();
-    let opened = open_all(&files, |f| open_file(f))?;
-    let index_files = file_name(&name).map(|name| RootFile { name, bytes }).into_iter().collect();
-    checked(&name, opened, Some(&index), index_files)
+    Checkpoint::of(vec![shard])
 }
 
 /// A single remote safetensors object; its reads get their own timeouts once its header is in.
@@ -289,7 +249,7 @@ mod tests {
         let checkpoint = open(dir.path().to_str().unwrap(), &OpenOptions::default()).unwrap();
         let total: usize = checkpoint.index_files.iter().map(|f| f.bytes.len()).sum();
         assert_eq!((checkpoint.index_files.len(), total), (2, 96 << 20));
-        assert!(total <= MAX_DIRECTORY_INDEX_TOTAL);
+        assert!(total <= super::super::index_file::MAX_DIRECTORY_INDEX_TOTAL);
     }
 
     #[test]

@@ -28,8 +28,60 @@ pub struct Checkpoint {
     pub index_files: Vec<RootFile>,
     /// The small files of an `hf://` repository (or folder) a loader wants beside the checkpoint
     /// (`config.json`, tokenizer files), fetched whole at open when
-    /// [`OpenOptions::repo_files`](super::OpenOptions::repo_files) asks for them.
+    /// [`OpenOptions::repo_files`](super::OpenOptions::repo_files) asks for them. A file of a
+    /// folder that is no component is named by its path from this checkpoint's folder
+    /// (`scheduler/scheduler_config.json`).
     pub repo_files: Vec<RootFile>,
+    /// The checkpoints of the folders below that hold one of their own (a diffusers pipeline's
+    /// `unet/`, a sentence-transformers model's `2_Dense/`), in folder order; empty for a file,
+    /// an index or a URL. When there are some, `shards` may be empty (a pipeline's root).
+    pub components: Vec<Component>,
+}
+
+/// A folder of a model repository that holds a checkpoint of its own.
+pub struct Component {
+    /// Its path relative to the mounted folder (`unet`, `a/b`).
+    pub folder: String,
+    /// Its checkpoint (with no components of its own: every component is listed at the top).
+    pub checkpoint: Checkpoint,
+}
+
+impl Checkpoint {
+    /// A checkpoint of `shards` alone.
+    pub fn of(shards: Vec<OpenedShard>) -> Checkpoint {
+        Checkpoint { shards, index_files: Vec::new(), repo_files: Vec::new(), components: Vec::new() }
+    }
+
+    /// The checkpoint of the named folder's own files, for a command that reads one checkpoint
+    /// (`inspect`, `extract`, `cat`): its components left aside; a folder with none of its own,
+    /// only in folders below it, is [`OpenProblem::OnlyInFolders`] naming them (`shown`: the name
+    /// as given).
+    pub fn own(mut self, shown: &str) -> Result<Checkpoint, OpenError> {
+        if self.shards.is_empty() && !self.components.is_empty() {
+            let folders = self.components.iter().map(|c| c.folder.clone()).collect();
+            return Err(OpenError::new(shown, OpenProblem::OnlyInFolders(folders)));
+        }
+        self.components.clear();
+        Ok(self)
+    }
+
+    /// Adds a small file of the repository at `path` (from this checkpoint's folder): to the
+    /// component whose folder holds it directly, by its name, else to this checkpoint, by `path`.
+    pub fn add_repo_file(&mut self, path: String, bytes: Vec<u8>) {
+        let folder = path.rsplit_once('/').map_or("", |(folder, _)| folder);
+        match self.components.iter_mut().find(|c| c.folder == folder) {
+            Some(c) => {
+                let name = path[folder.len() + 1..].to_string();
+                c.checkpoint.repo_files.push(RootFile { name, bytes });
+            }
+            None => self.repo_files.push(RootFile { name: path, bytes }),
+        }
+    }
+
+    /// Every shard, the components' too.
+    pub fn all_shards(&self) -> impl Iterator<Item = &OpenedShard> {
+        self.shards.iter().chain(self.components.iter().flat_map(|c| c.checkpoint.shards.iter()))
+    }
 }
 
 /// A small file served in a mount's root as it was read at open: an index file, or a file of the
@@ -148,7 +200,7 @@ pub(super) fn checked(
         .collect();
     let headers: Vec<&Header> = opened.iter().map(|s| &s.header).collect();
     check_shards(&names, &headers, index).map_err(|e| OpenError::new(name, e))?;
-    Ok(Checkpoint { shards: opened, index_files, repo_files: Vec::new() })
+    Ok(Checkpoint { index_files, ..Checkpoint::of(opened) })
 }
 
 #[cfg(test)]

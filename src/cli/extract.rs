@@ -128,7 +128,7 @@ pub fn run_cat(args: CatArgs) -> Result<ExitCode, Failure> {
 /// source is that file already).
 fn open_fs(source: &str, remote: &RemoteArgs, npy: bool) -> Result<Arc<Fs>, Failure> {
     let stats = Arc::new(Stats::default());
-    let opened = checkpoint::open(source, &remote.open_options(stats.clone())?)?;
+    let opened = checkpoint::open(source, &remote.open_options(stats.clone())?)?.own(source)?;
     let options = FsOptions {
         engine: EngineConfig { cache_size: COPY_CACHE_SIZE, ..default_engine(source) },
         layout: Layout::Flat,

@@ -13,7 +13,8 @@ use crate::tree::namespace::{Layout, Namespace, Shard, Views};
 pub fn run(args: InspectArgs) -> Result<ExitCode, Failure> {
     // An hf:// repository's small files are listed in metadata.json, so `--json` fetches them.
     let options = OpenOptions { repo_files: args.json, ..args.remote.open_options(Default::default())? };
-    let opened = checkpoint::open(&args.source, &options)?;
+    // One checkpoint: a folder's own (its folders with one of their own are mounts' business).
+    let opened = checkpoint::open(&args.source, &options)?.own(&args.source)?;
     let shards = opened
         .shards
         .into_iter()

@@ -204,6 +204,6 @@ pub fn check_place(mountpoint: &std::path::Path) -> Result<(), Failure> {
 /// Checks that a mount on `mountpoint` would hide no file of `checkpoint`.
 pub fn check_hiding(mountpoint: &std::path::Path, checkpoint: &checkpoint::Checkpoint) -> Result<(), Failure> {
     // Local shards are named by absolute path; remote ones by URL.
-    let files = checkpoint.shards.iter().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
+    let files = checkpoint.all_shards().map(|s| std::path::Path::new(s.source.name())).filter(|p| p.is_absolute());
     check_not_hiding(mountpoint, files).map_err(|e| Failure::at(mountpoint.display(), e))
 }

@@ -11,7 +11,7 @@ use crate::engine::disk::DiskCache;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::stats::Stats;
-use crate::tree::namespace::{AttrBase, Layout, NameClash, Namespace, RootFile, RootKind, Shard, Views};
+use crate::tree::namespace::{AttrBase, Component, Layout, NameClash, Namespace, RootFile, RootKind, Shard, Views};
 
 /// Whose files they are: the owner and group every file and directory shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,28 +53,35 @@ pub struct FsOptions {
     pub disk: Option<Arc<DiskCache>>,
 }
 
-/// Builds the filesystem for `checkpoint`, counting into `stats`. Files are readable by whom the
-/// backing files are (the read bits common to all local shards), and dated by the newest shard.
+/// Builds the filesystem for `checkpoint`, counting into `stats`: its own shards and files in the
+/// root, each of its components in its folder. Files are readable by whom the backing files are
+/// (the read bits common to all local shards), and dated by the newest shard.
 pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
     let engine = Engine::with_disk_cache(options.engine.clone(), options.disk.clone(), stats);
-    let mut shards = Vec::new();
     let mut newest = SystemTime::UNIX_EPOCH;
     let mut read_bits = 0o444;
-    for s in checkpoint.shards {
-        newest = newest.max(s.source.modified().unwrap_or(newest));
-        if !crate::checkpoint::is_url(s.source.name()) {
-            if let Ok(meta) = std::fs::metadata(s.source.name()) {
-                read_bits &= meta.permissions().mode();
+    let Checkpoint { shards, index_files, repo_files, components } = checkpoint;
+    let root = crate::checkpoint::Checkpoint { shards, index_files, repo_files, components: Vec::new() };
+    let parts = std::iter::once((String::new(), root)).chain(components.into_iter().map(|c| (c.folder, c.checkpoint)));
+    let mut laid_out = Vec::new();
+    for (folder, part) in parts {
+        let mut shards = Vec::new();
+        for s in part.shards {
+            newest = newest.max(s.source.modified().unwrap_or(newest));
+            if !crate::checkpoint::is_url(s.source.name()) {
+                if let Ok(meta) = std::fs::metadata(s.source.name()) {
+                    read_bits &= meta.permissions().mode();
+                }
             }
+            let name = s.source.name().to_string();
+            let file = if options.checkpoint_files { crate::checkpoint::file_name(&name) } else { None };
+            let source = engine.add_source(s.source);
+            shards.push(Shard { source, name, header: s.header, file });
         }
-        let name = s.source.name().to_string();
-        let file = if options.checkpoint_files { crate::checkpoint::file_name(&name) } else { None };
-        let source = engine.add_source(s.source);
-        shards.push(Shard { source, name, header: s.header, file });
+        let files = if options.checkpoint_files { root_files(part.index_files, part.repo_files) } else { Vec::new() };
+        laid_out.push(Component { folder, shards, files });
     }
-    let files =
-        if options.checkpoint_files { root_files(checkpoint.index_files, checkpoint.repo_files) } else { Vec::new() };
-    let ns = Namespace::build(shards, files, options.layout, options.views)?;
+    let ns = Namespace::build_components(laid_out, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
     let (file_perm, dir_perm) = (options.perms.0.unwrap_or(file_perm), options.perms.1.unwrap_or(dir_perm));
     let Owner { uid, gid } = options.owner;

@@ -2,7 +2,7 @@
 //! `metadata` from it (kept here so that neither of those two imports the other).
 
 use super::metadata;
-use super::namespace::{Layout, NameClash, Namespace, RootFile, Shard, Views};
+use super::namespace::{Component, Layout, NameClash, Namespace, RootFile, Shard, Views};
 
 impl Namespace {
     /// Builds the tree for `shards`, `metadata.json` included, with the checkpoint's own files in
@@ -16,9 +16,18 @@ impl Namespace {
         layout: Layout,
         views: Views,
     ) -> Result<Namespace, NameClash> {
-        let mut ns = Namespace::lay_out(shards, root_files, layout, views)?;
-        let json = metadata::render(&ns);
-        ns.set_metadata(json);
+        Namespace::build_components(vec![Component { folder: String::new(), shards, files: root_files }], layout, views)
+    }
+
+    /// Builds the tree of a model repository: each of `components` laid out in its folder (the
+    /// root's first; see [`Namespace::lay_out`]) with its own `metadata.json`, the root's listing
+    /// the others. One component in the root builds exactly what [`Namespace::build`] does.
+    pub fn build_components(components: Vec<Component>, layout: Layout, views: Views) -> Result<Namespace, NameClash> {
+        let mut ns = Namespace::lay_out(components, layout, views)?;
+        for i in 0..ns.components().len() {
+            let json = metadata::render_component(&ns, i);
+            ns.set_metadata(i, json);
+        }
         Ok(ns)
     }
 }

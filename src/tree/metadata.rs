@@ -18,8 +18,16 @@
 //!   "files": { PATH: NAME },          // every served tensor path back to its tensor name
 //!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
 //!                           "shard": I } ],               // root; "shard" absent for an index
-//!   "repo_files": [ { "path": NAME, "size": N } ] }       // small files beside the checkpoint
+//!   "repo_files": [ { "path": NAME, "size": N } ],        // small files beside the checkpoint
+//!   "components": [ { "path": FOLDER, "tensors": N, "shards": N } ] }  // root only; see below
 //! ```
+//!
+//! A mount of a model repository (a diffusers pipeline, a sentence-transformers model) has a
+//! component in each folder that holds a checkpoint: that folder holds its own `metadata.json` of
+//! this schema, every path in it relative to that folder. The root's lists every such folder in
+//! `components` (absent when there is none, so a flat model's is as it always was); `repo_files`
+//! lists the small files of the folders that are no component (`scheduler/scheduler_config.json`)
+//! in the root's, by their path from the root.
 //!
 //! `checkpoint_files` and `repo_files` are empty under `-o no_checkpoint_file`, `repo_files` for
 //! a single file or a URL of a file or index (`hf://` names, directories and local indexes bring
@@ -30,7 +38,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::format::Dtype;
-use crate::tree::namespace::{Namespace, ServedFile};
+use crate::tree::namespace::{ComponentInfo, Namespace, ServedFile};
 
 /// Version of the schema above; bumped on incompatible changes.
 pub const METADATA_VERSION: u64 = 1;
@@ -44,6 +52,14 @@ struct Doc<'a> {
     files: BTreeMap<&'a str, &'a str>,
     checkpoint_files: Vec<ServedDoc<'a>>,
     repo_files: Vec<ServedDoc<'a>>,
+    components: Vec<ComponentDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct ComponentDoc<'a> {
+    path: &'a str,
+    tensors: usize,
+    shards: usize,
 }
 
 #[derive(Serialize)]
@@ -80,11 +96,18 @@ struct TensorDoc<'a> {
     npy_path: Option<&'a str>,
 }
 
-/// Renders metadata.json for a built namespace: one line per shard, tensor and file.
+/// Renders the root's metadata.json for a built namespace: one line per shard, tensor and file.
 pub fn render(ns: &Namespace) -> Vec<u8> {
-    let sharded = ns.shards().len() > 1;
-    let shards = ns
-        .shards()
+    render_component(ns, 0)
+}
+
+/// Renders component `index`'s metadata.json (0: the root's): its shards, its tensors with paths
+/// relative to its folder, its files; for the root, the other components.
+pub fn render_component(ns: &Namespace, index: usize) -> Vec<u8> {
+    let Some(c) = ns.components().get(index) else { return render_empty() };
+    let own = &ns.shards()[c.shards.clone()];
+    let sharded = own.len() > 1;
+    let shards = own
         .iter()
         .map(|s| ShardDoc {
             source: &s.name,
@@ -96,8 +119,9 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
         .collect();
     let mut tensors = BTreeMap::new();
     let mut files = BTreeMap::new();
-    for t in ns.tensors() {
+    for t in &ns.tensors()[c.tensors.clone()] {
         let relative = t.start - ns.shards()[t.shard].header.data_start();
+        let path = c.relative(&t.path);
         tensors.insert(
             t.name.as_str(),
             TensorDoc {
@@ -106,26 +130,54 @@ pub fn render(ns: &Namespace) -> Vec<u8> {
                 byte_len: t.len,
                 data_offsets: [relative, relative + t.len],
                 offset: t.start,
-                shard: t.shard,
-                path: &t.path,
+                shard: t.shard - c.shards.start,
+                path,
                 served_dtype: t.served_dtype,
                 served_byte_len: t.served_len,
-                npy_path: t.npy_path.as_deref(),
+                npy_path: t.npy_path.as_deref().map(|p| c.relative(p)),
             },
         );
-        files.insert(t.path.as_str(), t.name.as_str());
+        files.insert(path, t.name.as_str());
         if let Some(npy) = &t.npy_path {
-            files.insert(npy.as_str(), t.name.as_str());
+            files.insert(c.relative(npy), t.name.as_str());
         }
     }
-    let metadata = match ns.shards() {
+    let metadata = match own {
         [only] => only.header.metadata.as_ref(),
         _ => None,
     };
-    let (checkpoint_files, repo_files) = (served(ns.served_files()), served(ns.repo_files()));
-    let doc =
-        Doc { stfs_metadata_version: METADATA_VERSION, shards, metadata, tensors, files, checkpoint_files, repo_files };
+    let (checkpoint_files, repo_files) = (served(&c.served), served(&c.repo_served));
+    let components = if index == 0 { ns.components()[1..].iter().map(component_doc).collect() } else { Vec::new() };
+    let doc = Doc {
+        stfs_metadata_version: METADATA_VERSION,
+        shards,
+        metadata,
+        tensors,
+        files,
+        checkpoint_files,
+        repo_files,
+        components,
+    };
     write_one_entry_per_line(&doc)
+}
+
+/// The document of a namespace with no such component (never asked for by `build`).
+fn render_empty() -> Vec<u8> {
+    let doc = Doc {
+        stfs_metadata_version: METADATA_VERSION,
+        shards: Vec::new(),
+        metadata: None,
+        tensors: BTreeMap::new(),
+        files: BTreeMap::new(),
+        checkpoint_files: Vec::new(),
+        repo_files: Vec::new(),
+        components: Vec::new(),
+    };
+    write_one_entry_per_line(&doc)
+}
+
+fn component_doc(c: &ComponentInfo) -> ComponentDoc<'_> {
+    ComponentDoc { path: &c.folder, tensors: c.tensors.len(), shards: c.shards.len() }
 }
 
 /// metadata.json's entries for files served in the root.
@@ -157,7 +209,7 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
         out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
         compact(&mut out, shard);
     }
-    out.extend_from_slice(b"\n  ],\n  \"metadata\": ");
+    out.extend_from_slice(if doc.shards.is_empty() { b"],\n  \"metadata\": " } else { b"\n  ],\n  \"metadata\": " });
     compact(&mut out, &doc.metadata);
     out.extend_from_slice(b",\n  \"tensors\": ");
     map(&mut out, &doc.tensors);
@@ -170,6 +222,15 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
             compact(&mut out, file);
         }
         out.extend_from_slice(if list.is_empty() { b"]" } else { b"\n  ]" });
+    }
+    // Only when there are components: a flat model's document is as it always was.
+    if !doc.components.is_empty() {
+        out.extend_from_slice(b",\n  \"components\": [");
+        for (i, component) in doc.components.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+            compact(&mut out, component);
+        }
+        out.extend_from_slice(b"\n  ]");
     }
     out.extend_from_slice(b"\n}\n");
     out

@@ -1,9 +1,15 @@
-//! The virtual tree: inodes, names, attributes and contents of every file a mount shows, and how
-//! tensors are laid out into it (`lay_out`; `build.rs` adds metadata.json). Pure data.
+//! The virtual tree: inodes, names, attributes and contents of every file a mount shows. Pure
+//! data; `lay_out` lays tensors and files out into it, `build` adds metadata.json.
 //!
 //! Inode numbers are assigned in a fixed order (root, reserved files, the checkpoint's own files,
-//! the repository's small files, then tensors in shard and offset order), so the same checkpoint
-//! gets the same numbers on every mount.
+//! the repository's small files, then tensors in shard and offset order; then the same for each
+//! component folder, in path order), so the same checkpoint gets the same numbers on every mount.
+//!
+//! A mount is one or more components ([`Component`]): the root, and each folder of a model
+//! repository that holds a checkpoint of its own (`unet/`, `2_Dense/`). Each is laid out in its
+//! folder as a flat mount lays out its root: its own `metadata.json`, its checkpoint's files, its
+//! small files and a file per tensor. A folder's name (a component's, or one a small file is in)
+//! is reserved in the directory it is in, as `config.json` is: a tensor named like it is escaped.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,7 +19,6 @@ use std::time::SystemTime;
 
 use crate::format::{Dtype, Header};
 use crate::source::SourceId;
-use crate::tree::names;
 
 /// An inode number.
 pub type Ino = u64;
@@ -64,10 +69,11 @@ pub struct Shard {
     pub file: Option<String>,
 }
 
-/// A small file served in the root as it was read at open.
+/// A small file served in a component's folder as it was read at open.
 #[derive(Debug, Clone)]
 pub struct RootFile {
-    /// Its name in the root.
+    /// Its path relative to the component's folder: a name, or `FOLDER/NAME` for a file of a
+    /// folder that is not a component itself (`scheduler/scheduler_config.json`).
     pub name: String,
     /// Its bytes.
     pub bytes: Arc<[u8]>,
@@ -85,12 +91,52 @@ pub enum RootKind {
     Repo,
 }
 
-/// A checkpoint or repository file served in the root, for metadata.json.
+/// What one component of a mount holds: laid out in `folder` as a flat mount lays out its root.
+#[derive(Debug, Clone, Default)]
+pub struct Component {
+    /// Its folder relative to the mount root (`unet`, `a/b`); empty for the root itself.
+    pub folder: String,
+    /// Its shards (tensor names unique among them; checked by the caller).
+    pub shards: Vec<Shard>,
+    /// Its small files: index files, then the repository's files.
+    pub files: Vec<RootFile>,
+}
+
+/// A component as laid out: where it is and which shards, tensors and files are its.
+#[derive(Debug, Clone)]
+pub struct ComponentInfo {
+    /// Its folder relative to the mount root; empty for the root.
+    pub folder: String,
+    /// Its directory's inode.
+    pub dir: Ino,
+    /// The inode of its `metadata.json`.
+    pub metadata: Ino,
+    /// Its range of [`Namespace::shards`].
+    pub shards: Range<usize>,
+    /// Its range of [`Namespace::tensors`].
+    pub tensors: Range<usize>,
+    /// The checkpoint's own files served in its folder, shards first.
+    pub served: Vec<ServedFile>,
+    /// The repository's small files served in (or below) its folder, in name order.
+    pub repo_served: Vec<ServedFile>,
+}
+
+impl ComponentInfo {
+    /// `path` (from the mount root) relative to this component's folder.
+    pub fn relative<'a>(&self, path: &'a str) -> &'a str {
+        if self.folder.is_empty() {
+            return path;
+        }
+        path.strip_prefix(self.folder.as_str()).and_then(|p| p.strip_prefix('/')).unwrap_or(path)
+    }
+}
+
+/// A checkpoint or repository file served in a component's folder, for metadata.json.
 #[derive(Debug, Clone)]
 pub struct ServedFile {
-    /// Its name in the root.
+    /// Its path relative to the component's folder.
     pub name: String,
-    /// The shard it is, or `None` for an index file.
+    /// The shard it is (an index into the component's shards), or `None` for an index file.
     pub shard: Option<usize>,
     /// Its size.
     pub size: u64,
@@ -113,7 +159,8 @@ pub struct Tensor {
     pub start: u64,
     /// Byte length.
     pub len: u64,
-    /// Path of its file, relative to the mount root.
+    /// Path of its file, relative to the mount root (its component's metadata.json gives it
+    /// relative to the component's folder).
     pub path: String,
     /// The dtype its file serves: `dtype`, or F32 under `-o as=f32` for float types.
     pub served_dtype: Dtype,
@@ -214,142 +261,21 @@ impl std::error::Error for NameClash {}
 /// The whole virtual tree of a mount.
 #[derive(Debug)]
 pub struct Namespace {
-    nodes: Vec<Node>,
-    tensors: Vec<Tensor>,
-    shards: Vec<Shard>,
+    pub(super) nodes: Vec<Node>,
+    pub(super) tensors: Vec<Tensor>,
+    pub(super) shards: Vec<Shard>,
     /// For each shard, the range of [`Namespace::tensors`] it holds.
-    shard_tensors: Vec<Range<usize>>,
-    /// The checkpoint's own files served in the root.
-    served: Vec<ServedFile>,
-    /// The repository's small files served in the root.
-    repo_served: Vec<ServedFile>,
+    pub(super) shard_tensors: Vec<Range<usize>>,
+    /// The components, the root first, then in folder order.
+    pub(super) components: Vec<ComponentInfo>,
 }
 
 impl Namespace {
-    /// Lays out the tree for `shards` with an empty `metadata.json` ([`Namespace::build`] renders
-    /// it). Tensor names are unique across shards (checked by the caller). Each shard's tensor list
-    /// is moved into [`Namespace::tensors`] (not copied: a header may hold a million entries), so
-    /// the kept shards' `header.tensors` are empty.
-    pub(super) fn lay_out(
-        mut shards: Vec<Shard>,
-        root_files: Vec<RootFile>,
-        layout: Layout,
-        views: Views,
-    ) -> Result<Namespace, NameClash> {
-        let mut ns = Namespace {
-            nodes: Vec::new(),
-            tensors: Vec::new(),
-            shards: Vec::new(),
-            shard_tensors: Vec::new(),
-            served: Vec::new(),
-            repo_served: Vec::new(),
-        };
-        ns.nodes.push(Node { parent: ROOT_INO, kind: NodeKind::Dir(Dir::default()) });
-        ns.add_file(ROOT_INO, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0);
-        let control = ns.add_dir(ROOT_INO, CONTROL_DIR.into());
-        ns.add_file(control, STATS_NAME.into(), Content::Stats, 0);
-        let reserved = ns.add_checkpoint_files(&mut shards, root_files);
-        let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
-
-        for (shard_index, shard) in shards.iter_mut().enumerate() {
-            let first = ns.tensors.len();
-            for info in std::mem::take(&mut shard.header.tensors) {
-                let i = ns.tensors.len();
-                let start = shard.header.data_start() + info.data_offsets.0;
-                let len = info.byte_len();
-                let elements = info.shape.iter().product::<u64>();
-                let (content, served_len) = match crate::views::f32::converted_len(info.dtype, elements) {
-                    Some(n) if views.as_f32 && crate::views::f32::served_as_f32(info.dtype) => (Content::F32(i), n),
-                    _ => (Content::Tensor(i), len),
-                };
-                let converted = matches!(content, Content::F32(_));
-                let served_dtype = if converted { Dtype::F32 } else { info.dtype };
-                let path = ns.place(&reserved, layout, views, &info.name, content, served_len, "")?;
-                // The view shows what the tensor's file serves: under `as=f32`, the conversion.
-                let npy_header =
-                    if views.npy { crate::views::npy::npy_header(served_dtype, &info.shape).ok() } else { None };
-                ns.tensors.push(Tensor {
-                    name: info.name,
-                    dtype: info.dtype,
-                    shape: info.shape,
-                    shard: shard_index,
-                    source: shard.source,
-                    start,
-                    len,
-                    path,
-                    served_dtype,
-                    served_len,
-                    npy_path: None,
-                });
-                // A tensor whose header cannot be expressed (never for a validated file) has no view.
-                if let Some(header) = npy_header {
-                    let size = header.len() as u64 + served_len;
-                    let content = Content::Npy { tensor: i, header: header.into(), converted };
-                    let name = std::mem::take(&mut ns.tensors[i].name);
-                    let placed = ns.place(&reserved, layout, views, &name, content, size, ".npy");
-                    ns.tensors[i].name = name;
-                    ns.tensors[i].npy_path = Some(placed?);
-                }
-            }
-            ns.shard_tensors.push(first..ns.tensors.len());
-        }
-        for node in &mut ns.nodes {
-            if let NodeKind::Dir(d) = &mut node.kind {
-                d.entries.sort_unstable();
-            }
-        }
-        ns.shards = shards;
-        Ok(ns)
-    }
-
-    /// Sets the contents of `metadata.json` in the root.
-    pub(super) fn set_metadata(&mut self, json: Vec<u8>) {
-        let Some(ino) = self.dir(ROOT_INO).and_then(|root| root.get(METADATA_NAME)) else { return };
+    /// Sets the contents of component `component`'s `metadata.json` (0: the root's).
+    pub(super) fn set_metadata(&mut self, component: usize, json: Vec<u8>) {
+        let Some(ino) = self.components.get(component).map(|c| c.metadata) else { return };
         let size = json.len() as u64;
         self.nodes[(ino - 1) as usize].kind = NodeKind::File { content: Content::Bytes(json.into()), size };
-    }
-
-    /// Adds the checkpoint's own files to the root: each shard that has a [`Shard::file`] name,
-    /// then the index files, then the repository's files. A name already taken (a reserved one, or
-    /// an earlier file's) is left out: that file is not served. Returns every name tensors may not
-    /// take in the root.
-    fn add_checkpoint_files(&mut self, shards: &mut [Shard], root_files: Vec<RootFile>) -> Vec<String> {
-        let mut reserved: Vec<String> = RESERVED.iter().map(|r| r.to_string()).collect();
-        let mut claim = |name: &Option<String>| match name {
-            Some(n) if !reserved.contains(n) => {
-                reserved.push(n.clone());
-                true
-            }
-            Some(n) => {
-                log::warn!("file {n:?} is not served: the name is taken");
-                false
-            }
-            None => false,
-        };
-        for (i, shard) in shards.iter_mut().enumerate() {
-            if !claim(&shard.file) {
-                shard.file = None;
-                continue;
-            }
-            let name = shard.file.clone().unwrap_or_default();
-            let size = shard.header.file_len;
-            self.add_file(ROOT_INO, name.clone(), Content::Checkpoint(i), size);
-            self.served.push(ServedFile { name, shard: Some(i), size });
-        }
-        let (index_files, repo_files): (Vec<_>, Vec<_>) =
-            root_files.into_iter().partition(|f| f.kind == RootKind::Index);
-        for file in index_files.into_iter().chain(repo_files) {
-            if claim(&Some(file.name.clone())) {
-                let size = file.bytes.len() as u64;
-                self.add_file(ROOT_INO, file.name.clone(), Content::Bytes(file.bytes), size);
-                let served = ServedFile { name: file.name, shard: None, size };
-                match file.kind {
-                    RootKind::Index => self.served.push(served),
-                    RootKind::Repo => self.repo_served.push(served),
-                }
-            }
-        }
-        reserved
     }
 
     /// The byte range within shard `shard`'s file that a read of `range` of the re-served file is
@@ -381,86 +307,22 @@ impl Namespace {
         }
     }
 
-    /// The checkpoint's own files served in the root, shards first.
+    /// The root's checkpoint files served, shards first.
     pub fn served_files(&self) -> &[ServedFile] {
-        &self.served
+        self.components.first().map_or(&[], |c| &c.served)
     }
 
     /// The repository's small files served in the root, in name order.
     pub fn repo_files(&self) -> &[ServedFile] {
-        &self.repo_served
+        self.components.first().map_or(&[], |c| &c.repo_served)
     }
 
-    /// Adds the file for one tensor under its escaped path (`reserved`: the names it may not take
-    /// in the root); returns the path.
-    #[allow(clippy::too_many_arguments)]
-    fn place(
-        &mut self,
-        reserved_in_root: &[&str],
-        layout: Layout,
-        views: Views,
-        name: &str,
-        content: Content,
-        size: u64,
-        suffix: &str,
-    ) -> Result<String, NameClash> {
-        let clash = |path: String| NameClash { path, tensor: name.to_string() };
-        let (dirs, leaf): (Vec<&str>, &str) = match layout {
-            Layout::Flat => (Vec::new(), name),
-            Layout::Tree => {
-                let mut parts: Vec<&str> = name.split('.').collect();
-                let leaf = parts.pop().unwrap_or_default();
-                (parts, leaf)
-            }
-        };
-        let mut dir = ROOT_INO;
-        let mut path = String::new();
-        for part in dirs {
-            let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
-            let file_name = names::escape(part, reserved);
-            path.push_str(&file_name);
-            path.push('/');
-            dir = match self.dir(dir).and_then(|d| d.get(&file_name)) {
-                Some(ino) if self.dir(ino).is_some() => ino,
-                // A tensor already holds this name: it moves into the new directory as SELF_NAME.
-                Some(ino) => self.demote_to_self(dir, &file_name, ino),
-                None => self.add_dir(dir, file_name),
-            };
-        }
-        let reserved = if dir == ROOT_INO { reserved_in_root } else { &[] };
-        // With the .npy view on, a raw file may not end in `.npy`: that dot is escaped (`x%2Enpy`).
-        let guard = (views.npy && suffix.is_empty()).then_some(".npy");
-        let file_name = names::escape_view(leaf, reserved, suffix, guard);
-        if let Some(existing) = self.dir(dir).and_then(|d| d.get(&file_name)) {
-            if layout == Layout::Tree && self.dir(existing).is_some() {
-                // A directory of this name exists: the tensor lives inside it.
-                let self_name = format!("{SELF_NAME}{suffix}");
-                if self.dir(existing).and_then(|d| d.get(&self_name)).is_some() {
-                    return Err(clash(format!("{path}{file_name}/{self_name}")));
-                }
-                self.add_file(existing, self_name.clone(), content, size);
-                return Ok(format!("{path}{file_name}/{self_name}"));
-            }
-            return Err(clash(format!("{path}{file_name}")));
-        }
-        self.add_file(dir, file_name.clone(), content, size);
-        Ok(format!("{path}{file_name}"))
+    /// The components, the root first, then in folder order.
+    pub fn components(&self) -> &[ComponentInfo] {
+        &self.components
     }
 
-    /// Turns the file `ino` named `name` in `parent` into `name/SELF_NAME`; returns the new directory.
-    fn demote_to_self(&mut self, parent: Ino, name: &str, ino: Ino) -> Ino {
-        self.remove_entry(parent, name);
-        let new_dir = self.add_dir(parent, name.to_string());
-        self.insert_entry(new_dir, SELF_NAME.to_string(), ino);
-        self.nodes[(ino - 1) as usize].parent = new_dir;
-        if let Some(NodeKind::File { content: Content::Tensor(i), .. }) = self.node(ino).map(|n| &n.kind) {
-            let i = *i;
-            self.tensors[i].path = format!("{}/{SELF_NAME}", self.tensors[i].path);
-        }
-        new_dir
-    }
-
-    fn add_dir(&mut self, parent: Ino, name: String) -> Ino {
+    pub(super) fn add_dir(&mut self, parent: Ino, name: String) -> Ino {
         self.nodes.push(Node { parent, kind: NodeKind::Dir(Dir::default()) });
         let ino = self.nodes.len() as Ino;
         self.insert_entry(parent, name, ino);
@@ -470,14 +332,14 @@ impl Namespace {
         ino
     }
 
-    fn add_file(&mut self, parent: Ino, name: String, content: Content, size: u64) -> Ino {
+    pub(super) fn add_file(&mut self, parent: Ino, name: String, content: Content, size: u64) -> Ino {
         self.nodes.push(Node { parent, kind: NodeKind::File { content, size } });
         let ino = self.nodes.len() as Ino;
         self.insert_entry(parent, name, ino);
         ino
     }
 
-    fn insert_entry(&mut self, dir: Ino, name: String, ino: Ino) {
+    pub(super) fn insert_entry(&mut self, dir: Ino, name: String, ino: Ino) {
         if let Some(NodeKind::Dir(d)) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind) {
             // Sorted once in `build` when everything is in: inserting in order here would be quadratic.
             d.entries.push((name.clone(), ino));
@@ -485,10 +347,20 @@ impl Namespace {
         }
     }
 
-    fn remove_entry(&mut self, dir: Ino, name: &str) {
+    pub(super) fn remove_entry(&mut self, dir: Ino, name: &str) {
         if let Some(NodeKind::Dir(d)) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind) {
             d.entries.retain(|(n, _)| n != name);
             d.index.remove(name);
+        }
+    }
+
+    /// Sorts every directory's entries by name (once everything is in: inserting in order would
+    /// be quadratic).
+    pub(super) fn sort_entries(&mut self) {
+        for node in &mut self.nodes {
+            if let NodeKind::Dir(d) = &mut node.kind {
+                d.entries.sort_unstable();
+            }
         }
     }
 

@@ -297,3 +297,115 @@ fn metadata_json_escapes_what_does_not_print_as_itself() {
     }
     assert_eq!(doc["metadata"], serde_json::to_value(&meta).unwrap());
 }
+
+/// A repository laid out in folders: each component in its folder with its own metadata.json
+/// (paths relative to it), the small files of other folders at their paths, and the root's
+/// metadata.json listing the components.
+#[test]
+fn components_are_laid_out_in_their_folders() {
+    let repo =
+        |name: &str, bytes: &[u8]| RootFile { name: name.into(), bytes: bytes.to_vec().into(), kind: RootKind::Repo };
+    let mut unet = shard(&["conv.weight", "metadata.json"]);
+    unet.file = Some("diffusion_pytorch_model.safetensors".into());
+    let components = vec![
+        Component {
+            folder: "unet".into(),
+            shards: vec![unet],
+            files: vec![repo("config.json", b"{}"), repo("metadata.json", b"theirs")],
+        },
+        Component { folder: "vae".into(), shards: vec![shard(&["conv.weight"])], files: Vec::new() },
+        Component {
+            folder: String::new(),
+            shards: Vec::new(),
+            files: vec![repo("model_index.json", b"{\"unet\": 1}"), repo("scheduler/scheduler_config.json", b"s")],
+        },
+    ];
+    let ns = Namespace::build_components(components, Layout::Flat, Views::default()).unwrap();
+    let root = ns.dir(ROOT_INO).unwrap();
+    let names: Vec<&str> = root.entries().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, [".stfs", "metadata.json", "model_index.json", "scheduler", "unet", "vae"]);
+    for path in [
+        "scheduler/scheduler_config.json",
+        "unet/metadata.json",
+        "unet/%6Detadata.json",
+        "unet/config.json",
+        "unet/conv.weight",
+        "unet/diffusion_pytorch_model.safetensors",
+        "vae/conv.weight",
+        "vae/metadata.json",
+    ] {
+        assert!(resolve(&ns, path).is_some(), "{path} missing");
+    }
+    let doc = |ino: Ino| -> serde_json::Value {
+        let NodeKind::File { content: Content::Bytes(json), .. } = &ns.node(ino).unwrap().kind else { panic!() };
+        serde_json::from_slice(json).unwrap()
+    };
+    let top = doc(resolve(&ns, "metadata.json").unwrap());
+    assert_eq!(
+        top["components"],
+        serde_json::json!([{"path": "unet", "tensors": 2, "shards": 1}, {"path": "vae", "tensors": 1, "shards": 1}])
+    );
+    assert_eq!(top["repo_files"][1], serde_json::json!({"path": "scheduler/scheduler_config.json", "size": 1}));
+    assert_eq!((top["tensors"].as_object().unwrap().len(), top["shards"].as_array().unwrap().len()), (0, 0));
+    // A component's metadata.json is a flat mount's of its folder: paths relative to it, its
+    // shards only, its files; a repository file named metadata.json is not served.
+    let unet = doc(resolve(&ns, "unet/metadata.json").unwrap());
+    assert_eq!(unet["tensors"]["metadata.json"]["path"], "%6Detadata.json");
+    assert_eq!(unet["files"]["conv.weight"], "conv.weight");
+    assert_eq!(unet["checkpoint_files"][0]["path"], "diffusion_pytorch_model.safetensors");
+    assert_eq!(unet["repo_files"], serde_json::json!([{"path": "config.json", "size": 2}]));
+    assert!(unet.get("components").is_none());
+    let vae = doc(resolve(&ns, "vae/metadata.json").unwrap());
+    assert_eq!(
+        (vae["tensors"]["conv.weight"]["shard"].as_u64(), vae["shards"].as_array().unwrap().len()),
+        (Some(0), 1)
+    );
+    // Every tensor file is where its component's metadata.json says.
+    for c in &ns.components()[1..] {
+        for t in &ns.tensors()[c.tensors.clone()] {
+            let local = c.relative(&t.path);
+            assert_eq!(resolve(&ns, &format!("{}/{local}", c.folder)), resolve(&ns, &t.path));
+        }
+    }
+}
+
+/// The collision rule: a folder's name (a component's, or one a small file is in) is reserved in
+/// the directory it is in, as a small file's name is: a tensor named like it gets its first byte
+/// escaped, in the flat layout and for the first directory of the tree layout alike.
+#[test]
+fn a_tensor_named_like_a_folder_is_escaped() {
+    let repo = |name: &str| RootFile { name: name.into(), bytes: b"{}".to_vec().into(), kind: RootKind::Repo };
+    for layout in [Layout::Flat, Layout::Tree] {
+        let root = Component {
+            folder: String::new(),
+            shards: vec![shard(&["2_Dense", "1_Pooling", "1_Pooling.x", "w"])],
+            files: vec![repo("1_Pooling/config.json"), repo("config.json")],
+        };
+        let dense = Component { folder: "2_Dense".into(), shards: vec![shard(&["linear.weight"])], files: Vec::new() };
+        let ns = Namespace::build_components(vec![root, dense], layout, Views::default()).unwrap();
+        let mut p = paths(&ns);
+        p.sort();
+        let expected: [(&str, &str); 5] = match layout {
+            Layout::Flat => [
+                ("1_Pooling", "%31_Pooling"),
+                ("1_Pooling.x", "1_Pooling.x"),
+                ("2_Dense", "%32_Dense"),
+                ("linear.weight", "2_Dense/linear.weight"),
+                ("w", "w"),
+            ],
+            Layout::Tree => [
+                ("1_Pooling", "%31_Pooling/%self"),
+                ("1_Pooling.x", "%31_Pooling/x"),
+                ("2_Dense", "%32_Dense"),
+                ("linear.weight", "2_Dense/linear/weight"),
+                ("w", "w"),
+            ],
+        };
+        let expected: Vec<(String, String)> = expected.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        assert_eq!(p, expected, "{layout:?}");
+        for t in ns.tensors() {
+            assert!(resolve(&ns, &t.path).is_some(), "{}", t.path);
+        }
+        assert!(resolve(&ns, "1_Pooling/config.json").is_some() && resolve(&ns, "2_Dense/metadata.json").is_some());
+    }
+}

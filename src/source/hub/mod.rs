@@ -19,6 +19,6 @@ mod token;
 
 pub use api::{HubClient, RepoInfo, Sibling};
 pub use error::HubError;
-pub use select::{choose_checkpoint, small_files, Choice, SMALL_FILES_TOTAL, SMALL_FILE_LIMIT};
+pub use select::{choose_checkpoint, small_files, small_files_in, Choice, SMALL_FILES_TOTAL, SMALL_FILE_LIMIT};
 pub use spec::{encode_path, is_hub_spec, HubSpec, DEFAULT_REVISION, HUB_SCHEME};
 pub use token::{endpoint, find_token, process_env, token_file, Env, TokenOrigin, DEFAULT_ENDPOINT};

@@ -15,15 +15,17 @@ pub enum Choice {
     Shards(Vec<String>),
 }
 
-/// The name of the index transformers writes.
-const STANDARD_INDEX: &str = "model.safetensors.index.json";
-/// The name of the single file transformers writes.
-const STANDARD_FILE: &str = "model.safetensors";
+/// The names of the index transformers and diffusers write, in the order they are preferred.
+const STANDARD_INDEXES: [&str; 2] = ["model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json"];
+/// The names of the single file transformers and diffusers write (a folder that holds one beside
+/// variants such as `diffusion_pytorch_model.fp16.safetensors` is that one file).
+const STANDARD_FILES: [&str; 2] = ["model.safetensors", "diffusion_pytorch_model.safetensors"];
 
 /// The checkpoint at `path` (a file, or a folder; the repository's root when `None`). In a folder,
-/// among its own files (not its subfolders'): `model.safetensors.index.json`, else
-/// `model.safetensors`, else the only `*.safetensors.index.json`, else the only `*.safetensors`
-/// file, else every `*.safetensors` file as shards.
+/// among its own files (not its subfolders'): `model.safetensors.index.json` (or diffusers'
+/// `diffusion_pytorch_model.safetensors.index.json`), else `model.safetensors` (or
+/// `diffusion_pytorch_model.safetensors`), else the only `*.safetensors.index.json`, else the only
+/// `*.safetensors` file, else every `*.safetensors` file as shards.
 pub fn choose_checkpoint(siblings: &[Sibling], path: Option<&str>, sha: &str) -> Result<Choice, HubError> {
     if let Some(path) = path {
         if siblings.iter().any(|s| s.path == path) {
@@ -43,11 +45,11 @@ pub fn choose_checkpoint(siblings: &[Sibling], path: Option<&str>, sha: &str) ->
     let indexes: Vec<&str> = names.iter().copied().filter(|n| n.ends_with(".safetensors.index.json")).collect();
     let mut files: Vec<&str> = names.iter().copied().filter(|n| n.ends_with(".safetensors")).collect();
     files.sort_unstable();
-    if indexes.contains(&STANDARD_INDEX) {
-        return Ok(Choice::Index(joined(STANDARD_INDEX)));
+    if let Some(index) = STANDARD_INDEXES.iter().find(|i| indexes.contains(i)) {
+        return Ok(Choice::Index(joined(index)));
     }
-    if files.contains(&STANDARD_FILE) {
-        return Ok(Choice::Single(joined(STANDARD_FILE)));
+    if let Some(file) = STANDARD_FILES.iter().find(|f| files.contains(f)) {
+        return Ok(Choice::Single(joined(file)));
     }
     match (indexes.as_slice(), files.as_slice()) {
         ([index], _) => Ok(Choice::Index(joined(index))),
@@ -99,20 +101,29 @@ const NAME_MAX: usize = 255;
 /// NAME_MAX, and not more than [`SMALL_FILES_TOTAL`] bytes together (smallest first).
 /// Returns `(path in the repository, name in the folder)` pairs in name order.
 pub fn small_files(siblings: &[Sibling], folder: Option<&str>) -> Vec<(String, String)> {
-    let prefix = folder.map_or(String::new(), |f| format!("{f}/"));
-    let mut picked: Vec<(u64, &str, &str)> = siblings
+    let folder = folder.unwrap_or("");
+    let skip = if folder.is_empty() { 0 } else { folder.len() + 1 };
+    small_files_in(siblings, &[folder]).into_iter().map(|path| (path.clone(), path[skip..].to_string())).collect()
+}
+
+/// The small files directly in any of `folders` (`""` is the root), by the rule of
+/// [`small_files`], bounded by [`SMALL_FILES_TOTAL`] all together (smallest first): their paths
+/// in the repository, in path order.
+pub fn small_files_in(siblings: &[Sibling], folders: &[&str]) -> Vec<String> {
+    let mut picked: Vec<(u64, &str)> = siblings
         .iter()
         .filter_map(|s| {
-            let name = s.path.strip_prefix(prefix.as_str())?;
+            let (folder, name) = s.path.rsplit_once('/').unwrap_or(("", s.path.as_str()));
             let size = s.size?;
             let extension = name.rsplit_once('.').map_or("", |(_, e)| e);
-            let wanted = !name.contains('/')
+            let wanted = folders.contains(&folder)
+                && !name.is_empty()
                 && !name.starts_with('.')
                 && name.len() <= NAME_MAX
                 && size <= SMALL_FILE_LIMIT
                 && !WEIGHT_EXTENSIONS.contains(&extension)
                 && !name.ends_with(".safetensors.index.json");
-            wanted.then_some((size, s.path.as_str(), name))
+            wanted.then_some((size, s.path.as_str()))
         })
         .collect();
     picked.sort_unstable();
@@ -121,8 +132,8 @@ pub fn small_files(siblings: &[Sibling], folder: Option<&str>) -> Vec<(String, S
         total += size;
         total <= SMALL_FILES_TOTAL
     });
-    let mut out: Vec<(String, String)> = picked.into_iter().map(|(_, p, n)| (p.to_string(), n.to_string())).collect();
-    out.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+    let mut out: Vec<String> = picked.into_iter().map(|(_, p)| p.to_string()).collect();
+    out.sort_unstable();
     out
 }
 
@@ -158,6 +169,11 @@ mod tests {
         assert_eq!(choose(&diffusers, Some("vae/x.safetensors")).map_err(|_| ()), single("vae/x.safetensors"));
         assert!(matches!(choose(&diffusers, None), Err(HubError::NoSafetensors { folder: None })));
         assert!(matches!(choose(&diffusers, Some("text")), Err(HubError::NoSuchPath { .. })));
+        // diffusers' own names win over its variants beside them.
+        let variants = ["unet/diffusion_pytorch_model.fp16.safetensors", "unet/diffusion_pytorch_model.safetensors"];
+        assert_eq!(choose(&variants, Some("unet")).map_err(|_| ()), single("unet/diffusion_pytorch_model.safetensors"));
+        let sharded = ["diffusion_pytorch_model.safetensors.index.json", "a.safetensors.index.json"];
+        assert_eq!(choose(&sharded, None).map_err(|_| ()), index("diffusion_pytorch_model.safetensors.index.json"));
         let two = ["a.safetensors.index.json", "b.safetensors.index.json"];
         assert!(matches!(choose(&two, None), Err(HubError::Ambiguous(v)) if v.len() == 2));
     }
@@ -179,5 +195,21 @@ mod tests {
         let names: Vec<String> = small_files(&siblings, None).into_iter().map(|(_, n)| n).collect();
         assert_eq!(names, ["config.json", "tokenizer.json"]);
         assert_eq!(small_files(&siblings, Some("sub")), [("sub/config.json".to_string(), "config.json".to_string())]);
+        assert_eq!(small_files_in(&siblings, &["", "sub"]), ["config.json", "sub/config.json", "tokenizer.json"]);
+    }
+
+    /// The total is over every folder asked for together, the largest left out first.
+    #[test]
+    fn small_files_of_several_folders_share_one_total() {
+        // Four of 30 MiB and one byte fit in 128 MiB; a fifth file, of 31 MiB, does not.
+        let (mib, files) = (1 << 20, ["a/x.json", "b/x.json", "c/x.json", "d/x.json", "e/big.txt", "z.json"]);
+        let sizes = [30 * mib, 30 * mib, 30 * mib, 30 * mib, 31 * mib, 1];
+        let siblings: Vec<Sibling> =
+            files.iter().zip(sizes).map(|(p, size)| Sibling { path: p.to_string(), size: Some(size) }).collect();
+        assert!(4 * 30 * mib < SMALL_FILES_TOTAL && 4 * 30 * mib + 31 * mib > SMALL_FILES_TOTAL);
+        let all = ["", "a", "b", "c", "d", "e"];
+        assert_eq!(small_files_in(&siblings, &all), ["a/x.json", "b/x.json", "c/x.json", "d/x.json", "z.json"]);
+        // Only the folders asked for.
+        assert_eq!(small_files_in(&siblings, &["e"]), ["e/big.txt"]);
     }
 }
