@@ -14,7 +14,7 @@ is the load itself, ending once every tensor is on the device: torch.cuda.synchr
 from two kinds of storage (--only):
 
   page          the checkpoint is a local file in the page cache (re-read before every run)
-  slow          the checkpoint is behind slowfs, the slow-storage model of docs/benchmarks.md
+  slow          the checkpoint is behind slowfs, the slow-storage model of docs/notes/benchmarks.md
                 (--slow-bandwidth-mbps per open file handle, --slow-latency-ms per range request), a
                 fresh slowfs mount per run, so every run starts cold. slowfs has no total cap: its
                 limit is per open file, which favours loaders that open many streams (the table says

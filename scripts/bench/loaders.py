@@ -38,7 +38,7 @@ Sources (--only):
 
   page    the checkpoint, a local file in the page cache (re-read before every run)
   cold    the same file not in the page cache (POSIX_FADV_DONTNEED on it before every run)
-  slow    the slow-storage model of docs/benchmarks.md: slowfs (--slow-bandwidth-mbps per handle,
+  slow    the slow-storage model of docs/notes/benchmarks.md: slowfs (--slow-bandwidth-mbps per handle,
           --slow-latency-ms per range request) over the checkpoint's folder, a fresh mount per run
   s3      s3://bench/model.safetensors on the S3 bench server (scripts/bench/s3server, built by s3.py's
           server_command) behind its latency proxy (--latency-ms per request, --conn-mib-s per
@@ -54,7 +54,7 @@ Sources (--only):
           from s3. The object is uploaded with one PUT, as s3.py does: for a file merely copied into the
           server's store directory, s3s-fs has no stored ETag and computes the MD5 of the whole object
           on every GET and HEAD before the first byte, and the streamer's many ranged GETs then stall
-          (docs/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
+          (docs/notes/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
 
 Every repetition runs every peer once, in an order rotated per repetition; the workers of a repetition
 start together and import while nothing is timed, then go one at a time. Ratios are paired by repetition

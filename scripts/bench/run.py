@@ -16,7 +16,7 @@ Scenarios (select with --only, e.g. --only a,c):
 pre-faulted buffer holding the checkpoint's bytes, with stfs's kernel settings (what the kernel's FUSE
 path costs by itself for this data); (a) also the hot-buffer limit (every read from the same 16 MiB).
 Needs root (mounts). Without an stfs binary the stfs rows are skipped and the references still run.
-Method and targets: docs/benchmarks.md.
+Method and targets: docs/notes/benchmarks.md.
 """
 
 import argparse
