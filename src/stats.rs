@@ -15,9 +15,11 @@ pub struct Stats {
     pub fuse_read_bytes: AtomicU64,
     /// Reads that failed with an errno.
     pub read_errors: AtomicU64,
-    /// Opens that reached the daemon: at most one per mount, since stfs declines OPEN and the
-    /// kernel then opens files without asking (`stfs extract` counts each file it copies).
-    pub opens: AtomicU64,
+    /// OPEN requests the kernel sent the daemon: at most one per mount, since stfs declines the
+    /// first and the kernel then opens files without asking, so this does not count the files
+    /// readers opened (`stfs extract` counts each file it copies). In stats.json also as `opens`,
+    /// its former name, kept for readers of older documents.
+    pub kernel_open_requests: AtomicU64,
     /// Block lookups found in the cache (including blocks still loading).
     pub cache_hits: AtomicU64,
     /// Block lookups that had to start a backing read.
@@ -181,7 +183,8 @@ impl Stats {
             ("fuse_reads", g(&self.fuse_reads)),
             ("fuse_read_bytes", g(&self.fuse_read_bytes)),
             ("read_errors", g(&self.read_errors)),
-            ("opens", g(&self.opens)),
+            ("kernel_open_requests", g(&self.kernel_open_requests)),
+            ("opens", g(&self.kernel_open_requests)),
             ("cache_hits", g(&self.cache_hits)),
             ("cache_misses", g(&self.cache_misses)),
             ("single_flight_waits", g(&self.single_flight_waits)),

@@ -7,9 +7,10 @@ import importlib
 import json
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Set
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
 from ._mapping import mapped
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
@@ -39,6 +40,65 @@ F6 = ("F6_E2M3", "F6_E3M2")  # four per three bytes; no NumPy or torch type hold
 #: PINNED_SLOTS * PINNED_SLOT_BYTES (128 MiB), whatever the size of the model or of its largest tensor.
 PINNED_SLOTS = 4
 PINNED_SLOT_BYTES = 32 << 20
+
+
+#: With progress=None (the default), the bar shows on a terminal for a remote source, or when load itself
+#: reads at least this many bytes (copies to a device, F4 unpacked); progress=True shows it on a terminal
+#: whatever the size. NumPy memmaps and CPU torch tensors are mappings: load reads none of their bytes.
+PROGRESS_MIN_BYTES = 256 << 20
+REMOTE_PREFIXES = ("http://", "https://", "s3://", "gs://", "hf://")
+
+#: Called with the bytes read since its last call.
+Tick = Callable[[int], None]
+
+
+def _no_tick(_: int) -> None:
+    pass
+
+
+class _Bar:
+    """tqdm's bar, in bytes with their throughput, on stderr: what load reads as it reads it."""
+
+    def __init__(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        try:
+            size = os.get_terminal_size(sys.stderr.fileno())
+        except OSError:
+            size = os.terminal_size((0, 0))
+        # A terminal that reports no size (a fresh pty, `script`) gets 100 x 24, not a bar tqdm hides.
+        sized = size.columns > 0 and size.lines > 0
+        self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                        file=sys.stderr, mininterval=0.2, leave=True, dynamic_ncols=sized,
+                        ncols=None if sized else 100, nrows=None if sized else 24)
+
+    def tick(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _bar(progress: Optional[bool], total: int, remote: bool, desc: str) -> Optional[_Bar]:
+    """The bar for a load that reads `total` bytes, or None: never with progress=False, in a pipe (stderr
+    not a terminal), or with nothing to read; with progress=None only for a remote source or at least
+    PROGRESS_MIN_BYTES; without tqdm installed, none (it comes with the numpy and torch extras)."""
+    if progress is False or total <= 0 or not sys.stderr.isatty():
+        return None
+    if progress is None and not (remote or total >= PROGRESS_MIN_BYTES):
+        return None
+    try:
+        return _Bar(total, desc)
+    except ImportError:
+        return None
+
+
+def _read_during_load(items: List["Entry"], kind: str, device: Any) -> int:
+    """The bytes load itself reads (the rest are mapped, read when touched): F4 tensors for NumPy (they
+    are unpacked), everything for torch on a device other than the CPU."""
+    if kind == "numpy":
+        return sum(e.byte_len for e in items if e.dtype == F4)
+    return 0 if str(device).split(":")[0] == "cpu" else sum(e.byte_len for e in items)
 
 
 class Entry(NamedTuple):
@@ -192,16 +252,16 @@ def _numpy_device(device) -> None:
         raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
 
 
-def _load_numpy(items: List[Entry], device) -> Dict[str, Any]:
+def _load_numpy(items: List[Entry], device, tick: Tick = _no_tick) -> Dict[str, Any]:
     import numpy as np
 
     _numpy_device(device)
     mapped = sum(1 for e in items if e.byte_len and e.dtype != F4)
     _check_mappings(mapped, "np.memmap")
-    return _memmaps(np, items)
+    return _memmaps(np, items, tick)
 
 
-def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
+def _memmaps(np, items: List[Entry], tick: Tick = _no_tick) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     raw: List[str] = []
     for e in items:
@@ -218,6 +278,7 @@ def _memmaps(np, items: List[Entry]) -> Dict[str, Any]:
             packed = np.fromfile(e.path, dtype=np.uint8, count=e.byte_len) if e.byte_len else np.zeros(0, np.uint8)
             if packed.size != e.byte_len:
                 raise StfsError(f"stfs: {e.path}: {packed.size} bytes read, {e.byte_len} expected")
+            tick(e.byte_len)
             nibbles = np.empty(2 * e.byte_len, dtype=np.uint8)
             nibbles[0::2] = packed & 0x0F
             nibbles[1::2] = packed >> 4
@@ -357,7 +418,7 @@ class StagingRing:
             self._slot, self._fill = -1, 0
 
 
-def _stage_file(path: str, dst, ring: StagingRing, copy) -> None:
+def _stage_file(path: str, dst, ring: StagingRing, copy, tick: Tick = _no_tick) -> None:
     """Copies the file at `path` into `dst` (a contiguous 1-D uint8 tensor of exactly its size, on
     any device) through `ring`: read a piece into a ring buffer, `copy(dst_piece, buffer_piece)`
     (a non-blocking copy_), and on to the next piece while that copy is in flight."""
@@ -371,9 +432,11 @@ def _stage_file(path: str, dst, ring: StagingRing, copy) -> None:
                 raise StfsError(f"stfs: {path}: ended after {done + got} of {n} bytes")
             copy(dst[done:done + got], piece)
             done += got
+            tick(got)
 
 
-def _load_staged(torch, items: List[Entry], target, ring: StagingRing, copy, raw: List[str]) -> Dict[str, Any]:
+def _load_staged(torch, items: List[Entry], target, ring: StagingRing, copy, raw: List[str],
+                 tick: Tick = _no_tick) -> Dict[str, Any]:
     """Every tensor of `items` on `target`, each allocated there as bytes, filled through `ring` by
     `copy`, and viewed as its dtype and shape. The caller finishes the ring (waits for the copies)."""
     out: Dict[str, Any] = {}
@@ -385,7 +448,7 @@ def _load_staged(torch, items: List[Entry], target, ring: StagingRing, copy, raw
             out[e.name] = torch.empty(shape, dtype=dtype, device=target)
             continue
         dst = torch.empty(e.byte_len, dtype=torch.uint8, device=target)
-        _stage_file(e.path, dst, ring, copy)
+        _stage_file(e.path, dst, ring, copy, tick)
         out[e.name] = dst.view(dtype).reshape(shape)
     return out
 
@@ -407,7 +470,7 @@ def _empty_host_cache(torch) -> None:
             return
 
 
-def _load_cuda(torch, items: List[Entry], target, raw: List[str]) -> Dict[str, Any]:
+def _load_cuda(torch, items: List[Entry], target, raw: List[str], tick: Tick = _no_tick) -> Dict[str, Any]:
     """The CUDA path: everything under torch.cuda.device(target), so no other GPU gets a context
     (device="cuda:1" makes none on GPU 0); a StagingRing of pinned buffers with one CUDA event each,
     recorded on the target's current stream, instead of a device-wide synchronize."""
@@ -432,7 +495,7 @@ def _load_cuda(torch, items: List[Entry], target, raw: List[str]) -> Dict[str, A
 
         ring = StagingRing(PINNED_SLOTS, _slot_bytes(items), alloc, _Event)
         try:
-            out = _load_staged(torch, items, target, ring, copy, raw)
+            out = _load_staged(torch, items, target, ring, copy, raw, tick)
         finally:
             ring.finish()  # every copy has landed before load returns (or raises)
             del ring
@@ -473,7 +536,7 @@ def _torch_device(device):
     return target
 
 
-def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
+def _load_torch(items: List[Entry], device, tick: Tick = _no_tick) -> Dict[str, Any]:
     import torch
 
     target = _torch_device(device)
@@ -481,7 +544,7 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
     if target.type == "cuda":
         if target.index is None:  # "cuda": the current device, named, so the guard and the tensors agree
             target = torch.device("cuda", torch.cuda.current_device())
-        out = _load_cuda(torch, items, target, raw)
+        out = _load_cuda(torch, items, target, raw, tick)
         _warn_raw(raw, "torch")
         return out
     out: Dict[str, Any] = {}
@@ -498,7 +561,10 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
         else:
             # A private mapping of the file: pages are read through the mount when first touched.
             t = torch.from_file(_utf8_path(e.path), shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
-        out[e.name] = t if target.type == "cpu" else t.to(target)
+        if target.type != "cpu":
+            t = t.to(target)
+            tick(e.byte_len)
+        out[e.name] = t
     _warn_raw(raw, "torch")
     return out
 
@@ -508,7 +574,8 @@ def _load_torch(items: List[Entry], device) -> Dict[str, Any]:
 FRAMEWORKS = {"numpy": "numpy", "np": "numpy", "torch": "torch", "pt": "torch", "pytorch": "torch"}
 
 
-def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeout: float = DEFAULT_TIMEOUT, **options) -> Dict[str, Any]:
+def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeout: float = DEFAULT_TIMEOUT,
+         progress: Optional[bool] = None, **options) -> Dict[str, Any]:
     """Every tensor of a checkpoint, as a dict name -> array, in checkpoint order.
 
     `path` is either the root of an stfs mount, or a source stfs can mount (a .safetensors file, a
@@ -539,6 +606,13 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     or stfs.unmount, while they map files detaches it lazily in the same way, and they stay valid.
     The CLI's `stfs umount` does not: it says the mount is busy and leaves it (`stfs umount -l`
     detaches it lazily).
+
+    Progress: where load itself reads the bytes (a CUDA or other non-CPU torch device; F4 unpacked for
+    NumPy), a tqdm bar on stderr shows bytes read and throughput, as huggingface_hub's downloads do:
+    with progress=None (the default) when stderr is a terminal and the source is remote or load reads at
+    least PROGRESS_MIN_BYTES; with progress=True on a terminal whatever the size; never with
+    progress=False or when stderr is not a terminal (a pipe, a log file). Memmaps and CPU tensors are
+    mappings read when touched, so they show none. Needs tqdm (the numpy and torch extras bring it).
     """
     path = _path(path)
     kind = FRAMEWORKS.get(str(framework).lower())
@@ -552,13 +626,25 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
         _numpy_device(device)
     else:
         _torch_device(device)
+    remote = str(path).startswith(REMOTE_PREFIXES)
+
+    def read(mountpoint) -> Dict[str, Any]:
+        items = entries(mountpoint)
+        bar = _bar(progress, _read_during_load(items, kind, device), remote, f"stfs.load {os.path.basename(str(path).rstrip('/'))}")
+        if bar is None:
+            return reader(items, device)
+        try:
+            return reader(items, device, bar.tick)
+        finally:
+            bar.close()
+
     if is_mount_dir(path):
         if options:
             raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")
-        return reader(entries(path), device)
+        return read(path)
     binary, mp, made = _mount(path, None, timeout, options)
     try:
-        result = reader(entries(mp), device)
+        result = read(mp)
     except BaseException:
         _detach(binary, mp, made, timeout, quiet=True)
         raise

@@ -3,7 +3,7 @@
 reads (backing file in the page cache), unmount; the builds alternate each repetition (ABBA order), so
 both see the same machine, and the median of the paired ratios says whether a change cost anything.
 
-  python3 scripts/bench/ab.py --before OLD/stfs --after target/release/stfs --reps 20
+  python3 scripts/bench/ab.py --before OLD/stfs --after "$(scripts/cargo_bin --release --bin stfs)" --reps 20
 
 Needs root (mounts). The checkpoint is scenario (a)'s (checkpoint.py), built once under --workdir.
 """

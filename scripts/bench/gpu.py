@@ -14,7 +14,7 @@ is the load itself, ending once every tensor is on the device: torch.cuda.synchr
 from two kinds of storage (--only):
 
   page          the checkpoint is a local file in the page cache (re-read before every run)
-  slow          the checkpoint is behind slowfs, the slow-storage model of docs/benchmarks.md
+  slow          the checkpoint is behind slowfs, the slow-storage model of docs/notes/benchmarks.md
                 (--slow-bandwidth-mbps per open file handle, --slow-latency-ms per range request), a
                 fresh slowfs mount per run, so every run starts cold. slowfs has no total cap: its
                 limit is per open file, which favours loaders that open many streams (the table says
@@ -32,9 +32,9 @@ a target is never a success. Each table is printed as soon as its storage kind i
 --out-dir written there too (gpu-table-KIND.txt), with every figure so far in gpu-bench.json (rewritten
 after every run), so a run stopped part way keeps what it measured.
 
-  python3 scripts/bench/gpu.py --stfs target/release/stfs                      # 4 GiB on cuda, 3 reps
-  python3 scripts/bench/gpu.py --stfs target/release/stfs --size 8G --reps 5
-  python3 scripts/bench/gpu.py --stfs target/release/stfs --device cpu --size small --reps 1   # smoke
+  python3 scripts/bench/gpu.py --stfs "$(scripts/cargo_bin --release --bin stfs)"                      # 4 GiB on cuda, 3 reps
+  python3 scripts/bench/gpu.py --stfs "$(scripts/cargo_bin --release --bin stfs)" --size 8G --reps 5
+  python3 scripts/bench/gpu.py --stfs "$(scripts/cargo_bin --release --bin stfs)" --device cpu --size small --reps 1   # smoke
 
 With --device cpu (no GPU: the smoke scripts/test runs) the same loaders load to the CPU, each run
 touching every page of what it loaded, and the targets are not judged. Needs root (mounts), torch,
@@ -54,6 +54,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+import cargo_paths  # noqa: E402
 
 LOADERS = ["stfs", "safetensors", "cpu-then-to", "runai"]
 REFERENCE = "safetensors"
@@ -91,8 +93,8 @@ def parse_args(argv=None):
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"loaders to run (default {','.join(LOADERS)})")
     p.add_argument("--slow-bandwidth-mbps", type=float, default=200.0, help="slowfs MB/s per handle (default 200)")
     p.add_argument("--slow-latency-ms", type=float, default=10.0, help="slowfs cost per range request (default 10)")
-    p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"), help="stfs binary")
-    p.add_argument("--slowfs", default=os.path.join(REPO, "target", "release", "examples", "slowfs"),
+    p.add_argument("--stfs", default=cargo_paths.binary("stfs"), help="stfs binary")
+    p.add_argument("--slowfs", default=cargo_paths.binary("slowfs", example=True),
                    help="slowfs binary (built with cargo if missing)")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built once and reused")
     p.add_argument("--no-install", action="store_true", help=f"do not pip install {RUNAI_PACKAGE} when missing")

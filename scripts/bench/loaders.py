@@ -38,7 +38,7 @@ Sources (--only):
 
   page    the checkpoint, a local file in the page cache (re-read before every run)
   cold    the same file not in the page cache (POSIX_FADV_DONTNEED on it before every run)
-  slow    the slow-storage model of docs/benchmarks.md: slowfs (--slow-bandwidth-mbps per handle,
+  slow    the slow-storage model of docs/notes/benchmarks.md: slowfs (--slow-bandwidth-mbps per handle,
           --slow-latency-ms per range request) over the checkpoint's folder, a fresh mount per run
   s3      s3://bench/model.safetensors on the S3 bench server (scripts/bench/s3server, built by s3.py's
           server_command) behind its latency proxy (--latency-ms per request, --conn-mib-s per
@@ -54,7 +54,7 @@ Sources (--only):
           from s3. The object is uploaded with one PUT, as s3.py does: for a file merely copied into the
           server's store directory, s3s-fs has no stored ETag and computes the MD5 of the whole object
           on every GET and HEAD before the first byte, and the streamer's many ranged GETs then stall
-          (docs/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
+          (docs/notes/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
 
 Every repetition runs every peer once, in an order rotated per repetition; the workers of a repetition
 start together and import while nothing is timed, then go one at a time. Ratios are paired by repetition
@@ -75,8 +75,8 @@ Peers at their defaults, except: fastsafetensors with nogds=True when its defaul
 fastsafetensors are pip installed when missing (unless --no-install), rclone with apt-get (s3.py's
 need_tools) for the upload to the S3 server.
 
-  $(scripts/torch_venv) scripts/bench/loaders.py --stfs target/release/stfs              # 256 MiB, 5 reps
-  $(scripts/torch_venv) scripts/bench/loaders.py --stfs target/release/stfs --quick      # smoke, < 90 s
+  $(scripts/torch_venv) scripts/bench/loaders.py --stfs "$(scripts/cargo_bin --release --bin stfs)"              # 256 MiB, 5 reps
+  $(scripts/torch_venv) scripts/bench/loaders.py --stfs "$(scripts/cargo_bin --release --bin stfs)" --quick      # smoke, < 90 s
 """
 import argparse
 import contextlib
@@ -93,6 +93,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+import cargo_paths  # noqa: E402
 
 FLOORS = ["touch floor", "touch floor mapped", "read floor", "read floor x16"]
 TOUCH_FLOORS = ["touch floor", "touch floor mapped"]
@@ -119,8 +121,8 @@ TITLES = {
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"), help="stfs binary")
-    p.add_argument("--slowfs", default=os.path.join(REPO, "target", "release", "examples", "slowfs"),
+    p.add_argument("--stfs", default=cargo_paths.binary("stfs"), help="stfs binary")
+    p.add_argument("--slowfs", default=cargo_paths.binary("slowfs", example=True),
                    help="slowfs binary (built with cargo if missing)")
     p.add_argument("--size-mb", type=int, help="checkpoint size in MiB (default 256; --quick: 16)")
     p.add_argument("--reps", type=int, help="repetitions (default 5; --quick: 1)")
@@ -595,6 +597,7 @@ def main():
     import checkpoint
     import mounts  # noqa: F401
     import report
+    report.JUDGED = not args.quick
 
     notes = []
     requested = list(peers)
@@ -658,9 +661,11 @@ def main():
         sys.stdout.flush()
         results.append(res)
     print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    missed = [c["label"] for r in results for c in r.checks if c["status"] == "FAIL"]
-    print(f"{len(missed)} target(s) missed" + (": " + "; ".join(missed) if missed else "")
-          + (" (a --quick run: figures not judged)" if args.quick else ""))
+    if args.quick:
+        print("figures not judged (a --quick smoke run: toy sizes; judge a full run)")
+    else:
+        missed = [c["label"] for r in results for c in r.checks if c["status"] == "FAIL"]
+        print(f"{len(missed)} target(s) missed" + (": " + "; ".join(missed) if missed else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "machine": machine, "notes": notes,

@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import cargo_paths  # noqa: E402
 import checkpoint  # noqa: E402
 import mounts  # noqa: E402
 import scenarios  # noqa: E402
@@ -54,9 +55,9 @@ def parse_args():
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--size-mb", type=int, default=1024)
     p.add_argument("--rand-count", type=int, default=2000)
-    p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"))
+    p.add_argument("--stfs", default=cargo_paths.binary("stfs", profile="profiling"))
     p.add_argument("--stfs-opts", default="", metavar="ARGS")
-    p.add_argument("--limitfs", default=os.path.join(REPO, "target", "release", "examples", "limitfs"))
+    p.add_argument("--limitfs", default=cargo_paths.binary("limitfs", profile="profiling", example=True))
     p.add_argument("--limit-opts", default="", metavar="ARGS")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench")
     p.add_argument("--out", default="/var/tmp/stfs-prof")

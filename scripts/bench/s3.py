@@ -43,8 +43,8 @@ and `--proxy python` run the old ones.
 Needs cargo, s3fs and rclone (Debian: installed here with apt-get when run as root), python3 with
 numpy and safetensors.
 
-  python3 scripts/bench/s3.py --stfs target/release/stfs                   # 1 GiB, 5 repetitions
-  python3 scripts/bench/s3.py --stfs target/release/stfs --quick           # 32 MiB smoke run
+  python3 scripts/bench/s3.py --stfs "$(scripts/cargo_bin --release --bin stfs)"                   # 1 GiB, 5 repetitions
+  python3 scripts/bench/s3.py --stfs "$(scripts/cargo_bin --release --bin stfs)" --quick           # 32 MiB smoke run
 """
 import argparse
 import json
@@ -61,7 +61,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+import cargo_paths  # noqa: E402
 from mounts import is_mounted, wait_mounted  # noqa: E402
+import remote  # noqa: E402
 from remote import LatencyProxy, free_port, summary, wait_port, write_checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -355,9 +358,9 @@ def server_command(kind):
         if not os.path.exists(server):
             sys.exit("s3.py: s3s-fs not installed (cargo install s3s-fs@0.14.1 --features binary --locked)")
         return [server, "--host", "127.0.0.1"]
-    target = os.path.join(REPO, "target", "bench-s3server")
+    target = os.path.join(cargo_paths.target_dir(), "bench-s3server")
     cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-    build = [cargo, "build", "--release", "--quiet", "--locked", "--manifest-path",
+    build = [cargo, "build", "--release", "--locked", "--manifest-path",
              os.path.join(SERVER_CRATE, "Cargo.toml"), "--target-dir", target]
     if subprocess.run(build).returncode != 0:
         sys.exit(f"s3.py: cannot build the bench's S3 server ({' '.join(build)})")
@@ -368,7 +371,7 @@ class RustProxy:
     """The bench's proxy (scripts/bench/s3server/src/bin/stfs-bench-proxy.rs): LatencyProxy's model."""
 
     def __init__(self, upstream_port, latency, conn_rate):
-        program = os.path.join(REPO, "target", "bench-s3server", "release", "stfs-bench-proxy")
+        program = os.path.join(cargo_paths.target_dir(), "bench-s3server", "release", "stfs-bench-proxy")
         self.proc = subprocess.Popen([program, str(upstream_port), str(latency * 1000), str(conn_rate / 2**20)],
                                      stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
@@ -380,7 +383,7 @@ class RustProxy:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stfs", default="target/release/stfs", help="the stfs binary")
+    p.add_argument("--stfs", default=cargo_paths.binary("stfs"), help="the stfs binary")
     p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size in MiB [1024]")
     p.add_argument("--tensor-mb", type=int, default=16, help="approximate size of each tensor in MiB [16]")
     p.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds per request [20]")
@@ -398,6 +401,7 @@ def main():
     args = p.parse_args()
     args.stfs_opts = shlex.split(args.stfs_opts)
     if args.quick:
+        remote.JUDGED = False
         args.size_mb, args.reps, args.tensor_mb = 32, 1, min(args.tensor_mb, 4)
     need_tools()
     server = server_command(args.server)
@@ -473,13 +477,13 @@ def main():
     med = {k: statistics.median(v) for k, v in runs.items() if v}
 
     def target(label, ratio, goal):
-        print(f"{label:40} {ratio:6.2f}x  target >= {goal}x  {'MET' if ratio >= goal else 'MISSED'}")
+        print(f"{label:40} {ratio:6.2f}x  target >= {goal}x  {remote.verdict(ratio >= goal)}")
     for other, goal in (("s3fs all", 3), ("rclone all", 3), ("download+load", 2)):
         if other in med:
             target(f"whole model: {other} / stfs all", med[other] / med["stfs all"], goal)
     if "download" in med:
         share = med["stfs one"] / med["download"]
-        print(f"{'one tensor / download':40} {share:6.1%}   target < 5%    {'MET' if share < 0.05 else 'MISSED'}")
+        print(f"{'one tensor / download':40} {share:6.1%}   target < 5%    {remote.verdict(share < 0.05)}")
     if "s3fs 4w" in med:
         target("4 workers: s3fs 4w / stfs 4w", med["s3fs 4w"] / med["stfs 4w"], 10)
     print("CPU-seconds per GiB of the checkpoint, by the process that moved it (median [min-max], system share):")

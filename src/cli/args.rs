@@ -395,9 +395,25 @@ pub struct StatsArgs {
     /// The mount point.
     pub mountpoint: PathBuf,
     /// Print the counters in the Prometheus text format (labelled with the mount point and the
-    /// source) instead of JSON.
-    #[arg(long)]
+    /// source) instead of the summary.
+    #[arg(long, conflicts_with_all = ["json", "watch"])]
     pub prometheus: bool,
+    /// Print the raw counters of .stfs/stats.json, as JSON, instead of the summary.
+    #[arg(long, conflicts_with = "watch")]
+    pub json: bool,
+    /// Reprint the summary every SECS seconds (default 1), with the throughput of each interval,
+    /// until interrupted or the mount goes away.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, require_equals = true, default_missing_value = "1",
+          value_parser = parse_watch)]
+    pub watch: Option<f64>,
+}
+
+/// A `--watch` interval: seconds, from 0.1 to a day.
+fn parse_watch(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if (0.1..=86400.0).contains(&secs) => Ok(secs),
+        _ => Err(format!("{text:?} is not a number of seconds from 0.1 to 86400")),
+    }
 }
 
 /// Extra help for `stfs mount`.
@@ -433,8 +449,14 @@ Examples:
 
 /// Extra help for `stfs stats`.
 const STATS_HELP: &str = "\
+The summary: bytes served, bytes from the store and their ratio to served,
+memory (and disk) cache hit rates, throughput (average since the mount, or
+over each interval under --watch) and errors. Every counter is in --json.
+
 Examples:
-  stfs stats /mnt/model | jq .cache_hits
+  stfs stats /mnt/model                  # the summary
+  stfs stats --watch /mnt/model          # the same, updated every second
+  stfs stats --json /mnt/model | jq .cache_hits
   stfs stats --prometheus /mnt/model     # the Prometheus text format";
 
 /// Extra help for `stfs umount`.

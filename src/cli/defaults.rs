@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::engine::EngineConfig;
 
 /// Default block size: the unit of the cache and of alignment, 64 KiB. A random 4 KiB reader pays
-/// for one such block, most of it in fresh memory for the cache (measured in docs/benchmarks.md:
+/// for one such block, most of it in fresh memory for the cache (measured in docs/notes/benchmarks.md:
 /// first-touch random reads take about half the time of 256 KiB blocks, and 8 MiB blocks made them
 /// 4-20x slower), while sequential streams still reach the storage in reads of up to
 /// [`crate::engine::PREFETCH_CHUNK_BYTES`] (8 MiB): the prefetch coalesces whole aligned blocks.
@@ -14,7 +14,7 @@ pub const DEFAULT_BLOCK_SIZE: u64 = 64 << 10;
 /// Default block size for a checkpoint read over HTTP(S): 4 MiB. Every block loaded on demand is
 /// one request whose round trip dwarfs the transfer of a few MiB, and a 1 MiB kernel request then
 /// mostly falls inside one block, which is handed to the kernel without being joined, and a
-/// tensor's first window (one block per prefetch lane) spans 16 MiB (measured in docs/remote.md: a
+/// tensor's first window (one block per prefetch lane) spans 16 MiB (measured in docs/notes/remote-benchmarks.md: a
 /// 1 GiB model 1.7-1.9 s against 2.0-2.2 s with 64 KiB blocks, a 16 MiB tensor 0.095 s against
 /// 0.12 s; the price is that a random 4 KiB read costs one 4 MiB request).
 pub const DEFAULT_REMOTE_BLOCK_SIZE: u64 = 4 << 20;
@@ -37,7 +37,7 @@ fn cpus() -> u32 {
 
 /// Default FUSE threads for `source`: for a file on a local filesystem twice the CPUs, 4 to
 /// [`DEFAULT_THREADS`]: a local read is CPU work (the kernel's copy into the reply), so threads
-/// beyond the CPUs only add wake-ups and lock waits (docs/benchmarks.md). For a URL or a file on a
+/// beyond the CPUs only add wake-ups and lock waits (docs/notes/benchmarks.md). For a URL or a file on a
 /// network or FUSE filesystem [`DEFAULT_THREADS`]: a request there may wait on the storage.
 pub fn default_threads(source: &str) -> u32 {
     if waits_on_storage(source) {

@@ -1,9 +1,13 @@
-//! `stfs stats`: print a mount's live counters, read from its `.stfs/stats.json`, as JSON or (with
-//! `--prometheus`) in the Prometheus text format, labelled as the mount's `--metrics-file` is.
+//! `stfs stats`: print a mount's live counters, read from its `.stfs/stats.json`, as a short human
+//! summary (reprinted live with `--watch`), as the JSON itself (`--json`) or (with `--prometheus`)
+//! in the Prometheus text format, labelled as the mount's `--metrics-file` is.
+
+mod summary;
 
 use std::fmt;
-use std::io;
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::cli::args::StatsArgs;
 use crate::cli::report::{print_out, Failure};
@@ -55,14 +59,56 @@ fn read_stats(path: &std::path::Path) -> io::Result<String> {
     String::from_utf8(bytes).map_err(|_| named(io::Error::new(io::ErrorKind::InvalidData, "is not UTF-8")))
 }
 
-/// Runs `stfs stats`: prints the mount's live counters as JSON, or in the Prometheus text format.
-pub fn run(args: StatsArgs) -> Result<ExitCode, Failure> {
+/// The mount's stats document, as text and parsed.
+fn read_doc(args: &StatsArgs, shown: &str) -> Result<(String, serde_json::Value), Failure> {
     let path = args.mountpoint.join(CONTROL_DIR).join(STATS_NAME);
+    let text = read_stats(&path).map_err(|e| Failure::at(shown, NotAMount(e)))?;
+    let doc = serde_json::from_str(&text).map_err(|e| Failure::at(shown, NotStats(e)))?;
+    Ok((text, doc))
+}
+
+/// Seconds since the epoch, now.
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `--watch`: the summary every `interval`, with each interval's throughput; on a terminal each
+/// replaces the last. Ends when the mount can no longer be read (unmounted), or on a signal.
+fn watch(args: &StatsArgs, shown: &str, interval: f64) -> Result<ExitCode, Failure> {
+    let clear = if io::stdout().is_terminal() { "\x1b[H\x1b[2J" } else { "" };
+    let mut previous: Option<(serde_json::Value, Instant)> = None;
+    loop {
+        let (_, doc) = read_doc(args, shown)?;
+        let taken = Instant::now();
+        let before = previous.as_ref().map(|(d, at)| (d, taken.duration_since(*at).as_secs_f64()));
+        let text = summary::render(&doc, shown, before, now_secs());
+        let separator = if previous.is_some() && clear.is_empty() { "\n" } else { "" };
+        let mut out = io::stdout().lock();
+        match out.write_all(format!("{clear}{separator}{text}").as_bytes()).and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // `stfs stats --watch | head` ends when head does.
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+            Err(e) => return Err(Failure::io("writing to stdout", e)),
+        }
+        drop(out);
+        previous = Some((doc, taken));
+        std::thread::sleep(Duration::from_secs_f64(interval));
+    }
+}
+
+/// Runs `stfs stats`: prints the mount's live counters as a summary (once, or under `--watch`),
+/// as JSON, or in the Prometheus text format.
+pub fn run(args: StatsArgs) -> Result<ExitCode, Failure> {
     let shown = PrintablePath(&args.mountpoint.to_string_lossy()).to_string();
-    let text = read_stats(&path).map_err(|e| Failure::at(&shown, NotAMount(e)))?;
-    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure::at(&shown, NotStats(e)))?;
-    if !args.prometheus {
+    if let Some(interval) = args.watch {
+        return watch(&args, &shown, interval);
+    }
+    let (text, doc) = read_doc(&args, &shown)?;
+    if args.json {
         return print_out(&text);
+    }
+    if !args.prometheus {
+        return print_out(&summary::render(&doc, &shown, None, now_secs()));
     }
     // Labelled as the daemon labels its --metrics-file: the mount point and source of mountinfo.
     let labels = match locate(&args.mountpoint) {
@@ -93,12 +139,12 @@ mod tests {
         std::fs::create_dir(dir.path().join(".stfs")).unwrap();
         planted(&dir.path().join(".stfs/stats.json"));
         let (tx, rx) = std::sync::mpsc::channel();
-        for prometheus in [false, true] {
-            let args = StatsArgs { mountpoint: PathBuf::from(dir.path()), prometheus };
+        for (prometheus, json) in [(false, false), (false, true), (true, false)] {
+            let args = StatsArgs { mountpoint: PathBuf::from(dir.path()), prometheus, json, watch: None };
             let tx = tx.clone();
             std::thread::spawn(move || tx.send(run(args).map(|_| ()).map_err(|e| e.to_string())));
         }
-        let mut errors: Vec<String> = (0..2)
+        let mut errors: Vec<String> = (0..3)
             .map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("stfs stats returns").unwrap_err())
             .collect();
         errors.dedup();

@@ -82,7 +82,7 @@ pub const LANES: usize = 8;
 /// a store paces each connection (S3 and GCS serve ~100 MiB/s per connection) and charges a
 /// latency per request, so one stream's bandwidth is lanes x the per-connection rate x the share
 /// of each request spent transferring. With 8 MiB requests at 100 MiB/s and 20 ms per request
-/// (docs/remote.md) eight lanes carry at most ~640 MiB/s and sixteen ~1.3 GiB/s: 1 GiB through
+/// (docs/notes/remote-benchmarks.md) eight lanes carry at most ~640 MiB/s and sixteen ~1.3 GiB/s: 1 GiB through
 /// `s3.py` took 2.03 s with eight and 1.55 s with sixteen (the daemon's CPU per GiB unchanged),
 /// where curl's 16 parallel GETs take 0.79 s and 8 take 1.34 s. Sixteen is also what peers open
 /// (the Run:ai streamer's default concurrency, gcsfuse's parallel downloads).
@@ -125,7 +125,7 @@ pub const BACK_SLACK: u64 = 1 << 20;
 /// once (up to 1 MiB each) and the daemon's threads (16 for a URL) take them in any order, so a
 /// request can reach the engine after later ones have moved the cursor on by several MiB: a block
 /// recycled within that distance was fetched again, one whole round trip with the reader waiting
-/// (7 blocks of a 1 GiB load from `s3://` on a fresh mount, 0.39 s; docs/remote.md). 16 MiB is
+/// (7 blocks of a 1 GiB load from `s3://` on a fresh mount, 0.39 s; docs/notes/remote-benchmarks.md). 16 MiB is
 /// that many threads' requests; it only delays reuse, within a cache whose window is 128 MiB.
 pub const DROP_BEHIND_SLACK: u64 = 16 << 20;
 

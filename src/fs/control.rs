@@ -122,7 +122,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let file = StatsFile::new(Arc::clone(&stats));
         let (first, a) = file.take();
-        stats.opens.fetch_add(1000, Relaxed);
+        stats.kernel_open_requests.fetch_add(1000, Relaxed);
         let (second, b) = file.take();
         assert_ne!(first, second);
         assert!(first >= FIRST_SNAPSHOT_INO && is_snapshot_ino(second));

@@ -219,7 +219,7 @@ impl Fs {
     /// Checks that file `ino` may be opened (`write`: for writing). Files hold no per-open state:
     /// any reader may read any file at any offset without opening it first.
     pub fn open(&self, ino: Ino, write: bool) -> Result<(), FsError> {
-        Stats::add(&self.stats().opens, 1);
+        Stats::add(&self.stats().kernel_open_requests, 1);
         if self.snapshot(ino).is_none() {
             let node = self.ns.node(ino).ok_or(FsError::NotFound)?;
             if !matches!(node.kind, NodeKind::File { .. }) {

@@ -2,7 +2,7 @@
 //! pipe, the file's pages are spliced in after it (page references, no copy), and the pipe is
 //! spliced into `/dev/fuse`, where the kernel copies the pages once, into the reader's page cache.
 //! Against `writev` from the file's mapping, the daemon never faults the mapping's page tables in
-//! and never has to drop them again (docs/benchmarks.md has the measurements).
+//! and never has to drop them again (docs/notes/benchmarks.md has the measurements).
 //!
 //! The kernel takes a spliced reply only whole: the header and all the data must sit in the pipe
 //! at once. Each FUSE thread keeps one pipe of [`PIPE_BYTES`] (256 page slots, which

@@ -50,7 +50,12 @@ const METRICS: &[Metric] = &[
     counter("fuse_reads", "stfs_fuse_reads_total", "Read requests served (FUSE, or files copied by extract)."),
     counter("fuse_read_bytes", "stfs_fuse_read_bytes_total", "Bytes returned by read requests."),
     counter("read_errors", "stfs_read_errors_total", "Read requests that failed with an errno."),
-    counter("opens", "stfs_opens_total", "Opens that reached the daemon."),
+    counter(
+        "kernel_open_requests",
+        "stfs_kernel_open_requests_total",
+        "OPEN requests the kernel sent (at most one per mount: then the kernel opens files itself).",
+    ),
+    counter("opens", "stfs_opens_total", "Former name of stfs_kernel_open_requests_total (the same value)."),
     counter("cache_hits", "stfs_cache_hits_total", "Block lookups found in the memory cache (loading included)."),
     counter("cache_misses", "stfs_cache_misses_total", "Block lookups that had to start a backing read."),
     counter(

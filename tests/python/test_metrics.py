@@ -23,6 +23,7 @@ COUNTERS = {
     "fuse_reads": "stfs_fuse_reads",
     "fuse_read_bytes": "stfs_fuse_read_bytes",
     "read_errors": "stfs_read_errors",
+    "kernel_open_requests": "stfs_kernel_open_requests",
     "opens": "stfs_opens",
     "cache_hits": "stfs_cache_hits",
     "cache_misses": "stfs_cache_misses",

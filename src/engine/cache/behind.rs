@@ -10,7 +10,7 @@
 //! Fresh memory is not free: every first touch of a page is a page fault and a clear, and on a VM
 //! that hands freed memory back to the host a host fault as well. Filling a 512 MiB cache that way
 //! while streaming a 1 GiB checkpoint once cost the daemon about as much CPU as everything else it
-//! did for those bytes (docs/remote.md).
+//! did for those bytes (docs/notes/remote-benchmarks.md).
 //!
 //! A reply still being written from a passed block (the kernel sends several reads at once) keeps
 //! the block alive; it is remembered and recycled at a later drop-behind once the reply is done.

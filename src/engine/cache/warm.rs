@@ -5,7 +5,7 @@
 //! A new block's buffer is fresh memory until the cache is full and starts reusing evicted ones.
 //! Its first write costs a page fault per 4 KiB, and on a VM that hands freed memory back to the
 //! host (free page reporting) a host fault too: about 3 µs per page here, so 50 µs for a 64 KiB
-//! block, half of a first-touch random read (docs/benchmarks.md). The warm spares are ordinary
+//! block, half of a first-touch random read (docs/notes/benchmarks.md). The warm spares are ordinary
 //! spare buffers (counted against the cache budget), topped up only while the cache is at most
 //! three-quarters full, where a load would otherwise allocate.
 

@@ -1,0 +1,149 @@
+//! The human summary of a stats document that `stfs stats MNT` prints: bytes served, bytes from
+//! the store and their ratio, cache hit rates, throughput and errors, a few lines a person reads at
+//! a glance (`--json` prints the document itself). Under `--watch` the throughput is over the last
+//! interval, from the previous document.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::cli::progress::human;
+
+/// A counter of the document (0 where absent: an older daemon, or a field only some mounts have).
+fn n(doc: &Value, key: &str) -> u64 {
+    doc.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// `part` of `whole` as a percentage with one decimal, or `-` when nothing was counted.
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+/// Seconds as `1h 02m`, `3m 05s` or `12s`.
+fn duration(seconds: u64) -> String {
+    match seconds {
+        s if s >= 3600 => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("{}m {:02}s", s / 60, s % 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// The bytes that came from the store: what HTTP(S)/S3/GCS requests received for a remote
+/// source; for a local one, what the block cache read (or asked the kernel to prefetch) plus the
+/// replies the kernel copied or spliced straight from the file.
+fn store_bytes(doc: &Value) -> u64 {
+    if n(doc, "http_requests") > 0 {
+        n(doc, "http_bytes")
+    } else {
+        n(doc, "backing_read_bytes") + n(doc, "mapped_read_bytes")
+    }
+}
+
+/// The throughput line: over the last `interval` seconds from `previous` under `--watch`, else the
+/// average since the daemon started (`now` is the time of day in seconds).
+fn throughput(doc: &Value, previous: Option<(&Value, f64)>, now: u64) -> String {
+    let (served, store, seconds, over) = match previous {
+        Some((before, interval)) => (
+            n(doc, "fuse_read_bytes").saturating_sub(n(before, "fuse_read_bytes")),
+            store_bytes(doc).saturating_sub(store_bytes(before)),
+            interval,
+            format!("over the last {interval:.1} s"),
+        ),
+        None => {
+            let up = now.saturating_sub(n(doc, "process_start_time_seconds")).max(1);
+            (n(doc, "fuse_read_bytes"), store_bytes(doc), up as f64, "on average since the mount".to_string())
+        }
+    };
+    let rate = |bytes: u64| human(bytes as f64 / seconds.max(0.001));
+    format!("{}/s served, {}/s from the store, {over}", rate(served), rate(store))
+}
+
+/// The summary of `doc` for mount point `shown`; `previous` is the document read `interval`
+/// seconds before (under `--watch`); `now` is the time of day in seconds.
+pub fn render(doc: &Value, shown: &str, previous: Option<(&Value, f64)>, now: u64) -> String {
+    let mut out = String::new();
+    let started = n(doc, "process_start_time_seconds");
+    let up = if started > 0 { format!(", daemon up {}", duration(now.saturating_sub(started))) } else { String::new() };
+    let _ = writeln!(out, "{shown}: stfs mount{up}");
+    let served = n(doc, "fuse_read_bytes");
+    let _ = writeln!(out, "  served        {} in {} reads", human(served as f64), n(doc, "fuse_reads"));
+    let store = store_bytes(doc);
+    let ratio = if served > 0 { format!("{:.2}x of served", store as f64 / served as f64) } else { "-".to_string() };
+    let requests = if n(doc, "http_requests") > 0 {
+        format!("{} requests, {} retries", n(doc, "http_requests"), n(doc, "http_retries"))
+    } else {
+        let reads = (n(doc, "backing_reads"), n(doc, "mapped_reads"));
+        format!("{} block reads and {} replies straight from the file", reads.0, reads.1)
+    };
+    let _ = writeln!(out, "  from store    {} ({ratio}) in {requests}", human(store as f64));
+    let (hits, misses) = (n(doc, "cache_hits"), n(doc, "cache_misses"));
+    let _ = writeln!(
+        out,
+        "  memory cache  {} hits ({hits} of {} block lookups); {} resident, peak {}",
+        percent(hits, hits + misses),
+        hits + misses,
+        human(n(doc, "resident_bytes") as f64),
+        human(n(doc, "peak_resident_bytes") as f64)
+    );
+    if n(doc, "disk_cache_limit") > 0 {
+        let (hits, misses) = (n(doc, "disk_cache_hits"), n(doc, "disk_cache_misses"));
+        let _ = writeln!(
+            out,
+            "  disk cache    {} hits ({hits} of {} lookups); holds {} of {}",
+            percent(hits, hits + misses),
+            hits + misses,
+            human(n(doc, "disk_cache_bytes") as f64),
+            human(n(doc, "disk_cache_limit") as f64)
+        );
+    }
+    let _ = writeln!(out, "  throughput    {}", throughput(doc, previous, now));
+    let errors = [("read", "read_errors"), ("store", "backing_errors"), ("disk cache", "disk_cache_errors")];
+    let listed: Vec<String> = errors.iter().map(|(what, key)| format!("{} {what}", n(doc, key))).collect();
+    let total: u64 = errors.iter().map(|(_, key)| n(doc, key)).sum();
+    let verdict = if total == 0 { "none" } else { "see the daemon's log" };
+    let _ = writeln!(out, "  errors        {verdict} ({})", listed.join(", "));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::stats::summary::*;
+
+    fn doc(json: &str) -> Value {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_remote_mount_shows_bytes_ratio_hit_rate_average_throughput_and_errors() {
+        let d = doc(r#"{"fuse_reads": 10, "fuse_read_bytes": 1073741824, "http_requests": 256,
+            "http_bytes": 1084227584, "http_retries": 2, "cache_hits": 90, "cache_misses": 10,
+            "resident_bytes": 1048576, "peak_resident_bytes": 536870912, "backing_errors": 1,
+            "process_start_time_seconds": 1000}"#);
+        let text = render(&d, "/mnt/m", None, 1010);
+        assert!(text.starts_with("/mnt/m: stfs mount, daemon up 10s\n"), "{text}");
+        assert!(text.contains("served        1.0 GiB in 10 reads"), "{text}");
+        assert!(text.contains("from store    1.0 GiB (1.01x of served) in 256 requests, 2 retries"), "{text}");
+        assert!(text.contains("memory cache  90.0% hits (90 of 100 block lookups); 1.0 MiB resident, peak 512.0 MiB"));
+        assert!(text.contains("throughput    102.4 MiB/s served, 103.4 MiB/s from the store, on average"), "{text}");
+        assert!(text.contains("errors        see the daemon's log (0 read, 1 store, 0 disk cache)"), "{text}");
+        assert!(!text.contains("disk cache    "), "no disk cache line without --cache-dir: {text}");
+    }
+
+    #[test]
+    fn under_watch_the_throughput_is_over_the_interval_and_nothing_counted_reads_as_a_dash() {
+        let before = doc(r#"{"fuse_read_bytes": 0, "backing_read_bytes": 0, "disk_cache_limit": 4096}"#);
+        let now = doc(r#"{"fuse_read_bytes": 2097152, "backing_read_bytes": 1048576, "disk_cache_limit": 4096}"#);
+        let text = render(&now, "/m", Some((&before, 2.0)), 0);
+        assert!(text.contains("throughput    1.0 MiB/s served, 512.0 KiB/s from the store, over the last 2.0 s"));
+        assert!(text.contains("from store    1.0 MiB (0.50x of served) in 0 block reads and 0 replies straight"));
+        assert!(text.contains("memory cache  - hits (0 of 0 block lookups)"), "{text}");
+        assert!(text.contains("disk cache    - hits (0 of 0 lookups); holds 0.0 B of 4.0 KiB"), "{text}");
+        assert!(text.contains("errors        none (0 read, 0 store, 0 disk cache)"), "{text}");
+        assert_eq!(duration(3725), "1h 02m");
+        assert_eq!(duration(185), "3m 05s");
+    }
+}
