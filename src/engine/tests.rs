@@ -455,7 +455,11 @@ fn reads_inside_the_opening_bytes_load_no_block_and_others_whole_blocks() {
         let got = engine.read_in(id, extent, offset, len, <[u8]>::to_vec).unwrap();
         assert_eq!(got, source.data[offset as usize..offset as usize + len]);
     }
-    assert!(lock(&source.reads).is_empty(), "{:?}", lock(&source.reads));
+    // No block holding an opening byte was loaded. The stream saw the reads, so its prefetch may
+    // already be reading past them (from the first block after the last one they touch): how far
+    // it got by now is a race, and was this test's flake (about one run in three under load).
+    let past_opening = 2 * bs;
+    assert!(lock(&source.reads).iter().all(|&(at, _)| at >= past_opening), "{:?}", lock(&source.reads));
     assert_eq!((counter(&stats.opening_reads), counter(&stats.opening_read_bytes)), (3, 8304));
     // One byte past them: its block, whole, as ever (and the stream's prefetch after it).
     assert_eq!(engine.read(id, 5000, 1001).unwrap(), source.data[5000..6001]);
