@@ -93,3 +93,9 @@ def pytest_runtest_makereport(item, call):
     report.outcome = "failed"
     report.longrepr = (f"{reason}: a skip, and under STFS_REQUIRE_GPU=1 or STFS_NO_SKIP=1 only these tests may "
                        f"skip: {', '.join(sorted(allowed_skips())) or 'none'} (STFS_ALLOWED_SKIPS)")
+
+
+@pytest.fixture
+def stfs_bin():
+    assert os.path.exists(STFS), f"build stfs first: {STFS}"
+    return STFS
