@@ -232,8 +232,12 @@ def test_prometheus_text_matches_stats_json(tmp_path):
         check_against(prom.read_text(), before, stats_json(mp), labels)
         # The temporary files are hidden and gone: only the .prom file is in the collector's directory.
         assert os.listdir(prom_dir) == ["stfs.prom"]
-    # Unmounted: the file goes with the mount, so no dead mount is reported as alive.
-    assert not prom.exists()
+    # Unmounted: the file goes with the mount, so no dead mount is reported as alive. The daemon
+    # removes it as it exits, just after the unmount returns: waited for, within a bound.
+    deadline = time.monotonic() + 10
+    while prom.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not prom.exists(), "the metrics file outlived its mount by 10 s"
     assert victim.read_text() == "keep"
 
 
