@@ -4,7 +4,9 @@
 //! token endpoint, reached through a service-account file (`GOOGLE_APPLICATION_CREDENTIALS`, its
 //! `token_uri`) whose JWT `gcp_auth` signs with a key made by openssl, or through the GCE metadata
 //! server, served on port 80 inside private network, mount and PID namespaces where `/etc/hosts`
-//! names it loopback. Skips without openssl or unshare (fails under `CI=true`), and without root.
+//! names it loopback. Prefixes (`gs://BUCKET/PREFIX/`, listed a few objects a page) holding a
+//! diffusers pipeline and a sentence-transformers model mount as they are laid out. Skips without
+//! openssl or unshare (fails under `CI=true`), and without root.
 
 #[path = "common/certs.rs"]
 mod certs;
@@ -13,6 +15,8 @@ mod common;
 mod netns;
 #[path = "common/nginx.rs"]
 mod nginx;
+#[path = "common/repos.rs"]
+mod repos;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
 
@@ -96,6 +100,9 @@ fn start_gcs_accepting(objects: Objects, tokens: Tokens) -> TinyHttp {
             return error(401, "Anonymous caller does not have storage.objects.get access");
         }
         let path = request.target.split('?').next().unwrap();
+        if path == "/storage/v1/b/models/o" {
+            return list(&objects, &request.target);
+        }
         let Some(rest) = path.strip_prefix("/storage/v1/b/models/o/") else {
             return error(404, "The specified bucket does not exist.");
         };
@@ -121,6 +128,33 @@ fn start_gcs_accepting(objects: Objects, tokens: Tokens) -> TinyHttp {
             .header("x-goog-generation", generation)
             .header("ETag", format!("\"gen-{generation}\""))
     })
+}
+
+/// Objects per page of a listing: small, so a listing takes several.
+const PAGE: usize = 2;
+
+/// The JSON API's objects list: the objects under `prefix`, in name order, [`PAGE`] a page, the
+/// page token the offset of the next.
+fn list(objects: &Objects, target: &str) -> Response {
+    let prefix = query(target, "prefix").map(|p| decode(&p)).unwrap_or_default();
+    let from: usize = query(target, "pageToken").map_or(0, |t| t.parse().unwrap());
+    let objects = objects.lock().unwrap();
+    let mut names: Vec<&String> = objects.keys().filter(|k| k.starts_with(&prefix)).collect();
+    names.sort();
+    let items: Vec<serde_json::Value> = names
+        .iter()
+        .skip(from)
+        .take(PAGE)
+        .map(|name| {
+            let (generation, bytes) = &objects[*name];
+            serde_json::json!({"name": name, "size": bytes.len().to_string(), "generation": generation.to_string()})
+        })
+        .collect();
+    let mut page = serde_json::json!({"kind": "storage#objects", "items": items});
+    if from + PAGE < names.len() {
+        page["nextPageToken"] = (from + PAGE).to_string().into();
+    }
+    Response::new(200, page.to_string())
 }
 
 /// A service-account file whose key openssl makes, with its token_uri on the fake server.
@@ -945,4 +979,44 @@ fn an_expired_token_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     });
     assert!(back, "reads still fail once the endpoint answers again: {last:?}");
     assert!(last.iter().all(|r| matches!(r, Ok(true))), "a part differs");
+}
+
+#[test]
+fn prefixes_mount_as_the_repositories_they_hold() {
+    let objects: Objects = Arc::default();
+    let server = start_gcs(Arc::clone(&objects));
+    let home = workdir();
+    let Some(account) = service_account(home.path(), &server) else {
+        return tool_missing("openssl", "apt-get install openssl");
+    };
+    let (pipeline, st) = (repos::diffusers(), repos::sentence_transformers());
+    let all = [("sd/", &pipeline.objects), ("st/", &st.objects), ("configs/", &repos::configs_only())];
+    for (i, (prefix, files)) in all.iter().enumerate() {
+        for (j, (key, bytes)) in files.iter().enumerate() {
+            let generation = 1_700_000_000_000_000 + 100 * i as u64 + j as u64;
+            objects.lock().unwrap().insert(format!("{prefix}{key}"), (generation, bytes.clone()));
+        }
+    }
+    let vars = [("GOOGLE_APPLICATION_CREDENTIALS", account.display().to_string())];
+    let endpoint = server.url();
+    for (url, repo) in [("gs://models/sd/", &pipeline), ("gs://models/st/", &st)] {
+        let mp = workdir();
+        let out = run(&["mount", "--endpoint-url", &endpoint, url, mp.path().to_str().unwrap()], home.path(), &vars);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let result = std::panic::catch_unwind(|| repos::assert_mounted(mp.path(), repo));
+        force_unmount(mp.path());
+        result.unwrap();
+    }
+    for (url, needle) in [
+        ("gs://models/configs/", "holds no *.safetensors files, in it or in its folders (looked 4 folders down)"),
+        ("gs://models/none/", "no objects under this prefix"),
+        ("gs://other/sd/", "no such bucket"),
+    ] {
+        let dir = workdir();
+        let out = run(&["mount", "--endpoint-url", &endpoint, url, dir.path().to_str().unwrap()], home.path(), &vars);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+        assert!(err.starts_with(&format!("stfs: {url}: ")) && err.contains(needle) && !err.contains(TOKEN), "{err}");
+        assert!(!is_mounted(dir.path()));
+    }
 }

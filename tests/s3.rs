@@ -2,10 +2,14 @@
 //! loopback with `--access-key`/`--secret-key`): every tensor byte-exact, credentials from the
 //! environment, a profile file and an instance-metadata endpoint (IMDSv2, served by the test), a
 //! sharded checkpoint by prefix, clear refusals, an object replaced while mounted giving EIO, and
-//! the requests a fresh mount makes before its first small tensors are read (one).
+//! the requests a fresh mount makes before its first small tensors are read (one); prefixes
+//! (`s3://BUCKET/PREFIX/`) holding a diffusers pipeline and a sentence-transformers model mount as
+//! they are laid out, each object read at the ETag it was listed with.
 //! Skips when `s3s-fs` is missing (fails under `CI=true`).
 
 mod common;
+#[path = "common/repos.rs"]
+mod repos;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
 #[macro_use]
@@ -13,8 +17,8 @@ mod tinyhttp;
 mod s3server;
 
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -248,4 +252,115 @@ fn a_fresh_mount_serves_its_first_small_tensors_from_its_one_opening_request() {
     assert!(std::fs::read(m.tensor(&big.name)).unwrap() == big.data, "{} differs", big.name);
     let doc = stats();
     assert!(requests.load(Ordering::SeqCst) > 1 && doc["backing_reads"].as_u64().unwrap() > 0, "{doc}");
+}
+
+/// Puts `objects` under `prefix` in the bucket (s3s-fs keeps each object as a file).
+fn put_all(server: &S3Server, prefix: &str, objects: &[(String, Vec<u8>)]) {
+    for (key, bytes) in objects {
+        let path = server.object(&format!("{prefix}{key}"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+#[test]
+fn prefixes_mount_as_the_repositories_they_hold() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let vars = env_keys(&server.endpoint(), SECRET_KEY);
+    let (pipeline, st) = (repos::diffusers(), repos::sentence_transformers());
+    put_all(&server, "sd/", &pipeline.objects);
+    put_all(&server, "st/all-minilm/", &st.objects);
+    put_all(&server, "configs/", &repos::configs_only());
+    // Beside the prefix, not below it.
+    put_all(&server, "sd-old/", &st.objects);
+
+    let m = S3Mount::new(&format!("s3://{BUCKET}/sd/"), home.path(), &vars);
+    repos::assert_mounted(&m.path, &pipeline);
+    let unet: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.path.join("unet/metadata.json")).unwrap()).unwrap();
+    assert_eq!(unet["shards"][0]["source"], format!("s3://{BUCKET}/sd/unet/diffusion_pytorch_model.safetensors"));
+    drop(m);
+    let m = S3Mount::new(&format!("s3://{BUCKET}/st/all-minilm/"), home.path(), &vars);
+    repos::assert_mounted(&m.path, &st);
+    drop(m);
+
+    let nothing = "holds no *.safetensors files, in it or in its folders (looked 4 folders down)";
+    assert_refused(&format!("s3://{BUCKET}/configs/"), home.path(), &vars, nothing);
+    assert_refused(&format!("s3://{BUCKET}/none/"), home.path(), &vars, "no objects under this prefix");
+    assert_refused("s3://no-bucket/sd/", home.path(), &vars, "no such bucket");
+}
+
+/// s3s-fs lists no ETag: a gate in front of it lists `"v1-KEY"` for each object and serves each
+/// object with that ETag, answering 412 to another in `If-Match` (as S3 does), or, in a second
+/// run, ignoring it. A listing whose ETags the objects no longer have (`"v0-KEY"`) is refused
+/// in one line either way; a consistent one mounts, every object read with `If-Match` on its
+/// listed ETag.
+#[test]
+fn a_prefix_is_read_at_the_etags_it_was_listed_with() {
+    let server = s3_or_skip!();
+    let home = workdir();
+    let st = repos::sentence_transformers();
+    put_all(&server, "st/", &st.objects);
+    // 0: consistent; 1: the listing is stale and the store honours If-Match; 2: stale, ignored.
+    let mode = Arc::new(AtomicU8::new(0));
+    let (lists, if_match) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(Vec::<(String, String)>::new())));
+    let (port, gate_mode, gate_lists, seen) =
+        (server.port, Arc::clone(&mode), Arc::clone(&lists), Arc::clone(&if_match));
+    let gate = S3Gate::start(server.port, move |request: &Request| {
+        let mode = gate_mode.load(Ordering::SeqCst);
+        let version = if mode == 0 { "v1" } else { "v0" };
+        if request.target.contains("list-type=2") {
+            gate_lists.fetch_add(1, Ordering::SeqCst);
+            let mut answer = forward(port, request);
+            let body = String::from_utf8(answer.body).unwrap();
+            let mut listed = String::new();
+            for (i, part) in body.split("</Key>").enumerate() {
+                if i > 0 {
+                    let key = listed.rsplit("<Key>").next().unwrap().to_string();
+                    listed.push_str(&format!("</Key><ETag>&quot;{version}-{key}&quot;</ETag>"));
+                }
+                listed.push_str(part);
+            }
+            answer.body = listed.into_bytes();
+            return Some(answer);
+        }
+        let key = request.target.split('?').next().unwrap().trim_start_matches(&format!("/{BUCKET}/")).to_string();
+        let current = format!("\"v1-{key}\"");
+        if let Some(wanted) = request.headers.get("if-match") {
+            seen.lock().unwrap().push((key.clone(), wanted.clone()));
+            if mode != 2 && *wanted != current {
+                return Some(s3_error(
+                    412,
+                    "PreconditionFailed",
+                    "At least one of the pre-conditions you specified did not hold",
+                ));
+            }
+        }
+        let mut answer = forward(port, request);
+        answer.headers.retain(|(name, _)| !name.eq_ignore_ascii_case("etag"));
+        Some(answer.header("ETag", current))
+    });
+    let vars = env_keys(&gate.endpoint(), SECRET_KEY);
+    let url = format!("s3://{BUCKET}/st/");
+    let m = S3Mount::new(&url, home.path(), &vars);
+    repos::assert_mounted(&m.path, &st);
+    drop(m);
+    assert_eq!(lists.load(Ordering::SeqCst), 1, "the prefix is listed once");
+    let seen = std::mem::take(&mut *if_match.lock().unwrap());
+    for key in ["st/model.safetensors", "st/2_Dense/model.safetensors", "st/modules.json", "st/1_Pooling/config.json"] {
+        let wanted = seen.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        assert_eq!(wanted, Some(format!("\"v1-{key}\"").as_str()), "{key}: {seen:?}");
+    }
+    assert!(seen.iter().all(|(key, v)| *v == format!("\"v1-{key}\"")), "{seen:?}");
+    // Refused in one line naming the object listed, nothing mounted.
+    for stale in [1, 2] {
+        mode.store(stale, Ordering::SeqCst);
+        let dir = workdir();
+        let out = run(&["mount", &url, dir.path().to_str().unwrap()], home.path(), &vars);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!((out.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+        assert!(err.starts_with(&format!("stfs: {url}")) && err.contains("remote object changed"), "{err}");
+        assert!(!is_mounted(dir.path()));
+    }
 }

@@ -37,6 +37,8 @@ pub enum OpenProblem {
     Shards(ShardError),
     /// A directory holds no `*.safetensors` file.
     NoShardFiles,
+    /// An object store's prefix (`s3://BUCKET/PREFIX/`) lists no object.
+    EmptyPrefix,
     /// A directory with folders holds no `*.safetensors` file in it or in them (within the depth
     /// a mount looks).
     NothingLoadable {
@@ -104,6 +106,7 @@ impl fmt::Display for OpenProblem {
             OpenProblem::Hub(error) => write!(f, "{error}"),
             OpenProblem::Shards(error) => write!(f, "{error}"),
             OpenProblem::NoShardFiles => f.write_str("directory holds no *.safetensors files"),
+            OpenProblem::EmptyPrefix => f.write_str("no objects under this prefix"),
             OpenProblem::NothingLoadable { depth } => write!(
                 f,
                 "directory holds no *.safetensors files, in it or in its folders (looked {depth} folders down): \
@@ -147,6 +150,7 @@ impl std::error::Error for OpenProblem {
             OpenProblem::Hub(error) => Some(error),
             OpenProblem::Shards(error) => Some(error),
             OpenProblem::NoShardFiles
+            | OpenProblem::EmptyPrefix
             | OpenProblem::NothingLoadable { .. }
             | OpenProblem::TooManyComponents { .. }
             | OpenProblem::TooManyEntries { .. }

@@ -2,19 +2,16 @@
 //! the hub's API, the checkpoint chosen among the repository's files, every shard opened at
 //! `{endpoint}/{repo}/resolve/{sha}/{path}`, and the small files beside it (configs, tokenizers)
 //! fetched whole from the same commit when asked for. A repository (or a folder of it) is laid
-//! out as it is: each folder with a checkpoint of its own a component (`layout`).
+//! out as it is: each folder with a checkpoint of its own a component (`listed`, `layout`).
 
 use std::sync::Arc;
 
 use super::error::{OpenError, OpenProblem};
-use std::collections::HashMap;
-
-use super::layout;
-use super::shard::{checked, in_parallel, open_all, open_source, Checkpoint, Component, OpenedShard, RootFile};
+use super::listed;
+use super::shard::{in_parallel, open_source, Checkpoint, OpenedShard, RootFile};
 use super::OpenOptions;
-use crate::format::index;
 use crate::source::http::{HttpOptions, HttpSource};
-use crate::source::hub::{self, Choice, Env, HubClient, HubError, HubSpec, Sibling};
+use crate::source::hub::{self, Env, HubClient, HubError, HubSpec, Sibling};
 use crate::source::Source;
 
 /// Largest index file read (as for an index URL).
@@ -41,7 +38,7 @@ pub fn open_hub(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenErr
 /// [`open_hub`] with the environment looked up through `env`; also returns the pinned repository.
 ///
 /// A file named is that file's checkpoint with its folder's small files; the repository, or a
-/// folder of it, is laid out as it is (`layout`): its own checkpoint, each folder below with one
+/// folder of it, is laid out as it is (`listed`): its own checkpoint, each folder below with one
 /// as a component, the small files of the folders a mount serves, all from the one commit listed.
 pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<(Checkpoint, HubRepo), OpenError> {
     let failed = |shown: &str, e: HubError| OpenError::new(shown, e);
@@ -49,15 +46,18 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
         HubSpec::parse(spec).map_err(|e| failed(spec.split('@').next().unwrap_or(spec), HubError::BadSpec(e)))?;
     let shown = parsed.shown();
     let repo = pin(parsed, &options.http, env).map_err(|e| failed(&shown, e))?;
-    let http = shard_options(&repo, &options.http);
+    let files = HubFiles { http: shard_options(&repo, &options.http), repo: &repo };
     let sha = repo.info.sha.clone();
+    log::info!("{shown}: revision {} is commit {sha}", repo.spec.revision);
     let path = repo.spec.path.clone();
+    let choose =
+        |path: Option<&str>| hub::choose_checkpoint(&repo.info.siblings, path, &sha).map_err(|e| failed(&shown, e));
     if let Some(file) = path.as_deref().filter(|p| repo.info.siblings.iter().any(|s| s.path == *p)) {
-        let choice = hub::choose_checkpoint(&repo.info.siblings, Some(file), &sha).map_err(|e| failed(&shown, e))?;
-        log::info!("{shown}: revision {} is commit {sha}; checkpoint {choice:?}", repo.spec.revision);
-        let mut checkpoint = open_choice(&repo, choice, &http)?;
+        let choice = choose(Some(file))?;
+        log::info!("{shown}: checkpoint {choice:?}");
+        let mut checkpoint = listed::open_choice(&files, choice)?;
         if options.repo_files {
-            checkpoint.repo_files = fetch_small_files(&repo, folder_of(file))?;
+            checkpoint.repo_files = fetch_small_files(&repo, listed::folder_of(file))?;
         }
         return Ok((checkpoint, repo));
     }
@@ -72,97 +72,41 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
     if let (Some(path), true) = (scope, scoped.is_empty()) {
         return Err(failed(&shown, HubError::NoSuchPath { path: path.to_string(), sha }));
     }
-    let root_has = layout::root_has_checkpoint(&scoped);
-    let folders = layout::component_folders(&scoped, root_has).map_err(|e| OpenError::new(&shown, e))?;
-    let mut checkpoint = if root_has || folders.is_empty() {
-        let choice = hub::choose_checkpoint(&repo.info.siblings, scope, &sha).map_err(|e| failed(&shown, e))?;
-        log::info!("{shown}: revision {} is commit {sha}; checkpoint {choice:?}", repo.spec.revision);
-        open_choice(&repo, choice, &http)?
-    } else {
-        Checkpoint::of(Vec::new())
+    // Folders are chosen among the whole repository's files, by their path in it.
+    let choose_in = |folder: Option<&str>| match folder {
+        None => choose(scope),
+        Some(folder) => choose(Some(&format!("{prefix}{folder}"))),
     };
-    for folder in &folders {
-        let full = format!("{prefix}{folder}");
-        let choice = hub::choose_checkpoint(&repo.info.siblings, Some(&full), &sha).map_err(|e| failed(&shown, e))?;
-        log::info!("{shown}: component {folder}: checkpoint {choice:?}");
-        let component = open_choice(&repo, choice, &http)?;
-        checkpoint.components.push(Component { folder: folder.clone(), checkpoint: component });
-    }
-    if options.repo_files {
-        fetch_layout_files(&repo, &prefix, &scoped, &mut checkpoint)?;
-    }
+    let checkpoint = listed::lay_out(&files, &prefix, &scoped, choose_in, options.repo_files)?;
     Ok((checkpoint, repo))
 }
 
-/// The checkpoint `choice` names at the pinned commit, every shard opened.
-fn open_choice(repo: &HubRepo, choice: Choice, http: &HttpOptions) -> Result<Checkpoint, OpenError> {
-    let shown = repo.spec.shown();
-    let open_one = |path: &String| open_file(repo, path, http);
-    match choice {
-        Choice::Single(path) => Ok(Checkpoint::of(vec![open_one(&path)?])),
-        Choice::Shards(paths) => {
-            let opened = open_all(&paths, open_one)?;
-            checked(&shown, opened, None, Vec::new())
-        }
-        Choice::Index(path) => {
-            let bytes = fetch_index(repo, &path, http)?;
-            let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(format!("{shown}/{path}"), e))?;
-            index.merge_spellings(index::without_dot_segments);
-            let folder = folder_of(&path);
-            let paths: Vec<String> =
-                index.shards.iter().map(|f| folder.map_or(f.clone(), |d| format!("{d}/{f}"))).collect();
-            let opened = open_all(&paths, open_one)?;
-            let index_file = super::shard::file_name(&path).map(|name| RootFile { name, bytes });
-            checked(&shown, opened, Some(&index), index_file.into_iter().collect())
-        }
-    }
+/// The files of a pinned repository: shards and indexes at `{endpoint}/{repo}/resolve/{sha}/`,
+/// small files through the hub's client.
+struct HubFiles<'a> {
+    repo: &'a HubRepo,
+    http: HttpOptions,
 }
 
-/// The small files of a repository laid out in folders (those of the root, of each component's
-/// folder and of the folders the root's manifest names: `layout`), fetched whole from the pinned
-/// commit, a few at once, and given to the component whose folder holds each (the others to the
-/// root, by their path). `scoped` lists the files below `prefix` (the folder named, or the
-/// repository), without it. One that cannot be fetched fails the open, as in a flat repository.
-fn fetch_layout_files(
-    repo: &HubRepo,
-    prefix: &str,
-    scoped: &[Sibling],
-    checkpoint: &mut Checkpoint,
-) -> Result<(), OpenError> {
-    let fetch = |path: &String| {
-        let full = format!("{prefix}{path}");
+impl listed::Repository for HubFiles<'_> {
+    fn shown(&self) -> String {
+        self.repo.spec.shown()
+    }
+
+    fn open_shard(&self, path: &str) -> Result<OpenedShard, OpenError> {
+        open_file(self.repo, path, &self.http)
+    }
+
+    fn fetch_index(&self, path: &str) -> Result<Vec<u8>, OpenError> {
+        fetch_index(self.repo, path, &self.http)
+    }
+
+    fn fetch_small(&self, path: &str) -> Result<Vec<u8>, OpenError> {
+        let repo = self.repo;
         repo.client
-            .fetch_file(&repo.spec.repo, &repo.info.sha, &full, hub::SMALL_FILE_LIMIT)
-            .map_err(|e| OpenError::new(format!("{}/{full}", repo.spec.shown()), e))
-    };
-    let mut folders: Vec<String> = vec![String::new()];
-    folders.extend(checkpoint.components.iter().map(|c| c.folder.clone()));
-    let mut fetched: HashMap<String, Vec<u8>> = HashMap::new();
-    for manifest in layout::MANIFESTS {
-        let listed = scoped.iter().any(|s| s.path == manifest && s.size.is_some_and(|n| n <= hub::SMALL_FILE_LIMIT));
-        if listed {
-            let bytes = fetch(&manifest.to_string())?;
-            folders.extend(layout::manifest_folders(manifest, &bytes));
-            fetched.insert(manifest.to_string(), bytes);
-        }
+            .fetch_file(&repo.spec.repo, &repo.info.sha, path, hub::SMALL_FILE_LIMIT)
+            .map_err(|e| OpenError::new(format!("{}/{path}", repo.spec.shown()), e))
     }
-    let folders: Vec<&str> = folders.iter().map(String::as_str).collect();
-    let wanted = hub::small_files_in(scoped, &folders);
-    log::debug!("{}: fetching {} small files", repo.spec.shown(), wanted.len());
-    let missing: Vec<String> = wanted.iter().filter(|p| !fetched.contains_key(*p)).cloned().collect();
-    let bytes = in_parallel(&missing, PARALLEL_FETCHES, fetch)?;
-    fetched.extend(missing.into_iter().zip(bytes));
-    for path in wanted {
-        if let Some(bytes) = fetched.remove(&path) {
-            checkpoint.add_repo_file(path, bytes);
-        }
-    }
-    Ok(())
-}
-
-/// The folder a file of the repository is in (`None`: the root).
-fn folder_of(path: &str) -> Option<&str> {
-    path.rsplit_once('/').map(|(folder, _)| folder)
 }
 
 /// The small files of `folder` ([`hub::small_files`]) at the pinned commit, fetched whole, a few
@@ -213,8 +157,11 @@ fn shard_options(repo: &HubRepo, http: &HttpOptions) -> HttpOptions {
 fn open_file(repo: &HubRepo, path: &str, http: &HttpOptions) -> Result<OpenedShard, OpenError> {
     let url = repo.client.resolve_url(&repo.spec.repo, &repo.info.sha, path);
     let shown = format!("{}/{path}", repo.spec.shown());
-    let source = HttpSource::open(&url, http.clone()).map_err(|e| OpenError::new(&shown, e))?;
-    open_source(Arc::new(source)).map_err(|e| OpenError { path: shown, ..e })
+    let source = Arc::new(HttpSource::open(&url, http.clone()).map_err(|e| OpenError::new(&shown, e))?);
+    let shard = open_source(Arc::clone(&source) as Arc<dyn Source>).map_err(|e| OpenError { path: shown, ..e })?;
+    // From now on each read has its own timeout, not what is left of the opening's.
+    source.opened();
+    Ok(shard)
 }
 
 /// The bytes of an index file at the pinned commit.

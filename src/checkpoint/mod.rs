@@ -14,7 +14,11 @@
 //!   serves, and the limits of one mount (depth, components, entries walked);
 //! - `folders`: a local folder opened as the model repository it is (its components, its small
 //!   files);
+//! - `listed`: a repository known by a listing of its files (an `hf://` repository, an object
+//!   store's prefix), laid out by `layout`, its files opened the source's way;
 //! - `hub`: `hf://` names, through the hub's API, to shards at a pinned commit;
+//! - `prefix`: `s3://BUCKET/PREFIX/` and `gs://BUCKET/PREFIX/`, listed once, objects at the
+//!   versions listed;
 //! - `error`: [`OpenError`] and its [`OpenProblem`].
 //!
 //! It does not import `tree`: the caller turns a [`Checkpoint`] into a namespace.
@@ -25,8 +29,10 @@ mod folders;
 mod hub;
 mod index_file;
 pub mod layout;
+mod listed;
 mod local;
 mod open;
+mod prefix;
 mod shard;
 
 pub use error::{OpenError, OpenProblem};

@@ -50,8 +50,8 @@ fn unknown_scheme(spec: &str) -> Option<&str> {
 
 /// Opens what the user named: a `.safetensors` file, a `*.index.json` of shards, a directory of
 /// `*.safetensors` shards (with the folders below it that hold a checkpoint as components: a model
-/// repository as it is laid out), an `http(s)://` URL of a file or of an index, or an `hf://`
-/// repository.
+/// repository as it is laid out), an `http(s)://` URL of a file or of an index, an `hf://`
+/// repository, or an object store's prefix (`s3://BUCKET/PREFIX/`, laid out as a repository).
 ///
 /// A remote checkpoint is opened within one [`HttpOptions::timeout`], index and shards together:
 /// a server that stalls makes this fail in that time, not in one timeout per request.
@@ -61,6 +61,9 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
         options.http.deadline = Some(Instant::now() + options.http.timeout);
         if crate::source::hub::is_hub_spec(spec) {
             return super::hub::open_hub(spec, &options);
+        }
+        if object::is_object_prefix(spec) {
+            return super::prefix::open_prefix(spec, &options);
         }
         return if url_path(spec).ends_with(".json") {
             open_url_index(spec, &options)

@@ -100,7 +100,7 @@ impl S3Gate {
 }
 
 /// Sends `request` to 127.0.0.1:`port` as HTTP/1.0 (the answer ends with the connection).
-fn forward(port: u16, request: &Request) -> Response {
+pub fn forward(port: u16, request: &Request) -> Response {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to s3s-fs");
     let mut head = format!("{} {} HTTP/1.0\r\n", request.method, request.target);
     for (name, value) in &request.headers {

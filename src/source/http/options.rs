@@ -99,6 +99,10 @@ pub struct HttpOptions {
     pub auth: Option<Authorizer>,
     /// Trust the certificates of this PEM file instead of the platform's (`AWS_CA_BUNDLE`).
     pub ca_bundle: Option<PathBuf>,
+    /// The ETag an object store's listing gave the object (`s3://BUCKET/PREFIX/`): the opening
+    /// request carries it as `If-Match`, and an answer with another fails the opening as a change,
+    /// so the object read is the version listed.
+    pub listed_etag: Option<String>,
 }
 
 impl Default for HttpOptions {
@@ -119,6 +123,7 @@ impl Default for HttpOptions {
             stats: Arc::new(Stats::default()),
             auth: None,
             ca_bundle: None,
+            listed_etag: None,
         }
     }
 }

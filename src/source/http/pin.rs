@@ -52,6 +52,20 @@ impl Pin {
         Ok(())
     }
 
+    /// The pinned ETag as response headers (none if none was pinned), for [`Pin::check`].
+    pub fn etag_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(etag) = &self.etag {
+            headers.insert(ETAG, etag.clone());
+        }
+        headers
+    }
+
+    /// The pinned ETag in words (`none`).
+    pub fn shown_etag(&self) -> String {
+        self.etag.as_ref().map_or_else(|| "none".to_string(), shown_validator)
+    }
+
     /// When the pinned version was last modified, if the server said so in a parseable form.
     pub fn modified_time(&self) -> Option<SystemTime> {
         self.last_modified.as_ref().and_then(|value| value.to_str().ok()).and_then(parse_http_date)

@@ -38,7 +38,16 @@ impl HttpSource {
         let remote = Arc::new(Remote::new(url, name, &options)?);
         let agent = remote.new_agent();
         let prefix_len = u64::from(options.prefix_len.max(1));
-        let (prefix, pin) = remote.with_retries(|deadline| fetch_prefix(&remote, &agent, prefix_len, deadline))?;
+        let listed = listed_pin(&remote, options.listed_etag.as_deref())?;
+        let (prefix, pin) =
+            remote.with_retries(|deadline| fetch_prefix(&remote, &agent, prefix_len, listed.as_ref(), deadline))?;
+        if let Some(listed) = &listed {
+            // A store that ignores If-Match: the answer's own ETag tells.
+            listed.check(&pin.etag_headers()).map_err(|_| {
+                let (was, now) = (pin::shown_validator(listed.etag.as_ref().unwrap()), pin.shown_etag());
+                remote.changed(format!("listed with ETag {was}, opened with {now}"))
+            })?;
+        }
         if pin.etag.is_none() && pin.last_modified.is_none() {
             log::warn!(
                 "{}: the server sends neither ETag nor Last-Modified; only a change of size can be detected",
@@ -200,9 +209,25 @@ impl HttpStream {
     }
 }
 
-/// One try at the opening request: the first `prefix_len` bytes, the total size and the pin.
-fn fetch_prefix(remote: &Remote, agent: &Agent, prefix_len: u64, deadline: Instant) -> Result<(Vec<u8>, Pin), Failure> {
-    let response = remote.get_range(agent, 0, prefix_len - 1, None, deadline)?;
+/// The version a listing gave the object, as a pin whose precondition the opening request carries
+/// (`None`: the opening pins what it finds).
+fn listed_pin(remote: &Remote, etag: Option<&str>) -> Result<Option<Pin>, HttpError> {
+    let Some(etag) = etag else { return Ok(None) };
+    let value = ureq::http::HeaderValue::from_str(etag)
+        .map_err(|_| remote.protocol("the listing gave an ETag that is not a header value".to_string()))?;
+    Ok(Some(Pin { size: 0, etag: Some(value), last_modified: None }))
+}
+
+/// One try at the opening request: the first `prefix_len` bytes, the total size and the pin; with
+/// `listed`, only the version listed (`If-Match`).
+fn fetch_prefix(
+    remote: &Remote,
+    agent: &Agent,
+    prefix_len: u64,
+    listed: Option<&Pin>,
+    deadline: Instant,
+) -> Result<(Vec<u8>, Pin), Failure> {
+    let response = remote.get_range(agent, 0, prefix_len - 1, listed, deadline)?;
     match response.status().as_u16() {
         206 => {
             let content_range = content_range(remote, &response)?;

@@ -16,7 +16,7 @@ use super::spec::{encode_path, encode_segment};
 use crate::source::http::{new_agent, resolve_location, same_origin, HttpOptions, Secret};
 
 /// Largest API answer read: a repository's file list is a few hundred KB even for thousands of files.
-const MAX_API_BYTES: u64 = 32 << 20;
+pub const MAX_API_BYTES: u64 = 32 << 20;
 
 /// Tries per API request when the hub answers 429/5xx or the connection fails.
 const API_ATTEMPTS: u32 = 3;

@@ -17,7 +17,7 @@ mod select;
 mod spec;
 mod token;
 
-pub use api::{HubClient, RepoInfo, Sibling};
+pub use api::{HubClient, RepoInfo, Sibling, MAX_API_BYTES};
 pub use error::HubError;
 pub use select::{choose_checkpoint, small_files, small_files_in, Choice, SMALL_FILES_TOTAL, SMALL_FILE_LIMIT};
 pub use spec::{encode_path, is_hub_spec, HubSpec, DEFAULT_REVISION, HUB_SCHEME};

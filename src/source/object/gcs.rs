@@ -132,21 +132,49 @@ fn one_line(error: &dyn std::error::Error) -> String {
 
 /// Opens the object: its metadata (size, generation), then the media URL pinned to that generation.
 pub(crate) fn open(name: &ObjectName, http: &HttpOptions, auth: Arc<GcsAuth>) -> Result<HttpSource, HttpError> {
+    let generation = fetch_generation(&name.shown(), &object_path(name, &auth), &auth, http)?;
+    open_generation(name, http, auth, &generation)
+}
+
+/// Opens the object at `generation` (its metadata's, or a listing's): every media GET carries
+/// `ifGenerationMatch`, so another generation answers 412.
+pub(crate) fn open_generation(
+    name: &ObjectName,
+    http: &HttpOptions,
+    auth: Arc<GcsAuth>,
+    generation: &str,
+) -> Result<HttpSource, HttpError> {
     let shown = name.shown();
-    let object_path = format!(
-        "{}/storage/v1/b/{}/o/{}",
-        auth.endpoint,
-        encode_path(&name.bucket, false),
-        encode_path(&name.key, false)
-    );
-    let generation = fetch_generation(&shown, &object_path, &auth, http)?;
-    let url = format!("{object_path}?alt=media&ifGenerationMatch={generation}");
+    if generation.is_empty() || !generation.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(HttpError::Protocol { name: shown, detail: "the object has no valid generation".to_string() });
+    }
+    let url = format!("{}?alt=media&ifGenerationMatch={generation}", object_path(name, &auth));
     let mut http = http.clone();
     http.hub_token_from_env = false;
     http.auth = Some(Authorizer(auth));
     let source = HttpSource::open_named(&url, Some(&shown), http)?;
     log::info!("{shown}: generation {generation}");
     Ok(source)
+}
+
+/// The object's JSON API URL.
+fn object_path(name: &ObjectName, auth: &GcsAuth) -> String {
+    format!("{}/storage/v1/b/{}/o/{}", auth.endpoint, encode_path(&name.bucket, false), encode_path(&name.key, false))
+}
+
+/// The URL of one page of the JSON API's objects list of `prefix` (its key) from `token` on:
+/// each object's name, size and generation, and the next page's token.
+pub(crate) fn list_url(prefix: &ObjectName, auth: &GcsAuth, token: Option<&str>) -> String {
+    let mut url = format!(
+        "{}/storage/v1/b/{}/o?prefix={}&fields=items(name%2Csize%2Cgeneration)%2CnextPageToken",
+        auth.endpoint,
+        encode_path(&prefix.bucket, false),
+        encode_path(&prefix.key, false)
+    );
+    if let Some(token) = token {
+        url.push_str(&format!("&pageToken={}", encode_path(token, false)));
+    }
+    url
 }
 
 /// A duration as the HTTP source words it: `30 s`, `1.5 s`, `250 ms`.

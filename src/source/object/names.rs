@@ -35,6 +35,23 @@ impl ObjectName {
         Some(ObjectName { store, bucket: bucket.to_string(), key: key.to_string() })
     }
 
+    /// Parses `s3://BUCKET/PREFIX/` or `gs://BUCKET/PREFIX/` (the trailing `/` makes it a prefix;
+    /// `s3://BUCKET/` is the whole bucket): the key is the prefix, `/` included, or empty.
+    pub fn parse_prefix(spec: &str) -> Option<ObjectName> {
+        if !spec.ends_with('/') {
+            return None;
+        }
+        let placeholder = format!("{spec}x");
+        let mut name = ObjectName::parse(&placeholder)?;
+        name.key.pop();
+        (!name.key.starts_with('/') && !name.key.contains("//")).then_some(name)
+    }
+
+    /// The object `path` below this prefix.
+    pub fn child(&self, path: &str) -> ObjectName {
+        ObjectName { store: self.store, bucket: self.bucket.clone(), key: format!("{}{path}", self.key) }
+    }
+
     /// How the object is called in messages and in the mount (it holds no credentials).
     pub fn shown(&self) -> String {
         let scheme = match self.store {
@@ -71,6 +88,16 @@ mod tests {
         assert_eq!(ObjectName::parse("gs://b/o").unwrap().store, Store::Gcs);
         for bad in ["s3://b", "s3://b/", "s3:///k", "http://b/k", "gs://u@b/k"] {
             assert!(ObjectName::parse(bad).is_none(), "{bad}");
+        }
+        let prefix = ObjectName::parse_prefix("gs://b/sd/v1/").unwrap();
+        assert_eq!(
+            (prefix.store, prefix.key.as_str(), prefix.shown().as_str()),
+            (Store::Gcs, "sd/v1/", "gs://b/sd/v1/")
+        );
+        assert_eq!(prefix.child("unet/m.safetensors").shown(), "gs://b/sd/v1/unet/m.safetensors");
+        assert_eq!(ObjectName::parse_prefix("s3://b/").unwrap().key, "");
+        for bad in ["s3://b/m.safetensors", "s3://b//", "s3://b/a//", "s3:///", "s3://b"] {
+            assert!(ObjectName::parse_prefix(bad).is_none(), "{bad}");
         }
         assert_eq!(encode_path("a b/c+d~.safetensors", true), "a%20b/c%2Bd~.safetensors");
         assert_eq!(encode_path("a/b", false), "a%2Fb");

@@ -30,29 +30,48 @@ pub(crate) fn open(
     region: Option<&str>,
     session: Arc<AwsSession>,
 ) -> Result<HttpSource, HttpError> {
-    let endpoint = endpoint_url.map(str::to_string).or_else(|| session.endpoint_url.clone());
+    let endpoint = endpoint(endpoint_url, &session);
+    let open = |region: &str| open_in(name, http, endpoint.as_deref(), &session, region);
+    in_region(name, region, &session, open).map(|(source, _)| source)
+}
+
+/// The store's endpoint: `--endpoint-url`, else the AWS chain's (`None`: AWS itself).
+pub(crate) fn endpoint(endpoint_url: Option<&str>, session: &AwsSession) -> Option<String> {
+    endpoint_url.map(str::to_string).or_else(|| session.endpoint_url.clone())
+}
+
+/// Runs `attempt` in the bucket's region (`--region`, else the AWS chain's, else [`DEFAULT_REGION`]),
+/// following the region the store names once when neither said one; returns the region it ran in.
+pub(crate) fn in_region<T>(
+    name: &ObjectName,
+    region: Option<&str>,
+    session: &AwsSession,
+    attempt: impl Fn(&str) -> Result<T, HttpError>,
+) -> Result<(T, String), HttpError> {
     let from_option = region.is_some();
     let region = region.map(str::to_string).or_else(|| session.region.clone());
     let region_known = region.is_some();
     let region = region.unwrap_or_else(|| DEFAULT_REGION.to_string());
-    match open_in(name, http, endpoint.as_deref(), &session, &region) {
+    match attempt(&region) {
+        Ok(value) => Ok((value, region)),
         Err(HttpError::Refused { refusal, .. })
             if !region_known && refusal.wrong_region() && refusal.region.as_deref().is_some_and(|r| r != region) =>
         {
             let found = refusal.region.clone().unwrap_or_default();
             log::info!("{}: the bucket is in {found}; following it", name.shown());
-            open_in(name, http, endpoint.as_deref(), &session, &found)
+            attempt(&found).map(|value| (value, found))
         }
         // The line then says to change `--region` (it wins over AWS_REGION, which would not help).
         Err(HttpError::Refused { name, mut refusal }) if from_option && refusal.wrong_region() => {
             refusal.region_from_option = true;
             Err(HttpError::Refused { name, refusal })
         }
-        other => other,
+        Err(other) => Err(other),
     }
 }
 
-fn open_in(
+/// Opens the object in `region`.
+pub(crate) fn open_in(
     name: &ObjectName,
     http: &HttpOptions,
     endpoint: Option<&str>,
@@ -66,11 +85,32 @@ fn open_in(
     if http.ca_bundle.is_none() {
         http.ca_bundle = std::env::var_os("AWS_CA_BUNDLE").filter(|v| !v.is_empty()).map(Into::into);
     }
-    if session.credentials.is_some() {
-        let signer = SigV4 { session: Arc::clone(session), region: region.to_string(), shown: shown.clone() };
-        http.auth = Some(Authorizer(Arc::new(signer)));
-    }
+    http.auth = signer(session, region, &shown);
     HttpSource::open_named(&url, Some(&shown), http)
+}
+
+/// What signs requests for `shown` in `region` (`None`: unsigned, `--no-sign-request`).
+pub(crate) fn signer(session: &Arc<AwsSession>, region: &str, shown: &str) -> Option<Authorizer> {
+    let signer = SigV4 { session: Arc::clone(session), region: region.to_string(), shown: shown.to_string() };
+    session.credentials.is_some().then(|| Authorizer(Arc::new(signer)))
+}
+
+/// The URL of one page of a ListObjectsV2 of `prefix` (its key) from `token` on: path-style
+/// under a custom endpoint, else as [`object_url`] addresses the bucket.
+pub(crate) fn list_url(
+    prefix: &ObjectName,
+    endpoint: Option<&str>,
+    region: &str,
+    token: Option<&str>,
+) -> Result<String, String> {
+    let mut query = format!("list-type=2&prefix={}", encode_path(&prefix.key, false));
+    if let Some(token) = token {
+        query.push_str(&format!("&continuation-token={}", encode_path(token, false)));
+    }
+    let bucket_url = object_url(&ObjectName { key: String::new(), ..prefix.clone() }, endpoint, region)?;
+    // `{endpoint}/{bucket}` path-style; the root, `/`, of a virtual-hosted bucket.
+    let base = bucket_url.strip_suffix('/').filter(|b| b.matches('/').count() > 2).unwrap_or(&bucket_url);
+    Ok(format!("{base}?{query}"))
 }
 
 /// The object's URL: path-style under a custom endpoint (S3-compatible stores), virtual-hosted on
@@ -173,6 +213,15 @@ mod tests {
             "http://127.0.0.1:9000/models/llama/model%201.safetensors"
         );
         assert!(object_url(&n, Some("127.0.0.1:9000"), "x").is_err());
+        let prefix = name("models", "sd v1/");
+        assert_eq!(
+            list_url(&prefix, Some("http://127.0.0.1:9000"), "x", Some("a/b+c")).unwrap(),
+            "http://127.0.0.1:9000/models?list-type=2&prefix=sd%20v1%2F&continuation-token=a%2Fb%2Bc"
+        );
+        assert_eq!(
+            list_url(&prefix, None, "eu-west-1", None).unwrap(),
+            "https://models.s3.eu-west-1.amazonaws.com/?list-type=2&prefix=sd%20v1%2F"
+        );
     }
 
     #[test]
