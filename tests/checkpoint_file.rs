@@ -52,7 +52,8 @@ fn a_single_file_is_served_whole_and_a_colliding_tensor_is_escaped() {
     tensors.push(T::new("big", Dtype::F32, &[300_000]));
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     write_checkpoint(&file, &tensors, Some(&meta));
-    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "1M"]);
+    // Without passthrough (as root the kernel would read the file itself), so the engine serves it.
+    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "1M", "--no-passthrough"]);
     // A tensor file first, so the whole file shares its cached blocks.
     assert_eq!(std::fs::read(m.file("big")).unwrap(), tensors.last().unwrap().data);
     assert_same_file(&m.file("model.safetensors"), &file);
@@ -127,4 +128,77 @@ fn extract_writes_tensors_only() {
     // Named as a default mount names them.
     assert_eq!(names, ["%6Dodel.safetensors", "w"]);
     assert_eq!(std::fs::read(out_dir.join("%6Dodel.safetensors")).unwrap(), tensors[0].data);
+}
+
+fn stats(m: &Mount) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(m.file(".stfs/stats.json")).unwrap()).unwrap()
+}
+
+fn count(m: &Mount, key: &str) -> u64 {
+    stats(m)[key].as_u64().unwrap_or_else(|| panic!("no counter {key}"))
+}
+
+/// Reads the whole file at `path`: its bytes, or the error of its open or of a read.
+fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// As root on a kernel with FUSE passthrough, an open of the re-served file of a local file is
+/// handed to the kernel (the daemon serves none of its bytes), and gives the same bytes as a mount
+/// with `--no-passthrough`; once the local file is replaced or rewritten in place, no open of it
+/// is handed over, and reading it fails as it does without passthrough.
+#[test]
+fn a_reserved_local_file_is_passed_through_until_it_changes() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensors = vec![T::new("big", Dtype::F32, &[700_000]), T::new("small", Dtype::U8, &[5])];
+    write_checkpoint(&file, &tensors, None);
+    let len = std::fs::metadata(&file).unwrap().len();
+    let off = Mount::new(&file, &["--no-passthrough"]);
+    let on = Mount::new(&file, &[]);
+    assert_eq!(count(&off, "passthrough_enabled"), 0);
+    assert_eq!(count(&on, "passthrough_enabled"), 1, "root on this kernel: {}", stats(&on));
+    assert_same_file(&off.file("model.safetensors"), &file);
+    let served_before = count(&on, "fuse_read_bytes");
+    assert_same_file(&on.file("model.safetensors"), &file);
+    // Passed through at every open; the daemon served none of the bytes.
+    let s = stats(&on);
+    assert!(s["passthrough_checkpoint_opens"].as_u64() >= Some(3), "{s}");
+    assert!(s["passthrough_open_bytes"].as_u64() >= Some(3 * len), "{s}");
+    // (stats.json's own reads are counted too: they are a few KiB.)
+    let served = s["fuse_read_bytes"].as_u64().unwrap() - served_before;
+    assert!(served < len, "the daemon served passed-through bytes: {s}");
+    assert_eq!(count(&off, "passthrough_opens"), 0);
+    assert!(count(&off, "fuse_read_bytes") >= len, "read from its page cache after the first time");
+    // Tensor files are still served by the daemon, alike on both mounts.
+    assert_eq!(std::fs::read(on.file("big")).unwrap(), std::fs::read(off.file("big")).unwrap());
+
+    // Replaced (same length, other bytes): never handed over, never its bytes.
+    let opens = count(&on, "passthrough_checkpoint_opens");
+    let other = dir.path().join("other.safetensors");
+    let mut changed = vec![T::new("big", Dtype::F32, &[700_000]), T::new("small", Dtype::U8, &[5])];
+    changed[0].data.iter_mut().for_each(|b| *b = !*b);
+    write_checkpoint(&other, &changed, None);
+    assert_eq!(std::fs::metadata(&other).unwrap().len(), len);
+    std::fs::rename(&other, &file).unwrap();
+    let got = read_whole(&on.file("model.safetensors"));
+    assert!(got.is_err(), "a replaced file was read through the mount");
+    assert_eq!(count(&on, "passthrough_checkpoint_opens"), opens, "a replaced file was handed over");
+
+    // Rewritten in place on a fresh mount: handed over before, not after.
+    let fresh = Mount::new(&file, &[]);
+    assert_eq!(read_whole(&fresh.file("model.safetensors")).unwrap(), std::fs::read(&file).unwrap());
+    let opens = count(&fresh, "passthrough_checkpoint_opens");
+    assert!(opens >= 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\x01\x02", len - 2).unwrap();
+    drop(f);
+    assert!(read_whole(&fresh.file("model.safetensors")).is_err(), "a rewritten file was read through the mount");
+    assert_eq!(count(&fresh, "passthrough_checkpoint_opens"), opens, "a rewritten file was handed over");
 }

@@ -246,6 +246,22 @@ impl Fs {
         self.engine.extent_opened(t.source, t.start..t.start + t.len)
     }
 
+    /// Whether the mount re-serves a checkpoint file of a local file ([`Fs::checkpoint_opened`]
+    /// may then hand it to the kernel).
+    pub fn reserves_local_files(&self) -> bool {
+        self.ns.shards().iter().any(|s| s.file.is_some() && self.engine.source_is_local_file(s.source))
+    }
+
+    /// Re-served checkpoint file `ino` is opened: the local file it re-serves (offset for
+    /// offset), on a new descriptor checked against the file's pin at this open, for the kernel to
+    /// read directly. `None` for every other file, a remote source, or a file rewritten or
+    /// replaced since the mount (its reads then fail as they would without passthrough).
+    pub fn checkpoint_opened(&self, ino: Ino) -> Option<std::fs::File> {
+        let NodeKind::File { content: Content::Checkpoint(i), size } = &self.ns.node(ino)?.kind else { return None };
+        let shard = self.ns.shards().get(*i).filter(|s| s.header.file_len == *size && *size > 0)?;
+        self.engine.pinned_file(shard.source, *size)
+    }
+
     /// Raw tensor file `ino` was closed (not passed through): the disk cache may now assemble its
     /// file for [`Fs::tensor_opened`].
     pub fn tensor_closed(&self, ino: Ino) {

@@ -3,30 +3,29 @@
 //! errno of a failure comes from [`FsError::errno`]. `splice` writes the read replies that move a
 //! local file's pages into the FUSE device without fuser.
 
+mod passthrough;
 mod splice;
 
 pub use splice::{readahead_in_whole_reads, MAX_READ_BYTES as MAX_SPLICED_READ_BYTES};
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, warn};
 
 use crate::fs::{Attr, Fs, FsError, Kind, Xattr};
 use crate::stats::Stats;
-use crate::util::lock;
 
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
@@ -50,14 +49,8 @@ fn entry_ttl(a: &Attr) -> Duration {
 /// Wraps [`Fs`] for fuser; cheap to clone the inner state.
 pub struct FuseAdapter {
     fs: Arc<Fs>,
-    /// The kernel agreed to FUSE passthrough (root, a disk cache, a kernel with it): OPEN is
-    /// answered, with passthrough to a verified extent file where the disk cache has one.
-    passthrough: bool,
-    /// With passthrough, the files open now, by inode: the kernel needs every open of an inode
-    /// in one mode (all passed through, to one backing file, or none).
-    opens: Mutex<HashMap<u64, Open>>,
-    /// The kernel refused a backing file once (logged once).
-    refused: AtomicBool,
+    /// FUSE passthrough: asked for at INIT, and the opens it answers (`passthrough`).
+    passthrough: passthrough::Passthrough,
     /// Read replies of a local file's bytes are to be spliced: `init` caps reads so that one
     /// fits a pipe ([`FuseAdapter::splicing`]).
     splice: bool,
@@ -89,22 +82,12 @@ impl SpliceTarget {
     }
 }
 
-/// One inode's opens while passthrough is on.
-struct Open {
-    count: u64,
-    /// The backing file its opens pass through to; kept until the last one is released (the
-    /// kernel looks the id up after the reply is sent).
-    backing: Option<BackingId>,
-}
-
 impl FuseAdapter {
     /// An adapter serving `fs`.
     pub fn new(fs: Arc<Fs>) -> FuseAdapter {
         FuseAdapter {
             fs,
-            passthrough: false,
-            opens: Mutex::default(),
-            refused: AtomicBool::new(false),
+            passthrough: passthrough::Passthrough::new(true),
             splice: false,
             splicer: SpliceTarget::default(),
         }
@@ -118,54 +101,15 @@ impl FuseAdapter {
         self
     }
 
+    /// This adapter, allowed to ask the kernel for FUSE passthrough (`--no-passthrough` clears it).
+    pub fn passing_through(mut self, allow: bool) -> FuseAdapter {
+        self.passthrough.allowed = allow;
+        self
+    }
+
     /// Where this adapter splices read replies, to be connected once the session exists.
     pub fn splice_target(&self) -> SpliceTarget {
         self.splicer.clone()
-    }
-
-    /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
-    /// verified one for this tensor ready and the kernel takes it, else the ordinary way (the page
-    /// cache kept, as when OPEN is not answered). An inode already open keeps its mode. The disk
-    /// cache decides the rest (`engine::disk::extents`): it never verifies or assembles an
-    /// extent on this thread.
-    fn open_file(&self, ino: u64, reply: ReplyOpen) {
-        if let Some(open) = lock(&self.opens).get_mut(&ino) {
-            open.count += 1;
-            return self.reply_open(ino, open.backing.as_ref(), reply);
-        }
-        // Outside the lock: opening and checking the file costs a few system calls.
-        let backing = self.fs.tensor_opened(ino).and_then(|file| match reply.open_backing(&file) {
-            Ok(id) => Some(id),
-            Err(e) => {
-                Stats::add(&self.fs.stats().passthrough_refused, 1);
-                if !self.refused.swap(true, Relaxed) {
-                    warn!("the kernel refused a cached file for passthrough ({e}); serving reads instead");
-                }
-                None
-            }
-        });
-        let mut opens = lock(&self.opens);
-        // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
-        let open = opens.entry(ino).or_insert(Open { count: 0, backing });
-        open.count += 1;
-        self.reply_open(ino, open.backing.as_ref(), reply);
-    }
-
-    /// Replies to an OPEN of `ino`: passed through to `backing`, or the ordinary way.
-    fn reply_open(&self, ino: u64, backing: Option<&BackingId>, reply: ReplyOpen) {
-        match backing {
-            Some(id) => {
-                self.count_passthrough(ino);
-                reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
-            }
-            None => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-        }
-    }
-
-    fn count_passthrough(&self, ino: u64) {
-        let stats = self.fs.stats();
-        Stats::add(&stats.passthrough_opens, 1);
-        Stats::add(&stats.passthrough_open_bytes, self.fs.getattr(ino).map_or(0, |a| a.size));
     }
 }
 
@@ -243,18 +187,7 @@ impl Filesystem for FuseAdapter {
         if let Err(missing) = config.add_capabilities(wanted & config.capabilities()) {
             debug!("kernel lacks {missing:?}");
         }
-        // Passthrough needs root (the kernel opens backing files only for CAP_SYS_ADMIN) and a
-        // disk cache to hold whole tensor files. Depth 1: the backing files are on an ordinary
-        // filesystem, and the mount may still sit under one stacking filesystem.
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let kernel = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
-        if root && kernel && self.fs.enable_passthrough() {
-            let agreed =
-                config.set_max_stack_depth(1).is_ok() && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok();
-            self.passthrough = agreed;
-            debug!("FUSE passthrough for cached tensor files: {agreed}");
-        }
+        self.passthrough.negotiate(&self.fs, config);
         Ok(())
     }
 
@@ -284,8 +217,8 @@ impl Filesystem for FuseAdapter {
             // Files keep no per-open state, so opens need no round trip: on ENOSYS the kernel
             // stops sending OPEN and RELEASE for files and opens them itself with FOPEN_KEEP_CACHE
             // (the data is immutable; never direct_io, which would break mmap).
-            Ok(()) if !self.passthrough => reply.error(NOT_NEEDED),
-            Ok(()) => self.open_file(ino.0, reply),
+            Ok(()) if !self.passthrough.on => reply.error(NOT_NEEDED),
+            Ok(()) => self.passthrough.open_file(&self.fs, ino.0, reply),
             Err(e) => reply.error(errno("open", ino.0, &e)),
         }
     }
@@ -302,17 +235,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let mut opens = lock(&self.opens);
-        let last = opens.get_mut(&ino.0).is_some_and(|open| {
-            open.count = open.count.saturating_sub(1);
-            open.count == 0
-        });
-        let closed = if last { opens.remove(&ino.0) } else { None };
-        drop(opens);
-        reply.ok();
-        if closed.is_some_and(|open| open.backing.is_none()) {
-            self.fs.tensor_closed(ino.0);
-        }
+        self.passthrough.release_file(&self.fs, ino.0, reply);
     }
 
     /// Nothing to flush on a read-only mount; ENOSYS stops the kernel sending FLUSH at each close.

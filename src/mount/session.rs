@@ -40,6 +40,9 @@ pub struct ServeOptions {
     pub kernel_readahead_kb: u32,
     /// Splice read replies of a local file's bytes into the FUSE device (`--no-splice` clears it).
     pub splice: bool,
+    /// Ask the kernel for FUSE passthrough where it can read a file directly (`--no-passthrough`
+    /// clears it).
+    pub passthrough: bool,
 }
 
 /// Why serving a mount failed.
@@ -350,7 +353,7 @@ fn open_session(
 ) -> Result<(fuser::Session<FuseAdapter>, Mounted), ServeError> {
     let mp = &options.mountpoint;
     let failed = |error| ServeError::Mount { mountpoint: mp.clone(), error };
-    let adapter = FuseAdapter::new(fs).splicing(splice);
+    let adapter = FuseAdapter::new(fs).splicing(splice).passing_through(options.passthrough);
     let target = adapter.splice_target();
     let Some((device, pending)) =
         mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?

@@ -55,6 +55,7 @@ COUNTERS = {
     "passthrough_opens": "stfs_passthrough_opens",
     "passthrough_open_bytes": "stfs_passthrough_open_bytes",
     "passthrough_refused": "stfs_passthrough_refused",
+    "passthrough_checkpoint_opens": "stfs_passthrough_checkpoint_opens",
 }
 GAUGES = {
     "resident_bytes": "stfs_cache_resident_bytes",
@@ -63,6 +64,8 @@ GAUGES = {
     "window_bytes": "stfs_readahead_window_bytes",
     "disk_cache_bytes": "stfs_disk_cache_bytes",
     "disk_cache_limit": "stfs_disk_cache_limit_bytes",
+    "passthrough_enabled": "stfs_passthrough_enabled",
+    "max_request_bytes": "stfs_max_request_bytes",
 }
 # Gauges in seconds of a value in microseconds.
 SECONDS_GAUGES = {"http_request_max_micros": "stfs_http_request_max_duration_seconds"}
