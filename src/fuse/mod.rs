@@ -6,13 +6,13 @@
 mod passthrough;
 mod splice;
 
-pub use splice::{readahead_in_whole_reads, MAX_READ_BYTES as MAX_SPLICED_READ_BYTES};
+pub use splice::{readahead_in_whole_reads, MAX_REQUEST_BYTES};
 
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -63,22 +63,26 @@ pub struct FuseAdapter {
 /// session's `/dev/fuse` descriptor (known only once the session is made, and the adapter is
 /// then inside it).
 #[derive(Clone, Debug, Default)]
-pub struct SpliceTarget(Arc<OnceLock<splice::Splicer>>);
+pub struct SpliceTarget(Arc<(OnceLock<splice::Splicer>, AtomicUsize)>);
 
 impl SpliceTarget {
     /// Splices read replies of local files' bytes to `device`, the session's `/dev/fuse`
     /// descriptor. The session must read every request from that one descriptor (no per-thread
     /// clones: a reply is only found on the descriptor its request came from), and the adapter
-    /// must have capped reads at [`MAX_SPLICED_READ_BYTES`] ([`FuseAdapter::splicing`]). Called
-    /// before the session runs.
+    /// must have capped reads to fit its pipes at INIT ([`FuseAdapter::splicing`]), which sized
+    /// them. Called before the session runs.
     pub fn connect(&self, device: BorrowedFd<'_>) -> io::Result<()> {
-        let splicer = splice::Splicer::new(device)?;
-        let _ = self.0.set(splicer);
+        let pipe_bytes = self.0 .1.load(Relaxed);
+        if pipe_bytes == 0 {
+            return Err(io::Error::other("the FUSE handshake sized no splice pipe"));
+        }
+        let splicer = splice::Splicer::new(device, pipe_bytes)?;
+        let _ = self.0 .0.set(splicer);
         Ok(())
     }
 
     fn get(&self) -> Option<&splice::Splicer> {
-        self.0.get()
+        self.0 .0.get()
     }
 }
 
@@ -95,7 +99,7 @@ impl FuseAdapter {
 
     /// This adapter, set to splice read replies of local files' bytes once its target is
     /// connected: the FUSE handshake (which runs when the session is made) caps the kernel's
-    /// reads at [`MAX_SPLICED_READ_BYTES`] so that a reply fits one pipe.
+    /// reads so that a reply fits one pipe, and sizes the pipes ([`splice::sizes`]).
     pub fn splicing(mut self, splice: bool) -> FuseAdapter {
         self.splice = splice;
         self
@@ -172,11 +176,20 @@ fn reply_xattr(op: &str, ino: u64, result: Result<Xattr, FsError>, reply: ReplyX
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Requests as large as the kernel allows (`fs.fuse.max_pages_limit`), up to 16 MiB: fuser
+        // asks for `max_write` pages, 16 MiB by default; a splicing mount asks for what its pipes
+        // carry. The granted size goes to stats.json (`max_request_bytes`).
+        let limit =
+            if config.capabilities().contains(InitFlags::FUSE_MAX_PAGES) { splice::max_pages_limit() } else { 32 };
+        let sizes = splice::sizes(self.splice, limit, splice::pipe_max_bytes());
         if self.splice {
-            if let Err(max) = config.set_max_write(MAX_SPLICED_READ_BYTES) {
-                debug!("kernel refused max_write {MAX_SPLICED_READ_BYTES}, keeps {max}");
+            if let Err(max) = config.set_max_write(sizes.request_bytes) {
+                debug!("kernel refused max_write {}, keeps {max}", sizes.request_bytes);
             }
+            self.splicer.0 .1.store(sizes.pipe_bytes, Relaxed);
         }
+        self.fs.stats().max_request_bytes.store(u64::from(sizes.request_bytes), Relaxed);
+        debug!("read requests of up to {} KiB (fs.fuse.max_pages_limit {limit})", sizes.request_bytes >> 10);
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             debug!("kernel refused max_background {MAX_BACKGROUND}, keeps {max}");
         }
