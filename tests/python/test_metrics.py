@@ -197,8 +197,9 @@ def test_prometheus_text_matches_stats_json(tmp_path):
     os.symlink(victim, prom)
     port = free_port()
     # --no-map: every read goes through the block cache and its backing reads, which the
-    # histogram times (a mapped file's prefetch is advice, not a timed read).
-    args = ["--no-map", "--block-size", "64K", "--metrics-file", str(prom), "-o", f"metrics_addr=127.0.0.1:{port}"]
+    # histogram times (a mapped file's prefetch is advice, not a timed read); --no-passthrough: as
+    # root the kernel would read the re-served file itself, and the daemon would time nothing.
+    args = ["--no-map", "--no-passthrough", "--block-size", "64K", "--metrics-file", str(prom), "-o", f"metrics_addr=127.0.0.1:{port}"]
     with mounted(source, *args) as mp:
         with safe_open(os.path.join(mp, "model.safetensors"), framework="numpy") as f:
             for name in data:
