@@ -107,8 +107,9 @@ pub struct Stats {
     /// Opens of a file whose extent file was verified but that the kernel refused to pass
     /// through: served the ordinary way.
     pub passthrough_refused: AtomicU64,
-    /// Of `passthrough_opens`, those of a re-served checkpoint file passed through to the local
-    /// file itself (pinned, and checked unchanged at that open).
+    /// Of `passthrough_opens`, those of a re-served checkpoint file: passed through to the local
+    /// file itself (pinned, checked unchanged at that open), or to a remote shard's whole-file
+    /// extent in the disk cache.
     pub passthrough_checkpoint_opens: AtomicU64,
     /// 1 while the kernel agreed to FUSE passthrough for this mount (root, a kernel with it, and
     /// something to pass through); 0: every byte crosses the daemon, as without it (gauge).

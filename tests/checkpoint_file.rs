@@ -2,6 +2,8 @@
 //! read through the engine; a tensor under one of their names is escaped; an option hides them.
 
 mod common;
+#[path = "common/nginx.rs"]
+mod nginx;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -201,4 +203,68 @@ fn a_reserved_local_file_is_passed_through_until_it_changes() {
     drop(f);
     assert!(read_whole(&fresh.file("model.safetensors")).is_err(), "a rewritten file was read through the mount");
     assert_eq!(count(&fresh, "passthrough_checkpoint_opens"), opens, "a rewritten file was handed over");
+}
+
+/// Whether, within 20 s, `ready` holds (polled every 20 ms).
+fn eventually(mut ready: impl FnMut() -> bool) -> bool {
+    wait_until(std::time::Duration::from_secs(20), &mut ready)
+}
+
+/// Issue 34, item 2: a remote shard read whole through a mount with `--cache-dir` is kept there as
+/// one file, and a later mount hands its re-served file to the kernel (no byte from the origin, no
+/// READ for the daemon); once the object changes (a new ETag), the old file is never served.
+#[test]
+fn a_remote_shard_cached_whole_is_passed_through_until_its_object_changes() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let Some(server) = nginx::Nginx::start() else { return tool_missing("nginx", "apt-get install nginx") };
+    let dir = workdir();
+    let cache = dir.path().join("cache");
+    let tensors = vec![T::new("big", Dtype::F32, &[300_000]), T::new("small", Dtype::U8, &[5])];
+    let bytes = write_checkpoint(&server.root.join("model.safetensors"), &tensors, None);
+    let url = server.url("model.safetensors");
+    let mount = || Mount::new(Path::new(&url), &["--cache-dir", cache.to_str().unwrap(), "--block-size", "64K"]);
+    // Read whole (every block lands on disk), closed (the whole-file extent is assembled), again
+    // on later mounts until an open is handed over: the daemon's exit bounds its writer's time.
+    let mut passed = None;
+    for _ in 0..3 {
+        let m = mount();
+        let first = count(&m, "passthrough_checkpoint_opens");
+        assert!(read_whole(&m.file("model.safetensors")).unwrap() == bytes);
+        if first == 0
+            && !eventually(|| {
+                let got = read_whole(&m.file("model.safetensors")).unwrap();
+                assert!(got == bytes);
+                count(&m, "passthrough_checkpoint_opens") > 0
+            })
+        {
+            continue;
+        }
+        passed = Some(m);
+        break;
+    }
+    let m = passed.expect("the re-served file of a cached remote shard was never handed over");
+    // A mount made now passes it through at its first open: no READ reaches the daemon for it.
+    drop(m);
+    let m = mount();
+    let before = count(&m, "fuse_read_bytes");
+    assert!(read_whole(&m.file("model.safetensors")).unwrap() == bytes);
+    assert_eq!(count(&m, "passthrough_checkpoint_opens"), 1, "{}", stats(&m));
+    assert!(count(&m, "fuse_read_bytes") - before < bytes.len() as u64 / 2, "{}", stats(&m));
+    assert_eq!(count(&m, "disk_cache_corrupt"), 0);
+    drop(m);
+
+    // The object changes (same size, a new ETag): a new mount never hands the old file over.
+    let mut changed = vec![T::new("big", Dtype::F32, &[300_000]), T::new("small", Dtype::U8, &[5])];
+    changed[0].data.iter_mut().for_each(|b| *b = !*b);
+    let new_bytes = {
+        let aside = dir.path().join("new.safetensors");
+        write_checkpoint(&aside, &changed, None)
+    };
+    assert_eq!(new_bytes.len(), bytes.len());
+    nginx::replace_file(&server.root.join("model.safetensors"), &new_bytes, std::time::Duration::from_secs(5));
+    let m = mount();
+    assert!(read_whole(&m.file("model.safetensors")).unwrap() == new_bytes, "old bytes served after a change");
+    assert_eq!(count(&m, "passthrough_checkpoint_opens"), 0, "the old object's file was handed over");
 }

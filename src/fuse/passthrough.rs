@@ -162,7 +162,7 @@ fn count_passthrough(fs: &Fs, ino: u64, whole: bool) {
     let stats = fs.stats();
     Stats::add(&stats.passthrough_opens, 1);
     Stats::add(&stats.passthrough_open_bytes, fs.getattr(ino).map_or(0, |a| a.size));
-    if whole {
+    if whole || fs.is_checkpoint_file(ino) {
         Stats::add(&stats.passthrough_checkpoint_opens, 1);
     }
 }
