@@ -10,7 +10,14 @@ loads: the checkpoint in the page cache. Each variant maps a safetensors file th
        local file itself; the re-served file on a mount with passthrough; the same on a mount with
        --no-passthrough; stfs.load(framework="numpy") on each of those mounts. Mounts are made before
        the clock (fresh per repetition), variants interleaved in rotated order. Seconds, medians, and
-       the median of paired ratios to the local file."""
+       the median of paired ratios to the local file.
+remote: the checkpoint served by nginx (started here, on --port); a first mount with --cache-dir reads
+       the re-served file whole (blocks, then its whole-file extent, land in the cache), then per
+       repetition the same light and full use of: a local copy (the file itself), the re-served file on a
+       fresh mount with that --cache-dir, and the same with --no-passthrough (the cached blocks served by
+       the daemon). As "loads", mounts made before the clock.
+opens: every tensor file of a mount opened, read (one 4 KiB read) and closed once, fresh mount per
+       repetition: with passthrough on (as root every open is a round trip) and --no-passthrough."""
 import argparse, json, mmap, os, statistics, struct, subprocess, sys, tempfile, time
 import numpy as np
 
@@ -138,14 +145,111 @@ def loads(a):
             print(f"{mode:5} {v:16} {statistics.median(ts):.3f} s  ({ratio:.2f}x the local file; runs {', '.join(f'{t:.3f}' for t in ts)})")
 
 
+def timed_views(path, mode, out):
+    t = time.perf_counter()
+    arrays, m = views(path)
+    use(arrays, mode, out)
+    t = time.perf_counter() - t
+    del arrays
+    try:
+        m.close()
+    except BufferError:
+        pass
+    return t
+
+
+def remote(a):
+    import shutil
+    work = tempfile.mkdtemp(prefix="near-remote-", dir=os.path.dirname(os.path.abspath(a.src)))
+    conf = os.path.join(work, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"user root; daemon off; pid {work}/nginx.pid; error_log {work}/error.log; events {{}} http {{ access_log off; "
+                f"server {{ listen 127.0.0.1:{a.port}; root {os.path.dirname(os.path.abspath(a.src))}; }} }}")
+    nginx = subprocess.Popen(["nginx", "-c", conf, "-p", work])
+    time.sleep(0.5)
+    cache = os.path.join(work, "cache")
+    url = f"http://127.0.0.1:{a.port}/{os.path.basename(a.src)}"
+    base = os.path.basename(a.src)
+    size = os.path.getsize(a.src)
+    out = np.empty(size, np.uint8)
+    out[::PAGE] = 0
+    subprocess.run(["cat", a.src], stdout=subprocess.DEVNULL, check=True)
+    times = {}
+    try:
+        mp = mount(a.stfs, url, "--cache-dir", cache, *a.opts)
+        ready, start = 0, time.time()
+        try:
+            # Read whole (blocks land on disk), closed (the whole-file extent is assembled by the disk
+            # tier's writer, seconds for 2 GiB), until an open is handed over; read again now and then
+            # for blocks the write queue dropped.
+            while not ready and time.time() - start < 300:
+                subprocess.run(["cat", os.path.join(mp, base)], stdout=subprocess.DEVNULL, check=True)
+                for _ in range(40):
+                    with open(os.path.join(mp, base), "rb"):
+                        ready = stats(mp)["passthrough_checkpoint_opens"]
+                    if ready:
+                        break
+                    time.sleep(0.5)
+        finally:
+            umount(a.stfs, mp)
+        print("whole-file extent handed over:", bool(ready))
+        variants = ["local", "cache-dir passthrough", "cache-dir no-passthrough"]
+        for rep in range(a.reps):
+            for mode in ("light", "full"):
+                on = mount(a.stfs, url, "--cache-dir", cache, *a.opts)
+                off = mount(a.stfs, url, "--cache-dir", cache, "--no-passthrough", *a.opts)
+                try:
+                    for v in variants[rep % 3:] + variants[:rep % 3]:
+                        path = {"local": a.src, "cache-dir passthrough": os.path.join(on, base),
+                                "cache-dir no-passthrough": os.path.join(off, base)}[v]
+                        times.setdefault((mode, v), []).append(timed_views(path, mode, out))
+                finally:
+                    umount(a.stfs, on)
+                    umount(a.stfs, off)
+    finally:
+        nginx.terminate()
+        nginx.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    for mode in ("light", "full"):
+        ref = times[(mode, "local")]
+        for v in variants:
+            ts = times[(mode, v)]
+            ratio = statistics.median(r / t for r, t in zip(ref, ts))
+            print(f"{mode:5} {v:26} {statistics.median(ts):.3f} s  ({ratio:.2f}x the local copy; runs {', '.join(f'{t:.3f}' for t in ts)})")
+
+
+def opens(a):
+    times = {}
+    for rep in range(a.reps):
+        for v in (["passthrough", "no-passthrough"] if rep % 2 == 0 else ["no-passthrough", "passthrough"]):
+            mp = mount(a.stfs, a.src, *(["--no-passthrough"] if v == "no-passthrough" else []), *a.opts)
+            try:
+                with open(os.path.join(mp, "metadata.json")) as f:
+                    paths = [os.path.join(mp, t["path"]) for t in json.load(f)["tensors"].values()]
+                t = time.perf_counter()
+                for p in paths:
+                    fd = os.open(p, os.O_RDONLY)
+                    os.pread(fd, 4096, 0)
+                    os.close(fd)
+                times.setdefault(v, []).append((time.perf_counter() - t) / len(paths) * 1e6)
+                if rep == 0:
+                    print(v, "opens seen by the daemon:", stats(mp)["opens"], "of", len(paths))
+            finally:
+                umount(a.stfs, mp)
+    for v, ts in times.items():
+        print(f"{v:15} {statistics.median(ts):.1f} us per file (open, 4 KiB read, close; runs {', '.join(f'{t:.1f}' for t in ts)})")
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("what", choices=["seq", "loads"])
+    p.add_argument("what", choices=["seq", "loads", "remote", "opens"])
+    p.add_argument("--port", type=int, default=18734)
     p.add_argument("src")
     p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"))
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("opts", nargs="*")
+    p.add_argument("--stfs-opts", default="", help="extra stfs mount arguments, space-separated")
     a = p.parse_args()
+    a.opts = a.stfs_opts.split()
     sys.path.insert(0, os.path.join(REPO, "python"))
     os.environ.setdefault("STFS_BIN", a.stfs)
-    seq(a) if a.what == "seq" else loads(a)
+    {"seq": seq, "loads": loads, "remote": remote, "opens": opens}[a.what](a)
