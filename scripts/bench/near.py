@@ -10,7 +10,8 @@ loads: the checkpoint in the page cache. Each variant maps a safetensors file th
        local file itself; the re-served file on a mount with passthrough; the same on a mount with
        --no-passthrough; stfs.load(framework="numpy") on each of those mounts. Mounts are made before
        the clock (fresh per repetition), variants interleaved in rotated order. Seconds, medians, and
-       the median of paired ratios to the local file.
+       the median of paired ratios to the local file. --cold: the file's pages are dropped
+       (POSIX_FADV_DONTNEED) before every variant.
 remote: the checkpoint served by nginx (started here, on --port); a first mount with --cache-dir reads
        the re-served file whole (blocks, then its whole-file extent, land in the cache), then per
        repetition the same light and full use of: a local copy (the file itself), the re-served file on a
@@ -117,6 +118,10 @@ def loads(a):
             try:
                 order = variants[rep % len(variants):] + variants[:rep % len(variants)]
                 for v in order:
+                    if a.cold:  # the file's pages dropped before every variant (--cold)
+                        fd = os.open(a.src, os.O_RDONLY)
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                        os.close(fd)
                     t = time.perf_counter()
                     if v.startswith("stfs.load"):
                         arrays = [x.reshape(-1).view(np.uint8) for x in stfs.load(on if v.endswith(" pt") else off).values()]
@@ -244,6 +249,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("what", choices=["seq", "loads", "remote", "opens"])
     p.add_argument("--port", type=int, default=18734)
+    p.add_argument("--cold", action="store_true", help="loads: drop the file's pages before every variant")
     p.add_argument("src")
     p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"))
     p.add_argument("--reps", type=int, default=5)
