@@ -109,6 +109,16 @@ pub struct Stats {
     /// Opens of a file whose extent file was verified but that the kernel refused to pass
     /// through: served the ordinary way.
     pub passthrough_refused: AtomicU64,
+    /// Of `passthrough_opens`, those of a re-served checkpoint file: passed through to the local
+    /// file itself (pinned, checked unchanged at that open), or to a remote shard's whole-file
+    /// extent in the disk cache.
+    pub passthrough_checkpoint_opens: AtomicU64,
+    /// 1 while the kernel agreed to FUSE passthrough for this mount (root, a kernel with it, and
+    /// something to pass through); 0: every byte crosses the daemon, as without it (gauge).
+    pub passthrough_enabled: AtomicU64,
+    /// The largest read request the kernel agreed to send, in bytes (its `max_pages`, as
+    /// `fs.fuse.max_pages_limit` allows; gauge, 0 until the handshake).
+    pub max_request_bytes: AtomicU64,
     /// Bytes the disk cache holds, as this mount last counted them (gauge).
     pub disk_cache_bytes: AtomicU64,
     /// The disk cache's bound in bytes (0: no disk cache).
@@ -225,6 +235,9 @@ impl Stats {
             ("passthrough_opens", g(&self.passthrough_opens)),
             ("passthrough_open_bytes", g(&self.passthrough_open_bytes)),
             ("passthrough_refused", g(&self.passthrough_refused)),
+            ("passthrough_checkpoint_opens", g(&self.passthrough_checkpoint_opens)),
+            ("passthrough_enabled", g(&self.passthrough_enabled)),
+            ("max_request_bytes", g(&self.max_request_bytes)),
             ("disk_cache_bytes", g(&self.disk_cache_bytes)),
             ("disk_cache_limit", g(&self.disk_cache_limit)),
         ];

@@ -2,6 +2,8 @@
 //! read through the engine; a tensor under one of their names is escaped; an option hides them.
 
 mod common;
+#[path = "common/nginx.rs"]
+mod nginx;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -52,7 +54,8 @@ fn a_single_file_is_served_whole_and_a_colliding_tensor_is_escaped() {
     tensors.push(T::new("big", Dtype::F32, &[300_000]));
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     write_checkpoint(&file, &tensors, Some(&meta));
-    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "1M"]);
+    // Without passthrough (as root the kernel would read the file itself), so the engine serves it.
+    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "1M", "--no-passthrough"]);
     // A tensor file first, so the whole file shares its cached blocks.
     assert_eq!(std::fs::read(m.file("big")).unwrap(), tensors.last().unwrap().data);
     assert_same_file(&m.file("model.safetensors"), &file);
@@ -127,4 +130,141 @@ fn extract_writes_tensors_only() {
     // Named as a default mount names them.
     assert_eq!(names, ["%6Dodel.safetensors", "w"]);
     assert_eq!(std::fs::read(out_dir.join("%6Dodel.safetensors")).unwrap(), tensors[0].data);
+}
+
+fn stats(m: &Mount) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(m.file(".stfs/stats.json")).unwrap()).unwrap()
+}
+
+fn count(m: &Mount, key: &str) -> u64 {
+    stats(m)[key].as_u64().unwrap_or_else(|| panic!("no counter {key}"))
+}
+
+/// Reads the whole file at `path`: its bytes, or the error of its open or of a read.
+fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// As root on a kernel with FUSE passthrough, an open of the re-served file of a local file is
+/// handed to the kernel (the daemon serves none of its bytes), and gives the same bytes as a mount
+/// with `--no-passthrough`; once the local file is replaced or rewritten in place, no open of it
+/// is handed over, and reading it fails as it does without passthrough.
+#[test]
+fn a_reserved_local_file_is_passed_through_until_it_changes() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let tensors = vec![T::new("big", Dtype::F32, &[700_000]), T::new("small", Dtype::U8, &[5])];
+    write_checkpoint(&file, &tensors, None);
+    let len = std::fs::metadata(&file).unwrap().len();
+    let off = Mount::new(&file, &["--no-passthrough"]);
+    let on = Mount::new(&file, &[]);
+    assert_eq!(count(&off, "passthrough_enabled"), 0);
+    assert_eq!(count(&on, "passthrough_enabled"), 1, "root on this kernel: {}", stats(&on));
+    assert_same_file(&off.file("model.safetensors"), &file);
+    let served_before = count(&on, "fuse_read_bytes");
+    assert_same_file(&on.file("model.safetensors"), &file);
+    // Passed through at every open; the daemon served none of the bytes.
+    let s = stats(&on);
+    assert!(s["passthrough_checkpoint_opens"].as_u64() >= Some(3), "{s}");
+    assert!(s["passthrough_open_bytes"].as_u64() >= Some(3 * len), "{s}");
+    // (stats.json's own reads are counted too: they are a few KiB.)
+    let served = s["fuse_read_bytes"].as_u64().unwrap() - served_before;
+    assert!(served < len, "the daemon served passed-through bytes: {s}");
+    assert_eq!(count(&off, "passthrough_opens"), 0);
+    assert!(count(&off, "fuse_read_bytes") >= len, "read from its page cache after the first time");
+    // Tensor files are still served by the daemon, alike on both mounts.
+    assert_eq!(std::fs::read(on.file("big")).unwrap(), std::fs::read(off.file("big")).unwrap());
+
+    // Replaced (same length, other bytes): never handed over, never its bytes.
+    let opens = count(&on, "passthrough_checkpoint_opens");
+    let other = dir.path().join("other.safetensors");
+    let mut changed = vec![T::new("big", Dtype::F32, &[700_000]), T::new("small", Dtype::U8, &[5])];
+    changed[0].data.iter_mut().for_each(|b| *b = !*b);
+    write_checkpoint(&other, &changed, None);
+    assert_eq!(std::fs::metadata(&other).unwrap().len(), len);
+    std::fs::rename(&other, &file).unwrap();
+    let got = read_whole(&on.file("model.safetensors"));
+    assert!(got.is_err(), "a replaced file was read through the mount");
+    assert_eq!(count(&on, "passthrough_checkpoint_opens"), opens, "a replaced file was handed over");
+
+    // Rewritten in place on a fresh mount: handed over before, not after.
+    let fresh = Mount::new(&file, &[]);
+    assert_eq!(read_whole(&fresh.file("model.safetensors")).unwrap(), std::fs::read(&file).unwrap());
+    let opens = count(&fresh, "passthrough_checkpoint_opens");
+    assert!(opens >= 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\x01\x02", len - 2).unwrap();
+    drop(f);
+    assert!(read_whole(&fresh.file("model.safetensors")).is_err(), "a rewritten file was read through the mount");
+    assert_eq!(count(&fresh, "passthrough_checkpoint_opens"), opens, "a rewritten file was handed over");
+}
+
+/// Whether, within 20 s, `ready` holds (polled every 20 ms).
+fn eventually(mut ready: impl FnMut() -> bool) -> bool {
+    wait_until(std::time::Duration::from_secs(20), &mut ready)
+}
+
+/// Issue 34, item 2: a remote shard read whole through a mount with `--cache-dir` is kept there as
+/// one file, and a later mount hands its re-served file to the kernel (no byte from the origin, no
+/// READ for the daemon); once the object changes (a new ETag), the old file is never served.
+#[test]
+fn a_remote_shard_cached_whole_is_passed_through_until_its_object_changes() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let Some(server) = nginx::Nginx::start() else { return tool_missing("nginx", "apt-get install nginx") };
+    let dir = workdir();
+    let cache = dir.path().join("cache");
+    let tensors = vec![T::new("big", Dtype::F32, &[300_000]), T::new("small", Dtype::U8, &[5])];
+    let bytes = write_checkpoint(&server.root.join("model.safetensors"), &tensors, None);
+    let url = server.url("model.safetensors");
+    let mount = || Mount::new(Path::new(&url), &["--cache-dir", cache.to_str().unwrap(), "--block-size", "64K"]);
+    // Read whole (every block lands on disk), closed (the whole-file extent is assembled), again
+    // on later mounts until an open is handed over: the daemon's exit bounds its writer's time.
+    let mut passed = None;
+    for _ in 0..3 {
+        let m = mount();
+        let first = count(&m, "passthrough_checkpoint_opens");
+        assert!(read_whole(&m.file("model.safetensors")).unwrap() == bytes);
+        if first == 0
+            && !eventually(|| {
+                let got = read_whole(&m.file("model.safetensors")).unwrap();
+                assert!(got == bytes);
+                count(&m, "passthrough_checkpoint_opens") > 0
+            })
+        {
+            continue;
+        }
+        passed = Some(m);
+        break;
+    }
+    let m = passed.expect("the re-served file of a cached remote shard was never handed over");
+    // A mount made now passes it through at its first open: no READ reaches the daemon for it.
+    drop(m);
+    let m = mount();
+    let before = count(&m, "fuse_read_bytes");
+    assert!(read_whole(&m.file("model.safetensors")).unwrap() == bytes);
+    assert_eq!(count(&m, "passthrough_checkpoint_opens"), 1, "{}", stats(&m));
+    assert!(count(&m, "fuse_read_bytes") - before < bytes.len() as u64 / 2, "{}", stats(&m));
+    assert_eq!(count(&m, "disk_cache_corrupt"), 0);
+    drop(m);
+
+    // The object changes (same size, a new ETag): a new mount never hands the old file over.
+    let mut changed = vec![T::new("big", Dtype::F32, &[300_000]), T::new("small", Dtype::U8, &[5])];
+    changed[0].data.iter_mut().for_each(|b| *b = !*b);
+    let new_bytes = {
+        let aside = dir.path().join("new.safetensors");
+        write_checkpoint(&aside, &changed, None)
+    };
+    assert_eq!(new_bytes.len(), bytes.len());
+    nginx::replace_file(&server.root.join("model.safetensors"), &new_bytes, std::time::Duration::from_secs(5));
+    let m = mount();
+    assert!(read_whole(&m.file("model.safetensors")).unwrap() == new_bytes, "old bytes served after a change");
+    assert_eq!(count(&m, "passthrough_checkpoint_opens"), 0, "the old object's file was handed over");
 }

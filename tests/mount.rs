@@ -326,23 +326,41 @@ fn every_open_of_the_stats_file_reads_a_whole_document_of_its_own() {
     assert!(reads(&other_doc) > before + 1);
 }
 
+/// Without passthrough (`--no-passthrough`, or not root) opens need no round trip: the first OPEN
+/// is declined with ENOSYS and from then on the kernel opens and closes files itself. With it (as
+/// root, where the re-served file of a local file is handed to the kernel), every open is
+/// answered: that is the price of passthrough, one round trip per open.
 #[test]
 fn opening_files_needs_no_round_trip_to_the_daemon() {
-    let (_dir, tensors, m) = mixed_mount();
-    for _ in 0..3 {
-        for t in &tensors {
-            let mut f = std::fs::File::open(served_path(&m, &t.name)).unwrap();
-            let mut first = [0u8; 1];
-            std::io::Read::read(&mut f, &mut first).unwrap();
+    let (_dir, tensors, plain) = mixed_mount();
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    write_checkpoint(&file, &tensors, None);
+    let off = Mount::new(&file, &["--no-passthrough"]);
+    let on = Mount::new(&file, &[]);
+    let opens = |m: &Mount| {
+        for _ in 0..3 {
+            for t in &tensors {
+                let mut f = std::fs::File::open(served_path(m, &t.name)).unwrap();
+                let mut first = [0u8; 1];
+                std::io::Read::read(&mut f, &mut first).unwrap();
+            }
         }
+        std::fs::read(m.path.join("metadata.json")).unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
+        // `opens` is the old name of the counter of OPEN requests.
+        assert_eq!(doc["opens"], doc["kernel_open_requests"], "{doc}");
+        (doc["kernel_open_requests"].as_u64().unwrap(), doc["passthrough_enabled"].as_u64().unwrap())
+    };
+    assert!(opens(&off).0 <= 1);
+    let (n, passthrough) = opens(&on);
+    assert!(if passthrough == 1 { n > 3 * tensors.len() as u64 } else { n <= 1 }, "{n} opens, {passthrough}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let (n, passthrough) = opens(&plain);
+        assert!(n <= 1 && passthrough == 0, "not root: no passthrough, no round trips");
     }
-    std::fs::read(m.path.join("metadata.json")).unwrap();
-    let doc: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(m.path.join(".stfs/stats.json")).unwrap()).unwrap();
-    // The first OPEN is declined with ENOSYS; from then on the kernel opens and closes files itself.
-    // So the counter of OPEN requests stays at 1 or 0, whatever the readers did; `opens` is its old name.
-    assert!(doc["kernel_open_requests"].as_u64().unwrap() <= 1, "{doc}");
-    assert_eq!(doc["opens"], doc["kernel_open_requests"], "{doc}");
 }
 
 #[test]
@@ -410,5 +428,32 @@ fn large_reads_of_a_local_file_are_spliced_whole_and_no_splice_copies_them() {
         } else {
             assert_eq!(n("spliced_reads"), 0, "{doc}");
         }
+    }
+}
+
+/// The read request size the kernel granted is in stats.json (`stfs stats` prints the same
+/// document): `fs.fuse.max_pages_limit` pages, up to 16 MiB, two pages less than the splice pipe
+/// when a local file's reads are spliced; and no read the daemon served was larger.
+#[test]
+fn the_granted_request_size_is_in_stats_json() {
+    let (_dir, file, t) = one_tensor_checkpoint();
+    let limit: u64 =
+        std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").map_or(256, |s| s.trim().parse().unwrap());
+    let pages = limit.clamp(1, 4096);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    for (opts, want) in [
+        (&["--no-splice"][..], pages * 4096),
+        // Spliced: a power of two of pipe slots (256 without privilege), less two.
+        (&[][..], (pages.next_power_of_two().min(if root { 4096 } else { 256 }) - 2).min(pages) * 4096),
+    ] {
+        let m = Mount::new(&file, opts);
+        assert_eq!(std::fs::read(m.file(&t.name)).unwrap(), t.data);
+        let out = stfs(&["stats", m.path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["max_request_bytes"].as_u64(), Some(want), "{opts:?}: {s}");
+        let (reads, bytes) = (s["fuse_reads"].as_u64().unwrap(), s["fuse_read_bytes"].as_u64().unwrap());
+        assert!(reads > 0 && bytes / reads <= want, "{opts:?}: {s}");
     }
 }

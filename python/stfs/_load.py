@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
 from ._mapping import mapped
+from ._whole import torch_view, views as _whole_views
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
@@ -95,10 +96,11 @@ def _bar(progress: Optional[bool], total: int, remote: bool, desc: str) -> Optio
 
 def _read_during_load(items: List["Entry"], kind: str, device: Any) -> int:
     """The bytes load itself reads (the rest are mapped, read when touched): F4 tensors for NumPy (they
-    are unpacked), everything for torch on a device other than the CPU."""
+    are unpacked), everything for torch (read in large reads, or copied to the device), less what a
+    shard handed to the kernel maps, which the bar then never counts."""
     if kind == "numpy":
         return sum(e.byte_len for e in items if e.dtype == F4)
-    return 0 if str(device).split(":")[0] == "cpu" else sum(e.byte_len for e in items)
+    return sum(e.byte_len for e in items)
 
 
 class Entry(NamedTuple):
@@ -243,8 +245,8 @@ def _check_mappings(count: int, what: str) -> None:
     if used + count + headroom > limit:
         raise OSError(f"stfs.load: {count} tensors mapped with {what} need {count} memory mappings, and this "
                       f"process has {used} of the {limit} vm.max_map_count allows: raise it (sysctl -w "
-                      f"vm.max_map_count={2 * (used + count + headroom)}), or load a device other than the CPU "
-                      "with framework='torch' (which maps nothing)")
+                      f"vm.max_map_count={2 * (used + count + headroom)}), or load with framework='torch' "
+                      "(which maps nothing)")
 
 
 def _numpy_device(device) -> None:
@@ -252,13 +254,19 @@ def _numpy_device(device) -> None:
         raise ValueError(f"stfs.load: NumPy arrays live on the CPU; device={device!r} needs framework='torch'")
 
 
-def _load_numpy(items: List[Entry], device, tick: Tick = _no_tick) -> Dict[str, Any]:
+def _load_numpy(items: List[Entry], device, root: str, tick: Tick = _no_tick) -> Dict[str, Any]:
     import numpy as np
 
     _numpy_device(device)
-    mapped = sum(1 for e in items if e.byte_len and e.dtype != F4)
-    _check_mappings(mapped, "np.memmap")
-    return _memmaps(np, items, tick)
+    # Shards the mount hands to the kernel: one mapping each, every tensor a view (still lazy).
+    plain = [e for e in items if e.dtype != F4 and e.dtype not in F6]
+    whole = _whole_views(root, plain, lambda path, size: mapped(np, path, np.uint8, (size,), size),
+                         lambda flat, e: _frozen(flat.view(_numpy_dtype(np, e)).reshape(e.shape).view(np.memmap)))
+    rest = [e for e in items if e.name not in whole]
+    if rest:
+        _check_mappings(sum(1 for e in rest if e.byte_len and e.dtype != F4), "np.memmap")
+    out = _memmaps(np, rest, tick)
+    return {e.name: whole[e.name] if e.name in whole else out[e.name] for e in items}
 
 
 def _memmaps(np, items: List[Entry], tick: Tick = _no_tick) -> Dict[str, Any]:
@@ -536,7 +544,7 @@ def _torch_device(device):
     return target
 
 
-def _load_torch(items: List[Entry], device, tick: Tick = _no_tick) -> Dict[str, Any]:
+def _load_torch(items: List[Entry], device, root: str, tick: Tick = _no_tick) -> Dict[str, Any]:
     import torch
 
     target = _torch_device(device)
@@ -548,21 +556,26 @@ def _load_torch(items: List[Entry], device, tick: Tick = _no_tick) -> Dict[str, 
         _warn_raw(raw, "torch")
         return out
     out: Dict[str, Any] = {}
-    if target.type == "cpu":  # moved anywhere else, each mapping is gone once its tensor is copied
-        _check_mappings(sum(1 for e in items if e.byte_len), "torch.from_file")
+    # Shards the mount hands to the kernel (passthrough): each mapped once (a private mapping, on the
+    # CPU), every tensor a view of it, as safetensors' load_file makes them.
+    whole = _whole_views(root, items, lambda path, size: torch.from_file(
+        _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
+        lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])))
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
         count = math.prod(shape)
         _check_size(e, count, dtype.itemsize)
-        # Every tensor is made with device="cpu" spelled out, so torch.set_default_device (or any
-        # default-device context) cannot place it; then it goes exactly where it was asked to.
-        if count == 0:
-            t = torch.empty(shape, dtype=dtype, device="cpu")
+        if e.name in whole:
+            t = whole[e.name]
         else:
-            # A private mapping of the file: pages are read through the mount when first touched.
-            t = torch.from_file(_utf8_path(e.path), shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
+            # device="cpu" spelled out: torch.set_default_device cannot place it. Read in large reads
+            # (a `cat` of the mount's speed), not faulted in page by page through a FUSE mapping.
+            t = torch.empty(shape, dtype=dtype, device="cpu")
+            if count:
+                _read_into(e.path, t)
         if target.type != "cpu":
             t = t.to(target)
+        if e.name not in whole or target.type != "cpu":
             tick(e.byte_len)
         out[e.name] = t
     _warn_raw(raw, "torch")
@@ -589,8 +602,9 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     device="cpu".
 
     framework="torch": each tensor is created on the CPU explicitly (``device="cpu"``; a
-    torch.set_default_device in force changes nothing), as a private mapping of its file
-    (torch.from_file), and moved only to `device`. For a CUDA device each tensor is allocated there and
+    torch.set_default_device in force changes nothing), read in large reads, and moved only to
+    `device`; where the mount hands a shard's re-served file to the kernel (root, a local file), its
+    tensors are instead views of one private mapping of that file (zero copy, as load_file). For a CUDA device each tensor is allocated there and
     filled through a ring of PINNED_SLOTS pinned host buffers of PINNED_SLOT_BYTES (128 MiB of pinned
     memory at most, freed at the end), read in pieces and copied with non_blocking=True, one CUDA
     event per buffer; all of it under torch.cuda.device(device), so no other GPU gets a context, and
@@ -632,9 +646,9 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
         items = entries(mountpoint)
         bar = _bar(progress, _read_during_load(items, kind, device), remote, f"stfs.load {os.path.basename(str(path).rstrip('/'))}")
         if bar is None:
-            return reader(items, device)
+            return reader(items, device, str(mountpoint))
         try:
-            return reader(items, device, bar.tick)
+            return reader(items, device, str(mountpoint), bar.tick)
         finally:
             bar.close()
 

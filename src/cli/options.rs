@@ -380,6 +380,7 @@ impl MountConfig {
             allow_root: self.allow_root,
             kernel_readahead_kb: self.kernel_readahead_kb,
             splice: self.splice,
+            passthrough: !self.no_passthrough,
         }
     }
 }

@@ -272,6 +272,19 @@ impl Engine {
         disk.extent_opened(key, self.shared.config.block_size, entry.len, range)
     }
 
+    /// Whether `source` is a file on a local filesystem ([`crate::source::Source::mappable`]),
+    /// whose whole file [`Engine::pinned_file`] may hand to the kernel.
+    pub fn source_is_local_file(&self, source: SourceId) -> bool {
+        self.entry(source).is_some_and(|e| e.source.mappable())
+    }
+
+    /// A new descriptor on `source`'s own file, checked against its pin now, if it is a local
+    /// file of `len` bytes ([`crate::source::Source::pinned_file`]).
+    pub fn pinned_file(&self, source: SourceId, len: u64) -> Option<std::fs::File> {
+        let entry = self.entry(source).filter(|e| e.len == len)?;
+        entry.source.pinned_file()
+    }
+
     /// A file spanning `extent` of `source` was closed: once every block it covers is on disk,
     /// its extent file is assembled by the disk tier's writer.
     pub fn extent_closed(&self, source: SourceId, extent: Range<u64>) {

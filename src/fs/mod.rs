@@ -238,19 +238,53 @@ impl Fs {
         self.engine.enable_extent_files()
     }
 
-    /// Raw tensor file `ino` is opened: a verified file on local disk holding exactly its bytes
-    /// (offset for offset), for the kernel to read directly, if the disk cache has one ready;
-    /// otherwise the disk cache prepares one for a later open, off this thread.
+    /// Raw tensor file `ino`, or the re-served file of a shard that is not a local file, is
+    /// opened: a verified file on local disk holding exactly its bytes (offset for offset), for the
+    /// kernel to read directly, if the disk cache has one ready; otherwise the disk cache prepares
+    /// one for a later open, off this thread (a whole shard: once every block of it is on disk).
     pub fn tensor_opened(&self, ino: Ino) -> Option<std::fs::File> {
-        let t = self.raw_tensor(ino)?;
-        self.engine.extent_opened(t.source, t.start..t.start + t.len)
+        let (source, range) = self.cached_extent(ino)?;
+        self.engine.extent_opened(source, range)
     }
 
-    /// Raw tensor file `ino` was closed (not passed through): the disk cache may now assemble its
-    /// file for [`Fs::tensor_opened`].
-    pub fn tensor_closed(&self, ino: Ino) {
+    /// The source range file `ino` serves offset for offset from a disk cache extent: a raw
+    /// tensor's, or a whole shard's re-served file when the shard is not a local file (a local
+    /// file is handed over itself: [`Fs::checkpoint_opened`]).
+    fn cached_extent(&self, ino: Ino) -> Option<(crate::source::SourceId, std::ops::Range<u64>)> {
         if let Some(t) = self.raw_tensor(ino) {
-            self.engine.extent_closed(t.source, t.start..t.start + t.len);
+            return Some((t.source, t.start..t.start + t.len));
+        }
+        let NodeKind::File { content: Content::Checkpoint(i), size } = &self.ns.node(ino)?.kind else { return None };
+        let shard = self.ns.shards().get(*i).filter(|s| s.header.file_len == *size && *size > 0)?;
+        (!self.engine.source_is_local_file(shard.source)).then_some((shard.source, 0..*size))
+    }
+
+    /// Whether `ino` is a re-served checkpoint file (a shard's whole file).
+    pub fn is_checkpoint_file(&self, ino: Ino) -> bool {
+        self.ns.node(ino).is_some_and(|n| matches!(n.kind, NodeKind::File { content: Content::Checkpoint(_), .. }))
+    }
+
+    /// Whether the mount re-serves a checkpoint file of a local file ([`Fs::checkpoint_opened`]
+    /// may then hand it to the kernel).
+    pub fn reserves_local_files(&self) -> bool {
+        self.ns.shards().iter().any(|s| s.file.is_some() && self.engine.source_is_local_file(s.source))
+    }
+
+    /// Re-served checkpoint file `ino` is opened: the local file it re-serves (offset for
+    /// offset), on a new descriptor checked against the file's pin at this open, for the kernel to
+    /// read directly. `None` for every other file, a remote source, or a file rewritten or
+    /// replaced since the mount (its reads then fail as they would without passthrough).
+    pub fn checkpoint_opened(&self, ino: Ino) -> Option<std::fs::File> {
+        let NodeKind::File { content: Content::Checkpoint(i), size } = &self.ns.node(ino)?.kind else { return None };
+        let shard = self.ns.shards().get(*i).filter(|s| s.header.file_len == *size && *size > 0)?;
+        self.engine.pinned_file(shard.source, *size)
+    }
+
+    /// File `ino` of [`Fs::tensor_opened`] was closed (not passed through): the disk cache may
+    /// now assemble its file.
+    pub fn tensor_closed(&self, ino: Ino) {
+        if let Some((source, range)) = self.cached_extent(ino) {
+            self.engine.extent_closed(source, range);
         }
     }
 

@@ -3,30 +3,29 @@
 //! errno of a failure comes from [`FsError::errno`]. `splice` writes the read replies that move a
 //! local file's pages into the FUSE device without fuser.
 
+mod passthrough;
 mod splice;
 
-pub use splice::{readahead_in_whole_reads, MAX_READ_BYTES as MAX_SPLICED_READ_BYTES};
+pub use splice::{readahead_in_whole_reads, MAX_REQUEST_BYTES};
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, warn};
 
 use crate::fs::{Attr, Fs, FsError, Kind, Xattr};
 use crate::stats::Stats;
-use crate::util::lock;
 
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
@@ -50,14 +49,8 @@ fn entry_ttl(a: &Attr) -> Duration {
 /// Wraps [`Fs`] for fuser; cheap to clone the inner state.
 pub struct FuseAdapter {
     fs: Arc<Fs>,
-    /// The kernel agreed to FUSE passthrough (root, a disk cache, a kernel with it): OPEN is
-    /// answered, with passthrough to a verified extent file where the disk cache has one.
-    passthrough: bool,
-    /// With passthrough, the files open now, by inode: the kernel needs every open of an inode
-    /// in one mode (all passed through, to one backing file, or none).
-    opens: Mutex<HashMap<u64, Open>>,
-    /// The kernel refused a backing file once (logged once).
-    refused: AtomicBool,
+    /// FUSE passthrough: asked for at INIT, and the opens it answers (`passthrough`).
+    passthrough: passthrough::Passthrough,
     /// Read replies of a local file's bytes are to be spliced: `init` caps reads so that one
     /// fits a pipe ([`FuseAdapter::splicing`]).
     splice: bool,
@@ -70,31 +63,27 @@ pub struct FuseAdapter {
 /// session's `/dev/fuse` descriptor (known only once the session is made, and the adapter is
 /// then inside it).
 #[derive(Clone, Debug, Default)]
-pub struct SpliceTarget(Arc<OnceLock<splice::Splicer>>);
+pub struct SpliceTarget(Arc<(OnceLock<splice::Splicer>, AtomicUsize)>);
 
 impl SpliceTarget {
     /// Splices read replies of local files' bytes to `device`, the session's `/dev/fuse`
     /// descriptor. The session must read every request from that one descriptor (no per-thread
     /// clones: a reply is only found on the descriptor its request came from), and the adapter
-    /// must have capped reads at [`MAX_SPLICED_READ_BYTES`] ([`FuseAdapter::splicing`]). Called
-    /// before the session runs.
+    /// must have capped reads to fit its pipes at INIT ([`FuseAdapter::splicing`]), which sized
+    /// them. Called before the session runs.
     pub fn connect(&self, device: BorrowedFd<'_>) -> io::Result<()> {
-        let splicer = splice::Splicer::new(device)?;
-        let _ = self.0.set(splicer);
+        let pipe_bytes = self.0 .1.load(Relaxed);
+        if pipe_bytes == 0 {
+            return Err(io::Error::other("the FUSE handshake sized no splice pipe"));
+        }
+        let splicer = splice::Splicer::new(device, pipe_bytes)?;
+        let _ = self.0 .0.set(splicer);
         Ok(())
     }
 
     fn get(&self) -> Option<&splice::Splicer> {
-        self.0.get()
+        self.0 .0.get()
     }
-}
-
-/// One inode's opens while passthrough is on.
-struct Open {
-    count: u64,
-    /// The backing file its opens pass through to; kept until the last one is released (the
-    /// kernel looks the id up after the reply is sent).
-    backing: Option<BackingId>,
 }
 
 impl FuseAdapter {
@@ -102,9 +91,7 @@ impl FuseAdapter {
     pub fn new(fs: Arc<Fs>) -> FuseAdapter {
         FuseAdapter {
             fs,
-            passthrough: false,
-            opens: Mutex::default(),
-            refused: AtomicBool::new(false),
+            passthrough: passthrough::Passthrough::new(true),
             splice: false,
             splicer: SpliceTarget::default(),
         }
@@ -112,60 +99,21 @@ impl FuseAdapter {
 
     /// This adapter, set to splice read replies of local files' bytes once its target is
     /// connected: the FUSE handshake (which runs when the session is made) caps the kernel's
-    /// reads at [`MAX_SPLICED_READ_BYTES`] so that a reply fits one pipe.
+    /// reads so that a reply fits one pipe, and sizes the pipes ([`splice::sizes`]).
     pub fn splicing(mut self, splice: bool) -> FuseAdapter {
         self.splice = splice;
+        self
+    }
+
+    /// This adapter, allowed to ask the kernel for FUSE passthrough (`--no-passthrough` clears it).
+    pub fn passing_through(mut self, allow: bool) -> FuseAdapter {
+        self.passthrough.allowed = allow;
         self
     }
 
     /// Where this adapter splices read replies, to be connected once the session exists.
     pub fn splice_target(&self) -> SpliceTarget {
         self.splicer.clone()
-    }
-
-    /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
-    /// verified one for this tensor ready and the kernel takes it, else the ordinary way (the page
-    /// cache kept, as when OPEN is not answered). An inode already open keeps its mode. The disk
-    /// cache decides the rest (`engine::disk::extents`): it never verifies or assembles an
-    /// extent on this thread.
-    fn open_file(&self, ino: u64, reply: ReplyOpen) {
-        if let Some(open) = lock(&self.opens).get_mut(&ino) {
-            open.count += 1;
-            return self.reply_open(ino, open.backing.as_ref(), reply);
-        }
-        // Outside the lock: opening and checking the file costs a few system calls.
-        let backing = self.fs.tensor_opened(ino).and_then(|file| match reply.open_backing(&file) {
-            Ok(id) => Some(id),
-            Err(e) => {
-                Stats::add(&self.fs.stats().passthrough_refused, 1);
-                if !self.refused.swap(true, Relaxed) {
-                    warn!("the kernel refused a cached file for passthrough ({e}); serving reads instead");
-                }
-                None
-            }
-        });
-        let mut opens = lock(&self.opens);
-        // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
-        let open = opens.entry(ino).or_insert(Open { count: 0, backing });
-        open.count += 1;
-        self.reply_open(ino, open.backing.as_ref(), reply);
-    }
-
-    /// Replies to an OPEN of `ino`: passed through to `backing`, or the ordinary way.
-    fn reply_open(&self, ino: u64, backing: Option<&BackingId>, reply: ReplyOpen) {
-        match backing {
-            Some(id) => {
-                self.count_passthrough(ino);
-                reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
-            }
-            None => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-        }
-    }
-
-    fn count_passthrough(&self, ino: u64) {
-        let stats = self.fs.stats();
-        Stats::add(&stats.passthrough_opens, 1);
-        Stats::add(&stats.passthrough_open_bytes, self.fs.getattr(ino).map_or(0, |a| a.size));
     }
 }
 
@@ -228,11 +176,20 @@ fn reply_xattr(op: &str, ino: u64, result: Result<Xattr, FsError>, reply: ReplyX
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Requests as large as the kernel allows (`fs.fuse.max_pages_limit`), up to 16 MiB: fuser
+        // asks for `max_write` pages, 16 MiB by default; a splicing mount asks for what its pipes
+        // carry. The granted size goes to stats.json (`max_request_bytes`).
+        let limit =
+            if config.capabilities().contains(InitFlags::FUSE_MAX_PAGES) { splice::max_pages_limit() } else { 32 };
+        let sizes = splice::sizes(self.splice, limit, splice::pipe_max_bytes());
         if self.splice {
-            if let Err(max) = config.set_max_write(MAX_SPLICED_READ_BYTES) {
-                debug!("kernel refused max_write {MAX_SPLICED_READ_BYTES}, keeps {max}");
+            if let Err(max) = config.set_max_write(sizes.request_bytes) {
+                debug!("kernel refused max_write {}, keeps {max}", sizes.request_bytes);
             }
+            self.splicer.0 .1.store(sizes.pipe_bytes, Relaxed);
         }
+        self.fs.stats().max_request_bytes.store(u64::from(sizes.request_bytes), Relaxed);
+        debug!("read requests of up to {} KiB (fs.fuse.max_pages_limit {limit})", sizes.request_bytes >> 10);
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             debug!("kernel refused max_background {MAX_BACKGROUND}, keeps {max}");
         }
@@ -243,18 +200,7 @@ impl Filesystem for FuseAdapter {
         if let Err(missing) = config.add_capabilities(wanted & config.capabilities()) {
             debug!("kernel lacks {missing:?}");
         }
-        // Passthrough needs root (the kernel opens backing files only for CAP_SYS_ADMIN) and a
-        // disk cache to hold whole tensor files. Depth 1: the backing files are on an ordinary
-        // filesystem, and the mount may still sit under one stacking filesystem.
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let kernel = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
-        if root && kernel && self.fs.enable_passthrough() {
-            let agreed =
-                config.set_max_stack_depth(1).is_ok() && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok();
-            self.passthrough = agreed;
-            debug!("FUSE passthrough for cached tensor files: {agreed}");
-        }
+        self.passthrough.negotiate(&self.fs, config);
         Ok(())
     }
 
@@ -284,8 +230,8 @@ impl Filesystem for FuseAdapter {
             // Files keep no per-open state, so opens need no round trip: on ENOSYS the kernel
             // stops sending OPEN and RELEASE for files and opens them itself with FOPEN_KEEP_CACHE
             // (the data is immutable; never direct_io, which would break mmap).
-            Ok(()) if !self.passthrough => reply.error(NOT_NEEDED),
-            Ok(()) => self.open_file(ino.0, reply),
+            Ok(()) if !self.passthrough.on => reply.error(NOT_NEEDED),
+            Ok(()) => self.passthrough.open_file(&self.fs, ino.0, reply),
             Err(e) => reply.error(errno("open", ino.0, &e)),
         }
     }
@@ -302,17 +248,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let mut opens = lock(&self.opens);
-        let last = opens.get_mut(&ino.0).is_some_and(|open| {
-            open.count = open.count.saturating_sub(1);
-            open.count == 0
-        });
-        let closed = if last { opens.remove(&ino.0) } else { None };
-        drop(opens);
-        reply.ok();
-        if closed.is_some_and(|open| open.backing.is_none()) {
-            self.fs.tensor_closed(ino.0);
-        }
+        self.passthrough.release_file(&self.fs, ino.0, reply);
     }
 
     /// Nothing to flush on a read-only mount; ENOSYS stops the kernel sending FLUSH at each close.

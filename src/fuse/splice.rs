@@ -5,10 +5,11 @@
 //! and never has to drop them again (docs/notes/benchmarks.md has the measurements).
 //!
 //! The kernel takes a spliced reply only whole: the header and all the data must sit in the pipe
-//! at once. Each FUSE thread keeps one pipe of [`PIPE_BYTES`] (256 page slots, which
-//! `/proc/sys/fs/pipe-max-size` allows without privilege), and the mount asks the kernel for reads
-//! of at most [`MAX_READ_BYTES`]: their data covers at most 255 pages at any file offset, and the
-//! header takes the last slot.
+//! at once. Each FUSE thread keeps one pipe of a power of two of page slots ([`Sizes`]: 256,
+//! which `/proc/sys/fs/pipe-max-size` allows without privilege, up to 4,096 for root where
+//! `fs.fuse.max_pages_limit` lets requests grow to 16 MiB), and the mount asks the kernel for reads
+//! of two pages less: their data covers at most one page less than the pipe at any file offset,
+//! and the header takes the last slot.
 //!
 //! A pipe holds page references only while a reply passes through it, but the kernel charges its
 //! 256 slots to the user (`/proc/sys/fs/pipe-user-pages-soft`, 16384 pages by default, which root
@@ -23,18 +24,64 @@ use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// Bytes each FUSE thread's pipe holds: 256 slots of one page.
-pub const PIPE_BYTES: usize = 1 << 20;
+/// Bytes of a pipe slot (and of a page: the kernel's `max_pages` counts these).
+const PAGE: u32 = 4096;
 
-/// Largest read the mount lets the kernel send when it splices (its `max_write`, from which the
-/// kernel takes `max_pages`): 254 pages, whose bytes span at most 255 pages of the file.
-pub const MAX_READ_BYTES: u32 = 254 * 4096;
+/// The largest read request stfs asks the kernel for: 16 MiB (4,096 pages), what fuser's
+/// `max_write` allows and gcsfuse uses; the kernel grants at most `fs.fuse.max_pages_limit` pages.
+pub const MAX_REQUEST_BYTES: u32 = 16 << 20;
 
-/// The kernel readahead (in KiB) a splicing mount uses for `kb`: rounded down to whole reads of
-/// [`MAX_READ_BYTES`], so that a readahead window is not split into full reads and a short one
-/// (1024 KiB would be 1016 + 8). Below one read it is left alone.
-pub fn readahead_in_whole_reads(kb: u32) -> u32 {
-    let read_kb = MAX_READ_BYTES >> 10;
+/// The read request size a mount asks for and the splice pipe that carries one reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Largest read the kernel will send (the granted `max_pages`, in bytes); for a splicing
+    /// mount also its `max_write`, two pages less than the pipe.
+    pub request_bytes: u32,
+    /// Bytes of each FUSE thread's splice pipe (0: not splicing).
+    pub pipe_bytes: usize,
+}
+
+/// The sizes for a mount: the kernel grants `min(asked, limit_pages)` pages per request
+/// (`limit_pages`: `fs.fuse.max_pages_limit`, or 32 on a kernel without `FUSE_MAX_PAGES`); a
+/// splicing mount asks for no more than a pipe of at most `pipe_max` bytes carries (a power of
+/// two of pages, less two: one for an unaligned read's extra page, one for the header).
+pub fn sizes(splice: bool, limit_pages: u32, pipe_max: usize) -> Sizes {
+    let granted = limit_pages.clamp(1, MAX_REQUEST_BYTES / PAGE);
+    if !splice {
+        return Sizes { request_bytes: granted * PAGE, pipe_bytes: 0 };
+    }
+    let most_slots = u32::try_from(pipe_max / PAGE as usize).unwrap_or(u32::MAX).max(4);
+    let slots = granted.max(4).next_power_of_two().min(prev_power_of_two(most_slots));
+    Sizes { request_bytes: granted.min(slots - 2) * PAGE, pipe_bytes: (slots * PAGE) as usize }
+}
+
+fn prev_power_of_two(n: u32) -> u32 {
+    1 << (31 - n.leading_zeros())
+}
+
+/// `fs.fuse.max_pages_limit` (pages a request may span; a sysctl since Linux 6.13), or 256, the
+/// fixed limit before it.
+pub fn max_pages_limit() -> u32 {
+    let text = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").unwrap_or_default();
+    text.trim().parse().unwrap_or(256)
+}
+
+/// The largest pipe this process may make: any size for root (`CAP_SYS_RESOURCE`), else
+/// `/proc/sys/fs/pipe-max-size` (1 MiB by default).
+pub fn pipe_max_bytes() -> usize {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return usize::MAX;
+    }
+    let text = std::fs::read_to_string("/proc/sys/fs/pipe-max-size").unwrap_or_default();
+    text.trim().parse().unwrap_or(1 << 20)
+}
+
+/// The kernel readahead (in KiB) a splicing mount with reads of `read_bytes` uses for `kb`:
+/// rounded down to whole reads, so that a readahead window is not split into full reads and a
+/// short one (1024 KiB would be 1016 + 8). Below one read it is left alone.
+pub fn readahead_in_whole_reads(kb: u32, read_bytes: u32) -> u32 {
+    let read_kb = (read_bytes >> 10).max(1);
     if kb < read_kb {
         kb
     } else {
@@ -49,6 +96,8 @@ const HEADER_BYTES: usize = 16;
 #[derive(Debug)]
 pub struct Splicer {
     device: OwnedFd,
+    /// Bytes of each thread's pipe ([`Sizes::pipe_bytes`]).
+    pipe_bytes: usize,
 }
 
 /// What became of a spliced reply.
@@ -68,6 +117,8 @@ pub enum Spliced {
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+    /// Its size in bytes.
+    bytes: usize,
 }
 
 /// A thread's pipe: not made yet, made, or refused (made once, and never retried on that thread).
@@ -82,21 +133,25 @@ thread_local! {
 }
 
 impl Splicer {
-    /// A splicer writing to a duplicate of `device`, the session's `/dev/fuse` descriptor.
-    pub fn new(device: BorrowedFd<'_>) -> io::Result<Splicer> {
-        Ok(Splicer { device: device.try_clone_to_owned()? })
+    /// A splicer writing to a duplicate of `device`, the session's `/dev/fuse` descriptor,
+    /// through pipes of `pipe_bytes`.
+    pub fn new(device: BorrowedFd<'_>, pipe_bytes: usize) -> io::Result<Splicer> {
+        Ok(Splicer { device: device.try_clone_to_owned()?, pipe_bytes })
     }
 
     /// Answers request `unique` with `len` bytes of `file` at `offset`.
     pub fn reply(&self, unique: u64, file: BorrowedFd<'_>, offset: u64, len: usize) -> Spliced {
         let total = HEADER_BYTES + len;
-        if total > PIPE_BYTES {
+        if total > self.pipe_bytes {
             return Spliced::NotSent;
         }
         PIPE.with(|slot| {
             let mut slot = slot.borrow_mut();
+            if matches!(&*slot, PipeSlot::Ready(pipe) if pipe.bytes != self.pipe_bytes) {
+                *slot = PipeSlot::Unmade;
+            }
             if matches!(*slot, PipeSlot::Unmade) {
-                *slot = match Pipe::new() {
+                *slot = match Pipe::new(self.pipe_bytes) {
                     Ok(pipe) => PipeSlot::Ready(pipe),
                     Err(e) => {
                         log::debug!("no splice pipe for this thread ({e}): its replies are copied");
@@ -180,21 +235,22 @@ impl Splicer {
 }
 
 impl Pipe {
-    /// A non-blocking pipe of [`PIPE_BYTES`]; an error if the kernel will not make it that large.
-    fn new() -> io::Result<Pipe> {
+    /// A non-blocking pipe of `bytes`; an error if the kernel will not make it that large.
+    fn new(bytes: usize) -> io::Result<Pipe> {
         let mut fds = [0; 2];
         // SAFETY: pipe2 fills `fds` with two descriptors we then own.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: both descriptors were just returned by pipe2 and are owned by nobody else.
-        let pipe = unsafe { Pipe { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]) } };
+        let pipe = unsafe { Pipe { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]), bytes } };
+        let want = libc::c_int::try_from(bytes).map_err(|_| io::Error::other("pipe too large"))?;
         // SAFETY: plain fcntl on a descriptor we own.
-        let size = unsafe { libc::fcntl(pipe.write.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_int) };
+        let size = unsafe { libc::fcntl(pipe.write.as_raw_fd(), libc::F_SETPIPE_SZ, want) };
         if size < 0 {
             return Err(io::Error::last_os_error());
         }
-        if (size as usize) < PIPE_BYTES {
+        if (size as usize) < bytes {
             return Err(io::Error::other(format!("pipe of {size} bytes")));
         }
         Ok(pipe)
@@ -216,13 +272,18 @@ mod tests {
     use std::io::Read;
     use std::os::fd::AsFd;
 
+    /// The pipe of a mount without privilege: 256 slots.
+    const PIPE_BYTES: usize = 1 << 20;
+    /// Its largest read: 254 pages.
+    const MAX_READ_BYTES: u32 = 254 * 4096;
+
     /// A splicer whose "device" is the write end of a pipe: what it writes can be read back.
     fn splicer_into_pipe() -> (Splicer, std::fs::File) {
-        let pipe = Pipe::new().unwrap();
+        let pipe = Pipe::new(PIPE_BYTES).unwrap();
         // Blocking reads of what arrives.
         // SAFETY: plain fcntl on a descriptor we own.
         assert_eq!(unsafe { libc::fcntl(pipe.read.as_raw_fd(), libc::F_SETFL, 0) }, 0);
-        (Splicer { device: pipe.write }, std::fs::File::from(pipe.read))
+        (Splicer { device: pipe.write, pipe_bytes: PIPE_BYTES }, std::fs::File::from(pipe.read))
     }
 
     #[test]
@@ -247,11 +308,28 @@ mod tests {
 
     #[test]
     fn readahead_is_rounded_down_to_whole_spliced_reads() {
-        assert_eq!(readahead_in_whole_reads(1024), 1016);
-        assert_eq!(readahead_in_whole_reads(4096), 4064);
-        assert_eq!(readahead_in_whole_reads(1016), 1016);
-        assert_eq!(readahead_in_whole_reads(128), 128);
-        assert_eq!(readahead_in_whole_reads(0), 0);
+        assert_eq!(readahead_in_whole_reads(1024, MAX_READ_BYTES), 1016);
+        assert_eq!(readahead_in_whole_reads(4096, MAX_READ_BYTES), 4064);
+        assert_eq!(readahead_in_whole_reads(1016, MAX_READ_BYTES), 1016);
+        assert_eq!(readahead_in_whole_reads(128, MAX_READ_BYTES), 128);
+        assert_eq!(readahead_in_whole_reads(0, MAX_READ_BYTES), 0);
+        assert_eq!(readahead_in_whole_reads(20_000, 4094 * 4096), 16376);
+    }
+
+    #[test]
+    fn requests_grow_with_the_kernel_limit_and_the_pipe_that_carries_them() {
+        let mib = 1 << 20;
+        // Today's default limit: 1 MiB without splicing, 254 pages in a 1 MiB pipe with it.
+        assert_eq!(sizes(false, 256, mib), Sizes { request_bytes: mib as u32, pipe_bytes: 0 });
+        assert_eq!(sizes(true, 256, mib), Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES });
+        // A raised limit: requests of up to 16 MiB, less two pages when spliced (root's pipes).
+        assert_eq!(sizes(false, 65535, mib).request_bytes, 16 << 20);
+        assert_eq!(sizes(true, 1024, usize::MAX), Sizes { request_bytes: 1022 * 4096, pipe_bytes: 4 * mib });
+        assert_eq!(sizes(true, 65535, usize::MAX), Sizes { request_bytes: 4094 * 4096, pipe_bytes: 16 * mib });
+        // Without privilege the pipe stays at pipe-max-size, and so do spliced requests.
+        assert_eq!(sizes(true, 4096, mib), Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES });
+        // An old kernel without max_pages: 32 pages.
+        assert_eq!(sizes(false, 32, mib).request_bytes, 32 * 4096);
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct ServeOptions {
     pub kernel_readahead_kb: u32,
     /// Splice read replies of a local file's bytes into the FUSE device (`--no-splice` clears it).
     pub splice: bool,
+    /// Ask the kernel for FUSE passthrough where it can read a file directly (`--no-passthrough`
+    /// clears it).
+    pub passthrough: bool,
 }
 
 /// Why serving a mount failed.
@@ -179,8 +182,7 @@ pub fn serve(
         mounted.give_up();
         return Err(not_ready(on_ready, e));
     }
-    let readahead_kb =
-        if splice { readahead_in_whole_reads(options.kernel_readahead_kb) } else { options.kernel_readahead_kb };
+    let readahead_kb = kernel_readahead_kb(options.kernel_readahead_kb, &fs, splice);
     if readahead_kb > 0 {
         if let Err(e) = mountpoint::set_kernel_readahead(&mp, readahead_kb) {
             info!("kernel readahead left at its default: {e}");
@@ -350,7 +352,7 @@ fn open_session(
 ) -> Result<(fuser::Session<FuseAdapter>, Mounted), ServeError> {
     let mp = &options.mountpoint;
     let failed = |error| ServeError::Mount { mountpoint: mp.clone(), error };
-    let adapter = FuseAdapter::new(fs).splicing(splice);
+    let adapter = FuseAdapter::new(fs).splicing(splice).passing_through(options.passthrough);
     let target = adapter.splice_target();
     let Some((device, pending)) =
         mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?
@@ -391,6 +393,19 @@ fn connect_splice(splice: bool, target: &SpliceTarget, session: &fuser::Session<
         if let Err(e) = target.connect(session.as_fd()) {
             info!("read replies are copied, not spliced: {e}");
         }
+    }
+}
+
+/// The kernel readahead for a wish of `kb` KiB: at least one whole request of the size the kernel
+/// granted (`max_request_bytes`) when the wish is at least one request of the old 1 MiB limit,
+/// so that larger requests are sent at all; rounded down to whole requests when splicing.
+fn kernel_readahead_kb(kb: u32, fs: &Fs, splice: bool) -> u32 {
+    let request = u32::try_from(fs.stats().max_request_bytes.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+    let kb = if kb >= 1016 { kb.max(request >> 10) } else { kb };
+    if splice && request > 0 {
+        readahead_in_whole_reads(kb, request)
+    } else {
+        kb
     }
 }
 

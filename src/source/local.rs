@@ -152,6 +152,15 @@ impl Source for LocalFile {
         Some(mapping)
     }
 
+    /// Opened afresh (never the mapping's descriptor), so the identity is checked at this open:
+    /// a file rewritten or replaced since the mount is refused here.
+    fn pinned_file(&self) -> Option<File> {
+        if !self.mappable {
+            return None;
+        }
+        self.open_pinned().map_err(|e| log::debug!("{}: not handed to the kernel: {e}", self.name)).ok()
+    }
+
     /// Drops the mapping: its descriptor closes once the replies using it are done.
     fn close_idle(&self) {
         lock(&self.mapping).take();

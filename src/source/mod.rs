@@ -54,6 +54,13 @@ pub trait Source: Send + Sync + 'static {
     /// many shards keeps a bounded number of descriptors. Nothing (the default) for a source that
     /// keeps nothing open between reads.
     fn close_idle(&self) {}
+    /// A new descriptor on the backing file itself, checked unchanged against the pin now, for
+    /// the kernel to read directly (FUSE passthrough of a re-served checkpoint file: offset N of
+    /// the served file is offset N of this one). `None` (the default) for a source that is not a
+    /// file on a local filesystem, or a file that is no longer the pinned one.
+    fn pinned_file(&self) -> Option<std::fs::File> {
+        None
+    }
     /// Whether every read is a request to a store with per-request latency (HTTP, object stores):
     /// the engine then keeps a larger readahead window in flight. False (the default): a file.
     fn remote(&self) -> bool {

@@ -129,6 +129,13 @@ const METRICS: &[Metric] = &[
         "stfs_passthrough_refused_total",
         "Opens the kernel refused to pass through (served the ordinary way).",
     ),
+    counter(
+        "passthrough_checkpoint_opens",
+        "stfs_passthrough_checkpoint_opens_total",
+        "Opens of a re-served checkpoint file passed through to the local file.",
+    ),
+    gauge("passthrough_enabled", "stfs_passthrough_enabled", "1 while the kernel agreed to FUSE passthrough."),
+    gauge("max_request_bytes", "stfs_max_request_bytes", "Largest read request the kernel agreed to send."),
     gauge("disk_cache_bytes", "stfs_disk_cache_bytes", "Bytes the disk cache holds, as last counted."),
     gauge("disk_cache_limit", "stfs_disk_cache_limit_bytes", "The disk cache's bound (0: no disk cache)."),
     // The daemon's process, under the names every Prometheus client library's process collector

@@ -56,6 +56,7 @@ COUNTERS = {
     "passthrough_opens": "stfs_passthrough_opens",
     "passthrough_open_bytes": "stfs_passthrough_open_bytes",
     "passthrough_refused": "stfs_passthrough_refused",
+    "passthrough_checkpoint_opens": "stfs_passthrough_checkpoint_opens",
 }
 GAUGES = {
     "resident_bytes": "stfs_cache_resident_bytes",
@@ -64,6 +65,8 @@ GAUGES = {
     "window_bytes": "stfs_readahead_window_bytes",
     "disk_cache_bytes": "stfs_disk_cache_bytes",
     "disk_cache_limit": "stfs_disk_cache_limit_bytes",
+    "passthrough_enabled": "stfs_passthrough_enabled",
+    "max_request_bytes": "stfs_max_request_bytes",
 }
 # Gauges in seconds of a value in microseconds.
 SECONDS_GAUGES = {"http_request_max_micros": "stfs_http_request_max_duration_seconds"}
@@ -195,8 +198,9 @@ def test_prometheus_text_matches_stats_json(tmp_path):
     os.symlink(victim, prom)
     port = free_port()
     # --no-map: every read goes through the block cache and its backing reads, which the
-    # histogram times (a mapped file's prefetch is advice, not a timed read).
-    args = ["--no-map", "--block-size", "64K", "--metrics-file", str(prom), "-o", f"metrics_addr=127.0.0.1:{port}"]
+    # histogram times (a mapped file's prefetch is advice, not a timed read); --no-passthrough: as
+    # root the kernel would read the re-served file itself, and the daemon would time nothing.
+    args = ["--no-map", "--no-passthrough", "--block-size", "64K", "--metrics-file", str(prom), "-o", f"metrics_addr=127.0.0.1:{port}"]
     with mounted(source, *args) as mp:
         with safe_open(os.path.join(mp, "model.safetensors"), framework="numpy") as f:
             for name in data:

@@ -1,0 +1,79 @@
+"""stfs.load over the re-served checkpoint files: where the mount hands a shard's file to the kernel
+(FUSE passthrough: root, a local file), each such shard is mapped once and its tensors are views of that
+mapping (zero copy, as safetensors' load_file), since reading the mapping then runs at the local file's
+speed. Only raw tensors qualify (a view such as ``as_="f32"`` serves other bytes); the caller loads the
+rest its usual way."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, List
+
+
+def _passed_through(stats_path: str) -> int:
+    with open(stats_path, "rb") as f:
+        return int(json.load(f).get("passthrough_checkpoint_opens", 0))
+
+
+def handed_over(root: str) -> Dict[int, Any]:
+    """shard index -> (path, size) of each re-served file the mount hands to the kernel: an open of it
+    counted in stats.json's passthrough_checkpoint_opens. Empty where nothing is (not root, a remote
+    source, --no-passthrough, an older stfs)."""
+    with open(os.path.join(root, "metadata.json"), "rb") as f:
+        meta = json.load(f)
+    files = [f for f in meta.get("checkpoint_files", []) if "shard" in f and f.get("size")]
+    stats_path = os.path.join(root, ".stfs", "stats.json")
+    out: Dict[int, Any] = {}
+    try:
+        if not files or not _enabled(stats_path):
+            return out
+        for f in files:
+            path = os.path.join(root, f["path"])
+            before = _passed_through(stats_path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _passed_through(stats_path) > before:
+                    out[int(f["shard"])] = (path, int(f["size"]))
+            finally:
+                os.close(fd)
+    except (OSError, ValueError, KeyError):
+        return {}
+    out["tensors"] = meta["tensors"]
+    return out
+
+
+def _enabled(stats_path: str) -> bool:
+    with open(stats_path, "rb") as f:
+        return json.load(f).get("passthrough_enabled") == 1
+
+
+def views(root: str, items: List[Any], map_shard: Callable[[str, int], Any], view: Callable[[Any, Any], Any]) -> Dict[str, Any]:
+    """name -> view(flat bytes of the tensor, entry) for every raw tensor of a handed-over shard:
+    `map_shard(path, size)` maps a shard once (a 1-D uint8 array or tensor), `view` types a slice of
+    it. The rest are left out, for the caller to load."""
+    shards = handed_over(root)
+    if not shards:
+        return {}
+    tensors = shards.pop("tensors")
+    maps: Dict[int, Any] = {}
+    out: Dict[str, Any] = {}
+    for e in items:
+        info = tensors.get(e.name, {})
+        shard = info.get("shard")
+        raw = info.get("served_dtype", info.get("dtype")) == info.get("dtype") and info.get("served_byte_len", e.byte_len) == info.get("byte_len")
+        if shard not in shards or not raw or not e.byte_len:
+            continue
+        if shard not in maps:
+            maps[shard] = map_shard(*shards[shard])
+        start = int(info["offset"])
+        out[e.name] = view(maps[shard][start:start + e.byte_len], e)
+    return out
+
+
+def torch_view(flat, dtype, shape):
+    """The bytes `flat` (a slice of a shard's mapping) as a tensor of `dtype` and `shape`: a view, or a
+    copy where the offset is not aligned to the element size (a view cannot start there)."""
+    try:
+        return flat.view(dtype).reshape(shape)
+    except RuntimeError:
+        return flat.clone().view(dtype).reshape(shape)

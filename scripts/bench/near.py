@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Quick side-by-side measurements for issue 34 (no torch on this machine: NumPy stands in for it).
+
+seq:   the re-served checkpoint file read through a fresh --no-passthrough mount in 16 MiB reads, with
+       fs.fuse.max_pages_limit set to 256, 1024 and 4096 pages (1, 4, 16 MiB requests) in turn,
+       interleaved per repetition; the sysctl is restored at the end. GiB/s, medians.
+loads: the checkpoint in the page cache. Each variant maps a safetensors file the way load_file does
+       (one private mapping of the file, every tensor a view), then "light" touches one byte per page of
+       every tensor, "full" copies every byte into a buffer allocated before the clock. Variants: the
+       local file itself; the re-served file on a mount with passthrough; the same on a mount with
+       --no-passthrough; stfs.load(framework="numpy") on each of those mounts. Mounts are made before
+       the clock (fresh per repetition), variants interleaved in rotated order. Seconds, medians, and
+       the median of paired ratios to the local file. --cold: the file's pages are dropped
+       (POSIX_FADV_DONTNEED) before every variant.
+remote: the checkpoint served by nginx (started here, on --port); a first mount with --cache-dir reads
+       the re-served file whole (blocks, then its whole-file extent, land in the cache), then per
+       repetition the same light and full use of: a local copy (the file itself), the re-served file on a
+       fresh mount with that --cache-dir, and the same with --no-passthrough (the cached blocks served by
+       the daemon). As "loads", mounts made before the clock.
+opens: every tensor file of a mount opened, read (one 4 KiB read) and closed once, fresh mount per
+       repetition: with passthrough on (as root every open is a round trip) and --no-passthrough."""
+import argparse, json, mmap, os, statistics, struct, subprocess, sys, tempfile, time
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAGE = 4096
+
+
+def mount(stfs, src, *opts):
+    mp = tempfile.mkdtemp(prefix="near-mp-")
+    subprocess.run([stfs, "mount", src, mp, *opts], check=True)
+    return mp
+
+
+def umount(stfs, mp):
+    subprocess.run([stfs, "umount", mp], check=True)
+    os.rmdir(mp)
+
+
+def stats(mp):
+    with open(os.path.join(mp, ".stfs", "stats.json")) as f:
+        return json.load(f)
+
+
+def read_file(path, buf):
+    fd = os.open(path, os.O_RDONLY)
+    n, view = 0, memoryview(buf)
+    t = time.perf_counter()
+    while True:
+        got = os.preadv(fd, [view[:16 << 20]], n)
+        if not got:
+            break
+        n += got
+    t = time.perf_counter() - t
+    os.close(fd)
+    return n, t
+
+
+def seq(a):
+    limit_path = "/proc/sys/fs/fuse/max_pages_limit"
+    old = open(limit_path).read().strip()
+    buf = bytearray(16 << 20)
+    res = {}
+    try:
+        for rep in range(a.reps):
+            for pages in (256, 1024, 4096)[rep % 3:] + (256, 1024, 4096)[:rep % 3]:
+                open(limit_path, "w").write(str(pages))
+                mp = mount(a.stfs, a.src, "--no-passthrough", *a.opts)
+                try:
+                    path = os.path.join(mp, os.path.basename(a.src))
+                    n, t = read_file(path, buf)
+                    granted = stats(mp)["max_request_bytes"]
+                    s = stats(mp)
+                    res.setdefault(pages, []).append((n / t / (1 << 30), granted, s["fuse_read_bytes"] // max(1, s["fuse_reads"])))
+                finally:
+                    umount(a.stfs, mp)
+    finally:
+        open(limit_path, "w").write(old)
+    for pages, rows in sorted(res.items()):
+        print(f"max_pages_limit {pages:5}: granted {rows[0][1] >> 10} KiB, mean read {rows[0][2] >> 10} KiB, "
+              f"{statistics.median(r[0] for r in rows):.2f} GiB/s (runs: {', '.join(f'{r[0]:.2f}' for r in rows)})")
+
+
+def views(path):
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+    flat = np.frombuffer(m, np.uint8)
+    n = struct.unpack("<Q", flat[:8].tobytes())[0]
+    header = json.loads(flat[8:8 + n].tobytes())
+    header.pop("__metadata__", None)
+    start = 8 + n
+    return [flat[start + v["data_offsets"][0]:start + v["data_offsets"][1]] for v in header.values()], m
+
+
+def use(arrays, mode, out):
+    if mode == "light":
+        return sum(int(a[::PAGE].sum()) for a in arrays)
+    at = 0
+    for a in arrays:
+        out[at:at + a.size] = a
+        at += a.size
+    return at
+
+
+def loads(a):
+    import stfs
+    size = os.path.getsize(a.src)
+    out = np.empty(size, np.uint8)
+    out[::PAGE] = 0
+    subprocess.run(["cat", a.src], stdout=subprocess.DEVNULL, check=True)
+    base = os.path.basename(a.src)
+    times = {}
+    variants = ["local", "passthrough", "no-passthrough", "stfs.load pt", "stfs.load no-pt"]
+    for rep in range(a.reps):
+        for mode in ("light", "full"):
+            on = mount(a.stfs, a.src, *a.opts)
+            off = mount(a.stfs, a.src, "--no-passthrough", *a.opts)
+            try:
+                order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+                for v in order:
+                    if a.cold:  # the file's pages dropped before every variant (--cold)
+                        fd = os.open(a.src, os.O_RDONLY)
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                        os.close(fd)
+                    t = time.perf_counter()
+                    if v.startswith("stfs.load"):
+                        arrays = [x.reshape(-1).view(np.uint8) for x in stfs.load(on if v.endswith(" pt") else off).values()]
+                        m = None
+                    else:
+                        path = {"local": a.src, "passthrough": os.path.join(on, base), "no-passthrough": os.path.join(off, base)}[v]
+                        arrays, m = views(path)
+                    use(arrays, mode, out)
+                    times.setdefault((mode, v), []).append(time.perf_counter() - t)
+                    del arrays
+                    if m is not None:
+                        try:
+                            m.close()
+                        except BufferError:
+                            pass
+                if rep == 0 and mode == "full":
+                    print("passthrough_checkpoint_opens:", stats(on)["passthrough_checkpoint_opens"], stats(off)["passthrough_checkpoint_opens"])
+            finally:
+                umount(a.stfs, on)
+                umount(a.stfs, off)
+    for mode in ("light", "full"):
+        ref = times[(mode, "local")]
+        for v in variants:
+            ts = times[(mode, v)]
+            ratio = statistics.median(r / t for r, t in zip(ref, ts))
+            print(f"{mode:5} {v:16} {statistics.median(ts):.3f} s  ({ratio:.2f}x the local file; runs {', '.join(f'{t:.3f}' for t in ts)})")
+
+
+def timed_views(path, mode, out):
+    t = time.perf_counter()
+    arrays, m = views(path)
+    use(arrays, mode, out)
+    t = time.perf_counter() - t
+    del arrays
+    try:
+        m.close()
+    except BufferError:
+        pass
+    return t
+
+
+def remote(a):
+    import shutil
+    work = tempfile.mkdtemp(prefix="near-remote-", dir=os.path.dirname(os.path.abspath(a.src)))
+    conf = os.path.join(work, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"user root; daemon off; pid {work}/nginx.pid; error_log {work}/error.log; events {{}} http {{ access_log off; "
+                f"server {{ listen 127.0.0.1:{a.port}; root {os.path.dirname(os.path.abspath(a.src))}; }} }}")
+    nginx = subprocess.Popen(["nginx", "-c", conf, "-p", work])
+    time.sleep(0.5)
+    cache = os.path.join(work, "cache")
+    url = f"http://127.0.0.1:{a.port}/{os.path.basename(a.src)}"
+    base = os.path.basename(a.src)
+    size = os.path.getsize(a.src)
+    out = np.empty(size, np.uint8)
+    out[::PAGE] = 0
+    subprocess.run(["cat", a.src], stdout=subprocess.DEVNULL, check=True)
+    times = {}
+    try:
+        mp = mount(a.stfs, url, "--cache-dir", cache, *a.opts)
+        ready, start = 0, time.time()
+        try:
+            # Read whole (blocks land on disk), closed (the whole-file extent is assembled by the disk
+            # tier's writer, seconds for 2 GiB), until an open is handed over; read again now and then
+            # for blocks the write queue dropped.
+            while not ready and time.time() - start < 300:
+                subprocess.run(["cat", os.path.join(mp, base)], stdout=subprocess.DEVNULL, check=True)
+                for _ in range(40):
+                    with open(os.path.join(mp, base), "rb"):
+                        ready = stats(mp)["passthrough_checkpoint_opens"]
+                    if ready:
+                        break
+                    time.sleep(0.5)
+        finally:
+            umount(a.stfs, mp)
+        print("whole-file extent handed over:", bool(ready))
+        variants = ["local", "cache-dir passthrough", "cache-dir no-passthrough"]
+        for rep in range(a.reps):
+            for mode in ("light", "full"):
+                on = mount(a.stfs, url, "--cache-dir", cache, *a.opts)
+                off = mount(a.stfs, url, "--cache-dir", cache, "--no-passthrough", *a.opts)
+                try:
+                    for v in variants[rep % 3:] + variants[:rep % 3]:
+                        path = {"local": a.src, "cache-dir passthrough": os.path.join(on, base),
+                                "cache-dir no-passthrough": os.path.join(off, base)}[v]
+                        times.setdefault((mode, v), []).append(timed_views(path, mode, out))
+                finally:
+                    umount(a.stfs, on)
+                    umount(a.stfs, off)
+    finally:
+        nginx.terminate()
+        nginx.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    for mode in ("light", "full"):
+        ref = times[(mode, "local")]
+        for v in variants:
+            ts = times[(mode, v)]
+            ratio = statistics.median(r / t for r, t in zip(ref, ts))
+            print(f"{mode:5} {v:26} {statistics.median(ts):.3f} s  ({ratio:.2f}x the local copy; runs {', '.join(f'{t:.3f}' for t in ts)})")
+
+
+def opens(a):
+    times = {}
+    for rep in range(a.reps):
+        for v in (["passthrough", "no-passthrough"] if rep % 2 == 0 else ["no-passthrough", "passthrough"]):
+            mp = mount(a.stfs, a.src, *(["--no-passthrough"] if v == "no-passthrough" else []), *a.opts)
+            try:
+                with open(os.path.join(mp, "metadata.json")) as f:
+                    paths = [os.path.join(mp, t["path"]) for t in json.load(f)["tensors"].values()]
+                t = time.perf_counter()
+                for p in paths:
+                    fd = os.open(p, os.O_RDONLY)
+                    os.pread(fd, 4096, 0)
+                    os.close(fd)
+                times.setdefault(v, []).append((time.perf_counter() - t) / len(paths) * 1e6)
+                if rep == 0:
+                    print(v, "opens seen by the daemon:", stats(mp)["opens"], "of", len(paths))
+            finally:
+                umount(a.stfs, mp)
+    for v, ts in times.items():
+        print(f"{v:15} {statistics.median(ts):.1f} us per file (open, 4 KiB read, close; runs {', '.join(f'{t:.1f}' for t in ts)})")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("what", choices=["seq", "loads", "remote", "opens"])
+    p.add_argument("--port", type=int, default=18734)
+    p.add_argument("--cold", action="store_true", help="loads: drop the file's pages before every variant")
+    p.add_argument("src")
+    p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--stfs-opts", default="", help="extra stfs mount arguments, space-separated")
+    a = p.parse_args()
+    a.opts = a.stfs_opts.split()
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    os.environ.setdefault("STFS_BIN", a.stfs)
+    {"seq": seq, "loads": loads, "remote": remote, "opens": opens}[a.what](a)
