@@ -22,6 +22,9 @@ opens: every tensor file of a mount opened, read (one 4 KiB read) and closed onc
 import argparse, json, mmap, os, statistics, struct, subprocess, sys, tempfile, time
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cargo_paths  # noqa: E402 - beside this script
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = 4096
 
@@ -251,7 +254,7 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, default=18734)
     p.add_argument("--cold", action="store_true", help="loads: drop the file's pages before every variant")
     p.add_argument("src")
-    p.add_argument("--stfs", default=os.path.join(REPO, "target", "release", "stfs"))
+    p.add_argument("--stfs", default=cargo_paths.binary("stfs"))
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--stfs-opts", default="", help="extra stfs mount arguments, space-separated")
     a = p.parse_args()

@@ -30,7 +30,7 @@ diffusers imports included) and the `from_pretrained` call alone (stfs rows add 
 of the script, the pipeline loaded through `stfs mount` of a folder linking to the local blobs and the
 pipeline loaded from that folder itself give every component's state_dict the same sha256.
 
-  python3 scripts/bench/pipeline.py --stfs target/release/stfs --reps 3
+  python3 scripts/bench/pipeline.py --reps 3               # stfs and slowfs: cargo's release builds
   python3 scripts/bench/pipeline.py --quick            # smoke: 32 MiB UNet, 1 repetition
   python3 scripts/bench/pipeline.py --loader diffusers --reps 3
   python3 scripts/bench/pipeline.py --loader diffusers --quick    # smoke: a 24 MiB UNet
