@@ -7,11 +7,14 @@
 //! one line with nothing mounted.
 
 mod common;
+#[path = "common/repos.rs"]
+mod repos;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::*;
+use repos::tree;
 use stfs::format::Dtype;
 
 fn write(path: &Path, bytes: &[u8]) {
@@ -21,29 +24,6 @@ fn write(path: &Path, bytes: &[u8]) {
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-/// Every path under `root`, relative to it, sorted.
-fn tree(root: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let relative = path.strip_prefix(root).unwrap().to_str().unwrap().to_string();
-            if relative == ".stfs" {
-                continue;
-            }
-            if path.is_dir() {
-                pending.push(path.clone());
-                out.push(format!("{relative}/"));
-            } else {
-                out.push(relative);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// `stfs mount SOURCE` must fail: exit 1, one `stfs: SHOWN: ` line holding `needle`, no mount.

@@ -449,7 +449,7 @@ fn the_granted_request_size_is_in_stats_json() {
     ] {
         let m = Mount::new(&file, opts);
         assert_eq!(std::fs::read(m.file(&t.name)).unwrap(), t.data);
-        let out = stfs(&["stats", m.path.to_str().unwrap()]);
+        let out = stfs(&["stats", "--json", m.path.to_str().unwrap()]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(s["max_request_bytes"].as_u64(), Some(want), "{opts:?}: {s}");
