@@ -493,8 +493,10 @@ def main():
         used = bench.cpu.get(name)
         if used:
             per = [u / gib for u, _ in used]
-            system = statistics.median(s / u for u, s in used if u)
-            print(f"  {who:44} {statistics.median(per):.3f} [{min(per):.3f}-{max(per):.3f}]  system {system:.0%}")
+            # A smoke run's small loads can take less than a clock tick of CPU: no share to show then.
+            shares = [s / u for u, s in used if u]
+            system = f"{statistics.median(shares):.0%}" if shares else "-"
+            print(f"  {who:44} {statistics.median(per):.3f} [{min(per):.3f}-{max(per):.3f}]  system {system}")
             med[f"{name} CPU-s/GiB"] = statistics.median(per)
     cores = os.cpu_count()
     for name, used in bench.busy.items():
