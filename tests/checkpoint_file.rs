@@ -205,6 +205,42 @@ fn a_reserved_local_file_is_passed_through_until_it_changes() {
     assert_eq!(count(&fresh, "passthrough_checkpoint_opens"), opens, "a rewritten file was handed over");
 }
 
+/// Opens of a re-served local file while others hold it open: 8 threads opening and reading it
+/// at once all get its bytes, handed over each time; once the file is rewritten in place, a new
+/// open fails (its pin is checked again even while the inode is open) and is not handed over.
+#[test]
+fn opens_of_a_held_reserved_file_are_checked_each_time() {
+    if not_root("FUSE passthrough") {
+        return;
+    }
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    write_checkpoint(&file, &[T::new("w", Dtype::F32, &[50_000])], None);
+    let want = std::fs::read(&file).unwrap();
+    let m = Mount::new(&file, &[]);
+    let served = m.file("model.safetensors");
+    let held = std::fs::File::open(&served).unwrap();
+    let opens = count(&m, "passthrough_checkpoint_opens");
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                for _ in 0..25 {
+                    assert!(read_whole(&served).unwrap() == want, "a concurrent open read other bytes");
+                }
+            });
+        }
+    });
+    assert_eq!(count(&m, "passthrough_checkpoint_opens"), opens + 200, "{}", stats(&m));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\x01\x02", want.len() as u64 - 2).unwrap();
+    drop(f);
+    let error = std::fs::File::open(&served).expect_err("a rewritten file opened while held");
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    assert_eq!(count(&m, "passthrough_checkpoint_opens"), opens + 200, "a rewritten file was handed over");
+    drop(held);
+}
+
 /// Whether, within 20 s, `ready` holds (polled every 20 ms).
 fn eventually(mut ready: impl FnMut() -> bool) -> bool {
     wait_until(std::time::Duration::from_secs(20), &mut ready)

@@ -4,8 +4,9 @@
 //! is (checked unchanged at every open), or the ordinary way. Counted in stats.json.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use fuser::{BackingId, Errno, FileHandle, FopenFlags, InitFlags, KernelConfig, ReplyEmpty, ReplyOpen};
 use log::{debug, warn};
@@ -34,8 +35,9 @@ pub(crate) struct Passthrough {
 struct Open {
     count: u64,
     /// The backing file its opens pass through to; kept until the last one is released (the
-    /// kernel looks the id up after the reply is sent).
-    backing: Option<BackingId>,
+    /// kernel looks the id up after the reply is sent). Shared so that a reply is sent after the
+    /// lock is let go: the count taken under it keeps the id alive until then.
+    backing: Option<Arc<BackingId>>,
     /// The backing file is the local file a re-served checkpoint file is (not an extent file):
     /// its pin is checked again at every open.
     whole: bool,
@@ -92,24 +94,46 @@ impl Passthrough {
     /// cache decides the rest (`engine::disk::extents`): it never verifies or assembles an
     /// extent on this thread.
     pub(crate) fn open_file(&self, fs: &Fs, ino: u64, reply: ReplyOpen) {
-        let mut opens = lock(&self.opens);
-        if let Some(open) = opens.get_mut(&ino) {
-            // A re-served file's pin is checked at every open, as at the first: once the file
-            // changed, its new opens fail as its reads would without passthrough. Under the lock
-            // (an open and two stats of a local file): the last release must not slip between.
-            if open.whole && fs.checkpoint_opened(ino).is_none() {
-                drop(opens);
-                return reply.error(Errno::EIO);
-            }
-            open.count += 1;
-            let (backing, whole) = (open.backing.as_ref(), open.whole);
-            return self.reply_open(fs, ino, backing, whole, reply);
+        // No system call under the lock: every open of every file of the mount comes here.
+        let known = lock(&self.opens).get(&ino).map(|open| open.whole);
+        // A re-served file's pin is checked at every open, as at the first: once the file
+        // changed, its new opens fail as its reads would without passthrough.
+        let checked = match known {
+            Some(false) => None,
+            Some(true) | None => Some(fs.checkpoint_opened(ino)),
+        };
+        if known == Some(true) && matches!(checked, Some(None)) {
+            return reply.error(Errno::EIO);
         }
+        if let Some((backing, whole)) = self.join_open(ino) {
+            return self.reply_open(fs, ino, backing.as_deref(), whole, reply);
+        }
+        // The first open (or the last one was released meanwhile): register a backing file.
+        let whole_file = checked.unwrap_or_else(|| fs.checkpoint_opened(ino));
+        let is_whole = whole_file.is_some();
+        let backing =
+            whole_file.or_else(|| fs.tensor_opened(ino)).and_then(|file| self.open_backing(fs, &file, &reply));
+        let whole = is_whole && backing.is_some();
+        let mut opens = lock(&self.opens);
+        // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
+        let open = opens.entry(ino).or_insert(Open { count: 0, backing: backing.map(Arc::new), whole });
+        open.count += 1;
+        let (backing, whole) = (open.backing.clone(), open.whole);
         drop(opens);
-        // Outside the lock: opening and checking the file costs a few system calls.
-        let whole = fs.checkpoint_opened(ino);
-        let is_whole = whole.is_some();
-        let backing = whole.or_else(|| fs.tensor_opened(ino)).and_then(|file| match reply.open_backing(&file) {
+        self.reply_open(fs, ino, backing.as_deref(), whole, reply);
+    }
+
+    /// Counts one more open of `ino` when it is open already; its backing file and mode.
+    fn join_open(&self, ino: u64) -> Option<(Option<Arc<BackingId>>, bool)> {
+        let mut opens = lock(&self.opens);
+        let open = opens.get_mut(&ino)?;
+        open.count += 1;
+        Some((open.backing.clone(), open.whole))
+    }
+
+    /// Asks the kernel for a backing id for `file`; a refusal is counted and logged once.
+    fn open_backing(&self, fs: &Fs, file: &File, reply: &ReplyOpen) -> Option<BackingId> {
+        match reply.open_backing(file) {
             Ok(id) => Some(id),
             Err(e) => {
                 Stats::add(&fs.stats().passthrough_refused, 1);
@@ -118,14 +142,7 @@ impl Passthrough {
                 }
                 None
             }
-        });
-        let whole = is_whole && backing.is_some();
-        let mut opens = lock(&self.opens);
-        // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
-        let open = opens.entry(ino).or_insert(Open { count: 0, backing, whole });
-        open.count += 1;
-        let (backing, whole) = (open.backing.as_ref(), open.whole);
-        self.reply_open(fs, ino, backing, whole, reply);
+        }
     }
 
     /// Replies to an OPEN of `ino`: passed through to `backing` (`whole`: a re-served local
