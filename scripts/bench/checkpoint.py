@@ -4,6 +4,7 @@ Checkpoints are cached in the work directory under a name derived from their par
 repeated runs reuse them; a `done` marker is written last, so a half-built set is rebuilt.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,15 @@ import struct
 import subprocess
 
 import numpy as np
+
+def file_sha256(path):
+    """The sha256 of a file's bytes, read in 8 MiB pieces (a re-served checkpoint against its source)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
 
 # numpy dtype for each safetensors dtype the loaders may meet.
 NUMPY_DTYPES = {

@@ -52,6 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import cargo_paths  # noqa: E402
+from checkpoint import file_sha256  # noqa: E402
 import mounts  # noqa: E402
 import report  # noqa: E402
 from report import Results  # noqa: E402
@@ -214,17 +215,10 @@ def stfs_mount(binary, folder):
 
 def verify(args, built):
     """Every re-served checkpoint of a mount of the pipeline hashes like its blob."""
-    def digest(path):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(8 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-
     blobs = os.path.join(built, "blobs")
     with pipeline_dir(blobs) as folder, stfs_mount(args.stfs, folder) as (mnt, _):
         for folder_, name, _ in COMPONENTS:
-            if digest(os.path.join(mnt, folder_, name)) != digest(os.path.join(blobs, f"{folder_}.safetensors")):
+            if file_sha256(os.path.join(mnt, folder_, name)) != file_sha256(os.path.join(blobs, f"{folder_}.safetensors")):
                 raise RuntimeError(f"{folder_}/{name}: the re-served checkpoint differs from the source")
 
 

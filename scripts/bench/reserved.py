@@ -60,19 +60,10 @@ def _run(bench, impl, mode, seed):
 
 def _verify(bench, res):
     """The re-served file hashes like the source (once per run of the scenario)."""
-    import hashlib
-
-    def digest(path):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(8 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-
     ckpt = bench.slow_ckpt
     with mounts.stfs(bench.stfs, ckpt["checkpoint"]) as m:
         served = os.path.join(m.path, os.path.basename(ckpt["checkpoint"]))
-        if digest(served) != digest(ckpt["checkpoint"]):
+        if checkpoint.file_sha256(served) != checkpoint.file_sha256(ckpt["checkpoint"]):
             raise RuntimeError("(g) the re-served checkpoint differs from the source")
     res.note("the re-served checkpoint's sha256 equals the source's")
 
