@@ -212,9 +212,14 @@ def unmount(mountpoint: PathLike, *, timeout: float = DEFAULT_TIMEOUT, binary: O
     delay = 0.02
     while True:
         out = _run([binary, "umount", "--", mp], timeout)
-        if out.returncode == 0 or not is_mounted(mp, timeout=timeout, binary=binary):
+        if out.returncode == 0:
             return
-        if "busy" not in out.stderr or time.monotonic() + delay > deadline or _held_here(mp):
+        # Busy means mounted: retried without asking the binary whether it is (a process each).
+        if "busy" not in out.stderr:
+            if not is_mounted(mp, timeout=timeout, binary=binary):
+                return
+            break
+        if time.monotonic() + delay > deadline or _held_here(mp):
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
