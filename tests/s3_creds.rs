@@ -87,9 +87,7 @@ fn sts_error(status: u16, code: &str, message: &str) -> Response {
 #[test]
 fn web_identity_credentials_from_sts_read_every_tensor() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let calls = Arc::new(AtomicUsize::new(0));
     let sts = start_sts("stfs-web-identity-session", Arc::clone(&calls));
     let token_file = home.path().join("token");
@@ -146,9 +144,7 @@ fn container_answer(request: &Request, lifetime: Duration, issued: &Mutex<Vec<(I
 #[test]
 fn container_credentials_with_an_authorization_token_or_token_file() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let issued = Arc::new(Mutex::new(Vec::new()));
     let ecs = start_container_endpoint(Duration::from_secs(3600), Arc::clone(&issued));
     let url = format!("s3://{BUCKET}/m.safetensors");
@@ -208,9 +204,7 @@ fn container_relative_uri_inside_namespaces() {
     let Some(()) = netns::inside(ECS_INSIDE) else { return };
     netns::add_loopback_address(ECS_ADDRESS);
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let asked = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&asked);
     // No Authorization is needed on the relative path, as on ECS: the address is the proof.
@@ -281,9 +275,7 @@ fn expiry_gate_counting(
 #[test]
 fn short_lived_credentials_are_fetched_again_and_never_used_expired_and_no_secret_is_logged() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let lifetime = Duration::from_secs(16);
     let issued = Arc::new(Mutex::new(Vec::new()));
     let accepted = Arc::new(Mutex::new(Vec::new()));
@@ -459,6 +451,20 @@ fn container_vars(endpoint: String, ecs: &TinyHttp) -> Vec<(&'static str, String
     ]
 }
 
+/// A fresh home directory and `m.safetensors` (the S3 fixture) written to the server's bucket.
+fn stored_model(server: &S3Server) -> (tempfile::TempDir, Vec<T>) {
+    let home = workdir();
+    let tensors = fixture();
+    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    (home, tensors)
+}
+
+/// Sleeps until 1.5 s after the last credentials issued (kept as `(issued at, ...)`) expire.
+fn sleep_past_expiry(issued: &Mutex<Vec<(Instant, u64)>>, lifetime: Duration) {
+    let expiry = issued.lock().unwrap().last().unwrap().0 + lifetime;
+    std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+}
+
 /// Mounts `url` in the background with `--timeout timeout`, its log in `log`.
 fn mount_with_timeout(url: &str, home: &Path, vars: &[(&str, String)], timeout: &str, log: &Path) -> S3Mount {
     let (dir, path) = S3Mount::point();
@@ -522,9 +528,7 @@ const READ_BOUND: Duration = Duration::from_millis(2500);
 #[test]
 fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let issued = Arc::new(Mutex::new(Vec::new()));
     let stall = Arc::new(Stall::default());
     let ecs = start_stalling_container_endpoint(Duration::from_secs(120), Arc::clone(&issued), Arc::clone(&stall));
@@ -558,9 +562,7 @@ fn a_stalled_credential_endpoint_holds_no_read_while_the_credentials_are_valid()
 #[test]
 fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let lifetime = Duration::from_secs(8);
     let issued = Arc::new(Mutex::new(Vec::new()));
     let (accepted, expired) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicUsize::new(0)));
@@ -575,8 +577,7 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
     // That read started a refresh (the credentials expire within 5 minutes): let it land first.
     std::thread::sleep(Duration::from_secs(1));
     stall.on.store(true, Ordering::SeqCst);
-    let expiry = issued.lock().unwrap().last().unwrap().0 + lifetime;
-    std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+    sleep_past_expiry(&issued, lifetime);
 
     let big: Vec<&T> = tensors.iter().filter(|t| t.name.starts_with("big.")).collect();
     let started = Instant::now();
@@ -617,9 +618,7 @@ fn expired_credentials_and_a_stalled_endpoint_fail_reads_within_the_timeout() {
 #[test]
 fn a_slow_credential_refresh_counts_in_the_reads_one_timeout() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let lifetime = Duration::from_secs(8);
     let issued = Arc::new(Mutex::new(Vec::new()));
     let slow = Arc::new(AtomicBool::new(false));
@@ -655,8 +654,7 @@ fn a_slow_credential_refresh_counts_in_the_reads_one_timeout() {
     // That read started a refresh (the credentials expire within 5 minutes): let it land first.
     std::thread::sleep(Duration::from_secs(1));
     slow.store(true, Ordering::SeqCst);
-    let expiry = issued.lock().unwrap().last().unwrap().0 + lifetime;
-    std::thread::sleep((expiry + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+    sleep_past_expiry(&issued, lifetime);
     let fetched_before = issued.lock().unwrap().len();
     silent.on.store(true, Ordering::SeqCst);
 
@@ -684,9 +682,7 @@ fn a_slow_credential_refresh_counts_in_the_reads_one_timeout() {
 #[test]
 fn credential_lookups_leave_no_thread_alive_at_the_fork() {
     let server = s3_or_skip!();
-    let home = workdir();
-    let tensors = fixture();
-    write_checkpoint(&server.object("m.safetensors"), &tensors, None);
+    let (home, tensors) = stored_model(&server);
     let issued = Arc::new(Mutex::new(Vec::new()));
     let ecs = start_container_endpoint(Duration::from_secs(3600), Arc::clone(&issued));
     let vars = [

@@ -55,6 +55,13 @@ fn fixture() -> Vec<T> {
     vec![T::new("a.weight", Dtype::F32, &[300, 129]), T::new("b.bias", Dtype::BF16, &[4097])]
 }
 
+/// The fixture, written as the private checkpoint the presigned URL names.
+fn private_model(nginx: &Nginx) -> Vec<T> {
+    let tensors = fixture();
+    write_checkpoint(&nginx.root.join("private/m.safetensors"), &tensors, None);
+    tensors
+}
+
 /// The presigned-style URL of the private checkpoint.
 fn presigned(nginx: &Nginx) -> String {
     format!("{}?Expires=1893456000&Signature={SIGNATURE}", nginx.url("private/m.safetensors"))
@@ -94,8 +101,7 @@ fn a_header_and_a_presigned_query_on_the_command_line_leave_the_process_list() {
         return;
     }
     let nginx = nginx_or_skip!();
-    let tensors = fixture();
-    write_checkpoint(&nginx.root.join("private/m.safetensors"), &tensors, None);
+    let tensors = private_model(&nginx);
     let auth = format!("Authorization: Bearer {TOKEN}");
     let m = Mount::new(Path::new(&presigned(&nginx)), &["--header", &auth]);
     assert_hidden_and_served(&m, &tensors);
@@ -123,8 +129,7 @@ fn a_header_after_clustered_short_flags_leaves_the_process_list() {
         return;
     }
     let nginx = nginx_or_skip!();
-    let tensors = fixture();
-    write_checkpoint(&nginx.root.join("private/m.safetensors"), &tensors, None);
+    let tensors = private_model(&nginx);
     let dir = workdir();
     let mp = dir.path().join("m");
     std::fs::create_dir(&mp).unwrap();
@@ -153,8 +158,7 @@ fn header_file_and_environment_headers_authenticate() {
         return;
     }
     let nginx = nginx_or_skip!();
-    let tensors = fixture();
-    write_checkpoint(&nginx.root.join("private/m.safetensors"), &tensors, None);
+    let tensors = private_model(&nginx);
     let dir = workdir();
     let file = dir.path().join("headers");
     std::fs::write(&file, format!("# for the private store\nX-Other: 1\nAuthorization: Bearer {TOKEN}\n")).unwrap();
