@@ -195,8 +195,8 @@ impl Inner {
     }
 
     /// Drops spare buffers, then evicts least recently used blocks, until `len` more bytes fit, and
-    /// returns whether they do. With `read_only`, prefetched blocks nobody has read yet are passed
-    /// over; nothing is evicted unless enough other blocks can go. An evicted block nobody holds
+    /// returns whether they do. Prefetched blocks nobody has read yet go last; with `read_only`
+    /// they are passed over. Nothing is evicted unless enough blocks can go. An evicted block nobody holds
     /// becomes `reuse` (if that is empty and the sizes match), so the load needs no new memory.
     fn make_room(
         &mut self,
@@ -216,15 +216,22 @@ impl Inner {
         let excess = (self.used + len).saturating_sub(capacity);
         let mut victims = Vec::new();
         let mut freed = 0;
-        for (key, resident) in self.ready.iter().rev() {
-            if freed >= excess {
+        // Blocks already read (or loaded on demand) go first, least recently used first; then,
+        // unless `read_only`, prefetched blocks nobody has read yet (each would be fetched again
+        // when its reader comes).
+        for unread in [false, true] {
+            if unread && read_only {
                 break;
             }
-            if read_only && resident.prefetched && !resident.read {
-                continue;
+            for (key, resident) in self.ready.iter().rev() {
+                if freed >= excess {
+                    break;
+                }
+                if (resident.prefetched && !resident.read) == unread {
+                    freed += resident.data.len() as u64;
+                    victims.push(*key);
+                }
             }
-            freed += resident.data.len() as u64;
-            victims.push(*key);
         }
         if freed < excess {
             return false;

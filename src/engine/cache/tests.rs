@@ -59,6 +59,22 @@ fn prefetch_never_evicts_unread_prefetched_blocks() {
 }
 
 #[test]
+fn a_demand_load_evicts_read_blocks_before_unread_prefetched_ones() {
+    let (cache, stats) = cache(300);
+    assert!(prefetch(&cache, 0, 100)); // the least recently used, but nobody has read it yet
+    load(&cache, 1, 100);
+    assert!(prefetch(&cache, 2, 100));
+    load(&cache, 3, 100);
+    assert!(cache.contains((0, 0)), "an unread prefetched block went while a read one could");
+    assert!(!cache.contains((0, 1)), "block 1 was read and is the oldest read block");
+    assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 0);
+    // Nothing read is left but block 3: it goes, then the oldest unread ones.
+    load(&cache, 4, 200);
+    assert!(!cache.contains((0, 3)) && !cache.contains((0, 0)) && cache.contains((0, 2)));
+    assert_eq!(stats.prefetch_unused_bytes.load(Relaxed), 100);
+}
+
+#[test]
 fn in_flight_loads_count_against_the_budget() {
     let (cache, stats) = cache(200);
     let Lookup::Load(first) = cache.lookup((0, 0), 100) else { panic!("expected a miss") };
