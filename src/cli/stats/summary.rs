@@ -1,7 +1,7 @@
 //! The human summary of a stats document that `stfs stats MNT` prints: bytes served, bytes from
 //! the store and their ratio, cache hit rates, throughput, the transport (`/dev/fuse` or FUSE over
-//! io_uring) and errors, a few lines a person reads at a glance (`--json` prints the document itself). Under `--watch` the throughput is over the last
-//! interval, from the previous document.
+//! io_uring) and errors, a few lines a person reads at a glance (`--json` prints the document
+//! itself). Under `--watch` the throughput is over the last interval, from the previous document.
 
 use std::fmt::Write;
 
