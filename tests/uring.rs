@@ -180,7 +180,7 @@ fn looping_readers(path: &Path, want: &Arc<Vec<u8>>) -> Vec<thread::JoinHandle<u
                 for k in 0u64.. {
                     let Ok(f) = std::fs::File::open(&path) else { return ok };
                     let mut buf = vec![0u8; 1 << 20];
-                    let at = (k * 13 + i) % 7 << 20;
+                    let at = ((k * 13 + i) % 7) << 20;
                     match f.read_exact_at(&mut buf, at) {
                         Ok(()) => assert!(buf[..] == want[at as usize..at as usize + buf.len()]),
                         Err(_) => return ok,
