@@ -23,17 +23,20 @@ mod queue;
 
 pub use answer::{current, FromFile};
 
+use queue::Shared;
+
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use fuser::{InitFlags, KernelConfig};
 use log::{debug, warn};
 
-use crate::fuse::FuseAdapter;
 use crate::stats::Stats;
 use crate::util::lock;
+
+/// The most pages fuser asks the kernel for per request (its largest `max_write`, 16 MiB).
+const MOST_PAGES: u32 = 4096;
 
 /// Bytes the payload buffers of all entries may take together, where one entry per queue fits.
 pub const PAYLOAD_BUDGET: usize = 64 << 20;
@@ -42,37 +45,6 @@ pub const PAYLOAD_BUDGET: usize = 64 << 20;
 pub struct Plan {
     queues: Vec<queue::Queue>,
     payload_bytes: usize,
-}
-
-/// Shared by the ring threads of a mount: whether the ring took over, for stats.json.
-pub(crate) struct Shared {
-    stats: Arc<Stats>,
-    payload_bytes: usize,
-    threads: usize,
-    registered: AtomicUsize,
-    refused: AtomicBool,
-}
-
-impl Shared {
-    /// One more entry is registered; with all of them, the mount runs on the ring.
-    fn registered(&self) {
-        if self.registered.fetch_add(1, Relaxed) + 1 == self.threads && !self.refused.load(Relaxed) {
-            self.stats.io_uring_enabled.store(1, Relaxed);
-            debug!(
-                "FUSE over io_uring on: {} ring threads, one entry each, payload buffers of {} KiB",
-                self.threads,
-                self.payload_bytes >> 10
-            );
-        }
-    }
-
-    /// The kernel (or this process) refused the ring: requests go through /dev/fuse.
-    fn refused(&self, why: &str) {
-        if !self.refused.swap(true, Relaxed) {
-            self.stats.io_uring_enabled.store(0, Relaxed);
-            debug!("FUSE over io_uring refused ({why}): requests go through /dev/fuse");
-        }
-    }
 }
 
 /// Where the rings made at INIT wait for the session (made inside it) to start their threads.
@@ -94,15 +66,13 @@ impl UringTarget {
     /// entries are registered on). Nothing if INIT did not agree to the ring. A thread that
     /// cannot be started ends the ring for the connection (the kernel would otherwise hold the
     /// requests of the queue that lacks it forever).
-    pub fn start(&self, dispatcher: fuser::Dispatcher<FuseAdapter>, stats: Arc<Stats>) -> Vec<JoinHandle<()>> {
+    pub fn start<FS: fuser::Filesystem>(
+        &self,
+        dispatcher: fuser::Dispatcher<FS>,
+        stats: Arc<Stats>,
+    ) -> Vec<JoinHandle<()>> {
         let Some(plan) = lock(&self.0).take() else { return Vec::new() };
-        let shared = Arc::new(Shared {
-            stats,
-            payload_bytes: plan.payload_bytes,
-            threads: plan.queues.len(),
-            registered: AtomicUsize::new(0),
-            refused: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(stats, plan.payload_bytes, plan.queues.len()));
         let mut threads = Vec::with_capacity(plan.queues.len());
         let mut queues = plan.queues.into_iter();
         while let Some(q) = queues.next() {
@@ -117,8 +87,12 @@ impl UringTarget {
                     shared.refused(&e.to_string());
                     // A deliberately malformed REGISTER: the kernel drops the ring for the
                     // connection and lets the held requests through /dev/fuse.
-                    if let Some(mut spare) = queues.next() {
-                        spare.refuse(dispatcher.device().as_raw_fd());
+                    let fresh = || queue::Ring::builder().build(2).ok().map(|ring| queue::Queue { ring, qid });
+                    match queues.next().or_else(fresh) {
+                        Some(mut spare) => spare.refuse(dispatcher.device().as_raw_fd()),
+                        None => {
+                            warn!("FUSE over io_uring: no ring left to end it with; requests may wait until unmount")
+                        }
                     }
                     break;
                 }
@@ -179,7 +153,7 @@ pub fn negotiate(
     }
     // The kernel's payload size: max(FUSE_MIN_READ_BUFFER, max_write, max_pages pages), where
     // fuser asks for max_pages from max_write and max_readahead, and the kernel caps it.
-    let page_limit = limit_pages.clamp(1, crate::fuse::MAX_REQUEST_BYTES / 4096) as usize * 4096;
+    let page_limit = limit_pages.clamp(1, MOST_PAGES) as usize * 4096;
     let payload_bytes = abi::MIN_PAYLOAD_BYTES.max(request_bytes as usize).max(page_limit);
     let queues = possible_cpus();
     let per_queue = threads_per_queue(threads, queues, payload_bytes);

@@ -5,11 +5,13 @@
 //! store) holds up no other request queued behind it on the same thread.
 //!
 //! The buffers are never freed: the kernel keeps their addresses until its own teardown of the
-//! ring, which may end after this thread; they are bounded ([`super::Plan`]) and live as long as
-//! the session, which the process does not outlive.
+//! ring, which may end after this thread; they are bounded (the `uring` module doc) and live as long as
+//! the session, which the process does not outlive. [`Shared`] is what the threads of a mount
+//! share: whether the ring took over.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +20,6 @@ use log::{debug, warn};
 
 use super::abi::{self, InHeader, ReqHeader, IN_HEADER_BYTES, OP_IN_BYTES, OUT_HEADER_BYTES};
 use super::answer::Answer;
-use super::Shared;
-use crate::fuse::FuseAdapter;
 use crate::stats::Stats;
 
 /// How long a thread waits for a completion before it looks whether the session ended.
@@ -33,6 +33,42 @@ const AGAIN_TRIES: u32 = 200;
 
 /// The io_uring one thread uses: 128-byte SQEs for the command area.
 pub type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
+
+/// Shared by the ring threads of a mount: whether the ring took over, for stats.json.
+pub struct Shared {
+    stats: Arc<Stats>,
+    payload_bytes: usize,
+    threads: usize,
+    registered: AtomicUsize,
+    refused: AtomicBool,
+}
+
+impl Shared {
+    /// For `threads` ring threads with payload buffers of `payload_bytes`, counting into `stats`.
+    pub fn new(stats: Arc<Stats>, payload_bytes: usize, threads: usize) -> Shared {
+        Shared { stats, payload_bytes, threads, registered: AtomicUsize::new(0), refused: AtomicBool::new(false) }
+    }
+
+    /// One more entry is registered; with all of them, the mount runs on the ring.
+    fn registered(&self) {
+        if self.registered.fetch_add(1, Relaxed) + 1 == self.threads && !self.refused.load(Relaxed) {
+            self.stats.io_uring_enabled.store(1, Relaxed);
+            debug!(
+                "FUSE over io_uring on: {} ring threads, one entry each, payload buffers of {} KiB",
+                self.threads,
+                self.payload_bytes >> 10
+            );
+        }
+    }
+
+    /// The kernel (or this process) refused the ring: requests go through /dev/fuse.
+    pub fn refused(&self, why: &str) {
+        if !self.refused.swap(true, Relaxed) {
+            self.stats.io_uring_enabled.store(0, Relaxed);
+            debug!("FUSE over io_uring refused ({why}): requests go through /dev/fuse");
+        }
+    }
+}
 
 /// One ring thread's state.
 pub struct Queue {
@@ -51,7 +87,7 @@ enum Phase {
 
 impl Queue {
     /// Serves requests until the connection ends (or the kernel refuses the ring).
-    pub fn run(mut self, dispatcher: fuser::Dispatcher<FuseAdapter>, shared: Arc<Shared>) {
+    pub fn run<FS: fuser::Filesystem>(mut self, dispatcher: fuser::Dispatcher<FS>, shared: Arc<Shared>) {
         pin_to_cpu(self.qid);
         let capacity = shared.payload_bytes;
         let header: *mut ReqHeader = Box::into_raw(Box::<ReqHeader>::default());
@@ -158,8 +194,8 @@ impl Queue {
 /// # Safety
 /// The buffers must be this thread's and the kernel's request in them complete (a completion of
 /// their entry came), `payload` of `capacity` bytes.
-unsafe fn serve_one(
-    dispatcher: &fuser::Dispatcher<FuseAdapter>,
+unsafe fn serve_one<FS: fuser::Filesystem>(
+    dispatcher: &fuser::Dispatcher<FS>,
     header: *mut ReqHeader,
     payload: *mut u8,
     capacity: usize,
