@@ -119,6 +119,12 @@ pub struct Stats {
     /// The largest read request the kernel agreed to send, in bytes (its `max_pages`, as
     /// `fs.fuse.max_pages_limit` allows; gauge, 0 until the handshake).
     pub max_request_bytes: AtomicU64,
+    /// 1 while the mount's requests go through FUSE over io_uring (`--io-uring`, and the kernel
+    /// agreed and took every queue's entry); 0: through `/dev/fuse` (gauge).
+    pub io_uring_enabled: AtomicU64,
+    /// Requests answered on the io_uring transport (the rest, and FORGET and INTERRUPT always,
+    /// came through `/dev/fuse`).
+    pub io_uring_requests: AtomicU64,
     /// Bytes the disk cache holds, as this mount last counted them (gauge).
     pub disk_cache_bytes: AtomicU64,
     /// The disk cache's bound in bytes (0: no disk cache).
@@ -238,6 +244,8 @@ impl Stats {
             ("passthrough_checkpoint_opens", g(&self.passthrough_checkpoint_opens)),
             ("passthrough_enabled", g(&self.passthrough_enabled)),
             ("max_request_bytes", g(&self.max_request_bytes)),
+            ("io_uring_enabled", g(&self.io_uring_enabled)),
+            ("io_uring_requests", g(&self.io_uring_requests)),
             ("disk_cache_bytes", g(&self.disk_cache_bytes)),
             ("disk_cache_limit", g(&self.disk_cache_limit)),
         ];

@@ -156,6 +156,11 @@ pub struct MountArgs {
     /// the file's pages into the FUSE device.
     #[arg(long)]
     pub no_splice: bool,
+    /// Ask the kernel for FUSE over io_uring (Linux 6.14+ with the fuse module's enable_uring
+    /// parameter on): requests come through per-CPU rings instead of /dev/fuse reads; without
+    /// the kernel's consent the mount uses /dev/fuse (`stfs stats` says which).
+    #[arg(long)]
+    pub io_uring: bool,
     /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
     #[arg(long, value_name = "KIB")]
     pub kernel_readahead_kb: Option<u32>,
@@ -427,7 +432,7 @@ Mount options (-o, comma-separated, a comma inside a value written \\,; each lon
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, no_passthrough,
   uid=N, gid=N (owner of every file), umask=M, fmask=M, dmask=M (octal: mode
   bits removed from files, directories), allow_root, auto_unmount,
-  endpoint_url=URL, region=REGION, no_sign_request, no_map, no_splice
+  endpoint_url=URL, region=REGION, no_sign_request, no_map, no_splice, io_uring
   metrics_file=PATH, metrics_addr=ADDR
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
   are accepted and ignored.

@@ -1,6 +1,7 @@
 //! A comma-separated `-o` list split into its options, as mount(8)-style tools do: a comma after a
 //! backslash (`\,`) stays inside the option (a header value may hold commas), and `\\` is one
-//! backslash. Any other backslash is kept as it is.
+//! backslash. Any other backslash is kept as it is. Also the names of the `-o` options stfs
+//! acts on, for suggestions.
 
 use std::ops::Range;
 
@@ -10,6 +11,47 @@ use super::args::MountArgs;
 /// taken before the command line's: how a caller (the Python package) passes options that may hold
 /// a header value without any command line, which every user can read, ever showing them.
 pub const ENV_PREFIX: &str = "STFS_OPTIONS_";
+
+/// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
+pub const KNOWN_OPTIONS: &[&str] = &[
+    "cache_size",
+    "block_size",
+    "allow_other",
+    "foreground",
+    "log_file",
+    "threads",
+    "io_threads",
+    "kernel_readahead_kb",
+    "npy",
+    "as",
+    "layout",
+    "header",
+    "header_file",
+    "token_env",
+    "timeout",
+    "no_checkpoint_file",
+    "checkpoint_file",
+    "debug",
+    "uid",
+    "gid",
+    "umask",
+    "fmask",
+    "dmask",
+    "allow_root",
+    "read_only",
+    "cache_dir",
+    "cache_dir_size",
+    "no_passthrough",
+    "auto_unmount",
+    "no_map",
+    "no_splice",
+    "io_uring",
+    "endpoint_url",
+    "region",
+    "no_sign_request",
+    "metrics_file",
+    "metrics_addr",
+];
 
 /// The `-o` lists of the `STFS_OPTIONS_*` variables of `vars` (the environment), in name order; the
 /// error is the name of a variable whose value is not UTF-8.

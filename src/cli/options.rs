@@ -220,6 +220,8 @@ pub struct MountConfig {
     pub kernel_readahead_kb: u32,
     /// Splice read replies of a local file's pages (`--no-splice` clears it).
     pub splice: bool,
+    /// `--io-uring`: ask the kernel for FUSE over io_uring.
+    pub io_uring: bool,
     /// Path layout.
     pub layout: Layout,
     /// Extra views.
@@ -302,6 +304,7 @@ impl MountConfig {
         a.no_passthrough |= o.no_passthrough.unwrap_or(false);
         a.no_map |= o.no_map.unwrap_or(false);
         a.no_splice |= o.no_splice.unwrap_or(false);
+        a.io_uring |= o.io_uring.unwrap_or(false);
         a.metrics.metrics_file = a.metrics.metrics_file.or(o.metrics_file);
         a.metrics.metrics_addr = a.metrics.metrics_addr.or(o.metrics_addr);
         let block_size = a.block_size.unwrap_or(default_block_size(&a.source));
@@ -354,6 +357,7 @@ impl MountConfig {
             threads,
             kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
             splice: !a.no_splice,
+            io_uring: a.io_uring,
         })
     }
 
@@ -381,6 +385,7 @@ impl MountConfig {
             kernel_readahead_kb: self.kernel_readahead_kb,
             splice: self.splice,
             passthrough: !self.no_passthrough,
+            io_uring: self.io_uring,
         }
     }
 }
@@ -456,52 +461,13 @@ struct DashO {
     auto_unmount: Option<bool>,
     no_map: Option<bool>,
     no_splice: Option<bool>,
+    io_uring: Option<bool>,
     endpoint_url: Option<String>,
     region: Option<String>,
     no_sign_request: Option<bool>,
     metrics_file: Option<PathBuf>,
     metrics_addr: Option<std::net::SocketAddr>,
 }
-
-/// The `-o` options stfs acts on, for suggestions (the hidden `http_*` ones are left out).
-const KNOWN_OPTIONS: &[&str] = &[
-    "cache_size",
-    "block_size",
-    "allow_other",
-    "foreground",
-    "log_file",
-    "threads",
-    "io_threads",
-    "kernel_readahead_kb",
-    "npy",
-    "as",
-    "layout",
-    "header",
-    "header_file",
-    "token_env",
-    "timeout",
-    "no_checkpoint_file",
-    "checkpoint_file",
-    "debug",
-    "uid",
-    "gid",
-    "umask",
-    "fmask",
-    "dmask",
-    "allow_root",
-    "read_only",
-    "cache_dir",
-    "cache_dir_size",
-    "no_passthrough",
-    "auto_unmount",
-    "no_map",
-    "no_splice",
-    "endpoint_url",
-    "region",
-    "no_sign_request",
-    "metrics_file",
-    "metrics_addr",
-];
 
 impl DashO {
     /// Reads comma-separated `-o` arguments (`\,` is a comma inside a value); a later value of an
@@ -560,6 +526,7 @@ impl DashO {
                 "auto_unmount" => o.auto_unmount = switch()?,
                 "no_map" => o.no_map = switch()?,
                 "no_splice" => o.no_splice = switch()?,
+                "io_uring" => o.io_uring = switch()?,
                 "read_only" => {}
                 "cache_dir" => o.cache_dir = need().map(|p| Some(PathBuf::from(p)))?,
                 "cache_dir_size" => o.cache_dir_size = size()?,
@@ -576,7 +543,7 @@ impl DashO {
                 k if IGNORED_OPTIONS.contains(&k) || key.starts_with("x-") || k == "fsname" || k == "subtype" => {}
                 _ if after_header => return Err(ConfigError::UnknownAfterHeader),
                 _ => {
-                    let candidates = KNOWN_OPTIONS.iter().chain(IGNORED_OPTIONS).copied();
+                    let candidates = option_list::KNOWN_OPTIONS.iter().chain(IGNORED_OPTIONS).copied();
                     let suggestion = crate::util::suggest::closest(key, candidates);
                     return Err(ConfigError::Unknown { key: key.to_string(), suggestion });
                 }

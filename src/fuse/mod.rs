@@ -1,12 +1,15 @@
 //! The `fuser::Filesystem` adapter: translates kernel requests into [`Fs`] calls and results into
 //! replies and errnos, and nothing more. The only file that touches fuser's Reply types; every
 //! errno of a failure comes from [`FsError::errno`]. `splice` writes the read replies that move a
-//! local file's pages into the FUSE device without fuser.
+//! local file's pages into the FUSE device without fuser; `uring` is the FUSE-over-io_uring
+//! transport beside fuser's `/dev/fuse` threads.
 
 mod passthrough;
 mod splice;
+mod uring;
 
 pub use splice::{readahead_in_whole_reads, MAX_REQUEST_BYTES};
+pub use uring::{threads_per_queue, UringTarget, PAYLOAD_BUDGET};
 
 use std::ffi::OsStr;
 use std::io;
@@ -57,6 +60,11 @@ pub struct FuseAdapter {
     /// Where they are spliced to, once the session's descriptor is known
     /// ([`SpliceTarget::connect`]); unset, every reply goes through fuser.
     splicer: SpliceTarget,
+    /// `--io-uring`: FUSE over io_uring is asked for, with this many FUSE threads to spread over
+    /// its queues (0: not asked).
+    uring_threads: u32,
+    /// The rings INIT agreed to, for the session to start.
+    uring: UringTarget,
 }
 
 /// Where an adapter splices read replies: unset until [`SpliceTarget::connect`] gives it the
@@ -94,7 +102,21 @@ impl FuseAdapter {
             passthrough: passthrough::Passthrough::new(true),
             splice: false,
             splicer: SpliceTarget::default(),
+            uring_threads: 0,
+            uring: UringTarget::default(),
         }
+    }
+
+    /// This adapter, asking the kernel for FUSE over io_uring at INIT (`--io-uring`), its
+    /// `threads` spread over the ring's queues; [`FuseAdapter::uring_target`] starts them.
+    pub fn io_uring(mut self, asked: bool, threads: u32) -> FuseAdapter {
+        self.uring_threads = if asked { threads.max(1) } else { 0 };
+        self
+    }
+
+    /// The rings INIT agreed to, to be started once the session runs.
+    pub fn uring_target(&self) -> UringTarget {
+        self.uring.clone()
     }
 
     /// This adapter, set to splice read replies of local files' bytes once its target is
@@ -201,6 +223,10 @@ impl Filesystem for FuseAdapter {
             debug!("kernel lacks {missing:?}");
         }
         self.passthrough.negotiate(&self.fs, config);
+        let asked = self.uring_threads > 0;
+        if let Some(plan) = uring::negotiate(asked, self.uring_threads, sizes.request_bytes, limit, config) {
+            self.uring.set(plan);
+        }
         Ok(())
     }
 
@@ -275,9 +301,22 @@ impl Filesystem for FuseAdapter {
         let mut reply = Some(reply);
         // A kernel read that waited is logged beside the backing reads' lines (debug level).
         let started = log::log_enabled!(log::Level::Debug).then(Instant::now);
+        let ring = uring::current();
         let sent = self.fs.read_for_kernel(ino.0, offset, size, |data| {
             let Some(reply) = reply.take() else { return };
-            if let (Some(splicer), Some((file, at))) = (self.splicer.get(), data.file_range()) {
+            if let (Some(answer), Some((file, at))) = (&ring, data.file_range()) {
+                // On the ring: the file's bytes are read straight into the entry's payload
+                // buffer (no splice into a ring entry).
+                match answer.reply_from_file(file, at, data.len()) {
+                    Ok(()) => return reply.sent_elsewhere(),
+                    Err(uring::FromFile::Failed(e)) => {
+                        warn!("read of inode {} at {offset}: the backing file: {e}", ino.0);
+                        Stats::add(&self.fs.stats().read_errors, 1);
+                        return reply.error(Errno::EIO);
+                    }
+                    Err(uring::FromFile::NotSent) => {}
+                }
+            } else if let (Some(splicer), Some((file, at))) = (self.splicer.get(), data.file_range()) {
                 // Counted before the reply goes out (the reader may look at stats.json as soon as
                 // it has its bytes), and taken back if it does not.
                 let stats = self.fs.stats();

@@ -55,6 +55,14 @@ fn in_child(patience: Patience, call: impl FnOnce() -> i32) -> io::Result<Outcom
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
+        // Nothing but the exit status comes back, and a child that outlives its deadline must
+        // not hold the caller's output open: on FUSE over io_uring a request the kernel handed to
+        // a stopped daemon's ring cannot be abandoned, and its caller waits, unkillable, until the
+        // daemon runs again.
+        for fd in 0..3 {
+            // SAFETY: close is async-signal-safe; the child uses none of these descriptors.
+            unsafe { libc::close(fd) };
+        }
         let code = call();
         // SAFETY: _exit ends the child at once, without running the parent's atexit handlers.
         unsafe { libc::_exit(code.clamp(0, 255)) };

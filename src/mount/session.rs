@@ -14,7 +14,7 @@ use fuser::{Config, MountOption, SessionACL};
 use log::{info, warn};
 
 use crate::fs::Fs;
-use crate::fuse::{readahead_in_whole_reads, FuseAdapter, SpliceTarget};
+use crate::fuse::{readahead_in_whole_reads, FuseAdapter, SpliceTarget, UringTarget};
 use crate::mount::mountinfo;
 use crate::mount::mountpoint::{self, MountPointError};
 use crate::mount::own_mount::{OwnMount, Whereabouts};
@@ -43,6 +43,8 @@ pub struct ServeOptions {
     /// Ask the kernel for FUSE passthrough where it can read a file directly (`--no-passthrough`
     /// clears it).
     pub passthrough: bool,
+    /// Ask for FUSE over io_uring (`--io-uring`); without the kernel's consent, `/dev/fuse`.
+    pub io_uring: bool,
 }
 
 /// Why serving a mount failed.
@@ -161,15 +163,17 @@ pub fn serve(
     // Spliced replies only carry a local file's bytes: without one, keep per-thread descriptors.
     let splice = options.splice && fs.serves_file_ranges();
     let config = fuse_config(fsname, options, splice);
-    let (session, mounted) = match open_session(Arc::clone(&fs), fsname, options, &config, splice) {
+    let (session, mounted, uring) = match open_session(Arc::clone(&fs), fsname, options, &config, splice) {
         Ok(s) => s,
         Err(e) => return Err(not_ready(on_ready, e)),
     };
     let (stop, stopped) = mpsc::channel();
     let ended = SessionEnded(stop.clone());
+    let stats = Arc::clone(fs.stats());
     let runner = std::thread::Builder::new().name("fuse-session".into()).spawn(move || {
         let _ended = ended;
-        session.run()
+        // The ring threads (if INIT agreed to FUSE over io_uring) start beside fuser's.
+        session.run_with(|dispatcher| uring.start(dispatcher, stats))
     });
     let runner = match runner {
         Ok(r) => r,
@@ -349,11 +353,15 @@ fn open_session(
     options: &ServeOptions,
     config: &Config,
     splice: bool,
-) -> Result<(fuser::Session<FuseAdapter>, Mounted), ServeError> {
+) -> Result<(fuser::Session<FuseAdapter>, Mounted, UringTarget), ServeError> {
     let mp = &options.mountpoint;
     let failed = |error| ServeError::Mount { mountpoint: mp.clone(), error };
-    let adapter = FuseAdapter::new(fs).splicing(splice).passing_through(options.passthrough);
+    let adapter = FuseAdapter::new(fs)
+        .splicing(splice)
+        .passing_through(options.passthrough)
+        .io_uring(options.io_uring, options.threads);
     let target = adapter.splice_target();
+    let uring = adapter.uring_target();
     let Some((device, pending)) =
         mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?
     else {
@@ -362,7 +370,7 @@ fn open_session(
         let mut session = session.map_err(failed)?;
         let unmounter = Mounted::Fuser(session.unmount_callable());
         connect_splice(splice, &target, &session);
-        return Ok((session, unmounter));
+        return Ok((session, unmounter, uring));
     };
     let session = match fuser::Session::from_fd(adapter, device, config.acl, config.clone()) {
         Ok(session) => session,
@@ -383,7 +391,7 @@ fn open_session(
     // Its own descriptor goes: a mount held open would be busy for `stfs umount`.
     drop(pending);
     connect_splice(splice, &target, &session);
-    Ok((session, Mounted::Own(own)))
+    Ok((session, Mounted::Own(own), uring))
 }
 
 /// Gives the adapter the session's descriptor for spliced replies, if they are wanted; without

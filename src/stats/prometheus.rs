@@ -136,6 +136,8 @@ const METRICS: &[Metric] = &[
     ),
     gauge("passthrough_enabled", "stfs_passthrough_enabled", "1 while the kernel agreed to FUSE passthrough."),
     gauge("max_request_bytes", "stfs_max_request_bytes", "Largest read request the kernel agreed to send."),
+    gauge("io_uring_enabled", "stfs_io_uring_enabled", "1 while requests go through FUSE over io_uring."),
+    counter("io_uring_requests", "stfs_io_uring_requests_total", "Requests answered on the io_uring transport."),
     gauge("disk_cache_bytes", "stfs_disk_cache_bytes", "Bytes the disk cache holds, as last counted."),
     gauge("disk_cache_limit", "stfs_disk_cache_limit_bytes", "The disk cache's bound (0: no disk cache)."),
     // The daemon's process, under the names every Prometheus client library's process collector

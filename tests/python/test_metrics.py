@@ -57,6 +57,7 @@ COUNTERS = {
     "passthrough_open_bytes": "stfs_passthrough_open_bytes",
     "passthrough_refused": "stfs_passthrough_refused",
     "passthrough_checkpoint_opens": "stfs_passthrough_checkpoint_opens",
+    "io_uring_requests": "stfs_io_uring_requests",
 }
 GAUGES = {
     "resident_bytes": "stfs_cache_resident_bytes",
@@ -67,6 +68,7 @@ GAUGES = {
     "disk_cache_limit": "stfs_disk_cache_limit_bytes",
     "passthrough_enabled": "stfs_passthrough_enabled",
     "max_request_bytes": "stfs_max_request_bytes",
+    "io_uring_enabled": "stfs_io_uring_enabled",
 }
 # Gauges in seconds of a value in microseconds.
 SECONDS_GAUGES = {"http_request_max_micros": "stfs_http_request_max_duration_seconds"}

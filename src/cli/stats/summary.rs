@@ -1,7 +1,7 @@
 //! The human summary of a stats document that `stfs stats MNT` prints: bytes served, bytes from
-//! the store and their ratio, cache hit rates, throughput and errors, a few lines a person reads at
-//! a glance (`--json` prints the document itself). Under `--watch` the throughput is over the last
-//! interval, from the previous document.
+//! the store and their ratio, cache hit rates, throughput, the transport (`/dev/fuse` or FUSE over
+//! io_uring) and errors, a few lines a person reads at a glance (`--json` prints the document
+//! itself). Under `--watch` the throughput is over the last interval, from the previous document.
 
 use std::fmt::Write;
 
@@ -101,6 +101,12 @@ pub fn render(doc: &Value, shown: &str, previous: Option<(&Value, f64)>, now: u6
         );
     }
     let _ = writeln!(out, "  throughput    {}", throughput(doc, previous, now));
+    let transport = if n(doc, "io_uring_enabled") == 1 {
+        format!("FUSE over io_uring ({} requests on the ring)", n(doc, "io_uring_requests"))
+    } else {
+        "/dev/fuse".to_string()
+    };
+    let _ = writeln!(out, "  transport     {transport}");
     let errors = [("read", "read_errors"), ("store", "backing_errors"), ("disk cache", "disk_cache_errors")];
     let listed: Vec<String> = errors.iter().map(|(what, key)| format!("{} {what}", n(doc, key))).collect();
     let total: u64 = errors.iter().map(|(_, key)| n(doc, key)).sum();
@@ -130,6 +136,7 @@ mod tests {
         assert!(text.contains("memory cache  90.0% hits (90 of 100 block lookups); 1.0 MiB resident, peak 512.0 MiB"));
         assert!(text.contains("throughput    102.4 MiB/s served, 103.4 MiB/s from the store, on average"), "{text}");
         assert!(text.contains("errors        see the daemon's log (0 read, 1 store, 0 disk cache)"), "{text}");
+        assert!(text.contains("transport     /dev/fuse\n"), "{text}");
         assert!(!text.contains("disk cache    "), "no disk cache line without --cache-dir: {text}");
     }
 
@@ -143,6 +150,8 @@ mod tests {
         assert!(text.contains("memory cache  - hits (0 of 0 block lookups)"), "{text}");
         assert!(text.contains("disk cache    - hits (0 of 0 lookups); holds 0.0 B of 4.0 KiB"), "{text}");
         assert!(text.contains("errors        none (0 read, 0 store, 0 disk cache)"), "{text}");
+        let ring = doc(r#"{"io_uring_enabled": 1, "io_uring_requests": 7}"#);
+        assert!(render(&ring, "/m", None, 0).contains("transport     FUSE over io_uring (7 requests on the ring)"));
         assert_eq!(duration(3725), "1h 02m");
         assert_eq!(duration(185), "3m 05s");
     }

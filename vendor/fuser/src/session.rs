@@ -13,6 +13,8 @@ use std::os::fd::BorrowedFd;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::thread::{self};
 
@@ -47,6 +49,7 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::reply::ReplySink;
 use crate::request::RequestWithSender;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
@@ -244,6 +247,19 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with(|_| Vec::new())
+    }
+
+    /// Runs the session as [`Session::run`] does, and first hands `beside` a [`Dispatcher`]
+    /// for requests the kernel sends elsewhere than `/dev/fuse` (stfs patch: FUSE over
+    /// io_uring). The threads `beside` returns are joined after the `/dev/fuse` threads end,
+    /// before `destroy`; they must end once [`Dispatcher::session_ended`] says so.
+    /// # Errors
+    /// Returns any final error when the session comes to an end.
+    pub fn run_with(
+        self,
+        beside: impl FnOnce(Dispatcher<FS>) -> Vec<JoinHandle<()>>,
+    ) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -286,6 +302,19 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let ended = Arc::new(AtomicBool::new(false));
+        let side_threads = beside(Dispatcher {
+            event_loop: SessionEventLoop {
+                thread_name: "fuser-side".to_string(),
+                filesystem: filesystem.clone(),
+                ch: ch.clone(),
+                allowed,
+                session_owner,
+            },
+            ended: ended.clone(),
+        });
+        // However this returns (a thread that failed to start or panicked), side threads stop.
+        let _end_side_threads = EndOnDrop(ended.clone());
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -318,6 +347,13 @@ impl<FS: Filesystem> Session<FS> {
                 if reply.is_ok() {
                     reply = Err(e);
                 }
+            }
+        }
+
+        ended.store(true, Ordering::Release);
+        for thread in side_threads {
+            if thread.join().is_err() && reply.is_ok() {
+                reply = Err(io::Error::other("a side dispatch thread panicked"));
             }
         }
 
@@ -552,6 +588,74 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             }
         }
+    }
+}
+
+/// Sets its flag when dropped: the session's `/dev/fuse` threads are over.
+struct EndOnDrop(Arc<AtomicBool>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Dispatches requests taken from elsewhere than `/dev/fuse` to the session's filesystem
+/// (stfs patch, for FUSE over io_uring): each reply goes to the [`ReplySink`] given with its
+/// request. Cheap to clone; every clone must be dropped by the time the session's threads end.
+pub struct Dispatcher<FS: Filesystem> {
+    event_loop: SessionEventLoop<FS>,
+    ended: Arc<AtomicBool>,
+}
+
+impl<FS: Filesystem> Clone for Dispatcher<FS> {
+    fn clone(&self) -> Self {
+        Dispatcher {
+            event_loop: SessionEventLoop {
+                thread_name: self.event_loop.thread_name.clone(),
+                filesystem: self.event_loop.filesystem.clone(),
+                ch: self.event_loop.ch.clone(),
+                allowed: self.event_loop.allowed,
+                session_owner: self.event_loop.session_owner,
+            },
+            ended: self.ended.clone(),
+        }
+    }
+}
+
+impl<FS: Filesystem> std::fmt::Debug for Dispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
+    }
+}
+
+impl<FS: Filesystem> Dispatcher<FS> {
+    /// Dispatches one request, laid out as `/dev/fuse` gives it (`fuse_in_header`, then its
+    /// arguments), to the filesystem; its reply goes to `sink`, once. Returns false, having
+    /// sent nothing, when the request cannot be parsed.
+    pub fn dispatch(&self, request: &[u8], sink: Arc<dyn ReplySink>) -> bool {
+        let sender = ReplySender::Sink(sink, self.event_loop.ch.sender());
+        let Some(req) = RequestWithSender::with_sender(sender, request) else {
+            return false;
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(&self.event_loop);
+        }
+        true
+    }
+
+    /// The session's `/dev/fuse` descriptor (to register ring entries on), open as long as
+    /// this dispatcher lives.
+    pub fn device(&self) -> BorrowedFd<'_> {
+        self.event_loop.ch.as_fd()
+    }
+
+    /// The session's `/dev/fuse` threads have ended (the connection is gone): side threads
+    /// stop.
+    pub fn session_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 }
 

@@ -1,0 +1,242 @@
+//! FUSE over io_uring (`--io-uring`), mounted for real: with the fuse module's `enable_uring` on,
+//! the mount runs on the ring (stats say so) and reads every byte right, under concurrent readers
+//! too; with it off, the mount falls back to /dev/fuse with one debug line. SIGTERM with reads in
+//! flight unmounts and the daemon exits; a killed daemon leaves a mount that detaches.
+//!
+//! The test (never stfs) turns the parameter on or off as root and restores it. A kernel without
+//! the parameter skips these tests, except under CI=true, where it fails.
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+use common::wedge::process_gone;
+use common::*;
+use stfs::format::Dtype;
+
+const PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Serialises the tests of this binary: they share the module parameter.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The parameter set for one test, restored on drop.
+struct Parameter {
+    before: String,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Parameter {
+    /// Sets `enable_uring` to `on`; None (skip) where the kernel lacks it or it cannot be set,
+    /// except under CI=true, where that fails the test.
+    fn set(on: bool) -> Option<Parameter> {
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let before = match std::fs::read_to_string(PARAMETER) {
+            Ok(v) => v.trim().to_string(),
+            Err(e) if ci => panic!("{PARAMETER}: {e}: this kernel has no FUSE over io_uring (Linux 6.14+ needed)"),
+            Err(e) => {
+                eprintln!("skipped: {PARAMETER}: {e}");
+                return None;
+            }
+        };
+        match std::fs::write(PARAMETER, if on { "Y" } else { "N" }) {
+            Ok(()) => Some(Parameter { before, _serial: serial }),
+            Err(e) if ci => panic!("{PARAMETER} cannot be set ({e}): the io_uring tests need root"),
+            Err(e) => {
+                eprintln!("skipped: setting {PARAMETER}: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Parameter {
+    fn drop(&mut self) {
+        let _ = std::fs::write(PARAMETER, &self.before);
+    }
+}
+
+/// A checkpoint with one 8 MiB tensor and small ones; the tensors are returned to compare.
+fn checkpoint(dir: &Path) -> (std::path::PathBuf, Vec<T>) {
+    let tensors = vec![
+        T::new("big", Dtype::F32, &[2048, 1024]),
+        T::new("odd", Dtype::BF16, &[257, 333]),
+        T::new("tiny", Dtype::U8, &[5]),
+        T::new("empty", Dtype::I32, &[0, 7]),
+    ];
+    let file = dir.join("m.safetensors");
+    write_checkpoint(&file, &tensors, None);
+    (file, tensors)
+}
+
+/// A counter of the mount's stats.json.
+fn stat(mp: &Path, key: &str) -> u64 {
+    let out = stfs(&["stats", "--json", mp.to_str().unwrap()]);
+    assert!(out.status.success(), "stfs stats: {}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    doc[key].as_u64().unwrap_or_else(|| panic!("no {key} in {doc}"))
+}
+
+fn read_all(path: &Path) -> Vec<u8> {
+    let mut data = Vec::new();
+    std::fs::File::open(path).unwrap().read_to_end(&mut data).unwrap();
+    data
+}
+
+#[test]
+fn asked_with_the_parameter_on_the_mount_runs_on_the_ring_and_reads_every_byte() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let m = Mount::new(&file, &["--io-uring"]);
+    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1), "the mount is not on the ring");
+    for t in &tensors {
+        assert!(read_all(&m.file(&t.name)) == t.data, "{}: wrong bytes on the ring", t.name);
+    }
+    assert!(read_all(&m.file("m.safetensors")) == std::fs::read(&file).unwrap(), "the re-served checkpoint file");
+    assert!(stat(&m.path, "io_uring_requests") > 0);
+    let out = stfs(&["stats", m.path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("transport     FUSE over io_uring"), "{text}");
+}
+
+#[test]
+fn with_the_parameter_off_the_mount_falls_back_to_dev_fuse_with_one_debug_line() {
+    let Some(_p) = Parameter::set(false) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let log = dir.path().join("daemon.log");
+    let m = Mount::with_env(&file, &["-o", "io_uring", "--log-file", log.to_str().unwrap()], &[]);
+    assert!(read_all(&m.file("big")) == tensors[0].data);
+    assert_eq!(stat(&m.path, "io_uring_enabled"), 0);
+    assert_eq!(stat(&m.path, "io_uring_requests"), 0);
+    let out = stfs(&["stats", m.path.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("transport     /dev/fuse\n"));
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("ERROR") && !text.contains("WARN"), "a fallback is no error: {text}");
+}
+
+#[test]
+fn the_fallback_line_is_logged_at_debug_level_once() {
+    let Some(_p) = Parameter::set(false) else { return };
+    let dir = workdir();
+    let (file, _) = checkpoint(dir.path());
+    let log = dir.path().join("daemon.log");
+    let m = Mount::with_env(
+        &file,
+        &["--io-uring", "--log-file", log.to_str().unwrap()],
+        &[("RUST_LOG", Path::new("stfs=debug"))],
+    );
+    read_all(&m.file("tiny"));
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("requests go through /dev/fuse")).collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].contains("DEBUG") && lines[0].contains("not offered"), "{}", lines[0]);
+}
+
+#[test]
+fn concurrent_readers_on_the_ring_each_get_their_own_bytes() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let m = Mount::new(&file, &["--io-uring", "--threads", "8"]);
+    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1));
+    let want = Arc::new(tensors[0].data.clone());
+    let readers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let (path, want) = (m.file("big"), Arc::clone(&want));
+            thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                let mut buf = vec![0u8; 4096 * (i as usize + 1) + 17];
+                for k in 0..200u64 {
+                    let at = (k * 7919 + i * 104_729) * 331 % (want.len() - buf.len()) as u64;
+                    f.read_exact_at(&mut buf, at).unwrap();
+                    assert!(buf[..] == want[at as usize..at as usize + buf.len()], "reader {i} at {at}");
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().expect("a reader failed");
+    }
+}
+
+/// Readers that loop over `path` until it fails (the mount went away); each returns how many
+/// reads succeeded. Every read either gets its bytes or an error: none hangs (the test's bounded
+/// joins would say so).
+fn looping_readers(path: &Path, want: &Arc<Vec<u8>>) -> Vec<thread::JoinHandle<u64>> {
+    (0..4)
+        .map(|i| {
+            let (path, want) = (path.to_path_buf(), Arc::clone(want));
+            thread::spawn(move || {
+                let mut ok = 0;
+                for k in 0u64.. {
+                    let Ok(f) = std::fs::File::open(&path) else { return ok };
+                    let mut buf = vec![0u8; 1 << 20];
+                    let at = ((k * 13 + i) % 7) << 20;
+                    match f.read_exact_at(&mut buf, at) {
+                        Ok(()) => assert!(buf[..] == want[at as usize..at as usize + buf.len()]),
+                        Err(_) => return ok,
+                    }
+                    ok += 1;
+                    // Fresh pages: the kernel must ask the daemon again.
+                    drop(f);
+                    let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+                }
+                ok
+            })
+        })
+        .collect()
+}
+
+fn join_bounded(readers: Vec<thread::JoinHandle<u64>>) -> u64 {
+    let joiner = thread::spawn(move || readers.into_iter().map(|r| r.join().expect("a reader failed")).sum::<u64>());
+    assert!(wait_until(TIMEOUT, || joiner.is_finished()), "a read hung after the mount went away");
+    joiner.join().unwrap()
+}
+
+#[test]
+fn sigterm_with_reads_in_flight_unmounts_and_the_daemon_exits() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let m = Mount::new(&file, &["--io-uring"]);
+    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1));
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    let readers = looping_readers(&m.file("big"), &Arc::new(tensors[0].data.clone()));
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert!(wait_until(TIMEOUT, || !is_mounted(&m.path)), "SIGTERM left the mount");
+    let reads = join_bounded(readers);
+    assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit on SIGTERM");
+    assert!(reads > 0, "no read succeeded before the signal");
+}
+
+#[test]
+fn a_killed_daemon_on_the_ring_leaves_a_mount_that_detaches() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let m = Mount::new(&file, &["--io-uring"]);
+    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1));
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    let readers = looping_readers(&m.file("big"), &Arc::new(tensors[0].data.clone()));
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: killing the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not die");
+    join_bounded(readers);
+    // The connection is gone: reads fail at once, and the mount detaches.
+    assert!(std::fs::read(m.file("tiny")).is_err(), "a read of a dead mount succeeded");
+    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    assert!(out.status.success(), "stfs umount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!is_mounted(&m.path));
+}
