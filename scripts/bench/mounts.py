@@ -235,6 +235,25 @@ def peak_rss_bytes(pid):
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
+MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"  # the kernel's cap on a FUSE request, in pages
+
+
+@contextlib.contextmanager
+def max_pages_limit():
+    """Yields a setter of fs.fuse.max_pages_limit (pages: 256 is 1 MiB requests); restores the value
+    found on the way out. stfs never changes it itself: benchmarks of the request size do."""
+    with open(MAX_PAGES_LIMIT) as f:
+        old = f.read().strip()
+
+    def set_limit(pages):
+        with open(MAX_PAGES_LIMIT, "w") as f:
+            f.write(str(pages))
+    try:
+        yield set_limit
+    finally:
+        set_limit(old)
+
+
 def drop_page_cache(path):
     """Drops the clean cached pages of one file (posix_fadvise DONTNEED); works on FUSE files too."""
     fd = os.open(path, os.O_RDONLY)
