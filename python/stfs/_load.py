@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
 from ._mapping import mapped
-from ._whole import torch_view, views as _whole_views
+from ._whole import read_ahead, torch_view, views as _whole_views
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
@@ -126,7 +126,11 @@ def is_mount_dir(path: PathLike) -> bool:
     another filesystem's mount (a tmpfs, a volume) holding such a copy."""
     root = os.path.realpath(_path(path))
     meta = os.path.join(root, "metadata.json")
-    if not (_stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
+    # A file or a URL (what load is mostly given) is told apart without running the binary: realpath
+    # has already looked at `root` itself, and its mount-info costs a process start (milliseconds,
+    # counted in every load from the page cache).
+    if not (os.path.isdir(root) and _stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs"))
+            and os.path.isfile(meta)):
         return False
     try:
         with open(meta, "rb") as f:  # UTF-8 JSON, whatever the locale
@@ -557,10 +561,12 @@ def _load_torch(items: List[Entry], device, root: str, tick: Tick = _no_tick) ->
         return out
     out: Dict[str, Any] = {}
     # Shards the mount hands to the kernel (passthrough): each mapped once (a private mapping, on the
-    # CPU), every tensor a view of it, as safetensors' load_file makes them.
+    # CPU), every tensor a view of it, as safetensors' load_file makes them; read in by the kernel
+    # meanwhile (read_ahead), as the tensors of the other path are read before load returns.
     whole = _whole_views(root, items, lambda path, size: torch.from_file(
         _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
-        lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])))
+        lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])),
+        lambda flats: read_ahead([(f.data_ptr(), f.numel(), f) for f in flats]))
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
         count = math.prod(shape)

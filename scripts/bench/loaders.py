@@ -487,19 +487,25 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
     mount_opts = {"endpoint_url": endpoint} if endpoint else {}
     together = args.use != "full"  # a full use holds a buffer of the checkpoint's size: one worker at a time
 
+    def late(peer):
+        # Started at its turn, not with the others: under a full use every worker; from cold, the
+        # mapped touch floor, whose faulted-in mapping would keep the file's pages in the page cache
+        # (POSIX_FADV_DONTNEED leaves mapped pages) through every other peer's run.
+        return not together or (source == "cold" and peer == "touch floor mapped")
+
     def start(peer):
         return Worker(dict(env, STFS_BIN=stfs_binary(args, peer)), prep(args, peer, ckpt))
 
     for rep in range(args.reps):
         order = [p for p in peers[rep % len(peers):] + peers[:rep % len(peers)] if (source, p) not in failures]
-        workers = {p: start(p) for p in order} if together else {}  # imports in parallel, before any clock
+        workers = {p: start(p) for p in order if not late(p)}  # imports in parallel, before any clock
         try:
             for w in workers.values():
                 w.ready(args.run_timeout)
             for peer in order:
                 job = {"peer": peer.removesuffix(BEFORE), "mount": mount_opts, "fastsafe": fastsafe_opts}
                 try:
-                    if not together:
+                    if late(peer):
                         workers[peer] = start(peer)
                         workers[peer].ready(args.run_timeout)
                     with prepared(args, source, ckpt, mounts, peer) as (path, slow):
