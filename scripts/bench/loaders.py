@@ -564,7 +564,9 @@ def prepared(args, source, ckpt, mounts, peer):
     if source == "page":
         mounts.warm_page_cache([path])
     elif source == "cold":
-        mounts.drop_page_cache(path)
+        left = mounts.drop_page_cache(path)
+        if left and left >= 0.01:
+            print(f"  cold: {left:.0%} of the file still in the page cache after dropping it for 10 s", flush=True)
     elif source == "slow":
         mounts.warm_page_cache([path])  # the local file behind slowfs: only slowfs's costs count
         with mounts.slowfs(args.slowfs, ckpt["checkpoint_dir"], args.slow_bandwidth_mbps, args.slow_latency_ms) as slow:
