@@ -24,7 +24,8 @@ above; "light" (issue 34): one byte of every 4 KiB page of the tensor summed, so
 its faults and little else; "full" (issue 34): every byte copied once into one buffer of the
 checkpoint's size that the worker allocated and faulted in before "ready" (as a GPU upload stages it),
 its byte sum checked after the clock. Under "full" the workers start one at a time (each holds that
-buffer) unless twice their buffers fit in the memory available. --layout f32 builds issue 34's checkpoint (64 equal F32 tensors) instead of the transformer.
+buffer) unless three times their buffers fit in the memory available. --layout f32 builds issue 34's
+checkpoint (64 equal F32 tensors) instead of the transformer.
 
 --before DIR: the same stfs rows (stfs.load, stfs premounted) again, as "... before", with an earlier
 stfs: the Python package from DIR/python, the binary DIR/target/release/stfs (a `git archive` of an
@@ -334,8 +335,9 @@ def worker(prep=None):
         raise SystemExit(f"unknown peer {peer!r}")
     if peer not in ("stfs+open", "stfs first"):
         seconds = time.perf_counter() - started
-    if use == "full":
-        done["checksum"] = int(out[:done["bytes"]].sum(dtype=torch.int64))
+    if use == "full":  # in 64 MiB pieces: a sum to int64 makes an int64 copy of what it sums
+        done["checksum"] = sum(int(out[at:min(at + (64 << 20), done["bytes"])].sum(dtype=torch.int64))
+                               for at in range(0, done["bytes"], 64 << 20))
     print(json.dumps({"seconds": seconds, **done, "first": first}), flush=True)
 
 
@@ -486,9 +488,9 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
     env = worker_env(args, endpoint)
     mount_opts = {"endpoint_url": endpoint} if endpoint else {}
     # A full use holds a buffer of the checkpoint's size per worker: all started together only where
-    # twice their buffers fit in the memory available, else one at a time (then runs lie further
+    # three times their buffers fit in the memory available, else one at a time (then runs lie further
     # apart, and pair less well on a noisy machine).
-    together = args.use != "full" or 2 * len(peers) * ckpt["data_bytes"] < available_memory()
+    together = args.use != "full" or 3 * len(peers) * ckpt["data_bytes"] < available_memory()
 
     def late(peer):
         # Started at its turn, not with the others: under a full use every worker; from cold, the
