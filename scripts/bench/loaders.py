@@ -15,6 +15,9 @@ together must equal the checkpoint's, so a fast wrong load fails the run):
                get_tensor of every tensor: the re-served checkpoint under the reference reader
   stfs premounted  safe_open(MOUNT/model.safetensors, framework="pt") and get_tensor of every tensor on a
                mount of SRC made before the go (a fresh one per run, by the driver): a long-lived mount
+  safe_open    safe_open(SRC, framework="pt") and get_tensor of every tensor on the local file: not a
+               peer (never the best), the reader of the "stfs premounted" row without stfs, so a gap
+               between that row and load_file that this one shows too is the reader's, not the mount's
   stfs first   stfs mount SRC, then the first tensor's file (in file order) read into a torch tensor
                and touched: the time until the first tensor is usable. The streamer's counterpart is
                the time its runai run took to yield (and touch) its first tensor.
@@ -118,7 +121,8 @@ import cargo_paths  # noqa: E402
 
 FLOORS = ["touch floor", "touch floor mapped", "read floor", "read floor x16"]
 TOUCH_FLOORS = ["touch floor", "touch floor mapped"]
-PEERS = ["runai", "fastsafe", "load_file", "stfs.load", "stfs+open", "stfs premounted", "stfs first", *FLOORS]
+PEERS = ["runai", "fastsafe", "load_file", "stfs.load", "stfs+open", "stfs premounted", "stfs first", "safe_open",
+         *FLOORS]
 BEFORE = " before"  # the suffix of a row measured with --before's stfs
 BEFORE_ROWS = ["stfs.load", "stfs premounted"]
 FLOOR_SOURCES = {"page", "cold"}  # sources the floors run on (the bound of the local targets)
@@ -309,7 +313,7 @@ def worker(prep=None):
     elif peer == "stfs.load":
         for name, t in stfs.load(src, framework="torch", **opts).items():
             touch(name, t)
-    elif peer == "stfs premounted":  # src: the re-served file on the driver's mount
+    elif peer in ("stfs premounted", "safe_open"):  # premounted: src is the re-served file on the driver's mount
         with safe_open(src, framework="pt") as f:
             for name in f.keys():
                 touch(name, f.get_tensor(name))
@@ -620,6 +624,12 @@ def judge(res, source, peers, failures, use):
             if ratios:
                 res.note(f"{row}{BEFORE} (--before) time / {row} time: {statistics.median(ratios):.2f}x "
                          f"[{min(ratios):.2f}-{max(ratios):.2f}] (above 1: faster now)")
+        for ref in ("load_file", "safe_open"):
+            ratios = res.paired_ratios(ref, "safe_open") if ref == "load_file" else res.paired_ratios("safe_open", "stfs premounted")
+            if ratios:
+                res.note((f"load_file time / safe_open (on the local file) time: " if ref == "load_file" else
+                          "safe_open on the local file / on the premounted re-served file: ")
+                         + f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
         floors = [f for f in FLOORS if f in res.series]
         if floors:
             bound(res, source, best, floors, TARGETS[source] if use == "sum" else 1.0)
