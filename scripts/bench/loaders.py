@@ -488,7 +488,8 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
     title = TITLES[source].format(bw=args.slow_bandwidth_mbps, lat=args.slow_latency_ms, s3lat=args.latency_ms,
                                   rate=args.conn_mib_s)
     res = Results(source, f"{ckpt['file_size'] / 2**20:.0f} MiB, {len(ckpt['header'])} tensors, {title}")
-    peers = [p for p in peers if not (source == "s3" and p in LOCAL_ONLY) and not (p in FLOORS and source not in FLOOR_SOURCES)]
+    peers = [p for p in peers if not (source == "s3" and p in LOCAL_ONLY)
+             and not ((p in FLOORS or p.removesuffix(BEFORE) == "stfs premounted") and source not in FLOOR_SOURCES)]
     env = worker_env(args, endpoint)
     mount_opts = {"endpoint_url": endpoint} if endpoint else {}
     # A full use holds a buffer of the checkpoint's size per worker: all started together only where
