@@ -30,9 +30,10 @@ its byte sum checked after the clock. Under "full" the workers start one at a ti
 buffer) unless three times their buffers fit in the memory available. --layout f32 builds issue 34's
 checkpoint (64 equal F32 tensors) instead of the transformer.
 
---before DIR: the same stfs rows (stfs.load, stfs premounted) again, as "... before", with an earlier
-stfs: the Python package from DIR/python, the binary DIR/target/release/stfs (a `git archive` of an
-earlier commit, built there), to show what a change did, paired in the same run.
+--before DIR --before-stfs BIN: the same stfs rows (stfs.load, stfs premounted) again, as "... before",
+with an earlier stfs: its Python package from DIR/python (a `git archive` of an earlier commit) and its
+binary BIN (built there, e.g. `scripts/cargo_bin --release --bin stfs` run in DIR), to show what a
+change did, paired in the same run.
 
 Floors (page and cold only; not loaders, so never the "best peer", but measured in the same runs, by
 the same worker protocol, their sums checked the same way): what no loader can beat, so a target
@@ -176,7 +177,8 @@ def parse_args(argv=None):
     p.add_argument("--use", choices=USES, default="sum", help="what is done with every tensor in the clock (default sum)")
     p.add_argument("--layout", choices=["transformer", "f32"], default="transformer",
                    help="the checkpoint: a transformer's tensors (default) or 64 equal F32 ones (issue 34)")
-    p.add_argument("--before", help="a tree of an earlier stfs (python/, target/release/stfs): its rows beside")
+    p.add_argument("--before", help="a tree of an earlier stfs (its python/): its rows beside, with --before-stfs")
+    p.add_argument("--before-stfs", help="the earlier stfs's binary (with --before)")
     p.add_argument("--quick", action="store_true", help="smoke run: 16 MiB checkpoint, 1 repetition, bounded")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -572,7 +574,7 @@ def prep(args, peer, ckpt):
 
 
 def stfs_binary(args, peer):
-    return os.path.join(args.before, "target", "release", "stfs") if peer.endswith(BEFORE) else os.path.abspath(args.stfs)
+    return os.path.abspath(args.before_stfs if peer.endswith(BEFORE) else args.stfs)
 
 
 @contextlib.contextmanager
@@ -713,6 +715,8 @@ def main():
     if os.geteuid() != 0 and not set(sources) <= FLOOR_SOURCES:
         sys.exit("scripts/bench/loaders.py: slow and s3 need root (slowfs, the S3 server); page and cold run as any user")
     if args.before:
+        if not args.before_stfs or not os.access(args.before_stfs, os.X_OK):
+            sys.exit("scripts/bench/loaders.py: --before needs --before-stfs, the earlier stfs binary")
         peers += [row + BEFORE for row in BEFORE_ROWS if row in peers]
     unknown = [s for s in sources if s not in SOURCES] + [p for p in peers if p.removesuffix(BEFORE) not in PEERS]
     if unknown:
