@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
 from ._mapping import mapped
-from ._whole import torch_view, views as _whole_views
+from ._whole import read_ahead, torch_view, views as _whole_views
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
@@ -96,11 +96,10 @@ def _bar(progress: Optional[bool], total: int, remote: bool, desc: str) -> Optio
 
 def _read_during_load(items: List["Entry"], kind: str, device: Any) -> int:
     """The bytes load itself reads (the rest are mapped, read when touched): F4 tensors for NumPy (they
-    are unpacked), everything for torch (read in large reads, or copied to the device), less what a
-    shard handed to the kernel maps, which the bar then never counts."""
+    are unpacked), everything for torch on a device other than the CPU."""
     if kind == "numpy":
         return sum(e.byte_len for e in items if e.dtype == F4)
-    return sum(e.byte_len for e in items)
+    return 0 if str(device).split(":")[0] == "cpu" else sum(e.byte_len for e in items)
 
 
 class Entry(NamedTuple):
@@ -126,7 +125,11 @@ def is_mount_dir(path: PathLike) -> bool:
     another filesystem's mount (a tmpfs, a volume) holding such a copy."""
     root = os.path.realpath(_path(path))
     meta = os.path.join(root, "metadata.json")
-    if not (_stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs")) and os.path.isfile(meta)):
+    # A file or a URL (what load is mostly given) is told apart without running the binary: realpath
+    # has already looked at `root` itself, and its mount-info costs a process start (milliseconds,
+    # counted in every load from the page cache).
+    if not (os.path.isdir(root) and _stfs_mount_at(root) and os.path.isdir(os.path.join(root, ".stfs"))
+            and os.path.isfile(meta)):
         return False
     try:
         with open(meta, "rb") as f:  # UTF-8 JSON, whatever the locale
@@ -245,8 +248,8 @@ def _check_mappings(count: int, what: str) -> None:
     if used + count + headroom > limit:
         raise OSError(f"stfs.load: {count} tensors mapped with {what} need {count} memory mappings, and this "
                       f"process has {used} of the {limit} vm.max_map_count allows: raise it (sysctl -w "
-                      f"vm.max_map_count={2 * (used + count + headroom)}), or load with framework='torch' "
-                      "(which maps nothing)")
+                      f"vm.max_map_count={2 * (used + count + headroom)}), or load a device other than the CPU "
+                      "with framework='torch' (which maps nothing)")
 
 
 def _numpy_device(device) -> None:
@@ -557,22 +560,30 @@ def _load_torch(items: List[Entry], device, root: str, tick: Tick = _no_tick) ->
         return out
     out: Dict[str, Any] = {}
     # Shards the mount hands to the kernel (passthrough): each mapped once (a private mapping, on the
-    # CPU), every tensor a view of it, as safetensors' load_file makes them.
+    # CPU), every tensor a view of it, as safetensors' load_file makes them; read in by the kernel
+    # meanwhile (read_ahead), as the tensors of the other path are read before load returns.
     whole = _whole_views(root, items, lambda path, size: torch.from_file(
         _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
-        lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])))
+        lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])),
+        lambda flats: read_ahead([(f.data_ptr(), f.numel(), f) for f in flats]))
+    mapped_files = sum(1 for e in items if e.byte_len and e.name not in whole)
+    if target.type == "cpu" and mapped_files:  # moved anywhere else, each mapping is gone once its tensor is copied
+        _check_mappings(mapped_files, "torch.from_file")
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
         count = math.prod(shape)
         _check_size(e, count, dtype.itemsize)
+        # Every tensor is made with device="cpu" spelled out, so torch.set_default_device (or any
+        # default-device context) cannot place it; then it goes exactly where it was asked to.
         if e.name in whole:
             t = whole[e.name]
-        else:
-            # device="cpu" spelled out: torch.set_default_device cannot place it. Read in large reads
-            # (a `cat` of the mount's speed), not faulted in page by page through a FUSE mapping.
+        elif count == 0:
             t = torch.empty(shape, dtype=dtype, device="cpu")
-            if count:
-                _read_into(e.path, t)
+        else:
+            # A private mapping of the file: pages are read through the mount when first touched.
+            # Measured against reading each file whole into a new tensor (issue 34): the mapping was
+            # 2.2-3.5x faster from the page cache, as root with --no-passthrough and as non-root.
+            t = torch.from_file(_utf8_path(e.path), shared=False, size=count, dtype=dtype, device="cpu").reshape(shape)
         if target.type != "cpu":
             t = t.to(target)
         if e.name not in whole or target.type != "cpu":
@@ -602,9 +613,10 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     device="cpu".
 
     framework="torch": each tensor is created on the CPU explicitly (``device="cpu"``; a
-    torch.set_default_device in force changes nothing), read in large reads, and moved only to
-    `device`; where the mount hands a shard's re-served file to the kernel (root, a local file), its
-    tensors are instead views of one private mapping of that file (zero copy, as load_file). For a CUDA device each tensor is allocated there and
+    torch.set_default_device in force changes nothing), as a private mapping of its file
+    (torch.from_file), and moved only to `device`; where the mount hands a shard's re-served file to
+    the kernel (root, a local file), its tensors are instead views of one private mapping of that file
+    (zero copy, as load_file), which the kernel reads ahead meanwhile. For a CUDA device each tensor is allocated there and
     filled through a ring of PINNED_SLOTS pinned host buffers of PINNED_SLOT_BYTES (128 MiB of pinned
     memory at most, freed at the end), read in pieces and copied with non_blocking=True, one CUDA
     event per buffer; all of it under torch.cuda.device(device), so no other GPU gets a context, and

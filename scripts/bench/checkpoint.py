@@ -78,6 +78,13 @@ def transformer_layout(size_bytes):
     return layout
 
 
+def f32_layout(size_bytes, count=64):
+    """`count` equal F32 matrices of 4096 columns, about `size_bytes` in all (issue 34's 2 GiB checkpoint:
+    64 tensors of 32 MiB)."""
+    rows = max(1, size_bytes // count // (4096 * 4))
+    return [(f"layer.{i}.weight", np.float32, (rows, 4096)) for i in range(count)]
+
+
 def many_small_layout(count):
     """`count` small tensors (1 KiB each, float32 16x16), for the mount-scale scenario."""
     return [(f"model.layers.{i // 10}.block.{i % 10}.weight", np.float32, (16, 16)) for i in range(count)]

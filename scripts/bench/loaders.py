@@ -13,9 +13,27 @@ together must equal the checkpoint's, so a fast wrong load fails the run):
   stfs.load    stfs.load(SRC, framework="torch"): mounts SRC (timed), a private mapping per tensor file
   stfs+open    stfs mount SRC (timed), then safe_open(MOUNT/model.safetensors, framework="pt") and
                get_tensor of every tensor: the re-served checkpoint under the reference reader
+  stfs premounted  safe_open(MOUNT/model.safetensors, framework="pt") and get_tensor of every tensor on a
+               mount of SRC made before the go (a fresh one per run, by the driver): a long-lived mount
+  safe_open    safe_open(SRC, framework="pt") and get_tensor of every tensor on the local file: not a
+               peer (never the best), the reader of the "stfs premounted" row without stfs, so a gap
+               between that row and load_file that this one shows too is the reader's, not the mount's
   stfs first   stfs mount SRC, then the first tensor's file (in file order) read into a torch tensor
                and touched: the time until the first tensor is usable. The streamer's counterpart is
                the time its runai run took to yield (and touch) its first tensor.
+
+The use of every tensor (--use): "sum" (the default, issue 24): every element summed as int64, as
+above; "light" (issue 34): one byte of every 4 KiB page of the tensor summed, so a lazy mapping pays for
+its faults and little else; "full" (issue 34): every byte copied once into one buffer of the
+checkpoint's size that the worker allocated and faulted in before "ready" (as a GPU upload stages it),
+its byte sum checked after the clock. Under "full" the workers start one at a time (each holds that
+buffer) unless three times their buffers fit in the memory available. --layout f32 builds issue 34's
+checkpoint (64 equal F32 tensors) instead of the transformer.
+
+--before DIR --before-stfs BIN: the same stfs rows (stfs.load, stfs premounted) again, as "... before",
+with an earlier stfs: its Python package from DIR/python (a `git archive` of an earlier commit) and its
+binary BIN (built there, e.g. `scripts/cargo_bin --release --bin stfs` run in DIR), to show what a
+change did, paired in the same run.
 
 Floors (page and cold only; not loaders, so never the "best peer", but measured in the same runs, by
 the same worker protocol, their sums checked the same way): what no loader can beat, so a target
@@ -60,7 +78,10 @@ Every repetition runs every peer once, in an order rotated per repetition; the w
 start together and import while nothing is timed, then go one at a time. Ratios are paired by repetition
 (peer time / stfs time: above 1, stfs is faster) and shown as median [min-max]. Targets (issue 24): stfs
 >= 1.2x the best peer on page, cold and slow, >= 1.0x the best peer from s3; stfs's first tensor in <=
-0.1x the time the streamer takes to yield its first. Under page and cold the judge also prints the
+0.1x the time the streamer takes to yield its first. Under --use light or full the issue 34 targets are
+judged instead, against load_file (the reference) and the best peer: page light, stfs premounted >= 0.9x
+load_file; page full, stfs.load >= 0.9x and stfs premounted >= 0.95x load_file; cold light, stfs.load
+>= 1.2x load_file and >= 1.0x the best peer, stfs premounted >= 1.0x load_file. Under page and cold the judge also prints the
 bound: the time the target asks for (the best peer's median over the target) beside the floors' times,
 and the best peer's time over the floor's, paired: the most any loader could reach over it (from the
 page cache the floor is the faster touch floor; cold, max(that, the faster read floor's reads
@@ -70,13 +91,16 @@ that source; after every figure is printed, the script exits non-zero if any run
 not be installed.
 
 Peers at their defaults, except: fastsafetensors with nogds=True when its default (GDS) cannot run here
-(checked at start and said); the streamer's S3 settings above. Needs root (mounts), the torch virtualenv
+(checked at start and said); the streamer's S3 settings above. Needs root for slow and s3 (slowfs, the S3
+server); page and cold run as any user who may mount with fusermount3 (no passthrough then, 1 MiB
+requests), with --no-install. Needs the torch virtualenv
 (scripts/torch_venv: torch, safetensors, runai-model-streamer); runai-model-streamer-s3 and
 fastsafetensors are pip installed when missing (unless --no-install), rclone with apt-get (s3.py's
 need_tools) for the upload to the S3 server.
 
   $(scripts/torch_venv) scripts/bench/loaders.py --stfs "$(scripts/cargo_bin --release --bin stfs)"              # 256 MiB, 5 reps
   $(scripts/torch_venv) scripts/bench/loaders.py --stfs "$(scripts/cargo_bin --release --bin stfs)" --quick      # smoke, < 90 s
+  $(scripts/torch_venv) scripts/bench/loaders.py --stfs ... --layout f32 --size-mb 2048 --only page,cold --use light  # issue 34
 """
 import argparse
 import contextlib
@@ -98,16 +122,27 @@ import cargo_paths  # noqa: E402
 
 FLOORS = ["touch floor", "touch floor mapped", "read floor", "read floor x16"]
 TOUCH_FLOORS = ["touch floor", "touch floor mapped"]
-PEERS = ["runai", "fastsafe", "load_file", "stfs.load", "stfs+open", "stfs first", *FLOORS]
+PEERS = ["runai", "fastsafe", "load_file", "stfs.load", "stfs+open", "stfs premounted", "stfs first", "safe_open",
+         *FLOORS]
+BEFORE = " before"  # the suffix of a row measured with --before's stfs
+BEFORE_ROWS = ["stfs.load", "stfs premounted"]
 FLOOR_SOURCES = {"page", "cold"}  # sources the floors run on (the bound of the local targets)
 READ_CHUNK = 16 << 20  # the read floor's pread size
-STFS_ROWS = ["stfs.load", "stfs+open"]
+PAGE = 4096  # the stride of a light use
+USES = ["sum", "light", "full"]
+STFS_ROWS = ["stfs.load", "stfs+open"]  # issue 24's judged rows (--use sum)
+NEAR_ROWS = ["stfs.load", "stfs+open", "stfs premounted"]  # every whole-load stfs row, for the notes
 OTHERS = ["runai", "fastsafe", "load_file"]
-LOCAL_ONLY = {"fastsafe", "load_file"}
+LOCAL_ONLY = {"fastsafe", "load_file", "safe_open"}
 FIRSTS = ("runai", "stfs.load", "stfs first")  # peers whose time to their first touched tensor is a row
 SOURCES = ["page", "cold", "slow", "s3"]
 TARGETS = {"page": 1.2, "cold": 1.2, "slow": 1.2, "s3": 1.0}
 FIRST_TARGET = 10.0  # the streamer's first tensor time over stfs's: stfs <= 0.1x
+NEAR_TARGETS = {  # issue 34: (source, use) -> [(stfs row, reference, target)]; "best": the best peer
+    ("page", "light"): [("stfs premounted", "load_file", 0.9)],
+    ("page", "full"): [("stfs.load", "load_file", 0.9), ("stfs premounted", "load_file", 0.95)],
+    ("cold", "light"): [("stfs.load", "load_file", 1.2), ("stfs.load", "best", 1.0), ("stfs premounted", "load_file", 1.0)],
+}
 S3_KEY = "model.safetensors"
 PIP = {"runai-s3": "runai-model-streamer-s3", "fastsafe": "fastsafetensors"}
 TITLES = {
@@ -139,6 +174,11 @@ def parse_args(argv=None):
     p.add_argument("--run-timeout", type=float, help="bound on one run in seconds (default 300; --quick: 60)")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built once and reused")
     p.add_argument("--no-install", action="store_true", help="do not pip install missing peers")
+    p.add_argument("--use", choices=USES, default="sum", help="what is done with every tensor in the clock (default sum)")
+    p.add_argument("--layout", choices=["transformer", "f32"], default="transformer",
+                   help="the checkpoint: a transformer's tensors (default) or 64 equal F32 ones (issue 34)")
+    p.add_argument("--before", help="a tree of an earlier stfs (its python/): its rows beside, with --before-stfs")
+    p.add_argument("--before-stfs", help="the earlier stfs's binary (with --before)")
     p.add_argument("--quick", action="store_true", help="smoke run: 16 MiB checkpoint, 1 repetition, bounded")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -218,19 +258,24 @@ def floor_run(state, src, touch, started):
 
 
 def worker(prep=None):
-    """One run: imports everything (a floor: its setup too), says "ready", reads one JSON job line (the
-    go), runs it, prints JSON."""
+    """One run: imports everything (a floor: its setup too; a full use: its buffer), says "ready", reads
+    one JSON job line (the go), runs it, prints JSON."""
     import torch
     import safetensors.torch  # noqa: F401
     from safetensors import safe_open
 
-    sys.path.insert(0, os.path.join(REPO, "python"))
+    prep = json.loads(prep) if prep else {}
+    sys.path.insert(0, prep.get("stfs_python") or os.path.join(REPO, "python"))
     import stfs
     with contextlib.suppress(ImportError):
         import runai_model_streamer  # noqa: F401
     with contextlib.suppress(ImportError):
         import fastsafetensors  # noqa: F401
-    state = floor_setup(json.loads(prep)) if prep else None
+    state = floor_setup(prep) if "floor" in prep else None
+    use, out = prep.get("use", "sum"), None
+    if use == "full":
+        out = torch.empty(prep["out_bytes"], dtype=torch.uint8, device="cpu")
+        out[::PAGE] = 0  # every page faulted in: the copy, not the allocation, is timed
 
     print("ready", flush=True)
     job = json.loads(sys.stdin.readline())
@@ -241,7 +286,10 @@ def worker(prep=None):
     def touch(name, t):
         flat = t.reshape(-1)
         n = flat.numel() * flat.element_size()
-        done["checksum"] += int(flat.view(torch.uint8).sum(dtype=torch.int64)) if n else 0
+        if n and use == "full":
+            out[done["bytes"]:done["bytes"] + n].copy_(flat.view(torch.uint8))  # summed after the clock
+        elif n:
+            done["checksum"] += int(flat.view(torch.uint8)[::PAGE if use == "light" else 1].sum(dtype=torch.int64))
         done["bytes"] += n
         done["tensors"] += 1
         if not first:
@@ -267,6 +315,10 @@ def worker(prep=None):
     elif peer == "stfs.load":
         for name, t in stfs.load(src, framework="torch", **opts).items():
             touch(name, t)
+    elif peer in ("stfs premounted", "safe_open"):  # premounted: src is the re-served file on the driver's mount
+        with safe_open(src, framework="pt") as f:
+            for name in f.keys():
+                touch(name, f.get_tensor(name))
     elif peer in ("stfs+open", "stfs first"):
         with stfs.mount(src, **opts) as mp:
             if peer == "stfs+open":
@@ -289,6 +341,9 @@ def worker(prep=None):
         raise SystemExit(f"unknown peer {peer!r}")
     if peer not in ("stfs+open", "stfs first"):
         seconds = time.perf_counter() - started
+    if use == "full":  # in 64 MiB pieces: a sum to int64 makes an int64 copy of what it sums
+        done["checksum"] = sum(int(out[at:min(at + (64 << 20), done["bytes"])].sum(dtype=torch.int64))
+                               for at in range(0, done["bytes"], 64 << 20))
     print(json.dumps({"seconds": seconds, **done, "first": first}), flush=True)
 
 
@@ -360,14 +415,19 @@ def tail(text, lines=6):
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
-def expected_sums(ckpt):
-    """(sum of every tensor byte, (name, length, byte sum) of the first tensor in file order)."""
+def expected_sums(ckpt, use):
+    """(sum of every tensor byte, (name, length, byte sum) of the first tensor in file order); under a
+    light use, of one byte per page of every tensor."""
     import numpy as np
 
     data = np.memmap(ckpt["checkpoint"], dtype=np.uint8, mode="r")
-    total = sum(int(data[start:end].sum(dtype=np.int64)) for _, _, _, start, end in ckpt["header"])
+
+    def byte_sum(start, end):
+        return int(data[start:end:PAGE if use == "light" else 1].sum(dtype=np.int64))
+
+    total = sum(byte_sum(start, end) for _, _, _, start, end in ckpt["header"])
     name, _, _, start, end = ckpt["header"][0]
-    return total, (name, end - start, int(data[start:end].sum(dtype=np.int64)))
+    return total, (name, end - start, byte_sum(start, end))
 
 
 def check(peer, result, ckpt, sums):
@@ -430,26 +490,47 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
     title = TITLES[source].format(bw=args.slow_bandwidth_mbps, lat=args.slow_latency_ms, s3lat=args.latency_ms,
                                   rate=args.conn_mib_s)
     res = Results(source, f"{ckpt['file_size'] / 2**20:.0f} MiB, {len(ckpt['header'])} tensors, {title}")
-    peers = [p for p in peers if not (source == "s3" and p in LOCAL_ONLY) and not (p in FLOORS and source not in FLOOR_SOURCES)]
+    peers = [p for p in peers if not (source == "s3" and p in LOCAL_ONLY)
+             and not ((p in FLOORS or p.removesuffix(BEFORE) == "stfs premounted") and source not in FLOOR_SOURCES)]
     env = worker_env(args, endpoint)
     mount_opts = {"endpoint_url": endpoint} if endpoint else {}
+    # A full use holds a buffer of the checkpoint's size per worker: all started together only where
+    # three times their buffers fit in the memory available, else one at a time (then runs lie further
+    # apart, and pair less well on a noisy machine).
+    together = args.use != "full" or 3 * len(peers) * ckpt["data_bytes"] < available_memory()
+
+    def late(peer):
+        # Started at its turn, not with the others: under a full use every worker; from cold, the
+        # mapped touch floor, whose faulted-in mapping would keep the file's pages in the page cache
+        # (POSIX_FADV_DONTNEED leaves mapped pages) through every other peer's run.
+        return not together or (source == "cold" and peer == "touch floor mapped")
+
+    def start(peer):
+        return Worker(dict(env, STFS_BIN=stfs_binary(args, peer)), prep(args, peer, ckpt))
+
     for rep in range(args.reps):
         order = [p for p in peers[rep % len(peers):] + peers[:rep % len(peers)] if (source, p) not in failures]
-        workers = {p: Worker(env, floor_prep(p, ckpt)) for p in order}  # imports in parallel, before any clock
+        workers = {p: start(p) for p in order if not late(p)}  # imports in parallel, before any clock
         try:
             for w in workers.values():
                 w.ready(args.run_timeout)
             for peer in order:
-                job = {"peer": peer, "mount": mount_opts, "fastsafe": fastsafe_opts}
+                job = {"peer": peer.removesuffix(BEFORE), "mount": mount_opts, "fastsafe": fastsafe_opts}
                 try:
-                    with prepared(args, source, ckpt, mounts) as (path, slow):
+                    if late(peer):
+                        workers[peer] = start(peer)
+                        workers[peer].ready(args.run_timeout)
+                    with prepared(args, source, ckpt, mounts, peer) as (path, slow):
                         job["source"] = f"s3://bench/{S3_KEY}" if source == "s3" else path
                         before = mounts.slowfs_stats(slow) if slow else None
+                        disk = kib_read_in() if source == "cold" else None
                         result = workers[peer].run(job, args.run_timeout)
+                        if disk is not None:  # the whole machine's: a check that the run read the file
+                            res.add(f"{peer}: MiB read from disk", (kib_read_in() - disk) / 1024, "MiB")
                         if slow:
                             after = mounts.slowfs_stats(slow)
                             res.add(f"{peer} store bytes / file", (after["bytes"] - before["bytes"]) / ckpt["file_size"], "")
-                    check(peer, result, ckpt, sums)
+                    check(job["peer"], result, ckpt, sums)
                 except (RuntimeError, OSError) as err:
                     failures[(source, peer)] = f"rep {rep + 1}: {err}"
                     print(f"  {source} rep {rep + 1}/{args.reps} {peer:10} FAILED: {err}", flush=True)
@@ -467,25 +548,51 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
         finally:
             for w in workers.values():
                 w.kill()
-    judge(res, source, peers, failures)
+    judge(res, source, peers, failures, args.use)
     return res
 
 
-def floor_prep(peer, ckpt):
-    """A floor worker's setup before "ready" (None for a loader)."""
-    if peer not in FLOORS:
-        return None
-    return {"floor": peer, "path": ckpt["checkpoint"], "threads": 16 if peer == "read floor x16" else 1}
+def kib_read_in():
+    """KiB the kernel has read from block devices since boot (/proc/vmstat pgpgin)."""
+    with open("/proc/vmstat") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("pgpgin "))
+
+
+def available_memory():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+
+
+def prep(args, peer, ckpt):
+    """A worker's setup before "ready": the use, a floor's, the earlier stfs's Python package."""
+    out = {"use": args.use, "out_bytes": ckpt["data_bytes"]}
+    if peer in FLOORS:
+        out.update(floor=peer, path=ckpt["checkpoint"], threads=16 if peer == "read floor x16" else 1)
+    if peer.endswith(BEFORE):
+        out["stfs_python"] = os.path.join(args.before, "python")
+    return out
+
+
+def stfs_binary(args, peer):
+    return os.path.abspath(args.before_stfs if peer.endswith(BEFORE) else args.stfs)
 
 
 @contextlib.contextmanager
-def prepared(args, source, ckpt, mounts):
-    """The source's path for one run, its cache state set: (path, slowfs mount point or None)."""
+def prepared(args, source, ckpt, mounts, peer):
+    """The source's path for one run, its cache state set: (path, slowfs mount point or None). For
+    "stfs premounted" the path is the re-served file on a fresh mount of the checkpoint, made here."""
+    if peer.removesuffix(BEFORE) == "stfs premounted" and source in ("page", "cold"):
+        with mounts.stfs(stfs_binary(args, peer), ckpt["checkpoint"]) as m:
+            with prepared(args, source, ckpt, mounts, "") as (_, slow):
+                yield os.path.join(m.path, os.path.basename(ckpt["checkpoint"])), slow
+        return
     path = ckpt["checkpoint"]
     if source == "page":
         mounts.warm_page_cache([path])
-    elif source == "cold":
-        mounts.drop_page_cache(path)
+    elif source == "cold" and peer not in TOUCH_FLOORS:  # a touch floor's tensors are in memory already
+        left = mounts.drop_page_cache(path)
+        if left and left >= 0.01:
+            print(f"  cold: {left:.0%} of the file still in the page cache after dropping it for 10 s", flush=True)
     elif source == "slow":
         mounts.warm_page_cache([path])  # the local file behind slowfs: only slowfs's costs count
         with mounts.slowfs(args.slowfs, ckpt["checkpoint_dir"], args.slow_bandwidth_mbps, args.slow_latency_ms) as slow:
@@ -494,23 +601,41 @@ def prepared(args, source, ckpt, mounts):
     yield path, None
 
 
-def judge(res, source, peers, failures):
-    """The targets: each stfs row against the best other peer (least median time), and the first tensor."""
+def judge(res, source, peers, failures, use):
+    """The targets: under --use sum (issue 24) each stfs row against the best other peer (least median
+    time), and the first tensor; under light or full, issue 34's (NEAR_TARGETS)."""
     others = [p for p in OTHERS if p in peers and p in res.series]
     if others:
         best = min(others, key=lambda p: statistics.median(res.series[p]))
-        for row in STFS_ROWS:
+        judged = STFS_ROWS if use == "sum" else []
+        for row in judged:
             if row in res.series:
                 res.ratio_check(f"{source}: {row} vs the best peer ({best}), time ratio", best, row, TARGETS[source])
+        for row, ref, target in NEAR_TARGETS.get((source, use), []) if use != "sum" else []:
+            ref = best if ref == "best" else ref
+            if row in res.series and ref in res.series:
+                res.ratio_check(f"{source}, {use} use: {row} vs {ref}{' (the best peer)' if ref == best else ''}, "
+                                f"time ratio (issue 34)", ref, row, target)
         for other in others:
-            for row in STFS_ROWS:
+            for row in NEAR_ROWS:
                 ratios = res.paired_ratios(other, row)
-                if ratios and other != best:
+                if ratios and not (other == best and row in judged):
                     res.note(f"{other} time / {row} time: {statistics.median(ratios):.2f}x "
                              f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+        for row in BEFORE_ROWS:
+            ratios = res.paired_ratios(row + BEFORE, row)
+            if ratios:
+                res.note(f"{row}{BEFORE} (--before) time / {row} time: {statistics.median(ratios):.2f}x "
+                         f"[{min(ratios):.2f}-{max(ratios):.2f}] (above 1: faster now)")
+        for ref in ("load_file", "safe_open"):
+            ratios = res.paired_ratios(ref, "safe_open") if ref == "load_file" else res.paired_ratios("safe_open", "stfs premounted")
+            if ratios:
+                res.note((f"load_file time / safe_open (on the local file) time: " if ref == "load_file" else
+                          "safe_open on the local file / on the premounted re-served file: ")
+                         + f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
         floors = [f for f in FLOORS if f in res.series]
         if floors:
-            bound(res, source, best, floors)
+            bound(res, source, best, floors, TARGETS[source] if use == "sum" else 1.0)
     if "runai first" in res.series and "stfs first" in res.series:
         res.ratio_check(f"{source}: first tensor, the streamer's time / stfs's (stfs <= 0.1x)", "runai first",
                         "stfs first", FIRST_TARGET)
@@ -519,7 +644,7 @@ def judge(res, source, peers, failures):
             res.note(f"{peer}: not measured past {why}")
 
 
-def bound(res, source, best, floors):
+def bound(res, source, best, floors, target):
     """The floors against the target: the time the target asks for (the best peer's median over the
     target), each floor's, and the most any loader could reach over the best peer (its time over the
     floor's, paired by repetition). The touch of a repetition is the faster touch floor (of anonymous
@@ -543,18 +668,18 @@ def bound(res, source, best, floors):
                 res.add(floor, max(touched, min(fastest)))
     if floor not in res.series:
         return
-    need = statistics.median(res.series[best]) / TARGETS[source]
+    need = statistics.median(res.series[best]) / target
     ceiling = res.paired_ratios(best, floor)
-    text = (f"bound: {TARGETS[source]:g}x of {best} = {need:.3f} s; "
+    text = (f"bound: {target:g}x of {best} = {need:.3f} s; "
             + "; ".join(f"{f} {statistics.median(res.series[f]):.3f} s" for f in [*floors, *reads] if f != floor)
             + f"; {floor} {statistics.median(res.series[floor]):.3f} s")
     if ceiling:
         top = statistics.median(ceiling)
         text += (f"; {best} / {floor}, paired: {top:.2f}x [{min(ceiling):.2f}-{max(ceiling):.2f}], the most any "
                  f"loader could reach over {best}"
-                 + (f": below the {TARGETS[source]:g}x target, out of reach" if top < TARGETS[source] else ""))
+                 + (f": below the {target:g}x target, out of reach" if top < target else ""))
     res.note(text)
-    for row in STFS_ROWS:
+    for row in NEAR_ROWS:
         share = res.paired_ratios(floor, row)
         if share:
             res.note(f"{floor} / {row}: {statistics.median(share):.2f}x [{min(share):.2f}-{max(share):.2f}] "
@@ -566,7 +691,7 @@ def fastsafe_settings(args, ckpt, sums):
     and the reason if neither does. Tried once on the checkpoint in the page cache."""
     tried = []
     for opts in ({}, {"nogds": True}):
-        w = Worker(dict(os.environ))
+        w = Worker(dict(os.environ), prep(args, "fastsafe", ckpt))
         try:
             w.ready(args.run_timeout)
             check("fastsafe", w.run({"peer": "fastsafe", "source": ckpt["checkpoint"], "fastsafe": opts},
@@ -585,11 +710,15 @@ def main():
         return worker(args.prep)
     # `timeout` (scripts/test) stops the run with SIGTERM: exit through the contexts, which unmount.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if os.geteuid() != 0:
-        sys.exit("scripts/bench/loaders.py: needs root (it mounts stfs and slowfs)")
     sources = [s for s in args.only.split(",") if s]
     peers = [p for p in args.peers.split(",") if p]
-    unknown = [s for s in sources if s not in SOURCES] + [p for p in peers if p not in PEERS]
+    if os.geteuid() != 0 and not set(sources) <= FLOOR_SOURCES:
+        sys.exit("scripts/bench/loaders.py: slow and s3 need root (slowfs, the S3 server); page and cold run as any user")
+    if args.before:
+        if not args.before_stfs or not os.access(args.before_stfs, os.X_OK):
+            sys.exit("scripts/bench/loaders.py: --before needs --before-stfs, the earlier stfs binary")
+        peers += [row + BEFORE for row in BEFORE_ROWS if row in peers]
+    unknown = [s for s in sources if s not in SOURCES] + [p for p in peers if p.removesuffix(BEFORE) not in PEERS]
     if unknown:
         sys.exit(f"scripts/bench/loaders.py: unknown --only or --peers value(s): {', '.join(unknown)}")
     if any(p.startswith("stfs") for p in peers) and not os.access(args.stfs, os.X_OK):
@@ -618,9 +747,9 @@ def main():
 
     print(f"preparing a {args.size_mb} MiB checkpoint in {args.workdir}", flush=True)
     os.makedirs(args.workdir, exist_ok=True)
-    ckpt = checkpoint.build(args.workdir, f"transformer-{args.size_mb}M", checkpoint.transformer_layout(args.size_mb << 20),
-                            with_squashfs=False)
-    sums = expected_sums(ckpt)
+    layout = (checkpoint.f32_layout if args.layout == "f32" else checkpoint.transformer_layout)(args.size_mb << 20)
+    ckpt = checkpoint.build(args.workdir, f"{args.layout}-{args.size_mb}M", layout, with_squashfs=False)
+    sums = expected_sums(ckpt, args.use)
     fastsafe_opts = {}
     if "fastsafe" in peers:
         ok, why = ensure("fastsafetensors", PIP["fastsafe"], not args.no_install)

@@ -235,13 +235,77 @@ def peak_rss_bytes(pid):
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def drop_page_cache(path):
-    """Drops the clean cached pages of one file (posix_fadvise DONTNEED); works on FUSE files too."""
+MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"  # the kernel's cap on a FUSE request, in pages
+
+
+@contextlib.contextmanager
+def max_pages_limit():
+    """Yields a setter of fs.fuse.max_pages_limit (pages: 256 is 1 MiB requests); restores the value
+    found on the way out. stfs never changes it itself: benchmarks of the request size do."""
+    with open(MAX_PAGES_LIMIT) as f:
+        old = f.read().strip()
+
+    def set_limit(pages):
+        with open(MAX_PAGES_LIMIT, "w") as f:
+            f.write(str(pages))
+    try:
+        yield set_limit
+    finally:
+        set_limit(old)
+
+
+def resident_fraction(path):
+    """The share of `path`'s pages in the page cache (mincore(2) of a mapping of it, no page touched);
+    None for a file the caller may not write: mincore then says every page is cached (Linux 5.2+)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    if not os.access(path, os.W_OK):
+        return None
+    if not size:
+        return 0.0
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path}")
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            if libc.mincore(address, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path}")
+            return sum(b & 1 for b in vec.raw) / pages
+        finally:
+            libc.munmap(address, size)
     finally:
         os.close(fd)
+
+
+def drop_page_cache(path, settle=10.0):
+    """Drops the clean cached pages of one file (posix_fadvise DONTNEED); works on FUSE files too.
+    DONTNEED leaves pages being read in (a readahead still in flight, a mount's own warm-up) and
+    pages some process maps: it is repeated until under 1% of a local file's pages are cached, for up
+    to `settle` seconds; returns the share left."""
+    deadline = time.monotonic() + settle
+    while True:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        try:
+            left = resident_fraction(path)
+        except OSError:
+            return None
+        if left is None or left < 0.01 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def warm_page_cache(paths):

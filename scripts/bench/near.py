@@ -18,8 +18,12 @@ remote: the checkpoint served by nginx (started here, on --port); a first mount 
        fresh mount with that --cache-dir, and the same with --no-passthrough (the cached blocks served by
        the daemon). As "loads", mounts made before the clock.
 opens: every tensor file of a mount opened, read (one 4 KiB read) and closed once, fresh mount per
-       repetition: with passthrough on (as root every open is a round trip) and --no-passthrough."""
-import argparse, json, mmap, os, statistics, struct, subprocess, sys, tempfile, time
+       repetition: with passthrough on (as root every open is a round trip) and --no-passthrough.
+quick: the smoke run of scripts/test: each of the above once (remote only where nginx is installed) on
+       a generated 16 MiB checkpoint of 64 F32 tensors (SRC not given), figures not judged.
+The torch cases of the issue (fresh processes, fastsafetensors, Run:ai) are scripts/bench/loaders.py's
+--use light/full."""
+import argparse, json, mmap, os, shutil, statistics, struct, subprocess, sys, tempfile, time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -60,25 +64,22 @@ def read_file(path, buf):
 
 
 def seq(a):
-    limit_path = "/proc/sys/fs/fuse/max_pages_limit"
-    old = open(limit_path).read().strip()
+    import mounts
     buf = bytearray(16 << 20)
     res = {}
-    try:
+    with mounts.max_pages_limit() as set_limit:
         for rep in range(a.reps):
             for pages in (256, 1024, 4096)[rep % 3:] + (256, 1024, 4096)[:rep % 3]:
-                open(limit_path, "w").write(str(pages))
+                set_limit(pages)
                 mp = mount(a.stfs, a.src, "--no-passthrough", *a.opts)
                 try:
                     path = os.path.join(mp, os.path.basename(a.src))
                     n, t = read_file(path, buf)
-                    granted = stats(mp)["max_request_bytes"]
                     s = stats(mp)
-                    res.setdefault(pages, []).append((n / t / (1 << 30), granted, s["fuse_read_bytes"] // max(1, s["fuse_reads"])))
+                    res.setdefault(pages, []).append((n / t / (1 << 30), s["max_request_bytes"],
+                                                      s["fuse_read_bytes"] // max(1, s["fuse_reads"])))
                 finally:
                     umount(a.stfs, mp)
-    finally:
-        open(limit_path, "w").write(old)
     for pages, rows in sorted(res.items()):
         print(f"max_pages_limit {pages:5}: granted {rows[0][1] >> 10} KiB, mean read {rows[0][2] >> 10} KiB, "
               f"{statistics.median(r[0] for r in rows):.2f} GiB/s (runs: {', '.join(f'{r[0]:.2f}' for r in rows)})")
@@ -167,7 +168,6 @@ def timed_views(path, mode, out):
 
 
 def remote(a):
-    import shutil
     work = tempfile.mkdtemp(prefix="near-remote-", dir=os.path.dirname(os.path.abspath(a.src)))
     conf = os.path.join(work, "nginx.conf")
     with open(conf, "w") as f:
@@ -248,17 +248,34 @@ def opens(a):
         print(f"{v:15} {statistics.median(ts):.1f} us per file (open, 4 KiB read, close; runs {', '.join(f'{t:.1f}' for t in ts)})")
 
 
+def quick(a):
+    import checkpoint
+    a.reps = 1
+    if not a.src:
+        a.src = checkpoint.build(a.workdir, "f32-16M", checkpoint.f32_layout(16 << 20), with_squashfs=False)["checkpoint"]
+    for what, cold in ((seq, False), (loads, False), (loads, True), (remote, False), (opens, False)):
+        print(f"== near.py {what.__name__}{' --cold' if cold else ''} (smoke, 1 repetition, not judged)", flush=True)
+        if what is remote and not shutil.which("nginx"):
+            print("skipped: no nginx on this machine")
+            continue
+        a.cold = cold
+        what(a)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("what", choices=["seq", "loads", "remote", "opens"])
+    p.add_argument("what", choices=["seq", "loads", "remote", "opens", "quick"])
     p.add_argument("--port", type=int, default=18734)
     p.add_argument("--cold", action="store_true", help="loads: drop the file's pages before every variant")
-    p.add_argument("src")
+    p.add_argument("src", nargs="?", help="the checkpoint (quick: generated when not given)")
+    p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="quick: where its checkpoint is built once")
     p.add_argument("--stfs", default=cargo_paths.binary("stfs"))
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--stfs-opts", default="", help="extra stfs mount arguments, space-separated")
     a = p.parse_args()
     a.opts = a.stfs_opts.split()
+    if not a.src and a.what != "quick":
+        p.error(f"{a.what} needs SRC")
     sys.path.insert(0, os.path.join(REPO, "python"))
     os.environ.setdefault("STFS_BIN", a.stfs)
-    {"seq": seq, "loads": loads, "remote": remote, "opens": opens}[a.what](a)
+    {"seq": seq, "loads": loads, "remote": remote, "opens": opens, "quick": quick}[a.what](a)

@@ -299,6 +299,7 @@ def main():
     p.add_argument("--no-disk-cache", action="store_true", help="skip the --cache-dir rows")
     p.add_argument("--disk-only", action="store_true",
                    help="only the --cache-dir rows and cat (issue 17's targets)")
+    p.add_argument("--json", help="also write every series (seconds per repetition) here")
     args = p.parse_args()
     if args.quick:
         global JUDGED
@@ -348,6 +349,11 @@ def main():
         report_remote(download, first, one, whole, middle, size, last_stats)
     if disk_second:
         report_disk(disk_first, disk_second, cat, disk_stats, size)
+    if args.json:
+        series = {"download": download, "stfs 1st": first, "stfs one": one, "stfs all": whole,
+                  "disk 1st": disk_first, "disk 2nd": disk_second, "cat local": cat}
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "series": {k: v for k, v in series.items() if v}}, f, indent=1)
 
 
 # False in a smoke run (--quick): toy sizes on a busy machine say nothing about the targets, so the

@@ -66,3 +66,44 @@ def test_load_over_a_handed_over_file_equals_load_over_tensor_files(tmp_path, fr
             assert got_on["a"].untyped_storage().nbytes() == os.path.getsize(path)
         else:
             assert not got_on["a"].flags.writeable
+
+
+
+def _read_ahead_threads():
+    import threading
+    return [t for t in threading.enumerate() if t.name == "stfs-read-ahead"]
+
+
+def _address(m):
+    """The address of an mmap.mmap's mapping (the array taking it is dropped at once)."""
+    a = np.frombuffer(m, np.uint8)
+    try:
+        return a.ctypes.data
+    finally:
+        del a
+
+
+def test_read_ahead_advises_every_range_and_ends(tmp_path, monkeypatch):
+    """read_ahead's threads advise every chunk of every range and end; a refused advice (a range
+    nothing maps any more) ends them quietly."""
+    import mmap
+
+    from stfs import _whole
+
+    monkeypatch.setattr(_whole, "READ_AHEAD_CHUNK", 1 << 20)
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(5 << 20))
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    _whole.read_ahead([(_address(m) + 100, len(m) - 100, m), (_address(m), 0, None)])
+    for t in _read_ahead_threads():
+        t.join(10)
+    assert not _read_ahead_threads()
+    m.close()
+    gone = mmap.mmap(-1, 4 << 20)
+    address = _address(gone)
+    gone.close()  # unmapped: madvise says ENOMEM
+    _whole.read_ahead([(address, 4 << 20, None)])
+    for t in _read_ahead_threads():
+        t.join(10)
+    assert not _read_ahead_threads()
