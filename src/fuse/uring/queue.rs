@@ -61,6 +61,14 @@ impl Shared {
         }
     }
 
+    /// A request came on the ring: it is on, whichever threads have registered yet (the kernel
+    /// takes the ring once every CPU's queue has an entry, before the last thread registers).
+    fn served(&self) {
+        if self.stats.io_uring_enabled.load(Relaxed) == 0 && !self.refused.load(Relaxed) {
+            self.stats.io_uring_enabled.store(1, Relaxed);
+        }
+    }
+
     /// The kernel (or this process) refused the ring: requests go through /dev/fuse.
     pub fn refused(&self, why: &str) {
         if !self.refused.swap(true, Relaxed) {
@@ -153,6 +161,7 @@ impl Queue {
             // buffers to us until the COMMIT_AND_FETCH below.
             let commit_id = unsafe { serve_one(&dispatcher, header, payload, capacity, &mut request) };
             Stats::add(&shared.stats.io_uring_requests, 1);
+            shared.served();
             if self.push(&abi::commit_and_fetch(fd, self.qid, commit_id, 0)).is_err() {
                 return;
             }
