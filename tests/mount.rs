@@ -436,28 +436,57 @@ fn large_reads_of_a_local_file_are_spliced_whole_and_no_splice_copies_them() {
 }
 
 /// The read request size the kernel granted is in stats.json (`stfs stats` prints the same
-/// document): `fs.fuse.max_pages_limit` pages, up to 16 MiB, two pages less than the splice pipe
-/// when a local file's reads are spliced; and no read the daemon served was larger.
+/// document): what the mount asked for (`--max-request-kb`, 1 MiB by default) up to
+/// `fs.fuse.max_pages_limit` pages, two pages less than the splice pipe when a local file's reads
+/// are spliced; and no read the daemon served was larger. As root the limit is raised to 4,096
+/// pages for a while (and restored): the default still asks for 1 MiB, and 16 MiB is granted when
+/// asked for.
 #[test]
 fn the_granted_request_size_is_in_stats_json() {
+    const LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
     let (_dir, file, t) = one_tensor_checkpoint();
-    let limit: u64 =
-        std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").map_or(256, |s| s.trim().parse().unwrap());
-    let pages = limit.clamp(1, 4096);
+    let found = std::fs::read_to_string(LIMIT).map_or(256, |s| s.trim().parse::<u64>().unwrap());
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    for (opts, want) in [
-        (&["--no-splice"][..], pages * 4096),
-        // Spliced: a power of two of pipe slots (256 without privilege), less two.
-        (&[][..], (pages.next_power_of_two().min(if root { 4096 } else { 256 }) - 2).min(pages) * 4096),
-    ] {
-        let m = Mount::new(&file, opts);
-        assert_eq!(std::fs::read(m.file(&t.name)).unwrap(), t.data);
-        let out = stfs(&["stats", "--json", m.path.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(s["max_request_bytes"].as_u64(), Some(want), "{opts:?}: {s}");
-        let (reads, bytes) = (s["fuse_reads"].as_u64().unwrap(), s["fuse_read_bytes"].as_u64().unwrap());
-        assert!(reads > 0 && bytes / reads <= want, "{opts:?}: {s}");
+    // What the kernel grants: the pages asked for, at most the limit; spliced, a power of two of
+    // pipe slots (256 without privilege), less two.
+    let want = |asked_kb: u64, limit: u64, splice: bool| {
+        let pages = (asked_kb / 4).min(limit).max(1);
+        let pages =
+            if splice { (pages.next_power_of_two().min(if root { 4096 } else { 256 }) - 2).min(pages) } else { pages };
+        pages * 4096
+    };
+    let check = |limit: u64| {
+        for (asked_kb, opts) in [
+            (1024, &["--no-splice"][..]),
+            (1024, &[][..]),
+            (64, &["--no-splice", "--max-request-kb", "64"][..]),
+            (64, &["-o", "max_request_kb=64"][..]),
+            (16384, &["--no-splice", "--max-request-kb", "16384"][..]),
+            (16384, &["--max-request-kb", "16384"][..]),
+        ] {
+            let expected = want(asked_kb, limit, !opts.contains(&"--no-splice"));
+            let m = Mount::new(&file, opts);
+            assert_eq!(std::fs::read(m.file(&t.name)).unwrap(), t.data);
+            let out = stfs(&["stats", "--json", m.path.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(s["max_request_bytes"].as_u64(), Some(expected), "limit {limit}, {opts:?}: {s}");
+            let (reads, bytes) = (s["fuse_reads"].as_u64().unwrap(), s["fuse_read_bytes"].as_u64().unwrap());
+            assert!(reads > 0 && bytes / reads <= expected, "limit {limit}, {opts:?}: {s}");
+        }
+    };
+    check(found);
+    if root && std::fs::metadata(LIMIT).is_ok() {
+        /// Puts the limit found back, even when an assertion fails.
+        struct Restore(u64);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let _ = std::fs::write(LIMIT, self.0.to_string());
+            }
+        }
+        let _restore = Restore(found);
+        std::fs::write(LIMIT, "4096").unwrap();
+        check(4096);
     }
 }

@@ -2,7 +2,8 @@
 """Quick side-by-side measurements for issue 34 (no torch on this machine: NumPy stands in for it).
 
 seq:   the re-served checkpoint file read through a fresh --no-passthrough mount in 16 MiB reads, with
-       fs.fuse.max_pages_limit set to 256, 1024 and 4096 pages (1, 4, 16 MiB requests) in turn,
+       fs.fuse.max_pages_limit set to 256, 1024 and 4096 pages (1, 4, 16 MiB requests, each mount asking
+       for that size with --max-request-kb) in turn,
        interleaved per repetition; the sysctl is restored at the end. GiB/s, medians.
 loads: the checkpoint in the page cache. Each variant maps a safetensors file the way load_file does
        (one private mapping of the file, every tensor a view), then "light" touches one byte per page of
@@ -71,7 +72,7 @@ def seq(a):
         for rep in range(a.reps):
             for pages in (256, 1024, 4096)[rep % 3:] + (256, 1024, 4096)[:rep % 3]:
                 set_limit(pages)
-                mp = mount(a.stfs, a.src, "--no-passthrough", *a.opts)
+                mp = mount(a.stfs, a.src, "--no-passthrough", "--max-request-kb", str(pages * 4), *a.opts)
                 try:
                     path = os.path.join(mp, os.path.basename(a.src))
                     n, t = read_file(path, buf)

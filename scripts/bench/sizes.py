@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The FUSE request size on another benchmark (issue 34, item 4): runs a benchmark command once per
-fs.fuse.max_pages_limit value (256, 1024, 4096 pages: requests of 1, 4 and 16 MiB, as stfs asks for
-up to 16 MiB and the kernel grants up to the limit), in an order rotated per repetition, and prints
+fs.fuse.max_pages_limit value (256, 1024, 4096 pages: requests of 1, 4 and 16 MiB), in an order rotated per repetition, and prints
 every series of the JSON the command wrote (`--json PATH` is appended to it) per limit: the median
 over repetitions of each run's median, and the paired ratio of the 256-page run's to each (above 1:
-faster than 1 MiB requests). The limit found is restored at the end. stfs itself never changes it.
-Needs root (the sysctl).
+faster than 1 MiB requests). Every stfs mount of the command asks for requests of that size
+(`-o max_request_kb`, through the STFS_OPTIONS_ environment: stfs asks for 1 MiB by default). The
+limit found is restored at the end. stfs itself never changes it. Needs root (the sysctl).
 
   python3 scripts/bench/sizes.py --reps 3 -- python3 scripts/bench/remote.py --size-mb 256 --reps 1 --no-disk-cache --stfs BIN
   python3 scripts/bench/sizes.py --reps 3 --series h -- python3 scripts/bench/run.py --only h --reps 1 --stfs BIN
@@ -55,7 +55,8 @@ def main():
                 set_limit(pages)
                 out = os.path.join(tmp, f"{rep}-{pages}.json")
                 print(f"rep {rep + 1}/{a.reps}, max_pages_limit {pages}: {' '.join(cmd)}", flush=True)
-                done = subprocess.run(cmd + ["--json", out], capture_output=True, text=True)
+                env = dict(os.environ, STFS_OPTIONS_BENCH_REQUEST_SIZE=f"max_request_kb={pages * 4}")
+                done = subprocess.run(cmd + ["--json", out], capture_output=True, text=True, env=env)
                 if done.returncode != 0 or not os.path.exists(out):
                     sys.exit(f"the command failed (exit {done.returncode}): {(done.stdout + done.stderr)[-2000:]}")
                 with open(out) as f:

@@ -164,6 +164,10 @@ pub struct MountArgs {
     /// Kernel readahead of the mount in KiB (root only; 0 leaves the kernel's 128 alone) [default: 1024].
     #[arg(long, value_name = "KIB")]
     pub kernel_readahead_kb: Option<u32>,
+    /// Largest read request to ask the kernel for, in KiB, 4 to 16384 (the kernel grants at most
+    /// fs.fuse.max_pages_limit pages; `stfs stats` shows what it granted) [default: 1024].
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(4..=16384))]
+    pub max_request_kb: Option<u32>,
     /// Also show every tensor as NAME.npy (a NumPy header, then the raw bytes) for np.load.
     #[arg(long)]
     pub npy: bool,
@@ -426,7 +430,7 @@ const MOUNT_HELP: &str = "\
 Mount options (-o, comma-separated, a comma inside a value written \\,; each long flag works as
 -o name=value; a flag wins over the same -o option, and of a repeated -o option the last wins):
   cache_size=SIZE, block_size=SIZE, allow_other, threads=N, io_threads=N,
-  kernel_readahead_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
+  kernel_readahead_kb=KIB, max_request_kb=KIB, log_file=PATH, foreground, debug, npy, as=f32,
   layout=flat|tree, header=NAME:VALUE, header_file=PATH, token_env=VAR,
   timeout=DURATION,
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, no_passthrough,

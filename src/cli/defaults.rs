@@ -66,6 +66,11 @@ pub fn default_io_threads(source: &str) -> u32 {
 /// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).
 pub const DEFAULT_KERNEL_READAHEAD_KB: u32 = 1024;
 
+/// Default largest read request to ask the kernel for: 1 MiB. Where `fs.fuse.max_pages_limit`
+/// allows more, 4 and 16 MiB requests measured slower on the sequential read, the ranks and the
+/// remote load (docs/notes/benchmarks.md, issue 34 item 4); `--max-request-kb` asks for more.
+pub const DEFAULT_MAX_REQUEST_KB: u32 = 1024;
+
 /// The block size for `source` when none is given: [`DEFAULT_REMOTE_BLOCK_SIZE`] for a URL,
 /// [`DEFAULT_BLOCK_SIZE`] otherwise.
 pub fn default_block_size(source: &str) -> u64 {

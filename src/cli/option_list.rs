@@ -22,6 +22,7 @@ pub const KNOWN_OPTIONS: &[&str] = &[
     "threads",
     "io_threads",
     "kernel_readahead_kb",
+    "max_request_kb",
     "npy",
     "as",
     "layout",

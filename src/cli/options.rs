@@ -218,6 +218,8 @@ pub struct MountConfig {
     pub threads: u32,
     /// Kernel readahead in KiB; 0 leaves it alone.
     pub kernel_readahead_kb: u32,
+    /// Largest read request to ask the kernel for, in KiB.
+    pub max_request_kb: u32,
     /// Splice read replies of a local file's pages (`--no-splice` clears it).
     pub splice: bool,
     /// `--io-uring`: ask the kernel for FUSE over io_uring.
@@ -278,6 +280,7 @@ impl MountConfig {
         a.threads = a.threads.or(o.threads);
         a.io_threads = a.io_threads.or(o.io_threads);
         a.kernel_readahead_kb = a.kernel_readahead_kb.or(o.kernel_readahead_kb);
+        a.max_request_kb = a.max_request_kb.or(o.max_request_kb);
         a.npy |= o.npy.unwrap_or(false);
         a.as_dtype = a.as_dtype.or(o.as_dtype);
         a.layout = a.layout.or(o.layout);
@@ -356,6 +359,7 @@ impl MountConfig {
             log_file: a.log_file,
             threads,
             kernel_readahead_kb: a.kernel_readahead_kb.unwrap_or(DEFAULT_KERNEL_READAHEAD_KB),
+            max_request_kb: a.max_request_kb.unwrap_or(DEFAULT_MAX_REQUEST_KB),
             splice: !a.no_splice,
             io_uring: a.io_uring,
         })
@@ -383,6 +387,7 @@ impl MountConfig {
             allow_other: self.allow_other,
             allow_root: self.allow_root,
             kernel_readahead_kb: self.kernel_readahead_kb,
+            max_request_bytes: self.max_request_kb << 10,
             splice: self.splice,
             passthrough: !self.no_passthrough,
             io_uring: self.io_uring,
@@ -437,6 +442,7 @@ struct DashO {
     threads: Option<u32>,
     io_threads: Option<u32>,
     kernel_readahead_kb: Option<u32>,
+    max_request_kb: Option<u32>,
     npy: Option<bool>,
     as_dtype: Option<String>,
     layout: Option<String>,
@@ -501,6 +507,7 @@ impl DashO {
                 "threads" => o.threads = count(1, 256)?,
                 "io_threads" => o.io_threads = count(1, 64)?,
                 "kernel_readahead_kb" => o.kernel_readahead_kb = count(0, 1 << 20)?,
+                "max_request_kb" => o.max_request_kb = count(4, 16384)?,
                 "npy" => o.npy = switch()?,
                 "as" => o.as_dtype = text()?,
                 "layout" => o.layout = text()?,

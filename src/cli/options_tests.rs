@@ -16,6 +16,7 @@ fn defaults() {
     let c = MountConfig::from_args(args(&[])).unwrap();
     assert_eq!((c.engine.block_size, c.engine.cache_size), (DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_SIZE));
     assert_eq!((c.threads, c.kernel_readahead_kb, c.allow_other), (default_threads(&c.source), 1024, false));
+    assert_eq!((c.max_request_kb, c.serve_options().max_request_bytes), (1024, 1 << 20));
     for url in ["http://host/m.safetensors", "https://host/repo/model.safetensors.index.json"] {
         let c = MountConfig::from_args(MountArgs { source: url.into(), ..args(&[]) }).unwrap();
         assert_eq!(c.engine.block_size, DEFAULT_REMOTE_BLOCK_SIZE, "{url}");
@@ -55,6 +56,15 @@ fn dash_o_options_map_to_flags_and_flags_win() {
     assert_eq!((object.region.as_deref(), object.no_sign_request), (Some("eu-west-1"), true));
     assert_eq!(default_block_size("s3://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
     assert_eq!(default_block_size("gs://b/k"), DEFAULT_REMOTE_BLOCK_SIZE);
+    let c = MountConfig::from_args(args(&["max_request_kb=16384"])).unwrap();
+    assert_eq!(c.serve_options().max_request_bytes, 16 << 20);
+    for bad in ["max_request_kb=2", "max_request_kb=16385", "max_request_kb=1M"] {
+        let e = MountConfig::from_args(args(&[bad])).unwrap_err().to_string();
+        assert!(e.contains("max_request_kb"), "{bad}: {e}");
+    }
+    let mut a = args(&["max_request_kb=4096"]);
+    a.max_request_kb = Some(64);
+    assert_eq!(MountConfig::from_args(a).unwrap().max_request_kb, 64);
     let mut a = args(&["cache_size=1G"]);
     a.cache_size = Some(64 << 20);
     assert_eq!(MountConfig::from_args(a).unwrap().engine.cache_size, 64 << 20);

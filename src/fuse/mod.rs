@@ -57,6 +57,8 @@ pub struct FuseAdapter {
     /// Read replies of a local file's bytes are to be spliced: `init` caps reads so that one
     /// fits a pipe ([`FuseAdapter::splicing`]).
     splice: bool,
+    /// The largest read request to ask the kernel for ([`FuseAdapter::requests_up_to`]).
+    max_request_bytes: u32,
     /// Where they are spliced to, once the session's descriptor is known
     /// ([`SpliceTarget::connect`]); unset, every reply goes through fuser.
     splicer: SpliceTarget,
@@ -101,6 +103,7 @@ impl FuseAdapter {
             fs,
             passthrough: passthrough::Passthrough::new(true),
             splice: false,
+            max_request_bytes: MAX_REQUEST_BYTES,
             splicer: SpliceTarget::default(),
             uring_threads: 0,
             uring: UringTarget::default(),
@@ -124,6 +127,13 @@ impl FuseAdapter {
     /// reads so that a reply fits one pipe, and sizes the pipes ([`splice::sizes`]).
     pub fn splicing(mut self, splice: bool) -> FuseAdapter {
         self.splice = splice;
+        self
+    }
+
+    /// This adapter, asking the kernel for read requests of at most `bytes` (`--max-request-kb`;
+    /// the kernel grants at most `fs.fuse.max_pages_limit` pages).
+    pub fn requests_up_to(mut self, bytes: u32) -> FuseAdapter {
+        self.max_request_bytes = bytes;
         self
     }
 
@@ -198,16 +208,17 @@ fn reply_xattr(op: &str, ino: u64, result: Result<Xattr, FsError>, reply: ReplyX
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // Requests as large as the kernel allows (`fs.fuse.max_pages_limit`), up to 16 MiB: fuser
-        // asks for `max_write` pages, 16 MiB by default; a splicing mount asks for what its pipes
-        // carry. The granted size goes to stats.json (`max_request_bytes`).
+        // Requests of the size asked for (`--max-request-kb`, 1 MiB by default) where the kernel
+        // allows it (`fs.fuse.max_pages_limit`): fuser asks for `max_write` pages; a splicing
+        // mount asks for no more than its pipes carry. The granted size goes to stats.json
+        // (`max_request_bytes`).
         let limit =
             if config.capabilities().contains(InitFlags::FUSE_MAX_PAGES) { splice::max_pages_limit() } else { 32 };
-        let sizes = splice::sizes(self.splice, limit, splice::pipe_max_bytes());
+        let sizes = splice::sizes(self.splice, self.max_request_bytes, limit, splice::pipe_max_bytes());
+        if let Err(max) = config.set_max_write(sizes.request_bytes) {
+            debug!("kernel refused max_write {}, keeps {max}", sizes.request_bytes);
+        }
         if self.splice {
-            if let Err(max) = config.set_max_write(sizes.request_bytes) {
-                debug!("kernel refused max_write {}, keeps {max}", sizes.request_bytes);
-            }
             self.splicer.0 .1.store(sizes.pipe_bytes, Relaxed);
         }
         self.fs.stats().max_request_bytes.store(u64::from(sizes.request_bytes), Relaxed);
@@ -224,7 +235,11 @@ impl Filesystem for FuseAdapter {
         }
         self.passthrough.negotiate(&self.fs, config);
         let asked = self.uring_threads > 0;
-        if let Some(plan) = uring::negotiate(asked, self.uring_threads, sizes.request_bytes, limit, config) {
+        // The ring's payload buffers hold the largest request the kernel may send: fuser asks for
+        // max(max_write, max_readahead) pages (a new mount's INIT offers the default readahead,
+        // 128 KiB; 1 MiB is counted to be safe), and the kernel caps that at its limit.
+        let uring_pages = limit.min(sizes.request_bytes.div_ceil(4096).max(256));
+        if let Some(plan) = uring::negotiate(asked, self.uring_threads, sizes.request_bytes, uring_pages, config) {
             self.uring.set(plan);
         }
         Ok(())

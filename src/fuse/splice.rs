@@ -27,8 +27,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 /// Bytes of a pipe slot (and of a page: the kernel's `max_pages` counts these).
 const PAGE: u32 = 4096;
 
-/// The largest read request stfs asks the kernel for: 16 MiB (4,096 pages), what fuser's
-/// `max_write` allows and gcsfuse uses; the kernel grants at most `fs.fuse.max_pages_limit` pages.
+/// The largest read request stfs can ask the kernel for (`--max-request-kb`): 16 MiB (4,096
+/// pages), what fuser's `max_write` allows and gcsfuse uses; the kernel grants at most
+/// `fs.fuse.max_pages_limit` pages.
 pub const MAX_REQUEST_BYTES: u32 = 16 << 20;
 
 /// The read request size a mount asks for and the splice pipe that carries one reply.
@@ -41,12 +42,14 @@ pub struct Sizes {
     pub pipe_bytes: usize,
 }
 
-/// The sizes for a mount: the kernel grants `min(asked, limit_pages)` pages per request
-/// (`limit_pages`: `fs.fuse.max_pages_limit`, or 32 on a kernel without `FUSE_MAX_PAGES`); a
-/// splicing mount asks for no more than a pipe of at most `pipe_max` bytes carries (a power of
-/// two of pages, less two: one for an unaligned read's extra page, one for the header).
-pub fn sizes(splice: bool, limit_pages: u32, pipe_max: usize) -> Sizes {
-    let granted = limit_pages.clamp(1, MAX_REQUEST_BYTES / PAGE);
+/// The sizes for a mount that asks for requests of `asked_bytes` (at most [`MAX_REQUEST_BYTES`]):
+/// the kernel grants `min(asked, limit_pages)` pages per request (`limit_pages`:
+/// `fs.fuse.max_pages_limit`, or 32 on a kernel without `FUSE_MAX_PAGES`); a splicing mount asks
+/// for no more than a pipe of at most `pipe_max` bytes carries (a power of two of pages, less two:
+/// one for an unaligned read's extra page, one for the header).
+pub fn sizes(splice: bool, asked_bytes: u32, limit_pages: u32, pipe_max: usize) -> Sizes {
+    let asked_pages = (asked_bytes / PAGE).clamp(1, MAX_REQUEST_BYTES / PAGE);
+    let granted = limit_pages.clamp(1, asked_pages);
     if !splice {
         return Sizes { request_bytes: granted * PAGE, pipe_bytes: 0 };
     }
@@ -320,16 +323,49 @@ mod tests {
     fn requests_grow_with_the_kernel_limit_and_the_pipe_that_carries_them() {
         let mib = 1 << 20;
         // Today's default limit: 1 MiB without splicing, 254 pages in a 1 MiB pipe with it.
-        assert_eq!(sizes(false, 256, mib), Sizes { request_bytes: mib as u32, pipe_bytes: 0 });
-        assert_eq!(sizes(true, 256, mib), Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES });
+        assert_eq!(sizes(false, MAX_REQUEST_BYTES, 256, mib), Sizes { request_bytes: mib as u32, pipe_bytes: 0 });
+        assert_eq!(
+            sizes(true, MAX_REQUEST_BYTES, 256, mib),
+            Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES }
+        );
         // A raised limit: requests of up to 16 MiB, less two pages when spliced (root's pipes).
-        assert_eq!(sizes(false, 65535, mib).request_bytes, 16 << 20);
-        assert_eq!(sizes(true, 1024, usize::MAX), Sizes { request_bytes: 1022 * 4096, pipe_bytes: 4 * mib });
-        assert_eq!(sizes(true, 65535, usize::MAX), Sizes { request_bytes: 4094 * 4096, pipe_bytes: 16 * mib });
+        assert_eq!(sizes(false, MAX_REQUEST_BYTES, 65535, mib).request_bytes, 16 << 20);
+        assert_eq!(
+            sizes(true, MAX_REQUEST_BYTES, 1024, usize::MAX),
+            Sizes { request_bytes: 1022 * 4096, pipe_bytes: 4 * mib }
+        );
+        assert_eq!(
+            sizes(true, MAX_REQUEST_BYTES, 65535, usize::MAX),
+            Sizes { request_bytes: 4094 * 4096, pipe_bytes: 16 * mib }
+        );
         // Without privilege the pipe stays at pipe-max-size, and so do spliced requests.
-        assert_eq!(sizes(true, 4096, mib), Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES });
+        assert_eq!(
+            sizes(true, MAX_REQUEST_BYTES, 4096, mib),
+            Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES }
+        );
         // An old kernel without max_pages: 32 pages.
-        assert_eq!(sizes(false, 32, mib).request_bytes, 32 * 4096);
+        assert_eq!(sizes(false, MAX_REQUEST_BYTES, 32, mib).request_bytes, 32 * 4096);
+    }
+
+    #[test]
+    fn requests_stay_at_the_size_asked_for_under_a_higher_limit() {
+        let mib = 1 << 20;
+        // The default ask, 1 MiB, under a raised limit: 1 MiB (254 pages when spliced).
+        assert_eq!(sizes(false, mib as u32, 4096, usize::MAX), Sizes { request_bytes: mib as u32, pipe_bytes: 0 });
+        assert_eq!(
+            sizes(true, mib as u32, 4096, usize::MAX),
+            Sizes { request_bytes: MAX_READ_BYTES, pipe_bytes: PIPE_BYTES }
+        );
+        // A smaller ask than the limit, and a larger one than the limit.
+        assert_eq!(sizes(false, 64 << 10, 256, mib).request_bytes, 64 << 10);
+        assert_eq!(
+            sizes(true, 4 * mib as u32, 1024, usize::MAX),
+            Sizes { request_bytes: 1022 * 4096, pipe_bytes: 4 * mib }
+        );
+        assert_eq!(sizes(false, 16 * mib as u32, 256, usize::MAX).request_bytes, mib as u32);
+        // Less than a page asks for one page; more than 16 MiB for 16 MiB.
+        assert_eq!(sizes(false, 100, 256, mib).request_bytes, 4096);
+        assert_eq!(sizes(false, u32::MAX, 65535, mib).request_bytes, 16 << 20);
     }
 
     #[test]

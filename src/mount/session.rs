@@ -38,6 +38,9 @@ pub struct ServeOptions {
     pub allow_root: bool,
     /// Kernel readahead to set after mounting, in KiB (0: leave alone).
     pub kernel_readahead_kb: u32,
+    /// Largest read request to ask the kernel for (it grants at most `fs.fuse.max_pages_limit`
+    /// pages).
+    pub max_request_bytes: u32,
     /// Splice read replies of a local file's bytes into the FUSE device (`--no-splice` clears it).
     pub splice: bool,
     /// Ask the kernel for FUSE passthrough where it can read a file directly (`--no-passthrough`
@@ -358,6 +361,7 @@ fn open_session(
     let failed = |error| ServeError::Mount { mountpoint: mp.clone(), error };
     let adapter = FuseAdapter::new(fs)
         .splicing(splice)
+        .requests_up_to(options.max_request_bytes)
         .passing_through(options.passthrough)
         .io_uring(options.io_uring, options.threads);
     let target = adapter.splice_target();
