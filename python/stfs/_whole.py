@@ -19,7 +19,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 #: madvise(2)'s advice to read a range of a file mapping in (asynchronous readahead of the file).
 MADV_WILLNEED = 3
 #: read_ahead asks for this much at a time, so the pages nearest the caller's next touch come first.
-READ_AHEAD_CHUNK = 64 << 20
+#: 8 MiB (the kernel splits a request into readahead-sized pieces anyway): the threads then work
+#: on neighbouring pieces, one stream to the disk, and the first tensor's pages are not queued
+#: behind three other threads' 64 MiB. Cold, 2 GiB, paired with the 64 MiB before it in two runs
+#: of 8: faster in all 16 (1.13 s against 2.04 s median; docs/notes/benchmarks.md).
+READ_AHEAD_CHUNK = 8 << 20
 #: read_ahead's threads, each asking for the next chunk not yet asked for: a disk serves several
 #: requests at once faster than one after the other.
 READ_AHEAD_THREADS = 4
