@@ -29,41 +29,33 @@ READ_AHEAD_CHUNK = 8 << 20
 READ_AHEAD_THREADS = 4
 
 
-def _passed_through(stats_path: str) -> int:
-    with open(stats_path, "rb") as f:
-        return int(json.load(f).get("passthrough_checkpoint_opens", 0))
+#: The extended attribute an stfs file carries: "1" while its opens are handed to the kernel.
+PASSTHROUGH_XATTR = "user.stfs.passthrough"
 
 
 def handed_over(root: str) -> Dict[int, Any]:
-    """shard index -> (path, size) of each re-served file the mount hands to the kernel: an open of it
-    counted in stats.json's passthrough_checkpoint_opens. Empty where nothing is (not root, a remote
-    source, --no-passthrough, an older stfs)."""
+    """shard index -> (path, size) of each re-served file the mount hands to the kernel: asked of the
+    file itself while it is open (its PASSTHROUGH_XATTR is "1"), so no other process's opens can be
+    taken for it. Empty where nothing is (not root, a remote source, --no-passthrough, an older
+    stfs without the attribute)."""
     with open(os.path.join(root, "metadata.json"), "rb") as f:
         meta = json.load(f)
     files = [f for f in meta.get("checkpoint_files", []) if "shard" in f and f.get("size")]
-    stats_path = os.path.join(root, ".stfs", "stats.json")
     out: Dict[int, Any] = {}
     try:
-        if not files or not _enabled(stats_path):
-            return out
         for f in files:
             path = os.path.join(root, f["path"])
-            before = _passed_through(stats_path)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                if _passed_through(stats_path) > before:
+                if os.getxattr(fd, PASSTHROUGH_XATTR) == b"1":
                     out[int(f["shard"])] = (path, int(f["size"]))
             finally:
                 os.close(fd)
     except (OSError, ValueError, KeyError):
         return {}
-    out["tensors"] = meta["tensors"]
+    if out:
+        out["tensors"] = meta["tensors"]
     return out
-
-
-def _enabled(stats_path: str) -> bool:
-    with open(stats_path, "rb") as f:
-        return json.load(f).get("passthrough_enabled") == 1
 
 
 def views(root: str, items: List[Any], map_shard: Callable[[str, int], Any], view: Callable[[Any, Any], Any],

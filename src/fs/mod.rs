@@ -419,6 +419,15 @@ impl Fs {
         fit(value.into_bytes(), size)
     }
 
+    /// The value of [`PASSTHROUGH_XATTR`] of `ino`, for a buffer of `size`: "1" when the fuse
+    /// layer says the file's opens are `handed_over` to the kernel (FUSE passthrough), else "0".
+    pub fn passthrough_xattr(&self, ino: Ino, handed_over: bool, size: u32) -> Result<Xattr, FsError> {
+        if !self.exists(ino) {
+            return Err(FsError::NotFound);
+        }
+        fit(if handed_over { b"1".to_vec() } else { b"0".to_vec() }, size)
+    }
+
     /// Checks an `access` mask: any write request is refused, and so is execute on a file (files
     /// have no execute bits; directories have them all).
     pub fn access(&self, ino: Ino, write: bool, execute: bool) -> Result<(), FsError> {
@@ -447,6 +456,11 @@ impl Fs {
         }
     }
 }
+
+/// An extended attribute of every file, not listed: "1" while the file's opens are handed to the
+/// kernel (FUSE passthrough: its reads and mappings never reach the daemon), "0" otherwise. How
+/// `stfs.load` knows a re-served file may be mapped once and used in place.
+pub const PASSTHROUGH_XATTR: &str = "user.stfs.passthrough";
 
 /// An xattr answer for a buffer of `size` bytes: the size needed when `size` is 0, the bytes when
 /// they fit, else [`FsError::XattrTooLarge`].

@@ -398,7 +398,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        reply_xattr("getxattr", ino.0, self.fs.getxattr(ino.0, name, size), reply);
+        let result = if name == crate::fs::PASSTHROUGH_XATTR {
+            self.fs.passthrough_xattr(ino.0, self.passthrough.passed_through(ino.0), size)
+        } else {
+            self.fs.getxattr(ino.0, name, size)
+        };
+        reply_xattr("getxattr", ino.0, result, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {

@@ -157,6 +157,12 @@ impl Passthrough {
         }
     }
 
+    /// Whether the opens of `ino` are passed through to a backing file now (false when it is not
+    /// open, or passthrough is off).
+    pub(crate) fn passed_through(&self, ino: u64) -> bool {
+        self.on && lock(&self.opens).get(&ino).is_some_and(|open| open.backing.is_some())
+    }
+
     /// Answers a RELEASE (sent only when OPEN was answered): the last release of an inode drops
     /// its backing file, or tells the disk cache it was closed (it may assemble its extent file).
     pub(crate) fn release_file(&self, fs: &Fs, ino: u64, reply: ReplyEmpty) {

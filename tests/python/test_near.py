@@ -49,6 +49,13 @@ def test_load_over_a_handed_over_file_equals_load_over_tensor_files(tmp_path, fr
     path, want = _checkpoint(tmp_path)
     with stfs.mount(path) as on, stfs.mount(path, no_passthrough=True) as off:
         assert _counter(on, "passthrough_enabled") == 1
+        shard = os.path.join(on, "model.safetensors")
+        with open(shard, "rb") as held:
+            assert os.getxattr(held.fileno(), "user.stfs.passthrough") == b"1"
+        with open(os.path.join(off, "model.safetensors"), "rb") as held:
+            assert os.getxattr(held.fileno(), "user.stfs.passthrough") == b"0"
+        assert os.getxattr(shard, "user.stfs.passthrough") == b"0", "not open: nothing handed over"
+        assert "user.stfs.passthrough" not in os.listxattr(shard)
         got_on = stfs.load(on, framework=framework)
         assert _counter(on, "passthrough_checkpoint_opens") >= 1
         assert _counter(on, "fuse_read_bytes") < os.path.getsize(path), "tensor bytes crossed the daemon"
