@@ -151,6 +151,18 @@ fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
 /// handed to the kernel (the daemon serves none of its bytes), and gives the same bytes as a mount
 /// with `--no-passthrough`; once the local file is replaced or rewritten in place, no open of it
 /// is handed over, and reading it fails as it does without passthrough.
+/// The value of an open file's `user.stfs.passthrough`.
+fn passthrough_xattr(file: &std::fs::File) -> String {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 16];
+    // SAFETY: the buffer outlives the call and its length is passed.
+    let n = unsafe {
+        libc::fgetxattr(file.as_raw_fd(), c"user.stfs.passthrough".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+    };
+    assert!(n >= 0, "fgetxattr: {}", std::io::Error::last_os_error());
+    String::from_utf8_lossy(&buf[..n as usize]).into_owned()
+}
+
 #[test]
 fn a_reserved_local_file_is_passed_through_until_it_changes() {
     if not_root("FUSE passthrough") {
@@ -179,6 +191,12 @@ fn a_reserved_local_file_is_passed_through_until_it_changes() {
     assert!(count(&off, "fuse_read_bytes") >= len, "read from its page cache after the first time");
     // Tensor files are still served by the daemon, alike on both mounts.
     assert_eq!(std::fs::read(on.file("big")).unwrap(), std::fs::read(off.file("big")).unwrap());
+    // The file says so itself while open (user.stfs.passthrough), and not otherwise.
+    let held = std::fs::File::open(on.file("model.safetensors")).unwrap();
+    assert_eq!(passthrough_xattr(&held), "1");
+    drop(held);
+    assert_eq!(passthrough_xattr(&std::fs::File::open(off.file("model.safetensors")).unwrap()), "0");
+    assert_eq!(passthrough_xattr(&std::fs::File::open(on.file("big")).unwrap()), "0", "a tensor file, no disk cache");
 
     // Replaced (same length, other bytes): never handed over, never its bytes.
     let opens = count(&on, "passthrough_checkpoint_opens");
