@@ -565,7 +565,7 @@ def _load_torch(items: List[Entry], device, root: str, tick: Tick = _no_tick) ->
     whole = _whole_views(root, items, lambda path, size: torch.from_file(
         _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
         lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])),
-        lambda flats: read_ahead([(f.data_ptr(), f.numel(), f) for f in flats]))
+        read_ahead)
     mapped_files = sum(1 for e in items if e.byte_len and e.name not in whole)
     if target.type == "cpu" and mapped_files:  # moved anywhere else, each mapping is gone once its tensor is copied
         _check_mappings(mapped_files, "torch.from_file")

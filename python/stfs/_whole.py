@@ -5,28 +5,17 @@ speed. Only raw tensors qualify (a view such as ``as_="f32"`` serves other bytes
 rest its usual way.
 
 From a cold page cache such a mapping would be read by its page faults, a little at a time; for torch
-(whose stfs.load reads every byte anyway where nothing is handed over) read_ahead asks the kernel to
-read each mapped shard in, in file order, on a thread, while the caller goes on using the tensors."""
+(whose stfs.load reads every byte anyway where nothing is handed over) read_ahead has one thread read
+each mapped shard into the page cache, in file order, while the caller goes on using the tensors."""
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-#: madvise(2)'s advice to read a range of a file mapping in (asynchronous readahead of the file).
-MADV_WILLNEED = 3
-#: read_ahead asks for this much at a time, so the pages nearest the caller's next touch come first.
-#: 8 MiB (the kernel splits a request into readahead-sized pieces anyway): the threads then work
-#: on neighbouring pieces, one stream to the disk, and the first tensor's pages are not queued
-#: behind three other threads' 64 MiB. Cold, 2 GiB, paired with the 64 MiB before it in two runs
-#: of 8: faster in all 16 (1.13 s against 2.04 s median; docs/notes/benchmarks.md).
-READ_AHEAD_CHUNK = 8 << 20
-#: read_ahead's threads, each asking for the next chunk not yet asked for: a disk serves several
-#: requests at once faster than one after the other.
-READ_AHEAD_THREADS = 4
+#: read_ahead moves this much per sendfile(2) call, so that a thread stopped at exit waits for little.
+READ_AHEAD_STEP = 8 << 20
 
 
 #: The extended attribute an stfs file carries: "1" while its opens are handed to the kernel.
@@ -59,11 +48,11 @@ def handed_over(root: str) -> Dict[int, Any]:
 
 
 def views(root: str, items: List[Any], map_shard: Callable[[str, int], Any], view: Callable[[Any, Any], Any],
-          mapped: Optional[Callable[[List[Any]], None]] = None) -> Dict[str, Any]:
+          mapped: Optional[Callable[[List[str]], None]] = None) -> Dict[str, Any]:
     """name -> view(flat bytes of the tensor, entry) for every raw tensor of a handed-over shard:
     `map_shard(path, size)` maps a shard once (a 1-D uint8 array or tensor), `view` types a slice of
-    it; `mapped`, if given, is handed every shard's mapping, in shard order, once all are made. The
-    rest are left out, for the caller to load."""
+    it; `mapped`, if given, is handed the path of every shard mapped, in shard order, once all are
+    made. The rest are left out, for the caller to load."""
     shards = handed_over(root)
     if not shards:
         return {}
@@ -81,42 +70,45 @@ def views(root: str, items: List[Any], map_shard: Callable[[str, int], Any], vie
         start = int(info["offset"])
         out[e.name] = view(maps[shard][start:start + e.byte_len], e)
     if mapped is not None and maps:
-        mapped([maps[k] for k in sorted(maps)])
+        mapped([shards[k][0] for k in sorted(maps)])
     return out
 
 
-def read_ahead(ranges: Sequence[Tuple[int, int, Any]]) -> None:
-    """Starts a daemon thread that asks the kernel to read each (address, length, owner) mapping in,
-    in order, READ_AHEAD_CHUNK at a time (madvise MADV_WILLNEED: the kernel queues the reads and
-    returns; pages already in the page cache cost nothing). Each owner (what keeps the mapping alive)
-    is held until its range has been asked for, so no address is advised after it was unmapped. Best
-    effort: no libc, or a refusal, ends it quietly."""
+def read_ahead(paths: Sequence[str]) -> None:
+    """Starts a daemon thread that reads each file into the page cache, in order: sendfile(2) of it
+    to /dev/null, READ_AHEAD_STEP at a time, so the kernel's own sequential readahead reads it (large
+    reads into large page-cache folios) and no byte is copied to this process. One thread, one
+    stream: the MADV_WILLNEED pieces on 4 threads this replaced were as fast cold, but left the file
+    in 4 KiB pages, and every later load of it from the page cache ran 1.5-8x slower
+    (docs/notes/benchmarks.md). The files are opened here, before load detaches its mount. Best
+    effort: an error ends the thread quietly."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
+        sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
         return
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    chunks = [(at, min(READ_AHEAD_CHUNK, end - at), owner)
-              for start, end, owner in ((a - a % mmap.PAGESIZE, a + n, o) for a, n, o in ranges if n > 0)
-              for at in range(start, end, READ_AHEAD_CHUNK)]
-    chunks.reverse()  # popped from the end: file order
-    lock = threading.Lock()
+    fds: List[int] = []
+    for path in paths:
+        try:
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            break
 
     def run() -> None:
-        while True:
-            with lock:
-                if not chunks:
-                    return
-                at, length, _owner = chunks.pop()  # _owner: the mapping stays alive until advised
-            if madvise(at, length, MADV_WILLNEED) != 0:
-                with lock:
-                    chunks.clear()
-                return
+        try:
+            for fd in fds:
+                at = 0
+                while True:
+                    n = os.sendfile(sink, fd, at, READ_AHEAD_STEP)
+                    if not n:
+                        break
+                    at += n
+        except OSError:
+            pass
+        finally:
+            for fd in fds + [sink]:
+                os.close(fd)
 
-    for _ in range(min(READ_AHEAD_THREADS, len(chunks))):
-        threading.Thread(target=run, name="stfs-read-ahead", daemon=True).start()
+    threading.Thread(target=run, name="stfs-read-ahead", daemon=True).start()
 
 
 def torch_view(flat, dtype, shape):

@@ -81,36 +81,48 @@ def _read_ahead_threads():
     return [t for t in threading.enumerate() if t.name == "stfs-read-ahead"]
 
 
-def _address(m):
-    """The address of an mmap.mmap's mapping (the array taking it is dropped at once)."""
-    a = np.frombuffer(m, np.uint8)
-    try:
-        return a.ctypes.data
-    finally:
-        del a
-
-
-def test_read_ahead_advises_every_range_and_ends(tmp_path, monkeypatch):
-    """read_ahead's threads advise every chunk of every range and end; a refused advice (a range
-    nothing maps any more) ends them quietly."""
+def _resident_pages(path):
+    """(pages of `path` in the page cache, pages of it), by mincore(2) over a mapping of it."""
+    import ctypes
     import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    with open(path, "rb") as f:  # private and writable only so that ctypes may take its address
+        m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        pages = (len(m) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        keep = ctypes.c_char.from_buffer(m)
+        assert libc.mincore(ctypes.addressof(keep), len(m), vec) == 0, ctypes.get_errno()
+        del keep
+        return sum(v & 1 for v in vec), pages
+    finally:
+        m.close()
 
+
+def test_read_ahead_reads_every_file_in_and_ends(tmp_path, monkeypatch):
+    """read_ahead's thread reads every file given into the page cache, in steps, and ends; a path
+    that cannot be opened ends the list there, quietly."""
     from stfs import _whole
 
-    monkeypatch.setattr(_whole, "READ_AHEAD_CHUNK", 1 << 20)
-    path = tmp_path / "f"
-    path.write_bytes(os.urandom(5 << 20))
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-    _whole.read_ahead([(_address(m) + 100, len(m) - 100, m), (_address(m), 0, None)])
+    monkeypatch.setattr(_whole, "READ_AHEAD_STEP", 1 << 20)
+    files = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        path.write_bytes(os.urandom((5 << 20) + 100))
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        files.append(str(path))
+    assert _resident_pages(files[0])[0] < _resident_pages(files[0])[1], "the test file was not dropped"
+    _whole.read_ahead(files + [str(tmp_path / "missing"), str(tmp_path / "never")])
     for t in _read_ahead_threads():
         t.join(10)
     assert not _read_ahead_threads()
-    m.close()
-    gone = mmap.mmap(-1, 4 << 20)
-    address = _address(gone)
-    gone.close()  # unmapped: madvise says ENOMEM
-    _whole.read_ahead([(address, 4 << 20, None)])
+    for path in files:
+        resident, pages = _resident_pages(path)
+        assert resident == pages, f"{path}: {resident} of {pages} pages in the page cache"
+    _whole.read_ahead([str(tmp_path / "missing")])  # nothing to read: the thread ends at once
     for t in _read_ahead_threads():
         t.join(10)
     assert not _read_ahead_threads()
