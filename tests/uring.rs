@@ -202,9 +202,11 @@ fn join_bounded(readers: Vec<thread::JoinHandle<u64>>) -> u64 {
     joiner.join().unwrap()
 }
 
-#[test]
-fn sigterm_with_reads_in_flight_unmounts_and_the_daemon_exits() {
-    let Some(_p) = Parameter::set(true) else { return };
+/// A mount on the ring with readers looping over its big tensor, and its daemon sent `signal`
+/// 300 ms into their reads: (the checkpoint's directory, the mount, the daemon's pid, the readers).
+fn signalled_with_reads_in_flight(
+    signal: libc::c_int,
+) -> (tempfile::TempDir, Mount, i32, Vec<thread::JoinHandle<u64>>) {
     let dir = workdir();
     let (file, tensors) = checkpoint(dir.path());
     let m = Mount::new(&file, &["--io-uring"]);
@@ -213,7 +215,14 @@ fn sigterm_with_reads_in_flight_unmounts_and_the_daemon_exits() {
     let readers = looping_readers(&m.file("big"), &Arc::new(tensors[0].data.clone()));
     thread::sleep(Duration::from_millis(300));
     // SAFETY: signalling the daemon this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    (dir, m, pid, readers)
+}
+
+#[test]
+fn sigterm_with_reads_in_flight_unmounts_and_the_daemon_exits() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let (_dir, m, pid, readers) = signalled_with_reads_in_flight(libc::SIGTERM);
     assert!(wait_until(TIMEOUT, || !is_mounted(&m.path)), "SIGTERM left the mount");
     let reads = join_bounded(readers);
     assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit on SIGTERM");
@@ -223,15 +232,7 @@ fn sigterm_with_reads_in_flight_unmounts_and_the_daemon_exits() {
 #[test]
 fn a_killed_daemon_on_the_ring_leaves_a_mount_that_detaches() {
     let Some(_p) = Parameter::set(true) else { return };
-    let dir = workdir();
-    let (file, tensors) = checkpoint(dir.path());
-    let m = Mount::new(&file, &["--io-uring"]);
-    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1));
-    let pid = daemon_pid(&m.path).expect("daemon pid");
-    let readers = looping_readers(&m.file("big"), &Arc::new(tensors[0].data.clone()));
-    thread::sleep(Duration::from_millis(300));
-    // SAFETY: killing the daemon this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (_dir, m, pid, readers) = signalled_with_reads_in_flight(libc::SIGKILL);
     assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not die");
     join_bounded(readers);
     // The connection is gone: reads fail at once, and the mount detaches.
