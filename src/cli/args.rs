@@ -144,8 +144,8 @@ pub struct MountArgs {
     /// URL or a file on a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
-    /// Background threads doing readahead [default: the CPUs, 2 to 8, for a local file; 16 for a URL
-    /// or a file on a network or FUSE filesystem].
+    /// Background threads doing readahead [default: 8 for a local file; 16 for a URL or a file on
+    /// a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub io_threads: Option<u32>,
     /// Read local files through the block cache too, instead of replying to the kernel straight

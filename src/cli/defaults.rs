@@ -52,15 +52,16 @@ fn waits_on_storage(source: &str) -> bool {
     crate::checkpoint::is_url(source) || crate::source::on_remote_filesystem(Path::new(source))
 }
 
-/// Default readahead threads for `source`: for a file on a local filesystem one per CPU, 2 to
-/// [`DEFAULT_IO_THREADS`] (its lanes only ask the kernel to read ahead: CPU work, no waiting); for a
-/// URL or a file on a network or FUSE filesystem [`DEFAULT_REMOTE_IO_THREADS`], whose lanes wait on
-/// the storage (each lane one handle's bandwidth).
+/// Default readahead threads for `source`: for a file on a local filesystem
+/// [`DEFAULT_IO_THREADS`], whatever the CPUs (each lane waits for its chunk to be read into the
+/// page cache, so the threads mostly sleep on the disk); for a URL or a file on a network or FUSE
+/// filesystem [`DEFAULT_REMOTE_IO_THREADS`], whose lanes wait on the storage (each lane one
+/// handle's bandwidth).
 pub fn default_io_threads(source: &str) -> u32 {
     if waits_on_storage(source) {
         DEFAULT_REMOTE_IO_THREADS
     } else {
-        cpus().clamp(2, DEFAULT_IO_THREADS)
+        DEFAULT_IO_THREADS
     }
 }
 /// Default kernel readahead: 1 MiB, the largest request the kernel sends (max_pages 256).

@@ -192,9 +192,8 @@ impl Engine {
     /// range of the file, as a slice of the mapping and as the file and offset
     /// ([`KernelBytes`]), handed over after the source's pin check: no block, no copy in user
     /// space, and a file truncated under the mapping makes the kernel's copy fail (EIO for the
-    /// reader), never SIGBUS here. The read still goes to its stream, and this thread asks the
-    /// kernel to read the stream's window ahead in whole aligned 8 MiB chunks
-    /// (`POSIX_FADV_WILLNEED`, which only starts the reads). Only replies copied from the mapping
+    /// reader), never SIGBUS here. The read still goes to its stream, whose prefetch lanes read
+    /// the window ahead into the page cache through the mapping (`prefetch`). Only replies copied from the mapping
     /// (not spliced) count towards dropping its page-table entries. Other sources go through
     /// [`Engine::read_in`].
     pub fn read_for_kernel<R>(
@@ -218,18 +217,9 @@ impl Engine {
         self.on_read(&entry);
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
-        if let Some(advice) = entry.streams.on_mapped_read(offset..end, extent, &entry.spares, &shared.stats) {
-            let bs = shared.config.block_size;
-            let start = advice.start.saturating_mul(bs).min(entry.len);
-            let advice_end = advice.end.saturating_mul(bs).min(entry.len);
-            if start < advice_end {
-                mapping.will_need(start..advice_end);
-                let stats = &shared.stats;
-                Stats::add(&stats.backing_reads, 1);
-                Stats::add(&stats.backing_read_bytes, advice_end - start);
-                Stats::add(&stats.prefetched_bytes, advice_end - start);
-            }
-        }
+        entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
+            self.prefetcher.submit(&entry, io, lane)
+        });
         let stats = &shared.stats;
         // Counted before the bytes go to the kernel: the reply wakes the reader, which may read
         // `.stfs/stats.json` (on another thread) before this one runs again.

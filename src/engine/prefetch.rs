@@ -49,7 +49,7 @@ impl Prefetcher {
 
 /// Runs one lane of a stream's prefetch: claims chunks of the pending blocks in order and loads
 /// each run of missing blocks in one read on the lane's own descriptor (or, for a source served
-/// from its mapping, asks the kernel to read the chunk into the page cache).
+/// from its mapping, reads the chunk into the page cache through the mapping).
 fn run_lane(shared: &Shared, job: &Job) {
     load_lane(shared, job);
     // The lane's descriptor (or the mapping) is left where closing the source finds it: counted
@@ -64,7 +64,7 @@ fn load_lane(shared: &Shared, job: &Job) {
         return;
     };
     if let Some(mapping) = job.source.mapping() {
-        return advise_lane(shared, job, &mapping);
+        return mapped_lane(shared, job, &mapping);
     }
     while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
         let mut run: Vec<LoadTicket<'_>> = Vec::new();
@@ -96,11 +96,13 @@ fn load_lane(shared: &Shared, job: &Job) {
     }
 }
 
-/// A mapped source's lane: each chunk it claims (whole aligned blocks, 1 to 8 MiB) becomes one
-/// `POSIX_FADV_WILLNEED` of that byte range, so the storage below reads it in large requests ahead
-/// of the reader while the reader's replies are copied by the kernel straight from the page cache.
-/// Nothing is cached in the engine, so nothing is refused; blocks the stream has passed are skipped.
-fn advise_lane(shared: &Shared, job: &Job, mapping: &Mapping) {
+/// A mapped source's lane: each chunk it claims (whole aligned blocks, 1 to 8 MiB) is read into the
+/// page cache through the mapping ([`Mapping::read_ahead`]), so the storage below sees large
+/// requests ahead of the reader, in parallel across lanes, while the reader's replies are copied
+/// by the kernel straight from the page cache, and the file is left in large folios for every
+/// later reader of it. Nothing is cached in the engine, so nothing is refused; blocks the stream
+/// has passed are skipped.
+fn mapped_lane(shared: &Shared, job: &Job, mapping: &Mapping) {
     let bs = shared.config.block_size;
     while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
         let first = chunk.start.max(job.stream.behind());
@@ -112,7 +114,7 @@ fn advise_lane(shared: &Shared, job: &Job, mapping: &Mapping) {
         if start >= end {
             continue;
         }
-        mapping.will_need(start..end);
+        mapping.read_ahead(start..end);
         let stats = &shared.stats;
         Stats::add(&stats.backing_reads, 1);
         Stats::add(&stats.backing_read_bytes, end - start);

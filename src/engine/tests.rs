@@ -370,7 +370,7 @@ fn file_range_bytes(b: crate::source::KernelBytes<'_>) -> Option<Vec<u8>> {
 }
 
 #[test]
-fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_advises_ahead() {
+fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_reads_ahead() {
     use crate::source::Source;
     let (_dir, _path, bytes, file) = local_file(3 << 20);
     assert!(file.mapping().is_some(), "a file on a local filesystem is mapped");
@@ -390,8 +390,8 @@ fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_advises_ahead() {
     assert_eq!(counter(&stats.mapped_reads), len / (128 << 10));
     assert_eq!(counter(&stats.mapped_read_bytes), len);
     assert_eq!((counter(&stats.cache_misses), counter(&stats.peak_resident_bytes)), (0, 0), "no block was loaded");
-    // The lanes asked the kernel for the window ahead in aligned chunks, each byte at most once.
-    eventually("the lanes advised", || counter(&stats.backing_reads) > 0);
+    // The lanes read the window ahead into the page cache in aligned chunks, each byte at most once.
+    eventually("the lanes read ahead", || counter(&stats.backing_reads) > 0);
     assert!(counter(&stats.backing_read_bytes) <= len, "{}", counter(&stats.backing_read_bytes));
     // Reads the user-space views make still go through blocks.
     assert_eq!(engine.read(id, 5, 10).unwrap(), &bytes[5..15]);

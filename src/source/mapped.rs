@@ -93,6 +93,11 @@ impl Mapping {
             log::debug!("mmap of {len} bytes failed: {}", io::Error::last_os_error());
             return None;
         }
+        // Advice only: faults of a `MADV_HUGEPAGE` file mapping read the file in PMD-sized folios
+        // (2 MiB on x86-64), which is what `read_ahead` relies on; refused where transparent huge
+        // pages are off, and then the kernel's own folio sizes apply.
+        // SAFETY: advice on exactly the mapping just made.
+        unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
         Some(Mapping { ptr: NonNull::new(ptr.cast())?, len, file, check })
     }
 
@@ -132,15 +137,75 @@ impl Mapping {
         Ok((reply, sliced.get()))
     }
 
-    /// Asks the kernel to read bytes `range` of the file into its page cache now
-    /// (`POSIX_FADV_WILLNEED`: large reads, submitted at once, not waited for). Advice only.
-    pub fn will_need(&self, range: Range<u64>) {
-        let len = range.end.saturating_sub(range.start);
-        let (Ok(offset), Ok(len)) = (libc::off_t::try_from(range.start), libc::off_t::try_from(len)) else {
+    /// Reads bytes `range` of the file (widened to whole pages, clipped to the mapping) into the
+    /// page cache and returns once they are there: `MADV_POPULATE_READ` faults the range in through
+    /// this `MADV_HUGEPAGE` mapping, so the kernel reads it in PMD-sized folios even when several
+    /// threads read neighbouring ranges at once, and the range's page-table entries are dropped
+    /// again at once (the pages stay cached). Where that is not available (before Linux 5.14) the
+    /// range goes to `POSIX_FADV_WILLNEED` instead, which only starts the reads.
+    ///
+    /// Why not the advice alone: `POSIX_FADV_WILLNEED` (and `MADV_WILLNEED`, `readahead(2)`) fill
+    /// the page cache with 4 KiB folios, and every later load of the file from the page cache, by
+    /// any reader, then runs several times slower than from the large folios a sequential `read`
+    /// leaves (docs/notes/benchmarks.md). A page the file no longer has (it shrank) is an error of
+    /// the populate, never a signal: nothing in user space reads the mapping.
+    pub fn read_ahead(&self, range: Range<u64>) {
+        const PAGE: u64 = 4096;
+        let start = (range.start / PAGE * PAGE).min(self.len as u64);
+        let end = range.end.div_ceil(PAGE).saturating_mul(PAGE).min((self.len as u64).div_ceil(PAGE) * PAGE);
+        if start >= end {
+            return;
+        }
+        // From the first page not yet cached: a range already in the page cache costs a lookup
+        // per page (as the advice did), not a populate and unmap of every page.
+        let Some(start) = self.first_uncached(start, end) else {
             return;
         };
-        // SAFETY: plain syscall on a descriptor we own.
-        unsafe { libc::posix_fadvise(self.file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED) };
+        // Both within the mapping (clipped above), which is whole pages long as the kernel sees it.
+        let (addr, len) = (self.ptr.as_ptr().wrapping_add(start as usize), (end - start) as usize);
+        // SAFETY: `[addr, addr + len)` lies inside our live read-only mapping; populating it only
+        // reads the file in, and dropping its entries only unmaps (the pages stay in the cache).
+        let populated = unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_READ) } == 0;
+        if populated {
+            // SAFETY: as above.
+            unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
+            return;
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::EINVAL) {
+            let (Ok(offset), Ok(len)) = (libc::off_t::try_from(start), libc::off_t::try_from(end - start)) else {
+                return;
+            };
+            // SAFETY: plain syscall on a descriptor we own.
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED) };
+        } else {
+            // EFAULT: the file shrank under the mapping; the reader's own read reports it.
+            log::debug!("read-ahead of bytes {start}..{end} of a mapped file: {error}");
+        }
+    }
+
+    /// The offset of the first page of `[start, end)` (page-aligned, inside the mapping) that is
+    /// not in the page cache (`mincore`, which looks at the page cache of a file mapping, mapped
+    /// or not), or `None` if all are; `Some(start)` if `mincore` fails.
+    fn first_uncached(&self, start: u64, end: u64) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        const STEP_PAGES: usize = 512;
+        let mut resident = [0u8; STEP_PAGES];
+        let mut at = start;
+        while at < end {
+            let pages = ((end - at) / PAGE).min(STEP_PAGES as u64) as usize;
+            let addr = self.ptr.as_ptr().wrapping_add(at as usize);
+            // SAFETY: `[addr, addr + pages pages)` lies inside our mapping, and `resident` has a
+            // byte for each page; mincore only reads page-cache state.
+            if unsafe { libc::mincore(addr.cast(), pages * PAGE as usize, resident.as_mut_ptr()) } != 0 {
+                return Some(at);
+            }
+            if let Some(page) = resident[..pages].iter().position(|r| r & 1 == 0) {
+                return Some(at + page as u64 * PAGE);
+            }
+            at += pages as u64 * PAGE;
+        }
+        None
     }
 
     /// Drops this process's page-table entries for the whole mapping (`MADV_DONTNEED`): the file's
@@ -192,5 +257,42 @@ mod tests {
         assert_eq!(mapping.to_kernel(1 << 30..1 << 31, |b| b.len()).unwrap().0, 0);
         let refusing = Mapping::new(File::open(&path).unwrap(), 4096, Box::new(|_| Err(io::Error::other("changed"))));
         assert!(refusing.unwrap().to_kernel(0..10, |_| unreachable!()).is_err());
+    }
+
+    /// Pages of `file`'s first `len` bytes that are in the page cache, by index.
+    fn cached_pages(file: &File, len: usize) -> Vec<usize> {
+        // SAFETY: a fresh read-only mapping, unmapped below; mincore reads nothing through it.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        assert_ne!(base, libc::MAP_FAILED);
+        let mut resident = vec![0u8; len.div_ceil(4096)];
+        // SAFETY: one byte per page of the mapping.
+        assert_eq!(unsafe { libc::mincore(base, len, resident.as_mut_ptr()) }, 0);
+        // SAFETY: exactly what was mapped.
+        unsafe { libc::munmap(base, len) };
+        resident.iter().enumerate().filter(|(_, r)| *r & 1 == 1).map(|(i, _)| i).collect()
+    }
+
+    #[test]
+    fn read_ahead_brings_the_range_into_the_page_cache_and_survives_a_shrunk_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        // SAFETY: plain syscall on an open descriptor.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert!(cached_pages(&file, 8 << 20).is_empty(), "the written pages were dropped");
+        let mapping = Mapping::new(File::open(&path).unwrap(), 8 << 20, Box::new(|_| Ok(()))).unwrap();
+        // Bytes 1 MiB + 100 to 3 MiB - 100: their pages, at least, are cached once it returns.
+        mapping.read_ahead((1 << 20) + 100..(3 << 20) - 100);
+        let cached = cached_pages(&file, 8 << 20);
+        assert!((256..768).all(|page| cached.contains(&page)), "{} pages cached", cached.len());
+        // Past the end and empty ranges are nothing to do; a file shrunk under the mapping is an
+        // error of the populate, not a signal.
+        mapping.read_ahead(9 << 20..10 << 20);
+        mapping.read_ahead(5 << 20..5 << 20);
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
+        mapping.read_ahead(4 << 20..6 << 20);
     }
 }
