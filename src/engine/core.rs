@@ -14,10 +14,12 @@ use super::demand::Demand;
 use super::descriptors::Budget;
 use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
-use super::prefetch::Prefetcher;
+use super::prefetch::{read_into_page_cache, Prefetcher};
 use super::readahead::ReadaheadConfig;
 use super::shared::{Shared, SourceEntry};
-use super::tuning::{mapped_resident_bytes, EngineConfig, IDLE_DESCRIPTORS_AFTER, IDLE_SWEEP_EVERY, MAX_BLOCK_SIZE};
+use super::tuning::{
+    mapped_resident_bytes, EngineConfig, IDLE_DESCRIPTORS_AFTER, IDLE_SWEEP_EVERY, MAX_BLOCK_SIZE, PREFETCH_CHUNK_BYTES,
+};
 use crate::source::{KernelBytes, Source, SourceId};
 use crate::stats::Stats;
 use crate::util::{lock, read, write};
@@ -192,8 +194,9 @@ impl Engine {
     /// range of the file, as a slice of the mapping and as the file and offset
     /// ([`KernelBytes`]), handed over after the source's pin check: no block, no copy in user
     /// space, and a file truncated under the mapping makes the kernel's copy fail (EIO for the
-    /// reader), never SIGBUS here. The read still goes to its stream, whose prefetch lanes read
-    /// the window ahead into the page cache through the mapping (`prefetch`). Only replies copied from the mapping
+    /// reader), never SIGBUS here. The read still goes to its stream, which asks for its window
+    /// ahead in whole aligned chunks of 8 MiB, each read into the page cache through the mapping
+    /// on an I/O thread (`prefetch`). Only replies copied from the mapping
     /// (not spliced) count towards dropping its page-table entries. Other sources go through
     /// [`Engine::read_in`].
     pub fn read_for_kernel<R>(
@@ -217,9 +220,21 @@ impl Engine {
         self.on_read(&entry);
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
-        entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
-            self.prefetcher.submit(&entry, io, lane)
-        });
+        if let Some((stream, blocks)) = entry.streams.on_mapped_read(offset..end, extent, &entry.spares, &shared.stats)
+        {
+            // One job per whole chunk, so the chunks are read at once on several I/O threads. A
+            // chunk the queue has no room for is only advised from this thread (the reads start,
+            // nothing waits for them), so a reply never waits for bytes ahead of its reader.
+            let chunk_blocks = (PREFETCH_CHUNK_BYTES / shared.config.block_size).max(1);
+            let mut at = blocks.start;
+            while at < blocks.end {
+                let chunk = at..(at / chunk_blocks + 1).saturating_mul(chunk_blocks).min(blocks.end);
+                if !self.prefetcher.submit_read_ahead(&entry, &stream, chunk.clone()) {
+                    read_into_page_cache(shared, &entry, &mapping, chunk.clone(), false);
+                }
+                at = chunk.end;
+            }
+        }
         let stats = &shared.stats;
         // Counted before the bytes go to the kernel: the reply wakes the reader, which may read
         // `.stfs/stats.json` (on another thread) before this one runs again.

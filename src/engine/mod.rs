@@ -26,10 +26,11 @@
 //! [`KernelBytes`](crate::source::KernelBytes), the file and offset and a slice of the mapping,
 //! which the FUSE adapter splices into the device (or passes to `writev`), so the kernel copies
 //! straight from the file's page cache. Its
-//! stream's lanes (step 4) read their chunks into the page cache through the mapping
-//! (`Mapping::read_ahead`: large folios, as a sequential `read` leaves them, where the kernel's
-//! readahead advice would leave 4 KiB pages), counted as backing reads; the daemon drops its
-//! page-table entries for the mapping every `mapped_resident_bytes` of replies. Reads that need the bytes in user space
+//! stream's window is not given to lanes (step 4): the reading thread takes it in whole aligned
+//! 8 MiB chunks and queues one job per chunk on the I/O threads, which read it into the page cache
+//! through the mapping (`Mapping::read_ahead`: large folios, as a sequential `read` leaves them,
+//! where the kernel's readahead advice would leave 4 KiB pages), counted as backing reads; the
+//! daemon drops its page-table entries for the mapping every `mapped_resident_bytes` of replies. Reads that need the bytes in user space
 //! (the `.npy` and F32 views, `stfs extract`) take the block path for every source.
 //!
 //! Every load goes through `backing` (one read of whole blocks, counted), which asks the disk

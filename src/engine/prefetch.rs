@@ -1,4 +1,5 @@
-//! The prefetch lanes: jobs on the I/O pool, each running one lane of one stream.
+//! The prefetch lanes: jobs on the I/O pool, each running one lane of one stream; and the
+//! read-ahead of a mapped source, one job per chunk its stream asks for.
 //!
 //! A stream's reads queue its pending blocks (`stream`); each lane with a job claims chunks of them
 //! in order and loads every run of missing blocks in one backing read on the lane's own
@@ -7,6 +8,7 @@
 //! stream halves its window at its next read); so does the engine stopping. A lane never loads a
 //! block its stream has left behind.
 
+use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -20,11 +22,11 @@ use crate::source::Mapping;
 use crate::stats::Stats;
 use crate::util::lock;
 
-/// One lane of one stream's prefetch, queued for an I/O thread.
-struct Job {
-    source: Arc<SourceEntry>,
-    stream: Arc<StreamIo>,
-    lane: usize,
+/// Work queued for an I/O thread: one lane of one stream's prefetch, or one chunk of a mapped
+/// source's read-ahead.
+enum Job {
+    Lane { source: Arc<SourceEntry>, stream: Arc<StreamIo>, lane: usize },
+    ReadAhead { source: Arc<SourceEntry>, stream: Arc<StreamIo>, blocks: Range<u64> },
 }
 
 /// The I/O threads running the prefetch lanes, fed by a bounded queue of [`JOB_QUEUE_LEN`] jobs.
@@ -36,29 +38,92 @@ impl Prefetcher {
     /// Starts `threads` I/O threads (none: nothing is ever prefetched).
     pub(crate) fn start(shared: &Arc<Shared>, threads: usize) -> Prefetcher {
         let shared = Arc::clone(shared);
-        Prefetcher { pool: IoPool::start(threads, JOB_QUEUE_LEN, move |job: Job| run_lane(&shared, &job)) }
+        Prefetcher {
+            pool: IoPool::start(threads, JOB_QUEUE_LEN, move |job: Job| match job {
+                Job::Lane { source, stream, lane } => run_lane(&shared, &LaneJob { source, stream, lane }),
+                Job::ReadAhead { source, stream, blocks } => read_ahead(&shared, &source, &stream, blocks),
+            }),
+        }
     }
 
     /// Queues a job for lane `lane` of `stream` of `source`; false if the queue is full (or there
     /// are no threads).
     pub(crate) fn submit(&self, source: &Arc<SourceEntry>, stream: &Arc<StreamIo>, lane: usize) -> bool {
-        let job = Job { source: Arc::clone(source), stream: Arc::clone(stream), lane };
+        let job = Job::Lane { source: Arc::clone(source), stream: Arc::clone(stream), lane };
         self.pool.try_submit(job).is_ok()
     }
+
+    /// Queues the read-ahead of `blocks` of `source`, a source served from its mapping, for
+    /// `stream`; false if the queue is full (or there are no threads).
+    pub(crate) fn submit_read_ahead(
+        &self,
+        source: &Arc<SourceEntry>,
+        stream: &Arc<StreamIo>,
+        blocks: Range<u64>,
+    ) -> bool {
+        let job = Job::ReadAhead { source: Arc::clone(source), stream: Arc::clone(stream), blocks };
+        self.pool.try_submit(job).is_ok()
+    }
+}
+
+/// One lane of one stream's prefetch, running.
+struct LaneJob {
+    source: Arc<SourceEntry>,
+    stream: Arc<StreamIo>,
+    lane: usize,
 }
 
 /// Runs one lane of a stream's prefetch: claims chunks of the pending blocks in order and loads
 /// each run of missing blocks in one read on the lane's own descriptor (or, for a source served
 /// from its mapping, reads the chunk into the page cache through the mapping).
-fn run_lane(shared: &Shared, job: &Job) {
+fn run_lane(shared: &Shared, job: &LaneJob) {
     load_lane(shared, job);
     // The lane's descriptor (or the mapping) is left where closing the source finds it: counted
     // as held, in case the source was closed as idle while this job waited in the queue.
     shared.descriptors.holding(&job.source.activity);
 }
 
+/// A mapped source's read-ahead of `blocks` (one chunk its stream asked for, `core`): read into
+/// the page cache through the mapping, unless the stream has passed them meanwhile.
+fn read_ahead(shared: &Shared, source: &SourceEntry, stream: &StreamIo, blocks: Range<u64>) {
+    let first = blocks.start.max(stream.behind());
+    if first < blocks.end && !shared.stopping.load(Relaxed) {
+        if let Some(mapping) = source.mapping() {
+            read_into_page_cache(shared, source, &mapping, first..blocks.end, true);
+        }
+    }
+    shared.descriptors.holding(&source.activity);
+}
+
+/// Reads `blocks` of a mapped source into the page cache and returns once they are there
+/// ([`Mapping::read_ahead`]), or, unless `wait`, only asks the kernel to start reading them
+/// ([`Mapping::advise`]); counted as one backing read either way.
+pub(crate) fn read_into_page_cache(
+    shared: &Shared,
+    source: &SourceEntry,
+    mapping: &Mapping,
+    blocks: Range<u64>,
+    wait: bool,
+) {
+    let bs = shared.config.block_size;
+    let start = blocks.start.saturating_mul(bs).min(source.len);
+    let end = blocks.end.saturating_mul(bs).min(source.len);
+    if start >= end {
+        return;
+    }
+    if wait {
+        mapping.read_ahead(start..end);
+    } else {
+        mapping.advise(start..end);
+    }
+    let stats = &shared.stats;
+    Stats::add(&stats.backing_reads, 1);
+    Stats::add(&stats.backing_read_bytes, end - start);
+    Stats::add(&stats.prefetched_bytes, end - start);
+}
+
 /// [`run_lane`]'s work.
-fn load_lane(shared: &Shared, job: &Job) {
+fn load_lane(shared: &Shared, job: &LaneJob) {
     let bs = shared.config.block_size;
     let Some(lane) = job.stream.lanes.get(job.lane) else {
         return;
@@ -96,35 +161,21 @@ fn load_lane(shared: &Shared, job: &Job) {
     }
 }
 
-/// A mapped source's lane: each chunk it claims (whole aligned blocks, 1 to 8 MiB) is read into the
-/// page cache through the mapping ([`Mapping::read_ahead`]), so the storage below sees large
-/// requests ahead of the reader, in parallel across lanes, while the reader's replies are copied
-/// by the kernel straight from the page cache, and the file is left in large folios for every
-/// later reader of it. Nothing is cached in the engine, so nothing is refused; blocks the stream
-/// has passed are skipped.
-fn mapped_lane(shared: &Shared, job: &Job, mapping: &Mapping) {
-    let bs = shared.config.block_size;
+/// A mapped source's lane (a read of it in user space, the views' path): each chunk it claims
+/// (whole aligned blocks, 1 to 8 MiB) is read into the page cache through the mapping. Nothing is
+/// cached in the engine, so nothing is refused; blocks the stream has passed are skipped.
+fn mapped_lane(shared: &Shared, job: &LaneJob, mapping: &Mapping) {
     while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
         let first = chunk.start.max(job.stream.behind());
-        if first >= chunk.end {
-            continue;
+        if first < chunk.end {
+            read_into_page_cache(shared, &job.source, mapping, first..chunk.end, true);
         }
-        let start = first.saturating_mul(bs);
-        let end = chunk.end.saturating_mul(bs).min(job.source.len);
-        if start >= end {
-            continue;
-        }
-        mapping.read_ahead(start..end);
-        let stats = &shared.stats;
-        Stats::add(&stats.backing_reads, 1);
-        Stats::add(&stats.backing_read_bytes, end - start);
-        Stats::add(&stats.prefetched_bytes, end - start);
     }
 }
 
 /// Loads a run of reserved neighbouring blocks starting at `first` in one backing read on the
 /// lane's descriptor, publishing each block as soon as it lands.
-fn load_run(shared: &Shared, job: &Job, lane: &Descriptor, first: u64, mut run: Vec<LoadTicket<'_>>) {
+fn load_run(shared: &Shared, job: &LaneJob, lane: &Descriptor, first: u64, mut run: Vec<LoadTicket<'_>>) {
     if run.is_empty() {
         return;
     }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use super::cache::BlockCache;
 use super::readahead::{self, Decision, Readahead, ReadaheadConfig};
 use super::spares::Spares;
-use super::tuning::MAX_LANES;
+use super::tuning::{MAX_LANES, PREFETCH_CHUNK_BYTES};
 use crate::source::{SourceId, SourceReader};
 use crate::stats::Stats;
 use crate::util::lock;
@@ -98,6 +98,31 @@ impl Streams {
             }
         });
         sequential.then_some(io)
+    }
+
+    /// [`Streams::on_read`] for a source served from its mapping, whose prefetch only reads the
+    /// file into the page cache: the blocks the read's stream should now ask the kernel to read ahead, in
+    /// whole aligned chunks of [`PREFETCH_CHUNK_BYTES`] (a shorter run only where the source ends
+    /// or the reader would otherwise catch up with what was asked for). The caller hands each chunk
+    /// to an I/O thread, which reads it into the page cache: in whole chunks, so a reader whose
+    /// requests are small (128 KiB without a raised kernel readahead) does not cost a thread
+    /// hand-off and a read per request, as lanes claiming what each read adds would.
+    pub(crate) fn on_mapped_read(
+        &self,
+        range: Range<u64>,
+        extent: Range<u64>,
+        spares: &Spares,
+        stats: &Stats,
+    ) -> Option<(Arc<StreamIo>, Range<u64>)> {
+        let bs = self.config.block_size;
+        let last = self.len.div_ceil(bs);
+        let chunk_blocks = (PREFETCH_CHUNK_BYTES / bs).max(1);
+        let reader_end = range.end.div_ceil(bs);
+        let mut advice = None;
+        let (io, _) = self.with_stream(range, extent, spares, stats, |stream, decision| {
+            advice = stream.io.take_advice(decision.prefetch.clone(), last, chunk_blocks, reader_end);
+        });
+        advice.map(|blocks| (io, blocks))
     }
 
     /// Closes the descriptors of every stream (they reopen at the stream's next load); those a
@@ -313,6 +338,38 @@ impl StreamIo {
             return false;
         }
         true
+    }
+
+    /// Adds `blocks` (of a source with `last` blocks) to the pending read-ahead of a mapped stream
+    /// and takes what is due now: every whole chunk of `chunk_blocks` that waits, or all that waits if
+    /// it reaches the source's end or the reader (now ending at block `reader_end`) would otherwise
+    /// read blocks not yet asked for. Blocks the stream has left behind are skipped.
+    fn take_advice(&self, blocks: Range<u64>, last: u64, chunk_blocks: u64, reader_end: u64) -> Option<Range<u64>> {
+        let mut pending = lock(&self.pending);
+        pending.last = last;
+        if !blocks.is_empty() {
+            if pending.next >= pending.end {
+                (pending.next, pending.end) = (blocks.start, blocks.end);
+            } else {
+                pending.next = pending.next.min(blocks.start);
+                pending.end = pending.end.max(blocks.end);
+            }
+        }
+        pending.next = pending.next.max(self.behind.load(Relaxed));
+        if pending.next >= pending.end {
+            return None;
+        }
+        let whole_chunks_end = pending.end / chunk_blocks * chunk_blocks;
+        let due = if pending.end >= last || pending.next <= reader_end {
+            pending.end
+        } else if whole_chunks_end > pending.next {
+            whole_chunks_end
+        } else {
+            return None;
+        };
+        let advice = pending.next..due;
+        pending.next = due;
+        Some(advice)
     }
 
     /// The next run of blocks for the job of `lane`, or `None` when it should end (nothing it may

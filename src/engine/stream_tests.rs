@@ -227,3 +227,30 @@ fn refusal_drops_pending_blocks_and_is_reported_once() {
     io.add_pending(0..4, 10, 1, LANES, |_| true);
     assert_eq!(io.next_chunk(0, true), None, "stop ends the job");
 }
+
+#[test]
+fn mapped_advice_comes_in_whole_aligned_chunks() {
+    let io = StreamIo::default();
+    // (blocks added, reader's end block, advice taken), chunks of 8 blocks in a 100-block source.
+    type Step = (Range<u64>, u64, Option<Range<u64>>);
+    let steps: &[Step] = &[
+        (0..4, 1, Some(0..4)),   // the reader is at the edge: all that waits, at once
+        (4..6, 2, None),         // less than a chunk ahead of a reader well behind: wait
+        (6..17, 3, Some(4..16)), // up to the last whole chunk's end
+        (17..20, 4, None),
+        (20..30, 15, Some(16..24)),   // the reader has not caught up with what was advised
+        (0..0, 25, Some(24..30)),     // it has: the partial rest goes too
+        (30..100, 26, Some(30..100)), // the source's end makes the last run whole
+    ];
+    for (step, (blocks, reader_end, advice)) in steps.iter().enumerate() {
+        assert_eq!(io.take_advice(blocks.clone(), 100, 8, *reader_end), *advice, "step {step}");
+    }
+}
+
+#[test]
+fn mapped_advice_skips_what_the_stream_left_behind() {
+    let io = StreamIo::default();
+    assert_eq!(io.take_advice(10..12, 100, 8, 0), None);
+    io.left_behind(14);
+    assert_eq!(io.take_advice(12..40, 100, 8, 14), Some(14..40));
+}

@@ -372,7 +372,7 @@ fn file_range_bytes(b: crate::source::KernelBytes<'_>) -> Option<Vec<u8>> {
 #[test]
 fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_reads_ahead() {
     use crate::source::Source;
-    let (_dir, _path, bytes, file) = local_file(3 << 20);
+    let (_dir, _path, bytes, file) = local_file(24 << 20);
     assert!(file.mapping().is_some(), "a file on a local filesystem is mapped");
     let (engine, stats) = engine(64 << 10, 16 << 20, 2);
     let id = engine.add_source(file);
@@ -390,9 +390,12 @@ fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_reads_ahead() {
     assert_eq!(counter(&stats.mapped_reads), len / (128 << 10));
     assert_eq!(counter(&stats.mapped_read_bytes), len);
     assert_eq!((counter(&stats.cache_misses), counter(&stats.peak_resident_bytes)), (0, 0), "no block was loaded");
-    // The lanes read the window ahead into the page cache in aligned chunks, each byte at most once.
-    eventually("the lanes read ahead", || counter(&stats.backing_reads) > 0);
+    // The window ahead was read into the page cache in whole aligned 8 MiB chunks (a shorter run
+    // only where the reader caught up), each byte at most once: a handful of reads for 192 small
+    // requests, not one per request.
+    eventually("the read-ahead ran", || counter(&stats.backing_reads) > 0);
     assert!(counter(&stats.backing_read_bytes) <= len, "{}", counter(&stats.backing_read_bytes));
+    assert!(counter(&stats.backing_reads) <= 8, "{} read-aheads", counter(&stats.backing_reads));
     // Reads the user-space views make still go through blocks.
     assert_eq!(engine.read(id, 5, 10).unwrap(), &bytes[5..15]);
     assert!(counter(&stats.cache_misses) > 0);

@@ -173,15 +173,23 @@ impl Mapping {
         }
         let error = io::Error::last_os_error();
         if error.raw_os_error() == Some(libc::EINVAL) {
-            let (Ok(offset), Ok(len)) = (libc::off_t::try_from(start), libc::off_t::try_from(end - start)) else {
-                return;
-            };
-            // SAFETY: plain syscall on a descriptor we own.
-            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED) };
+            self.advise(start..end);
         } else {
             // EFAULT: the file shrank under the mapping; the reader's own read reports it.
             log::debug!("read-ahead of bytes {start}..{end} of a mapped file: {error}");
         }
+    }
+
+    /// Asks the kernel to start reading bytes `range` of the file into its page cache
+    /// (`POSIX_FADV_WILLNEED`), without waiting. Advice only, and it leaves 4 KiB folios (see
+    /// [`Mapping::read_ahead`]): for where waiting is not an option.
+    pub fn advise(&self, range: Range<u64>) {
+        let len = range.end.saturating_sub(range.start);
+        let (Ok(offset), Ok(len)) = (libc::off_t::try_from(range.start), libc::off_t::try_from(len)) else {
+            return;
+        };
+        // SAFETY: plain syscall on a descriptor we own.
+        unsafe { libc::posix_fadvise(self.file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED) };
     }
 
     /// The offset of the first page of `[start, end)` (page-aligned, inside the mapping) that is
