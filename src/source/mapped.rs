@@ -62,6 +62,10 @@ impl<'a> From<&'a [u8]> for KernelBytes<'a> {
     }
 }
 
+/// Bytes [`Mapping::read_ahead`] faults in (and so maps in this process) at a time: one PMD folio
+/// on x86-64, which its fault reads whole, and the kernel's readahead on from there.
+const READ_AHEAD_STEP: u64 = 2 << 20;
+
 /// The check a mapping runs on its descriptor before handing out bytes: the file is still the
 /// pinned one.
 type Check = Box<dyn Fn(&File) -> io::Result<()> + Send + Sync>;
@@ -140,8 +144,8 @@ impl Mapping {
     /// Reads bytes `range` of the file (widened to whole pages, clipped to the mapping) into the
     /// page cache and returns once they are there: `MADV_POPULATE_READ` faults the range in through
     /// this `MADV_HUGEPAGE` mapping, so the kernel reads it in PMD-sized folios even when several
-    /// threads read neighbouring ranges at once, and the range's page-table entries are dropped
-    /// again at once (the pages stay cached). Where that is not available (before Linux 5.14) the
+    /// threads read neighbouring ranges at once; it goes [`READ_AHEAD_STEP`] at a time, each step's
+    /// page-table entries dropped before the next (the pages stay cached). Where that is not available (before Linux 5.14) the
     /// range goes to `POSIX_FADV_WILLNEED` instead, which only starts the reads.
     ///
     /// Why not the advice alone: `POSIX_FADV_WILLNEED` (and `MADV_WILLNEED`, `readahead(2)`) fill
@@ -161,22 +165,28 @@ impl Mapping {
         let Some(start) = self.first_uncached(start, end) else {
             return;
         };
-        // Both within the mapping (clipped above), which is whole pages long as the kernel sees it.
-        let (addr, len) = (self.ptr.as_ptr().wrapping_add(start as usize), (end - start) as usize);
-        // SAFETY: `[addr, addr + len)` lies inside our live read-only mapping; populating it only
-        // reads the file in, and dropping its entries only unmaps (the pages stay in the cache).
-        let populated = unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_READ) } == 0;
-        if populated {
+        // In steps of READ_AHEAD_STEP, each unmapped before the next, so at most one step's pages
+        // are mapped in this process at a time (its resident set counts them).
+        let mut at = start;
+        while at < end {
+            let step_end = end.min(at + READ_AHEAD_STEP);
+            // Within the mapping (clipped above), which is whole pages long as the kernel sees it.
+            let (addr, len) = (self.ptr.as_ptr().wrapping_add(at as usize), (step_end - at) as usize);
+            // SAFETY: `[addr, addr + len)` lies inside our live read-only mapping; populating it
+            // only reads the file in, and dropping its entries only unmaps (the pages stay cached).
+            if unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_READ) } != 0 {
+                let error = io::Error::last_os_error();
+                if error.raw_os_error() == Some(libc::EINVAL) {
+                    self.advise(at..end);
+                } else {
+                    // EFAULT: the file shrank under the mapping; the reader's own read reports it.
+                    log::debug!("read-ahead of bytes {at}..{end} of a mapped file: {error}");
+                }
+                return;
+            }
             // SAFETY: as above.
             unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
-            return;
-        }
-        let error = io::Error::last_os_error();
-        if error.raw_os_error() == Some(libc::EINVAL) {
-            self.advise(start..end);
-        } else {
-            // EFAULT: the file shrank under the mapping; the reader's own read reports it.
-            log::debug!("read-ahead of bytes {start}..{end} of a mapped file: {error}");
+            at = step_end;
         }
     }
 
