@@ -81,10 +81,13 @@ def _read_ahead_threads():
     return [t for t in threading.enumerate() if t.name == "stfs-read-ahead"]
 
 
-def _resident_pages(path):
-    """(pages of `path` in the page cache, pages of it), by mincore(2) over a mapping of it."""
+def _page_cache(path, folios=False):
+    """(pages of `path` in the page cache, pages of it, and with `folios` the share of the cached ones
+    in folios of more than one page), by mincore(2) over a mapping of it; the folios as root:
+    /proc/self/pagemap gives each mapped page's frame, /proc/kpageflags its compound bits."""
     import ctypes
     import mmap
+    import struct
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     with open(path, "rb") as f:  # private and writable only so that ctypes may take its address
@@ -93,11 +96,37 @@ def _resident_pages(path):
         pages = (len(m) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
         vec = (ctypes.c_ubyte * pages)()
         keep = ctypes.c_char.from_buffer(m)
-        assert libc.mincore(ctypes.addressof(keep), len(m), vec) == 0, ctypes.get_errno()
+        base = ctypes.addressof(keep)
+        assert libc.mincore(base, len(m), vec) == 0, ctypes.get_errno()
+        cached = [i for i in range(pages) if vec[i] & 1]
+        if not folios:
+            del keep
+            return len(cached), pages, None
+        mapped = large = 0
+        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+        kflags = os.open("/proc/kpageflags", os.O_RDONLY)
+        try:
+            for page in cached:
+                m[page * mmap.PAGESIZE]  # map the cached page (a read: the private mapping stays shared)
+                # pread, unbuffered: a buffered read would keep entries read before their pages were mapped
+                entry = struct.unpack("<Q", os.pread(pagemap, 8, (base // mmap.PAGESIZE + page) * 8))[0]
+                if not entry >> 63:
+                    continue
+                flags = struct.unpack("<Q", os.pread(kflags, 8, (entry & ((1 << 55) - 1)) * 8))[0]
+                mapped += 1
+                large += bool(flags & (1 << 15 | 1 << 16))  # KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL
+        finally:
+            os.close(pagemap)
+            os.close(kflags)
         del keep
-        return sum(v & 1 for v in vec), pages
+        return mapped, pages, large / max(mapped, 1)
     finally:
         m.close()
+
+
+def _resident_pages(path):
+    """(pages of `path` in the page cache, pages of it)."""
+    return _page_cache(path)[:2]
 
 
 def test_read_ahead_reads_every_file_in_and_ends(tmp_path, monkeypatch):
@@ -128,44 +157,6 @@ def test_read_ahead_reads_every_file_in_and_ends(tmp_path, monkeypatch):
     assert not _read_ahead_threads()
 
 
-def _large_folio_share(path):
-    """Of the pages of `path` in the page cache, the share in folios of more than one page (root:
-    /proc/self/pagemap gives each mapped page's frame, /proc/kpageflags its compound bits)."""
-    import ctypes
-    import mmap
-    import struct
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    with open(path, "rb") as f:  # private and writable only so that ctypes may take its address
-        m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    try:
-        pages = (len(m) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        keep = ctypes.c_char.from_buffer(m)
-        base = ctypes.addressof(keep)
-        assert libc.mincore(base, len(m), vec) == 0, ctypes.get_errno()
-        cached = large = 0
-        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
-        kflags = os.open("/proc/kpageflags", os.O_RDONLY)
-        try:
-            for page in (i for i in range(pages) if vec[i] & 1):
-                m[page * mmap.PAGESIZE]  # map the cached page (a read: the private mapping stays shared)
-                # pread, unbuffered: a buffered read would keep entries read before their pages were mapped
-                entry = struct.unpack("<Q", os.pread(pagemap, 8, (base // mmap.PAGESIZE + page) * 8))[0]
-                if not entry >> 63:
-                    continue
-                flags = struct.unpack("<Q", os.pread(kflags, 8, (entry & ((1 << 55) - 1)) * 8))[0]
-                cached += 1
-                large += bool(flags & (1 << 15 | 1 << 16))  # KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL
-        finally:
-            os.close(pagemap)
-            os.close(kflags)
-        del keep
-        return cached, pages, large / max(cached, 1)
-    finally:
-        m.close()
-
-
 def test_read_ahead_leaves_large_folios_as_a_plain_read_does(tmp_path):
     """What read_ahead leaves in the page cache is what a plain sequential read leaves: large folios,
     so later loads of the file from the page cache run at full speed (MADV_WILLNEED left 4 KiB
@@ -187,14 +178,14 @@ def test_read_ahead_leaves_large_folios_as_a_plain_read_does(tmp_path):
     with open(path, "rb") as f:
         while f.read(128 << 10):
             pass
-    cached, pages, plain = _large_folio_share(path)
+    cached, pages, plain = _page_cache(path, folios=True)
     assert cached == pages
     drop()
-    assert _large_folio_share(path)[0] < pages, "the test file was not dropped"
+    assert _resident_pages(path)[0] < pages, "the test file was not dropped"
     _whole.read_ahead([str(path)])
     for t in _read_ahead_threads():
         t.join(30)
-    cached, pages, share = _large_folio_share(path)
+    cached, pages, share = _page_cache(path, folios=True)
     assert cached == pages, f"{cached} of {pages} pages cached"
     if plain >= 0.5:
         assert share >= plain - 0.2, f"plain read {plain:.2f}, read_ahead {share:.2f}"
