@@ -20,7 +20,7 @@ use super::shared::{Shared, SourceEntry};
 use super::tuning::{
     mapped_resident_bytes, EngineConfig, IDLE_DESCRIPTORS_AFTER, IDLE_SWEEP_EVERY, MAX_BLOCK_SIZE, PREFETCH_CHUNK_BYTES,
 };
-use crate::source::{KernelBytes, Source, SourceId};
+use crate::source::{KernelBytes, Mapping, Source, SourceId};
 use crate::stats::Stats;
 use crate::util::{lock, read, write};
 
@@ -164,10 +164,21 @@ impl Engine {
         self.on_read(&entry);
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
-        let stream =
-            entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
-                self.prefetcher.submit(&entry, io, lane)
-            });
+        // A mapped source's stream reads ahead into the page cache, not the block cache: this read
+        // loads its own run of cold blocks in one backing read, as a read outside any stream does
+        // (and so does a read of a mapped source whose mapping failed, whose lanes load blocks).
+        let stream = match entry.mapping() {
+            Some(mapping) => {
+                self.read_ahead_mapped(&entry, &mapping, offset..end, extent);
+                None
+            }
+            None => entry
+                .streams
+                .on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
+                    self.prefetcher.submit(&entry, io, lane)
+                })
+                .filter(|_| !entry.mapped),
+        };
         // A read inside the bytes the source's opening request fetched (a remote object's first
         // 64 KiB: the header and, in most checkpoints, a first few small tensors) is answered from
         // them: the first tensor of a fresh mount costs no request, instead of the request and
@@ -182,9 +193,6 @@ impl Engine {
                 return Ok(consume(bytes));
             }
         }
-        // A mapped source's lanes advise rather than load blocks: this read loads its own run of
-        // cold blocks in one backing read, as a read outside any stream does.
-        let stream = stream.filter(|_| !entry.mapped);
         Demand { shared, entry: &entry, stream: stream.as_deref() }.serve(offset, end, consume)
     }
 
@@ -196,9 +204,8 @@ impl Engine {
     /// space, and a file truncated under the mapping makes the kernel's copy fail (EIO for the
     /// reader), never SIGBUS here. The read still goes to its stream, which asks for its window
     /// ahead in whole aligned chunks of 8 MiB, each read into the page cache through the mapping
-    /// on an I/O thread (`prefetch`). Only replies copied from the mapping
-    /// (not spliced) count towards dropping its page-table entries. Other sources go through
-    /// [`Engine::read_in`].
+    /// on an I/O thread (`prefetch`). Only replies copied from the mapping (not spliced) count
+    /// towards dropping its page-table entries. Other sources go through [`Engine::read_in`].
     pub fn read_for_kernel<R>(
         &self,
         source: SourceId,
@@ -220,21 +227,7 @@ impl Engine {
         self.on_read(&entry);
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
-        if let Some((stream, blocks)) = entry.streams.on_mapped_read(offset..end, extent, &entry.spares, &shared.stats)
-        {
-            // One job per whole chunk, so the chunks are read at once on several I/O threads. A
-            // chunk the queue has no room for is only advised from this thread (the reads start,
-            // nothing waits for them), so a reply never waits for bytes ahead of its reader.
-            let chunk_blocks = (PREFETCH_CHUNK_BYTES / shared.config.block_size).max(1);
-            let mut at = blocks.start;
-            while at < blocks.end {
-                let chunk = at..(at / chunk_blocks + 1).saturating_mul(chunk_blocks).min(blocks.end);
-                if !self.prefetcher.submit_read_ahead(&entry, &stream, chunk.clone()) {
-                    read_into_page_cache(shared, &entry, &mapping, chunk.clone(), false);
-                }
-                at = chunk.end;
-            }
-        }
+        self.read_ahead_mapped(&entry, &mapping, offset..end, extent);
         let stats = &shared.stats;
         // Counted before the bytes go to the kernel: the reply wakes the reader, which may read
         // `.stfs/stats.json` (on another thread) before this one runs again.
@@ -258,6 +251,27 @@ impl Engine {
             Stats::add(&stats.mapping_releases, 1);
         }
         Ok(reply)
+    }
+
+    /// The read of `range` of a source served from `mapping`, a file spanning `extent`, goes to its
+    /// stream, which may ask for its window ahead (`Streams::on_mapped_read`): one job per whole
+    /// chunk, so the chunks are read into the page cache at once on several I/O threads. A chunk
+    /// the queue has no room for is only advised from this thread (the reads start, nothing waits
+    /// for them), so a read never waits for bytes ahead of its reader.
+    fn read_ahead_mapped(&self, entry: &Arc<SourceEntry>, mapping: &Mapping, range: Range<u64>, extent: Range<u64>) {
+        let shared = &*self.shared;
+        let Some((stream, blocks)) = entry.streams.on_mapped_read(range, extent, &entry.spares, &shared.stats) else {
+            return;
+        };
+        let chunk_blocks = (PREFETCH_CHUNK_BYTES / shared.config.block_size).max(1);
+        let mut at = blocks.start;
+        while at < blocks.end {
+            let chunk = at..(at / chunk_blocks + 1).saturating_mul(chunk_blocks).min(blocks.end);
+            if !self.prefetcher.submit_read_ahead(entry, &stream, chunk.clone()) {
+                read_into_page_cache(shared, entry, mapping, chunk.clone(), false);
+            }
+            at = chunk.end;
+        }
     }
 
     /// Turns on extent files (whole tensor files on disk, for FUSE passthrough) in the disk tier;

@@ -25,13 +25,15 @@
 //! above, then skips 3: after the source's pin check it hands the caller the range as
 //! [`KernelBytes`](crate::source::KernelBytes), the file and offset and a slice of the mapping,
 //! which the FUSE adapter splices into the device (or passes to `writev`), so the kernel copies
-//! straight from the file's page cache. Its
-//! stream's window is not given to lanes (step 4): the reading thread takes it in whole aligned
-//! 8 MiB chunks and queues one job per chunk on the I/O threads, which read it into the page cache
-//! through the mapping (`Mapping::read_ahead`: large folios, as a sequential `read` leaves them,
-//! where the kernel's readahead advice would leave 4 KiB pages), counted as backing reads; the
-//! daemon drops its page-table entries for the mapping every `mapped_resident_bytes` of replies. Reads that need the bytes in user space
-//! (the `.npy` and F32 views, `stfs extract`) take the block path for every source.
+//! straight from the file's page cache. The daemon drops its page-table entries for the mapping
+//! every `mapped_resident_bytes` of replies. Reads that need the bytes in user space (the `.npy`
+//! and F32 views, `stfs extract`) take the block path, step 3, for every source.
+//!
+//! A mapped source's streams, whichever path their reads take, never give their window to lanes
+//! (step 4): the reading thread takes it in whole aligned 8 MiB chunks and queues one job per
+//! chunk on the I/O threads, which read it into the page cache through the mapping
+//! (`Mapping::read_ahead`: large folios, as a sequential `read` leaves them, where the kernel's
+//! readahead advice would leave 4 KiB pages), counted as backing reads.
 //!
 //! Every load goes through `backing` (one read of whole blocks, counted), which asks the disk
 //! tier (`disk`, with `--cache-dir`; a source it caches takes the block path, never the mapping)

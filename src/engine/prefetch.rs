@@ -74,17 +74,16 @@ struct LaneJob {
 }
 
 /// Runs one lane of a stream's prefetch: claims chunks of the pending blocks in order and loads
-/// each run of missing blocks in one read on the lane's own descriptor (or, for a source served
-/// from its mapping, reads the chunk into the page cache through the mapping).
+/// each run of missing blocks in one read on the lane's own descriptor.
 fn run_lane(shared: &Shared, job: &LaneJob) {
     load_lane(shared, job);
-    // The lane's descriptor (or the mapping) is left where closing the source finds it: counted
+    // The lane's descriptor is left where closing the source finds it: counted
     // as held, in case the source was closed as idle while this job waited in the queue.
     shared.descriptors.holding(&job.source.activity);
 }
 
-/// A mapped source's read-ahead of `blocks` (one chunk its stream asked for, `core`): read into
-/// the page cache through the mapping, unless the stream has passed them meanwhile.
+/// A mapped source's read-ahead of `blocks` (one chunk its stream asked for, `core`), for a read
+/// the kernel copies or one in user space alike: read into the page cache through the mapping, unless the stream has passed them meanwhile.
 fn read_ahead(shared: &Shared, source: &SourceEntry, stream: &StreamIo, blocks: Range<u64>) {
     let first = blocks.start.max(stream.behind());
     if first < blocks.end && !shared.stopping.load(Relaxed) {
@@ -128,9 +127,6 @@ fn load_lane(shared: &Shared, job: &LaneJob) {
     let Some(lane) = job.stream.lanes.get(job.lane) else {
         return;
     };
-    if let Some(mapping) = job.source.mapping() {
-        return mapped_lane(shared, job, &mapping);
-    }
     while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
         let mut run: Vec<LoadTicket<'_>> = Vec::new();
         let mut run_start = chunk.start;
@@ -158,18 +154,6 @@ fn load_lane(shared: &Shared, job: &LaneJob) {
             }
         }
         load_run(shared, job, lane, run_start, run);
-    }
-}
-
-/// A mapped source's lane (a read of it in user space, the views' path): each chunk it claims
-/// (whole aligned blocks, 1 to 8 MiB) is read into the page cache through the mapping. Nothing is
-/// cached in the engine, so nothing is refused; blocks the stream has passed are skipped.
-fn mapped_lane(shared: &Shared, job: &LaneJob, mapping: &Mapping) {
-    while let Some(chunk) = job.stream.next_chunk(job.lane, shared.stopping.load(Relaxed)) {
-        let first = chunk.start.max(job.stream.behind());
-        if first < chunk.end {
-            read_into_page_cache(shared, &job.source, mapping, first..chunk.end, true);
-        }
     }
 }
 

@@ -402,6 +402,31 @@ fn reads_for_the_kernel_come_from_the_mapping_and_prefetch_reads_ahead() {
 }
 
 #[test]
+fn user_space_reads_of_a_mapped_file_read_ahead_in_whole_chunks() {
+    let (_dir, _path, bytes, file) = local_file(24 << 20);
+    let (engine, stats) = engine(64 << 10, 16 << 20, 2);
+    let id = engine.add_source(file);
+    let len = bytes.len() as u64;
+    // A view reading the file in small steps: its bytes come through blocks.
+    let step = 128 << 10;
+    for offset in (0..len).step_by(step) {
+        let got = engine.read_in(id, 0..len, offset, step, |b| b.to_vec()).unwrap();
+        assert_eq!(got, &bytes[offset as usize..(offset as usize + step).min(bytes.len())]);
+    }
+    let reads = len / step as u64;
+    assert!(counter(&stats.cache_misses) > 0, "the bytes came through blocks");
+    // Its window went to the page cache in whole chunks, as a kernel reader's does, not in one
+    // read-ahead per read: at most one backing read per read (its own cold blocks) and 8 more.
+    eventually("the read-ahead ran", || counter(&stats.prefetched_bytes) > 0);
+    assert!(counter(&stats.prefetched_bytes) <= len, "{}", counter(&stats.prefetched_bytes));
+    assert!(
+        counter(&stats.backing_reads) <= reads + 8,
+        "{} backing reads for {reads} reads",
+        counter(&stats.backing_reads)
+    );
+}
+
+#[test]
 fn a_changed_file_fails_reads_for_the_kernel_and_map_files_off_uses_blocks() {
     let (_dir, path, bytes, file) = local_file(1 << 20);
     let stats = Arc::new(Stats::default());

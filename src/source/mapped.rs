@@ -142,11 +142,12 @@ impl Mapping {
     }
 
     /// Reads bytes `range` of the file (widened to whole pages, clipped to the mapping) into the
-    /// page cache and returns once they are there: `MADV_POPULATE_READ` faults the range in through
-    /// this `MADV_HUGEPAGE` mapping, so the kernel reads it in PMD-sized folios even when several
-    /// threads read neighbouring ranges at once; it goes [`READ_AHEAD_STEP`] at a time, each step's
-    /// page-table entries dropped before the next (the pages stay cached). Where that is not available (before Linux 5.14) the
-    /// range goes to `POSIX_FADV_WILLNEED` instead, which only starts the reads.
+    /// page cache and returns once they are there: `MADV_POPULATE_READ` faults the range in
+    /// through this `MADV_HUGEPAGE` mapping, so the kernel reads it in PMD-sized folios even when
+    /// several threads read neighbouring ranges at once; it goes [`READ_AHEAD_STEP`] at a time,
+    /// each step's page-table entries dropped before the next (the pages stay cached). Where that
+    /// is not available (before Linux 5.14) the range goes to `POSIX_FADV_WILLNEED` instead, which
+    /// only starts the reads.
     ///
     /// Why not the advice alone: `POSIX_FADV_WILLNEED` (and `MADV_WILLNEED`, `readahead(2)`) fill
     /// the page cache with 4 KiB folios, and every later load of the file from the page cache, by
