@@ -5,18 +5,27 @@ speed. Only raw tensors qualify (a view such as ``as_="f32"`` serves other bytes
 rest its usual way.
 
 From a cold page cache such a mapping would be read by its page faults, a little at a time; for torch
-(whose stfs.load reads every byte anyway where nothing is handed over) read_ahead has one thread read
-each mapped shard into the page cache, in file order, while the caller goes on using the tensors."""
+(whose stfs.load reads every byte anyway where nothing is handed over) read_ahead has threads read the
+mapped shards into the page cache, while the caller goes on using the tensors."""
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-#: read_ahead moves this much per sendfile(2) call, so that a thread stopped at exit waits for little.
-READ_AHEAD_STEP = 8 << 20
-
+#: read_ahead's threads each read this much per pread(2), into a buffer of their own: as fast as 2 MiB
+#: and the kernel's readahead keeps ahead of it, so the file is left in large folios (2 MiB reads
+#: outran it and left a tenth of a 2 GiB file in 4 KiB pages; docs/notes/benchmarks.md).
+READ_AHEAD_STEP = 512 << 10
+#: read_ahead runs at most this many threads, each on its own stretch of the files...
+READ_AHEAD_THREADS = 16
+#: ...of at least this many bytes, so a small load starts few threads.
+READ_AHEAD_SPAN = 64 << 20
+#: read_ahead takes a file whose steps at this many places are cached as cached, and reads none of it.
+CACHED_SAMPLES = 64
 
 #: The extended attribute an stfs file carries: "1" while its opens are handed to the kernel.
 PASSTHROUGH_XATTR = "user.stfs.passthrough"
@@ -75,40 +84,136 @@ def views(root: str, items: List[Any], map_shard: Callable[[str, int], Any], vie
 
 
 def read_ahead(paths: Sequence[str]) -> None:
-    """Starts a daemon thread that reads each file into the page cache, in order: sendfile(2) of it
-    to /dev/null, READ_AHEAD_STEP at a time, so the kernel's own sequential readahead reads it (large
-    reads into large page-cache folios) and no byte is copied to this process. One thread, one
-    stream: the MADV_WILLNEED pieces on 4 threads this replaced were as fast cold, but left the file
-    in 4 KiB pages, and every later load of it from the page cache ran 1.5-8x slower
-    (docs/notes/benchmarks.md). The files are opened here, before load detaches its mount. Best
-    effort: an error ends the thread quietly."""
-    try:
-        sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    fds: List[int] = []
+    """Starts daemon threads that read the files into the page cache: the files, taken as one run of
+    bytes in order, are cut into up to READ_AHEAD_THREADS stretches of at least READ_AHEAD_SPAN
+    bytes, and each thread reads its stretch front to back with READ_AHEAD_STEP preads into a
+    buffer of its own, on a descriptor of its own (so the kernel sees one sequential stream per
+    thread and reads each ahead in large folios). Many streams keep the disk busy, where one stream
+    through the kernel's readahead left it half idle; and the copy makes the CPU touch every page
+    as it arrives, which a virtual machine's first touch of a page frame makes cost (a fill that
+    never touched the bytes, sendfile(2) to /dev/null or MADV_POPULATE_READ, left up to a second per
+    2 GiB for the caller's own first touch; docs/notes/benchmarks.md). A file found cached at
+    CACHED_SAMPLES places (_Residency) is not read at all: from the page cache a load then costs
+    what load_file's does. (A stretch cannot skip its cached steps: a reader that jumps ahead is
+    no sequential stream to the kernel, which then reads the rest in 4 KiB pages.) A file that
+    cannot be opened ends the list there. The files are opened here, before load detaches its
+    mount, and each thread closes its own. Best effort: an error ends that thread's stretch
+    quietly."""
+    files: List[Any] = []
     for path in paths:
         try:
-            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             break
-
-    def run() -> None:
         try:
-            for fd in fds:
-                at = 0
-                while True:
-                    n = os.sendfile(sink, fd, at, READ_AHEAD_STEP)
+            size = os.fstat(fd).st_size
+            steps = max(1, -(-size // READ_AHEAD_STEP))
+            with _Residency(fd, 0, size) as cached:
+                # A few steps spread over the file stand for it (each check costs a few µs here).
+                picks = {steps * k // CACHED_SAMPLES for k in range(CACHED_SAMPLES)} | {steps - 1}
+                if not all(cached(i * READ_AHEAD_STEP, min(READ_AHEAD_STEP, size - i * READ_AHEAD_STEP)) for i in picks):
+                    files.append((path, size))
+        except OSError:
+            break
+        finally:
+            os.close(fd)
+    total = sum(size for _, size in files)
+    if not total:
+        return
+    threads = max(1, min(READ_AHEAD_THREADS, total // READ_AHEAD_SPAN))
+    cuts = [total * k // threads for k in range(threads + 1)]
+    stretches: List[List[Any]] = [[] for _ in range(threads)]
+    start = 0  # where the file below starts in the run of all the files' bytes
+    for path, size in files:
+        for k in range(threads):
+            lo, hi = max(cuts[k], start), min(cuts[k + 1], start + size)
+            if lo < hi:
+                stretches[k].append((path, lo - start, hi - start))
+        start += size
+    # Each thread gets its own descriptors (the kernel keeps readahead state per open file).
+    opened: List[List[Any]] = []
+    try:
+        for stretch in stretches:
+            opened.append([])
+            for path, lo, hi in stretch:
+                opened[-1].append((os.open(path, os.O_RDONLY | os.O_CLOEXEC), lo, hi))
+    except OSError:
+        pass
+
+    def run(pieces: List[Any]) -> None:
+        buf = memoryview(bytearray(READ_AHEAD_STEP))
+        try:
+            for fd, at, end in pieces:
+                while at < end:
+                    n = os.preadv(fd, [buf[:min(READ_AHEAD_STEP, end - at)]], at)
                     if not n:
                         break
                     at += n
         except OSError:
             pass
         finally:
-            for fd in fds + [sink]:
+            for fd, _, _ in pieces:
                 os.close(fd)
 
-    threading.Thread(target=run, name="stfs-read-ahead", daemon=True).start()
+    for pieces in opened:
+        threading.Thread(target=run, args=(pieces,), name="stfs-read-ahead", daemon=True).start()
+
+
+class _Residency:
+    """Whether ranges of a file are in the page cache (mincore(2) over a mapping of the stretch the
+    context covers). Where the mapping cannot be made, nothing is cached."""
+
+    def __init__(self, fd: int, start: int, end: int) -> None:
+        self.base = start - start % mmap.PAGESIZE
+        self.length = end - self.base
+        self.addr: Optional[int] = None
+        libc = _libc()
+        if libc is not None and self.length > 0:
+            addr = libc.mmap(None, self.length, mmap.PROT_READ, mmap.MAP_SHARED, fd, self.base)
+            if addr not in (None, ctypes.c_void_p(-1).value):
+                self.addr = addr
+        self.vec = (ctypes.c_ubyte * 1)()
+
+    def __enter__(self) -> Callable[[int, int], bool]:
+        return self.cached
+
+    def __exit__(self, *exc: Any) -> None:
+        libc = _libc()
+        if self.addr is not None and libc is not None:
+            libc.munmap(self.addr, self.length)
+            self.addr = None
+
+    def cached(self, at: int, n: int) -> bool:
+        """Whether bytes [at, at + n) of the file are cached, judged by their first and last pages (a
+        mincore(2) of every page costs 30 ms per cached 2 GiB; the kernel reads a file in and drops
+        it in folios of up to 2 MiB, so a step's ends stand for it)."""
+        libc = _libc()
+        if self.addr is None or libc is None or n <= 0:
+            return False
+        for page in {(at - self.base) // mmap.PAGESIZE, (at + n - 1 - self.base) // mmap.PAGESIZE}:
+            if libc.mincore(self.addr + page * mmap.PAGESIZE, mmap.PAGESIZE, self.vec) != 0 or not self.vec[0] & 1:
+                return False
+        return True
+
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    """The C library with mmap, munmap and mincore typed, or None where ctypes cannot load it."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            _LIBC = libc
+        except (OSError, AttributeError):
+            _LIBC = False
+    return _LIBC or None
 
 
 def torch_view(flat, dtype, shape):

@@ -5,6 +5,7 @@ torch, returns views of one mapping of the shard (zero copy, as load_file)."""
 import json
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -77,7 +78,6 @@ def test_load_over_a_handed_over_file_equals_load_over_tensor_files(tmp_path, fr
 
 
 def _read_ahead_threads():
-    import threading
     return [t for t in threading.enumerate() if t.name == "stfs-read-ahead"]
 
 
@@ -130,11 +130,13 @@ def _resident_pages(path):
 
 
 def test_read_ahead_reads_every_file_in_and_ends(tmp_path, monkeypatch):
-    """read_ahead's thread reads every file given into the page cache, in steps, and ends; a path
-    that cannot be opened ends the list there, quietly."""
+    """read_ahead's threads read every file given into the page cache, in steps, each its stretch
+    (here two, the first ending inside the second file), and end; a path that cannot be opened ends
+    the list there, quietly."""
     from stfs import _whole
 
     monkeypatch.setattr(_whole, "READ_AHEAD_STEP", 1 << 20)
+    monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 4 << 20)
     files = []
     for name in ("a", "b"):
         path = tmp_path / name
@@ -157,11 +159,45 @@ def test_read_ahead_reads_every_file_in_and_ends(tmp_path, monkeypatch):
     assert not _read_ahead_threads()
 
 
-def test_read_ahead_leaves_large_folios_as_a_plain_read_does(tmp_path):
-    """What read_ahead leaves in the page cache is what a plain sequential read leaves: large folios,
-    so later loads of the file from the page cache run at full speed (MADV_WILLNEED left 4 KiB
-    pages, and such loads ran 1.5-8x slower)."""
+def test_read_ahead_reads_nothing_of_a_cached_file(tmp_path, monkeypatch):
+    """A file already in the page cache is not read again (from the page cache, a load through
+    stfs.load then costs what load_file's does); the same file dropped is read, by four threads."""
     from stfs import _whole
+
+    monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 4 << 20)
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(16 << 20))
+    reads = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv",
+                        lambda fd, bufs, at, *a: reads.append(threading.current_thread()) or preadv(fd, bufs, at, *a))
+
+    def read_ahead():
+        reads.clear()
+        _whole.read_ahead([str(path)])
+        for t in _read_ahead_threads():
+            t.join(10)
+        assert not _read_ahead_threads()
+        return reads[:]
+
+    path.read_bytes()
+    assert _resident_pages(path)[0] == _resident_pages(path)[1]
+    assert not read_ahead(), "a cached file was read again"
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert _resident_pages(path)[0] < _resident_pages(path)[1], "the test file was not dropped"
+    assert len(set(read_ahead())) == 4, "16 MiB in stretches of 4 MiB: four threads"
+    assert _resident_pages(path)[0] == _resident_pages(path)[1]
+
+
+def test_read_ahead_leaves_large_folios_as_a_plain_read_does(tmp_path, monkeypatch):
+    """What read_ahead's threads (three here) leave in the page cache is what a plain sequential
+    read leaves: large folios, so later loads of the file from the page cache run at full speed
+    (MADV_WILLNEED left 4 KiB pages, and such loads ran 1.5-8x slower)."""
+    from stfs import _whole
+
+    monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 32 << 20)
 
     if os.geteuid() != 0:
         assert os.environ.get("CI") != "true", "not root, and CI=true: the test command runs as root"
