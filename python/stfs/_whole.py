@@ -108,10 +108,11 @@ def read_ahead(paths: Sequence[str]) -> None:
         try:
             size = os.fstat(fd).st_size
             steps = max(1, -(-size // READ_AHEAD_STEP))
+            # A few steps spread over the file stand for it (each check costs a few µs here).
+            picks = sorted({steps * k // CACHED_SAMPLES for k in range(CACHED_SAMPLES)} | {steps - 1})
             with _Residency(fd, 0, size) as cached:
-                # A few steps spread over the file stand for it (each check costs a few µs here).
-                picks = {steps * k // CACHED_SAMPLES for k in range(CACHED_SAMPLES)} | {steps - 1}
-                if not all(cached(i * READ_AHEAD_STEP, min(READ_AHEAD_STEP, size - i * READ_AHEAD_STEP)) for i in picks):
+                ranges = ((i * READ_AHEAD_STEP, min(READ_AHEAD_STEP, size - i * READ_AHEAD_STEP)) for i in picks)
+                if not all(cached(at, n) for at, n in ranges):
                     files.append((path, size))
         except OSError:
             break
