@@ -1,4 +1,5 @@
-"""Read-only memory mappings of served tensor files as np.memmap's that keep no file descriptor open.
+"""Read-only memory mappings of served tensor files as np.memmap's that keep no file descriptor open,
+and whether a file's pages are in the page cache (pages_cached).
 
 Python's mmap module (before 3.13's trackfd=False) keeps a duplicate of the file's descriptor for as long
 as the mapping lives, so a load of 90,000 tensors would need 90,000 open files, and the caller's soft
@@ -8,9 +9,10 @@ mmap, closes the file at once, and unmaps when the last array viewing the mappin
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import weakref
-from typing import Any, Tuple
+from typing import Any, Iterable, Tuple
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -23,6 +25,27 @@ _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, 
 _munmap = _libc.munmap
 _munmap.restype = ctypes.c_int
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_mincore = _libc.mincore
+_mincore.restype = ctypes.c_int
+_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def pages_cached(fd: int, size: int, offsets: Iterable[int]) -> bool:
+    """Whether the page holding each of `offsets` of the file open as `fd` (`size` bytes) is in the
+    page cache: mincore(2) of one page at a time over a mapping made for the question. False where
+    the mapping cannot be made."""
+    address = _mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size > 0 else None
+    if address in (None, _MAP_FAILED):
+        return False
+    try:
+        vec = (ctypes.c_ubyte * 1)()
+        for at in offsets:
+            page = at - at % mmap.PAGESIZE
+            if _mincore(address + page, mmap.PAGESIZE, vec) != 0 or not vec[0] & 1:
+                return False
+        return True
+    finally:
+        _munmap(address, size)
 
 
 def mapped(np, path: str, dtype: Any, shape: Tuple[int, ...], length: int):

@@ -9,12 +9,12 @@ From a cold page cache such a mapping would be read by its page faults, a little
 mapped shards into the page cache, while the caller goes on using the tensors."""
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
 import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from ._mapping import pages_cached
 
 #: read_ahead's threads each read this much per pread(2), into a buffer of their own: as fast as 2 MiB
 #: and the kernel's readahead keeps ahead of it, so the file is left in large folios (2 MiB reads
@@ -93,7 +93,7 @@ def read_ahead(paths: Sequence[str]) -> None:
     as it arrives, which a virtual machine's first touch of a page frame makes cost (a fill that
     never touched the bytes, sendfile(2) to /dev/null or MADV_POPULATE_READ, left up to a second per
     2 GiB for the caller's own first touch; docs/notes/benchmarks.md). A file found cached at
-    CACHED_SAMPLES places (_Residency) is not read at all: from the page cache a load then costs
+    CACHED_SAMPLES places (_mapping.pages_cached) is not read at all: from the page cache a load then costs
     what load_file's does. (A stretch cannot skip its cached steps: a reader that jumps ahead is
     no sequential stream to the kernel, which then reads the rest in 4 KiB pages.) A file that
     cannot be opened ends the list there. The files are opened here, before load detaches its
@@ -110,10 +110,11 @@ def read_ahead(paths: Sequence[str]) -> None:
             steps = max(1, -(-size // READ_AHEAD_STEP))
             # A few steps spread over the file stand for it (each check costs a few µs here).
             picks = sorted({steps * k // CACHED_SAMPLES for k in range(CACHED_SAMPLES)} | {steps - 1})
-            with _Residency(fd, 0, size) as cached:
-                ranges = ((i * READ_AHEAD_STEP, min(READ_AHEAD_STEP, size - i * READ_AHEAD_STEP)) for i in picks)
-                if not all(cached(at, n) for at, n in ranges):
-                    files.append((path, size))
+            # Each step's first and last pages (the kernel reads a file in and drops it in folios
+            # of up to 2 MiB, so a step's ends stand for it; every page would cost 30 ms per 2 GiB).
+            ends = (at for i in picks for at in (i * READ_AHEAD_STEP, min((i + 1) * READ_AHEAD_STEP, size) - 1))
+            if not pages_cached(fd, size, ends):
+                files.append((path, size))
         except OSError:
             break
         finally:
@@ -158,63 +159,6 @@ def read_ahead(paths: Sequence[str]) -> None:
 
     for pieces in opened:
         threading.Thread(target=run, args=(pieces,), name="stfs-read-ahead", daemon=True).start()
-
-
-class _Residency:
-    """Whether ranges of a file are in the page cache (mincore(2) over a mapping of the stretch the
-    context covers). Where the mapping cannot be made, nothing is cached."""
-
-    def __init__(self, fd: int, start: int, end: int) -> None:
-        self.base = start - start % mmap.PAGESIZE
-        self.length = end - self.base
-        self.addr: Optional[int] = None
-        libc = _libc()
-        if libc is not None and self.length > 0:
-            addr = libc.mmap(None, self.length, mmap.PROT_READ, mmap.MAP_SHARED, fd, self.base)
-            if addr not in (None, ctypes.c_void_p(-1).value):
-                self.addr = addr
-        self.vec = (ctypes.c_ubyte * 1)()
-
-    def __enter__(self) -> Callable[[int, int], bool]:
-        return self.cached
-
-    def __exit__(self, *exc: Any) -> None:
-        libc = _libc()
-        if self.addr is not None and libc is not None:
-            libc.munmap(self.addr, self.length)
-            self.addr = None
-
-    def cached(self, at: int, n: int) -> bool:
-        """Whether bytes [at, at + n) of the file are cached, judged by their first and last pages (a
-        mincore(2) of every page costs 30 ms per cached 2 GiB; the kernel reads a file in and drops
-        it in folios of up to 2 MiB, so a step's ends stand for it)."""
-        libc = _libc()
-        if self.addr is None or libc is None or n <= 0:
-            return False
-        for page in {(at - self.base) // mmap.PAGESIZE, (at + n - 1 - self.base) // mmap.PAGESIZE}:
-            if libc.mincore(self.addr + page * mmap.PAGESIZE, mmap.PAGESIZE, self.vec) != 0 or not self.vec[0] & 1:
-                return False
-        return True
-
-
-_LIBC: Any = None
-
-
-def _libc() -> Any:
-    """The C library with mmap, munmap and mincore typed, or None where ctypes cannot load it."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_long]
-            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-            _LIBC = libc
-        except (OSError, AttributeError):
-            _LIBC = False
-    return _LIBC or None
 
 
 def torch_view(flat, dtype, shape):

@@ -77,13 +77,14 @@ struct LaneJob {
 /// each run of missing blocks in one read on the lane's own descriptor.
 fn run_lane(shared: &Shared, job: &LaneJob) {
     load_lane(shared, job);
-    // The lane's descriptor is left where closing the source finds it: counted
-    // as held, in case the source was closed as idle while this job waited in the queue.
+    // The lane's descriptor is left where closing the source finds it: counted as held, in case
+    // the source was closed as idle while this job waited in the queue.
     shared.descriptors.holding(&job.source.activity);
 }
 
 /// A mapped source's read-ahead of `blocks` (one chunk its stream asked for, `core`), for a read
-/// the kernel copies or one in user space alike: read into the page cache through the mapping, unless the stream has passed them meanwhile.
+/// the kernel copies or one in user space alike: read into the page cache through the mapping,
+/// unless the stream has passed them meanwhile.
 fn read_ahead(shared: &Shared, source: &SourceEntry, stream: &StreamIo, blocks: Range<u64>) {
     let first = blocks.start.max(stream.behind());
     if first < blocks.end && !shared.stopping.load(Relaxed) {
