@@ -616,7 +616,7 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     torch.set_default_device in force changes nothing), as a private mapping of its file
     (torch.from_file), and moved only to `device`; where the mount hands a shard's re-served file to
     the kernel (root, a local file), its tensors are instead views of one private mapping of that file
-    (zero copy, as load_file), which up to 16 threads read into the page cache meanwhile (none where the
+    (zero copy, as load_file), which up to 64 threads read into the page cache meanwhile (none where the
     file is cached already). For a CUDA device each tensor is allocated there and
     filled through a ring of PINNED_SLOTS pinned host buffers of PINNED_SLOT_BYTES (128 MiB of pinned
     memory at most, freed at the end), read in pieces and copied with non_blocking=True, one CUDA

@@ -20,10 +20,19 @@ from ._mapping import pages_cached
 #: and the kernel's readahead keeps ahead of it, so the file is left in large folios (2 MiB reads
 #: outran it and left a tenth of a 2 GiB file in 4 KiB pages; docs/notes/benchmarks.md).
 READ_AHEAD_STEP = 512 << 10
-#: read_ahead runs at most this many threads, each on its own stretch of the files...
-READ_AHEAD_THREADS = 16
-#: ...of at least this many bytes, so a small load starts few threads.
-READ_AHEAD_SPAN = 64 << 20
+#: read_ahead runs at most this many threads, each on its own stretch of the files: a disk answers
+#: more reads at once the more streams ask (on the test VM's virtio disk 16 streams kept about 25
+#: reads in flight and filled 2 GiB in 1.8-2.5 s, 64 kept about 140 and took 1.0 s; Run:ai keeps
+#: about 100 in flight with O_DIRECT; docs/notes/benchmarks.md)...
+READ_AHEAD_THREADS = 64
+#: ...of at least this many bytes, so a small load starts few threads (32 MiB stretches beat 16 and
+#: 64 MiB ones on a 512 MiB file).
+READ_AHEAD_SPAN = 32 << 20
+#: read_ahead reads at most this share of the memory the kernel reports available (MemAvailable): the
+#: caller uses the tensors in file order, so of a checkpoint larger than memory only the head is read
+#: ahead (the rest comes in by the caller's page faults), where reading it all would evict the head
+#: before the caller got to it.
+READ_AHEAD_MEMORY_SHARE = 0.5
 #: read_ahead takes a file whose steps at this many places are cached as cached, and reads none of it.
 CACHED_SAMPLES = 64
 
@@ -96,9 +105,10 @@ def read_ahead(paths: Sequence[str]) -> None:
     CACHED_SAMPLES places (_mapping.pages_cached) is not read at all: from the page cache a load then costs
     what load_file's does. (A stretch cannot skip its cached steps: a reader that jumps ahead is
     no sequential stream to the kernel, which then reads the rest in 4 KiB pages.) A file that
-    cannot be opened ends the list there. The files are opened here, before load detaches its
-    mount, and each thread closes its own. Best effort: an error ends that thread's stretch
-    quietly."""
+    cannot be opened ends the list there. Only as many bytes as READ_AHEAD_MEMORY_SHARE of the
+    memory available are read (of a checkpoint larger than memory, its head). The files are opened
+    here, before load detaches its mount, and each thread closes its own. Best effort: an error
+    ends that thread's stretch quietly."""
     files: List[Any] = []
     for path in paths:
         try:
@@ -120,7 +130,10 @@ def read_ahead(paths: Sequence[str]) -> None:
         finally:
             os.close(fd)
     total = sum(size for _, size in files)
-    if not total:
+    available = memory_available()
+    if available is not None:
+        total = min(total, int(available * READ_AHEAD_MEMORY_SHARE))
+    if total <= 0:
         return
     threads = max(1, min(READ_AHEAD_THREADS, total // READ_AHEAD_SPAN))
     cuts = [total * k // threads for k in range(threads + 1)]
@@ -159,6 +172,18 @@ def read_ahead(paths: Sequence[str]) -> None:
 
     for pieces in opened:
         threading.Thread(target=run, args=(pieces,), name="stfs-read-ahead", daemon=True).start()
+
+
+def memory_available() -> Optional[int]:
+    """Bytes of memory the kernel reports available (/proc/meminfo MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def torch_view(flat, dtype, shape):

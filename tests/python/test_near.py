@@ -191,6 +191,60 @@ def test_read_ahead_reads_nothing_of_a_cached_file(tmp_path, monkeypatch):
     assert _resident_pages(path)[0] == _resident_pages(path)[1]
 
 
+def test_read_ahead_runs_at_most_its_thread_count(tmp_path, monkeypatch):
+    """However many stretches the files would make, at most READ_AHEAD_THREADS threads read them
+    (each a sequential stream to the kernel), and every byte is still read."""
+    from stfs import _whole
+
+    monkeypatch.setattr(_whole, "READ_AHEAD_STEP", 64 << 10)
+    monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 64 << 10)
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(_whole.READ_AHEAD_THREADS * (256 << 10)))
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    reads = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv",
+                        lambda fd, bufs, at, *a: reads.append(threading.current_thread()) or preadv(fd, bufs, at, *a))
+    _whole.read_ahead([str(path)])
+    for t in _read_ahead_threads():
+        t.join(10)
+    assert not _read_ahead_threads()
+    assert len(set(reads)) == _whole.READ_AHEAD_THREADS, "four times as many stretches as threads"
+    assert len(reads) == 4 * _whole.READ_AHEAD_THREADS, "every step read once"
+    assert _resident_pages(path)[0] == _resident_pages(path)[1]
+
+
+def test_read_ahead_reads_only_what_memory_can_hold(tmp_path, monkeypatch):
+    """Of files larger than READ_AHEAD_MEMORY_SHARE of the memory available, only their head is read
+    ahead (the rest would evict it before the caller got there): here 6 MiB of two 5 MiB files."""
+    from stfs import _whole
+
+    monkeypatch.setattr(_whole, "READ_AHEAD_STEP", 1 << 20)
+    monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 2 << 20)
+    assert _whole.memory_available() > 0, "MemAvailable read from /proc/meminfo"
+    monkeypatch.setattr(_whole, "memory_available", lambda: 12 << 20)
+    files = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        path.write_bytes(os.urandom(5 << 20))
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        files.append(str(path))
+    reads = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at, *a: reads.append((os.readlink(f"/proc/self/fd/{fd}"), at))
+                        or preadv(fd, bufs, at, *a))
+    _whole.read_ahead(files)
+    for t in _read_ahead_threads():
+        t.join(10)
+    assert not _read_ahead_threads()
+    assert sorted(reads) == [(files[0], at << 20) for at in range(5)] + [(files[1], 0)]
+    assert _resident_pages(files[0])[0] == _resident_pages(files[0])[1]
+
+
 def test_read_ahead_leaves_large_folios_as_a_plain_read_does(tmp_path, monkeypatch):
     """What read_ahead's threads (three here) leave in the page cache is what a plain sequential
     read leaves: large folios, so later loads of the file from the page cache run at full speed
