@@ -165,19 +165,19 @@ impl Engine {
         let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
         let shared = &*self.shared;
         // A mapped source's stream reads ahead into the page cache, not the block cache: this read
-        // loads its own run of cold blocks in one backing read, as a read outside any stream does
-        // (and so does a read of a mapped source whose mapping failed, whose lanes load blocks).
+        // loads its own run of cold blocks in one backing read, as a read outside any stream does.
+        // A source whose mapping failed is served as any block source: its lanes load blocks,
+        // this read waits for theirs, and its stream drops the blocks it has passed.
         let stream = match entry.mapping() {
             Some(mapping) => {
                 self.read_ahead_mapped(&entry, &mapping, offset..end, extent);
                 None
             }
-            None => entry
-                .streams
-                .on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
+            None => {
+                entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
                     self.prefetcher.submit(&entry, io, lane)
                 })
-                .filter(|_| !entry.mapped),
+            }
         };
         // A read inside the bytes the source's opening request fetched (a remote object's first
         // 64 KiB: the header and, in most checkpoints, a first few small tensors) is answered from

@@ -81,7 +81,7 @@ impl SourceEntry {
             id,
             source,
             len,
-            streams: Streams::new(readahead, id, len, mapped),
+            streams: Streams::new(readahead, id, len),
             spares: Spares::default(),
             disk_key,
             mapped,

@@ -38,8 +38,6 @@ pub(crate) struct Streams {
     source: SourceId,
     /// The source's length in bytes.
     len: u64,
-    /// Whether the source is served from its mapping: no cached blocks to recycle behind a stream.
-    mapped: bool,
     table: Mutex<Table>,
 }
 
@@ -60,11 +58,10 @@ struct Stream {
 impl Streams {
     /// An empty table for source `source` of `len` bytes (a block size of 0 is taken as 1, and at
     /// least one stream is tracked).
-    /// `mapped`: the source is served from its mapping, so passed blocks are not recycled.
-    pub(crate) fn new(mut config: ReadaheadConfig, source: SourceId, len: u64, mapped: bool) -> Streams {
+    pub(crate) fn new(mut config: ReadaheadConfig, source: SourceId, len: u64) -> Streams {
         config.block_size = config.block_size.max(1);
         config.max_streams = config.max_streams.max(1);
-        Streams { config, source, len, mapped, table: Mutex::new(Table { streams: Vec::new(), clock: 0 }) }
+        Streams { config, source, len, table: Mutex::new(Table { streams: Vec::new(), clock: 0 }) }
     }
 
     /// Everything the read of `range` (not empty, inside the source) of a file spanning `extent`
@@ -91,10 +88,8 @@ impl Streams {
                     stream.readahead.refused(decision.prefetch.start);
                 }
             }
-            if !self.mapped {
-                for block in decision.consumed.clone() {
-                    cache.recycle((self.source, block));
-                }
+            for block in decision.consumed.clone() {
+                cache.recycle((self.source, block));
             }
         });
         sequential.then_some(io)

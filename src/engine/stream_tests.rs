@@ -21,7 +21,7 @@ fn streams(max_window_blocks: u64, max_streams: usize) -> Streams {
         lanes: LANES,
         remote_lanes: REMOTE_LANES,
     };
-    Streams::new(config, 0, 100 * BS, false)
+    Streams::new(config, 0, 100 * BS)
 }
 
 /// What one read decided: (stream, sequential, prefetch).

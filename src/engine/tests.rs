@@ -539,3 +539,44 @@ fn a_prefetch_that_opens_a_lane_after_its_source_was_closed_as_idle_is_closed_by
         descriptors_on(&path) == 0
     });
 }
+
+/// A source that says it can be mapped but is not (its mapping failed: no descriptor left, an
+/// mmap refused), as a local file may be.
+struct Unmappable(Arc<FakeSource>);
+
+impl crate::source::Source for Unmappable {
+    fn len(&self) -> u64 {
+        self.0.data.len() as u64
+    }
+    fn name(&self) -> &str {
+        "unmappable"
+    }
+    fn open_reader(&self) -> std::io::Result<Box<dyn crate::source::SourceReader>> {
+        self.0.open_reader()
+    }
+    fn mappable(&self) -> bool {
+        true
+    }
+}
+
+/// A mapped source whose mapping fails is served as any block source: its stream reads ahead
+/// into blocks, a read waits for the blocks its stream is loading instead of loading them again,
+/// and the blocks it has passed make room for the next (drop-behind), so a file larger than the
+/// cache is read once.
+#[test]
+fn a_source_whose_mapping_fails_is_read_once_through_blocks() {
+    let (bs, request) = (64 << 10, 128 << 10);
+    let len = 256 * bs as usize;
+    let source = fake(len, Duration::from_millis(2));
+    let (engine, stats) = engine(bs, 1 << 20, 2);
+    let id = engine.add_source(Arc::new(Unmappable(Arc::clone(&source))));
+    for offset in (0..len).step_by(request) {
+        let got = engine.read_in(id, 0..len as u64, offset as u64, request, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, source.data[offset..offset + request], "at {offset}");
+    }
+    assert_eq!(counter(&stats.mapped_reads), 0);
+    assert!(counter(&stats.prefetched_bytes) > len as u64 / 2, "its stream read ahead into blocks");
+    let read: usize = lock(&source.reads).iter().map(|&(_, n)| n).sum();
+    assert_eq!(read, len, "every byte loaded once: {:?}", lock(&source.reads));
+    assert_whole_blocks(&source, bs);
+}
