@@ -113,11 +113,14 @@ fn reading_through_the_mount_leaves_the_checkpoint_in_large_folios_as_a_plain_re
     // Where a plain read leaves large folios (a filesystem and kernel that have them), a read through
     // the mount leaves them too; a few of its pages may come from the replies' own reads. The daemon
     // asks for them with MADV_HUGEPAGE, which transparent huge pages set to "never" turns off.
+    // How many come in small folios depends on timing: 0.87-0.94 of the pages in large folios on
+    // a quiet machine, 0.75-0.94 with two busy CPUs and a writer beside it, 0.69 once in a CI run
+    // (a plain read 0.99). The advice this guards against (POSIX_FADV_WILLNEED) left almost none.
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if thp.contains("[never]") {
         println!("transparent huge pages are off here ({}): not judged", thp.trim());
     } else if plain >= 0.5 {
-        assert!(through >= plain - 0.2, "plain read {plain:.2}, through the mount {through:.2}");
+        assert!(through >= plain / 2.0, "plain read {plain:.2}, through the mount {through:.2}");
     } else {
         println!("the filesystem under {} leaves small folios even for a plain read", dir.path().display());
     }
