@@ -115,7 +115,10 @@ fn reading_through_the_mount_leaves_the_checkpoint_in_large_folios_as_a_plain_re
     // asks for them with MADV_HUGEPAGE, which transparent huge pages set to "never" turns off.
     // How many come in small folios depends on timing: 0.87-0.94 of the pages in large folios on
     // a quiet machine, 0.75-0.94 with two busy CPUs and a writer beside it, 0.69 once in a CI run
-    // (a plain read 0.99). The advice this guards against (POSIX_FADV_WILLNEED) left almost none.
+    // (a plain read 0.99). On a quiet machine they are the file's first 4 MiB (the header's page,
+    // cached when the mount opened the file, keeps a 2 MiB folio from forming there, and the first
+    // replies' splices read ahead on their own); under load, also where replies overtook the
+    // read-ahead. The advice this guards against (POSIX_FADV_WILLNEED) left almost none.
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if thp.contains("[never]") {
         println!("transparent huge pages are off here ({}): not judged", thp.trim());

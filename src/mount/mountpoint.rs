@@ -20,6 +20,10 @@ pub use crate::mount::mountinfo::FS_TYPE;
 /// The most `stfs mount` waits to learn whether a FUSE mount already at its mount point is stale.
 const STALE_PROBE_LIMIT: Duration = Duration::from_millis(500);
 
+/// How long `stfs mount` keeps looking again at its mount point while the mounts it finds there go
+/// away (racing mounts withdrawing, one after another), before it says what it found last.
+const RACE_LOOK_LIMIT: Duration = Duration::from_secs(5);
+
 /// Why a directory cannot be mounted on, or unmounted.
 #[derive(Debug)]
 pub enum MountPointError {
@@ -83,11 +87,12 @@ impl std::error::Error for MountPointError {
 /// read from mountinfo, so a mount whose daemon does not answer cannot hold this check; a FUSE mount
 /// found there is asked (for at most half a second) whether its daemon is gone, to say "stale".
 /// One that goes away meanwhile (a mount that lost a race to another withdraws and ends its
-/// connection) is not stale: the check is made again.
+/// connection) is not stale: the check is made again, for as long as the mounts found there keep
+/// going away (several racing mounts withdraw one after another), within [`RACE_LOOK_LIMIT`]; past
+/// it, a mount point where mounts keep coming and going is already mounted on.
 pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
-    let mut looks = 0;
+    let give_up = Instant::now() + RACE_LOOK_LIMIT;
     loop {
-        looks += 1;
         let (at, top) = mountinfo::locate(path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => MountPointError::Missing,
             _ => MountPointError::Io(e),
@@ -99,9 +104,11 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
         if !stale {
             return Err(MountPointError::AlreadyMounted);
         }
-        let still_there = mountinfo::mounts().iter().any(|m| m.id == entry.id);
-        if still_there || looks == 3 {
+        if mountinfo::mounts().iter().any(|m| m.id == entry.id) {
             return Err(MountPointError::Stale);
+        }
+        if Instant::now() >= give_up {
+            return Err(MountPointError::AlreadyMounted);
         }
     }
 }
