@@ -17,6 +17,16 @@ STFS = os.environ.get("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
 TIMEOUT = 60
 
 
+def wait_until(predicate, seconds=TIMEOUT):
+    """Whether `predicate()` holds within `seconds` (asked every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
 def is_mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:

@@ -6,27 +6,16 @@ import json
 import os
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import ROOT
+from conftest import ROOT, wait_until
 
 os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
 sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
 import stfs  # noqa: E402
-
-
-def _eventually(predicate, seconds=10.0):
-    """Whether `predicate()` holds within `seconds` (asked every 10 ms)."""
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _counter(mp, key):
@@ -68,7 +57,7 @@ def test_load_over_a_handed_over_file_equals_load_over_tensor_files(tmp_path, fr
             assert os.getxattr(held.fileno(), "user.stfs.passthrough") == b"0"
         # The kernel sends a close's RELEASE after close(2) has returned: the daemon may hear of it
         # a little later, and says "1" until then.
-        assert _eventually(lambda: os.getxattr(shard, "user.stfs.passthrough") == b"0"), "not open: nothing handed over"
+        assert wait_until(lambda: os.getxattr(shard, "user.stfs.passthrough") == b"0", 10), "not open: nothing handed over"
         assert "user.stfs.passthrough" not in os.listxattr(shard)
         got_on = stfs.load(on, framework=framework)
         assert _counter(on, "passthrough_checkpoint_opens") >= 1

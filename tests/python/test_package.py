@@ -26,7 +26,7 @@ import pytest
 import safetensors
 from safetensors.numpy import load_file, save_file
 
-from conftest import ROOT
+from conftest import ROOT, wait_until
 
 INSTALLED = os.environ.get("STFS_EXPECT_INSTALLED") == "1"
 if not INSTALLED:
@@ -67,15 +67,6 @@ def daemons_of(source):
         if b"mount" in argv and os.fsencode(str(source)) in argv:
             pids.append(int(pid))
     return pids
-
-
-def wait_until(predicate, seconds=TIMEOUT):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture(autouse=True)
