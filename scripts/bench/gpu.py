@@ -20,7 +20,7 @@ from two kinds of storage (--only):
                 limit is per open file, which favours loaders that open many streams (the table says
                 so, and counts each loader's opens)
 
-Every repetition runs every loader once, in an order rotated per repetition; ratios are paired by
+Every repetition runs every loader once, in a balanced order (interleave.py); ratios are paired by
 repetition (each loader's time over stfs's: above 1 means stfs is faster) and shown as median
 [min-max]. Each run checks its tensors against the local file (every tensor below 1 GiB, else every
 8th), so a fast wrong load fails the run. Targets (issue 25): from the page cache stfs >= 1.0x the best
@@ -56,6 +56,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import cargo_paths  # noqa: E402
+import interleave  # noqa: E402
 
 LOADERS = ["stfs", "safetensors", "cpu-then-to", "runai"]
 REFERENCE = "safetensors"
@@ -201,16 +202,15 @@ def measure(args, loader, path, verify_against):
 
 
 def run_storage(args, kind, ckpt, loaders, progress=None):
-    """Every loader once per repetition, rotated; returns {loader: [run, ...]}. `progress(runs)` is
-    called after every run. A loader whose run fails is reported and left out of the later
+    """Every loader once per repetition, in a balanced order (interleave.py); returns {loader: [run,
+    ...]}. `progress(runs)` is called after every run. A loader whose run fails is reported and left out of the later
     repetitions (its row is then incomplete: the summary counts it as dropped)."""
     import mounts
 
     runs = {loader: [] for loader in loaders}
     failed = {}
     for rep in range(args.reps):
-        shift = rep % len(loaders)
-        for loader in loaders[shift:] + loaders[:shift]:
+        for loader in interleave.balanced(loaders, rep):
             if loader in failed:
                 continue
             try:

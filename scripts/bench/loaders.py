@@ -74,12 +74,11 @@ Sources (--only):
           on every GET and HEAD before the first byte, and the streamer's many ranged GETs then stall
           (docs/notes/benchmarks.md, "Loader peers"); that, not a missing S3 feature, was the issue's hang.
 
-Every repetition runs every peer once, in an order shuffled per repetition (--seed): on this VM a cold
-load right after one that read the file with read(2) (load_file, stfs.load) took 2-3x its usual time
-whoever ran it, so a fixed rotation, where each peer always follows the same one, charged that to one
-peer in every repetition (docs/notes/benchmarks.md, "The peer before"); the workers of a repetition
-start together and import while nothing is timed, then go one at a time. Ratios are paired by repetition
-(peer time / stfs time: above 1, stfs is faster) and shown as median [min-max]. Targets (issue 24): stfs
+Every repetition runs every peer once, in a balanced order (interleave.py: over as many repetitions as
+peers, twice that for an odd count, each peer runs right after every other equally often, since on
+this VM a run can leave a cost to the next; docs/notes/benchmarks.md, "The peer before"); the workers
+of a repetition start together and import while nothing is timed, then go one at a time. Ratios are
+paired by repetition (peer time / stfs time: above 1, stfs is faster) and shown as median [min-max]. Targets (issue 24): stfs
 >= 1.2x the best peer on page, cold and slow, >= 1.0x the best peer from s3; stfs's first tensor in <=
 0.1x the time the streamer takes to yield its first. Under --use light or full the issue 34 targets are
 judged instead, against load_file (the reference) and the best peer: page light, stfs premounted >= 0.9x
@@ -109,7 +108,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import selectors
 import signal
 import statistics
@@ -123,6 +121,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import cargo_paths  # noqa: E402
+import interleave  # noqa: E402
 
 FLOORS = ["touch floor", "touch floor mapped", "read floor", "read floor x16"]
 TOUCH_FLOORS = ["touch floor", "touch floor mapped"]
@@ -184,7 +183,6 @@ def parse_args(argv=None):
     p.add_argument("--before", help="a tree of an earlier stfs (its python/): its rows beside, with --before-stfs")
     p.add_argument("--before-stfs", help="the earlier stfs's binary (with --before)")
     p.add_argument("--quick", action="store_true", help="smoke run: 16 MiB checkpoint, 1 repetition, bounded")
-    p.add_argument("--seed", type=int, default=34, help="seed of the per-repetition peer order (default 34)")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--prep", help=argparse.SUPPRESS)  # a floor worker's setup before "ready" (JSON)
@@ -488,7 +486,8 @@ def worker_env(args, endpoint):
 
 
 def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failures):
-    """Every peer once per repetition, in a shuffled order; returns report.Results with one series per peer."""
+    """Every peer once per repetition, in a balanced order (interleave.py); returns report.Results with
+    one series per peer."""
     import mounts
     from report import Results
 
@@ -513,10 +512,8 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
     def start(peer):
         return Worker(dict(env, STFS_BIN=stfs_binary(args, peer)), prep(args, peer, ckpt))
 
-    shuffler = random.Random(f"{args.seed}:{source}")
     for rep in range(args.reps):
-        order = [p for p in peers if (source, p) not in failures]
-        shuffler.shuffle(order)
+        order = [p for p in interleave.balanced(peers, rep) if (source, p) not in failures]
         workers = {p: start(p) for p in order if not late(p)}  # imports in parallel, before any clock
         try:
             for w in workers.values():

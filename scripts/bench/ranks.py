@@ -19,6 +19,7 @@ import time
 
 import checkpoint
 import mounts
+import interleave
 import scenarios
 from report import Results
 
@@ -156,7 +157,7 @@ def scenario_ranks(bench):
     counters = {}
     for rep in range(bench.reps):
         for world in worlds:
-            for impl in scenarios.rotated(["direct", "stfs", "local", "instant"], rep):
+            for impl in interleave.balanced(["direct", "stfs", "local", "instant"], rep):
                 run = _run(bench, impl, world)
                 if run["loaded"] != ckpt["data_bytes"]:
                     raise RuntimeError(f"(h) {world} ranks loaded {run['loaded']} bytes, not {ckpt['data_bytes']}")

@@ -12,6 +12,7 @@ import subprocess
 
 import checkpoint
 import mounts
+import interleave
 import scenarios
 from report import Results
 
@@ -83,7 +84,7 @@ def scenario_reserved(bench):
     _verify(bench, res)
     for rep in range(bench.reps):
         for mode, (label, _) in MODES.items():
-            for impl in scenarios.rotated(["ref", "stfs"], rep):
+            for impl in interleave.balanced(["ref", "stfs"], rep):
                 run = _run(bench, impl, mode, seed=2000 + rep)
                 name = f"{'safe_open direct' if impl == 'ref' else 'safe_open re-served'} {label}"
                 res.add(name, run["total"])

@@ -1,7 +1,8 @@
 """The benchmark scenarios (a)-(f); each returns a report.Results with interleaved repetitions.
 
-Within a scenario the variants run side by side: repetition r runs every variant once, in an
-order rotated by r, so drifts of this noisy VM hit all variants alike and ratios can be paired.
+Within a scenario the variants run side by side: repetition r runs every variant once, in row r
+of a balanced order (interleave.py: each variant after every other equally often), so drifts of this
+noisy VM hit all variants alike and ratios can be paired.
 """
 
 import json
@@ -12,16 +13,12 @@ import sys
 import time
 
 import mounts
+from interleave import balanced
 from report import Results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOAD_SCRIPT = os.path.join(HERE, "load.py")
 STEP_TIMEOUT_S = 1800
-
-
-def rotated(items, rep):
-    shift = rep % len(items)
-    return items[shift:] + items[:shift]
 
 
 def fresh_memory_seconds(nbytes):
@@ -107,7 +104,7 @@ def scenario_read(bench):
     limit_requests = None
     verified_mmap = verified_limit = verified = False
     for rep in range(bench.reps):
-        for variant in rotated(variants, rep):
+        for variant in balanced(variants, rep):
             if variant == "floor":
                 res.add("fresh-memory floor", fresh_memory_seconds(ckpt["data_bytes"]))
             elif variant == "local":
@@ -226,7 +223,7 @@ def scenario_slow(bench):
     mounts.warm_page_cache([ckpt["checkpoint"]])
     for rep in range(bench.reps):
         for mode in ["i", "ii", "iii"]:
-            for impl in rotated(impls, rep):
+            for impl in balanced(impls, rep):
                 run = _slow_run(bench, impl, mode, seed=1000 + rep)
                 label = f"{impl} {names[mode]}"
                 res.add(label, run["total"])
@@ -297,7 +294,7 @@ def scenario_random(bench):
     variants = (["squashfuse"] + (["limit"] if bench.limitfs else [])
                 + (["mmap-reply"] if bench.limitfs and bench.args.mmap_row else []) + (["stfs"] if bench.stfs else []))
     for rep in range(bench.reps):
-        for variant in rotated(variants, rep):
+        for variant in balanced(variants, rep):
             if variant == "squashfuse":
                 mounts.warm_page_cache([ckpt["squashfs"]])
                 context = mounts.squashfuse(ckpt["squashfs"])
