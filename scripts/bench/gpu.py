@@ -203,8 +203,8 @@ def measure(args, loader, path, verify_against):
 
 def run_storage(args, kind, ckpt, loaders, progress=None):
     """Every loader once per repetition, in a balanced order (interleave.py); returns {loader: [run,
-    ...]}. `progress(runs)` is called after every run. A loader whose run fails is reported and left out of the later
-    repetitions (its row is then incomplete: the summary counts it as dropped)."""
+    ...]}. `progress(runs)` is called after every run. A loader whose run fails is reported and left
+    out of the later repetitions (its row is then incomplete: the summary counts it as dropped)."""
     import mounts
 
     runs = {loader: [] for loader in loaders}

@@ -18,8 +18,8 @@ import sys
 import time
 
 import checkpoint
-import mounts
 import interleave
+import mounts
 import scenarios
 from report import Results
 

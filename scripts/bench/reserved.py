@@ -11,8 +11,8 @@ import os
 import subprocess
 
 import checkpoint
-import mounts
 import interleave
+import mounts
 import scenarios
 from report import Results
 
