@@ -458,7 +458,8 @@ Examples:
 
 /// Extra help for `stfs stats`.
 const STATS_HELP: &str = "\
-The summary: bytes served, bytes from the store and their ratio to served,
+The summary: the bytes programs read from the mount, the bytes stfs read
+from the source for them (and their ratio), opens handed to the kernel,
 memory (and disk) cache hit rates, throughput (average since the mount, or
 over each interval under --watch) and errors. Every counter is in --json.
 
