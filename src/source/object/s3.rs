@@ -243,7 +243,7 @@ mod tests {
     /// What signing adds to each request (the read path's only credential work):
     /// `cargo test --release --lib sigv4_cost -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "a measurement, not a check: run it in release mode with --ignored --nocapture"]
     fn sigv4_cost() {
         let credentials = Credentials::new("AKIAIOSFODNN7EXAMPLE", "secret", Some("token".into()), None, "test");
         let uri: Uri = "http://127.0.0.1:9000/bucket/dir/model.safetensors".parse().unwrap();
