@@ -172,14 +172,14 @@ def parse_args(argv=None):
     p.add_argument("--conn-mib-s", type=float, default=100.0, help="S3 proxy pace per connection (default 100)")
     p.add_argument("--runai-s3-request-timeout-ms", type=int, default=600000,
                    help="RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS, the streamer's per-request S3 timeout (default "
-                        "600000; its own, 1000, failed on this loaded 2-core machine in the issue). Not "
+                        "600000; its own, 1000, failed on a loaded 2-core machine). Not "
                         "RUNAI_STREAMER_S3_TIMEOUT: 0.17.0 reads that as its retry window in seconds (default 0)")
     p.add_argument("--run-timeout", type=float, help="bound on one run in seconds (default 300; --quick: 60)")
     p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="where checkpoints are built once and reused")
     p.add_argument("--no-install", action="store_true", help="do not pip install missing peers")
     p.add_argument("--use", choices=USES, default="sum", help="what is done with every tensor in the clock (default sum)")
     p.add_argument("--layout", choices=["transformer", "f32"], default="transformer",
-                   help="the checkpoint: a transformer's tensors (default) or 64 equal F32 ones (issue 34)")
+                   help="the checkpoint: a transformer's tensors (default) or 64 equal F32 ones (the near-bytes runs)")
     p.add_argument("--before", help="a tree of an earlier stfs (its python/): its rows beside, with --before-stfs")
     p.add_argument("--before-stfs", help="the earlier stfs's binary (with --before)")
     p.add_argument("--quick", action="store_true", help="smoke run: 16 MiB checkpoint, 1 repetition, bounded")
@@ -619,7 +619,7 @@ def judge(res, source, peers, failures, use):
             ref = best if ref == "best" else ref
             if row in res.series and ref in res.series:
                 res.ratio_check(f"{source}, {use} use: {row} vs {ref}{' (the best peer)' if ref == best else ''}, "
-                                f"time ratio (issue 34)", ref, row, target)
+                                f"time ratio (near-bytes target)", ref, row, target)
         for other in others:
             for row in NEAR_ROWS:
                 ratios = res.paired_ratios(other, row)
@@ -784,7 +784,7 @@ def main():
                 with s3_endpoint(args, ckpt, workdir) as endpoint:
                     res = run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failures)
             res.note(f"the streamer ran with RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS={args.runai_s3_request_timeout_ms} "
-                     "(raised: the issue found its 1000 ms default failing on this loaded 2-core machine; "
+                     "(raised: its 1000 ms default failed on a loaded 2-core machine; "
                      "RUNAI_STREAMER_S3_TIMEOUT, its retry window in seconds, at its default) and "
                      "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0 "
                      "(a loopback endpoint); fastsafetensors and load_file read local files only")

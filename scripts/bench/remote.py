@@ -298,7 +298,7 @@ def main():
     p.add_argument("--mount-arg", action="append", default=[], help="extra `stfs mount` argument (repeatable)")
     p.add_argument("--no-disk-cache", action="store_true", help="skip the --cache-dir rows")
     p.add_argument("--disk-only", action="store_true",
-                   help="only the --cache-dir rows and cat (issue 17's targets)")
+                   help="only the --cache-dir rows and cat (the disk cache's targets)")
     p.add_argument("--json", help="also write every series (seconds per repetition) here")
     args = p.parse_args()
     if args.quick:
