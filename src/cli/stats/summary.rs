@@ -88,7 +88,12 @@ pub fn render(doc: &Value, shown: &str, previous: Option<(&Value, f64)>, now: u6
     let up = if started > 0 { format!(", daemon up {}", duration(now.saturating_sub(started))) } else { String::new() };
     let _ = writeln!(out, "{shown}: stfs mount{up}");
     let served = n(doc, "fuse_read_bytes");
-    let _ = writeln!(out, "  read          {} by programs ({} requests from the kernel)", human(served as f64), n(doc, "fuse_reads"));
+    let _ = writeln!(
+        out,
+        "  read          {} by programs ({} requests from the kernel)",
+        human(served as f64),
+        n(doc, "fuse_reads")
+    );
     let store = store_bytes(doc);
     let ratio = if served > 0 {
         format!("{:.2}x what programs read", store as f64 / served as f64)
@@ -132,7 +137,11 @@ pub fn render(doc: &Value, shown: &str, previous: Option<(&Value, f64)>, now: u6
         "/dev/fuse".to_string()
     };
     let _ = writeln!(out, "  transport     {transport}");
-    let errors = [("failed reads", "read_errors"), ("source errors", "backing_errors"), ("disk cache errors", "disk_cache_errors")];
+    let errors = [
+        ("failed reads", "read_errors"),
+        ("source errors", "backing_errors"),
+        ("disk cache errors", "disk_cache_errors"),
+    ];
     let listed: Vec<String> = errors.iter().map(|(what, key)| format!("{what} {}", n(doc, key))).collect();
     let total: u64 = errors.iter().map(|(_, key)| n(doc, key)).sum();
     let verdict = if total == 0 { "none" } else { "see the daemon's log" };
@@ -158,11 +167,15 @@ mod tests {
         assert!(text.starts_with("/mnt/m: stfs mount, daemon up 10s\n"), "{text}");
         assert!(text.contains("\n  read          1.0 GiB by programs (10 requests from the kernel)\n"), "{text}");
         assert!(
-            text.contains("\n  from source   1.0 GiB, 1.01x what programs read, in 256 HTTP requests (2 of them retries)\n"),
+            text.contains(
+                "\n  from source   1.0 GiB, 1.01x what programs read, in 256 HTTP requests (2 of them retries)\n"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("memory cache  90.0% hits (90 of 100 block lookups); holds 1.0 MiB now, 512.0 MiB at its peak"),
+            text.contains(
+                "memory cache  90.0% hits (90 of 100 block lookups); holds 1.0 MiB now, 512.0 MiB at its peak"
+            ),
             "{text}"
         );
         assert!(
@@ -211,7 +224,10 @@ mod tests {
             text.contains("throughput    1.0 MiB/s read by programs, 512.0 KiB/s from the source, over the last 2.0 s"),
             "{text}"
         );
-        assert!(text.contains("from source   1.0 MiB, 0.50x what programs read: 0 requests answered directly"), "{text}");
+        assert!(
+            text.contains("from source   1.0 MiB, 0.50x what programs read: 0 requests answered directly"),
+            "{text}"
+        );
         assert!(text.contains("memory cache  - hits (0 of 0 block lookups)"), "{text}");
         assert!(text.contains("disk cache    - hits (0 of 0 lookups); holds 0.0 B of 4.0 KiB"), "{text}");
         assert!(text.contains("errors        none (failed reads 0, source errors 0, disk cache errors 0)"), "{text}");
