@@ -227,7 +227,7 @@ fn stats_file_and_command_report_counters() {
     let lines = [
         "  read          ",
         "  from source   ",
-        "requests answered directly from the local file",
+        " answered directly from the local file, ",
         "  memory cache  ",
         "  throughput    ",
         "  errors        none",

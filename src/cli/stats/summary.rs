@@ -25,6 +25,15 @@ fn percent(part: u64, whole: u64) -> String {
     }
 }
 
+/// `count` things, the noun in the plural unless there is one: `1 request`, `2 requests`.
+fn things(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
+}
+
 /// Seconds as `1h 02m`, `3m 05s` or `12s`.
 fn duration(seconds: u64) -> String {
     match seconds {
@@ -69,13 +78,16 @@ fn throughput(doc: &Value, previous: Option<(&Value, f64)>, now: u64) -> String 
 /// its mapping) and the reads stfs made into its block cache (or prefetch advice of a mapping).
 fn source_reads(doc: &Value) -> String {
     if n(doc, "http_requests") > 0 {
-        let retries = n(doc, "http_retries");
-        format!("in {} HTTP requests ({retries} of them retries)", n(doc, "http_requests"))
+        format!(
+            "in {} ({} repeated after a failure)",
+            things(n(doc, "http_requests"), "HTTP request"),
+            n(doc, "http_retries")
+        )
     } else {
         format!(
-            "{} requests answered directly from the local file, {} reads into the block cache",
-            n(doc, "mapped_reads"),
-            n(doc, "backing_reads")
+            "{} answered directly from the local file, {} into the block cache",
+            things(n(doc, "mapped_reads"), "request"),
+            things(n(doc, "backing_reads"), "read")
         )
     }
 }
@@ -90,9 +102,9 @@ pub fn render(doc: &Value, shown: &str, previous: Option<(&Value, f64)>, now: u6
     let served = n(doc, "fuse_read_bytes");
     let _ = writeln!(
         out,
-        "  read          {} by programs ({} requests from the kernel)",
+        "  read          {} by programs ({} from the kernel)",
         human(served as f64),
-        n(doc, "fuse_reads")
+        things(n(doc, "fuse_reads"), "request")
     );
     let store = store_bytes(doc);
     let ratio = if served > 0 {
@@ -106,8 +118,8 @@ pub fn render(doc: &Value, shown: &str, previous: Option<(&Value, f64)>, now: u6
     if handed > 0 {
         let _ = writeln!(
             out,
-            "  handed over   {handed} {} to the kernel (FUSE passthrough): their reads skip stfs and are not counted above",
-            if handed == 1 { "open" } else { "opens" }
+            "  handed over   {} to the kernel (FUSE passthrough): reads of those files skip stfs and are not counted above",
+            things(handed, "open")
         );
     }
     let (hits, misses) = (n(doc, "cache_hits"), n(doc, "cache_misses"));
@@ -168,7 +180,7 @@ mod tests {
         assert!(text.contains("\n  read          1.0 GiB by programs (10 requests from the kernel)\n"), "{text}");
         assert!(
             text.contains(
-                "\n  from source   1.0 GiB, 1.01x what programs read, in 256 HTTP requests (2 of them retries)\n"
+                "\n  from source   1.0 GiB, 1.01x what programs read, in 256 HTTP requests (2 repeated after a failure)\n"
             ),
             "{text}"
         );
@@ -207,7 +219,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("\n  handed over   1 open to the kernel (FUSE passthrough): their reads skip stfs"),
+            text.contains("\n  handed over   1 open to the kernel (FUSE passthrough): reads of those files skip stfs"),
             "{text}"
         );
         for jargon in ["served", "block reads", "replies straight", "from store", "of served"] {
@@ -235,6 +247,10 @@ mod tests {
         let text = render(&ring, "/m", None, 0);
         assert!(text.contains("transport     FUSE over io_uring (7 requests on the ring)"), "{text}");
         assert!(text.contains("from source   0.0 B, programs have read nothing yet: "), "{text}");
+        assert_eq!(
+            (things(1, "request"), things(0, "read"), things(2, "open")),
+            ("1 request".into(), "0 reads".into(), "2 opens".into())
+        );
         assert_eq!(duration(3725), "1h 02m");
         assert_eq!(duration(185), "3m 05s");
     }
