@@ -49,8 +49,8 @@ pub fn signal_name(signal: libc::c_int) -> String {
 /// buffer flush runs, so nothing waits on the state another thread left half-changed (the opening
 /// may be inside TLS, a lock of the runtime, a thread-local's destructor); `std::process::exit`
 /// would run them on this thread while the opening goes on in another. The logger is flushed
-/// first. `fd` is a pipe, a terminal or a file: the line goes out in one `write`, retried on EINTR
-/// and after a short write.
+/// first. `fd` is a pipe, a terminal or a file; the line is written whole (a `write` again after
+/// EINTR or a short one), or as much of it as `fd` takes.
 pub fn exit_saying(fd: std::os::fd::BorrowedFd<'_>, line: &str, status: u8) -> ! {
     use std::os::fd::AsRawFd;
     log::logger().flush();
@@ -74,8 +74,9 @@ pub fn exit_saying(fd: std::os::fd::BorrowedFd<'_>, line: &str, status: u8) -> !
 /// Runs `opening` (nothing is mounted while it runs) so that SIGINT, SIGTERM or SIGHUP still end
 /// the process: they are blocked in every thread (see [`block_signals`]), so a watcher thread
 /// waits for one of them on a signalfd beside `opening` and calls `on_signal` (which must end the
-/// process, with [`exit_saying`]) if one comes; once `opening` returns, the watcher is woken through an eventfd and ends
-/// without taking any signal, which the serving thread then takes as usual. A slow or stuck open
+/// process, with [`exit_saying`]) if one comes; once `opening` returns, the watcher is woken
+/// through an eventfd and ends without taking any signal, which the serving thread then takes as
+/// usual. A slow or stuck open
 /// (a hard NFS mount, a credential helper that hangs) is so never beyond Ctrl-C or `kill`.
 pub fn interruptible<T>(opening: impl FnOnce() -> T, on_signal: impl FnOnce(libc::c_int) + Send + 'static) -> T {
     let set = signal_set();
