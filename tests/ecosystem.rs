@@ -1,5 +1,6 @@
 //! Fitting in: mount(8) and fstab through the `mount.fuse.stfs` helper, fuse3's `mount.fuse` calling
-//! convention, `stfs install-helper`, and `stfs extract` / `stfs cat` without a mount.
+//! convention, `stfs install-helper`, `stfs extract` / `stfs cat` without a mount, and a mount
+//! copied whole by `cp -a`, `cp -r`, `tar` and `rsync -a`.
 
 mod common;
 
@@ -379,4 +380,57 @@ fn man_pages_are_complete_and_versions_name_stfs() {
     }
     let help = String::from_utf8(stfs(&["install-helper", "--help"]).stdout).unwrap();
     assert!(help.contains("The options are those of `stfs mount`"), "{help}");
+}
+
+/// Whether `program` is on PATH.
+fn installed(program: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {program}")]).output().is_ok_and(|o| o.status.success())
+}
+
+/// Issue 44, item 10: the common tools copy a whole mount, `.stfs/stats.json` included, exit 0
+/// and say nothing, and every tensor file of the copy is the tensor's bytes (`cmp` against the
+/// mount's file and against the fixture). Before, `cp -a` and `cp -r` failed on stats.json
+/// ("skipping file ..., as it was replaced while being copied", exit 1): the lookup of the
+/// open after cp's stat took a new snapshot under a new inode.
+#[test]
+fn the_common_tools_copy_a_whole_mount() {
+    for (tool, package) in [("cp", "coreutils"), ("cmp", "diffutils"), ("tar", "tar"), ("rsync", "rsync")] {
+        if !installed(tool) {
+            return tool_missing(tool, &format!("apt-get install {package}"));
+        }
+    }
+    let (_dir, source, tensors) = mixed_checkpoint();
+    let m = Mount::new(&source, &[]);
+    let out = workdir();
+    let mp = s(&m.path);
+    let dest = |name: &str| out.path().join(name).to_str().unwrap().to_string();
+    let (archive, rsync_from) = (dest("copy.tar"), format!("{mp}/"));
+    let (cp_a, cp_r, cp_a2, tar, rsync) = (dest("cp-a"), dest("cp-r"), dest("cp-a2"), dest("tar"), dest("rsync"));
+    let copies: [(&str, Vec<Vec<&str>>, &str); 5] = [
+        ("cp -a", vec![vec!["cp", "-a", mp, &cp_a]], &cp_a),
+        ("cp -r", vec![vec!["cp", "-r", mp, &cp_r]], &cp_r),
+        // Again: stats.json has been looked up and read since.
+        ("cp -a again", vec![vec!["cp", "-a", mp, &cp_a2]], &cp_a2),
+        ("tar", vec![vec!["tar", "-cf", &archive, "-C", mp, "."], vec!["tar", "-xf", &archive, "-C", &tar]], &tar),
+        ("rsync -a", vec![vec!["rsync", "-a", &rsync_from, &rsync]], &rsync),
+    ];
+    std::fs::create_dir(&tar).unwrap();
+    for (what, commands, copy) in &copies {
+        let copy = Path::new(copy);
+        for command in commands {
+            let done = run(command[0], &command[1..]);
+            assert!(done.status.success() && done.stderr.is_empty(), "{what}: {:?} {}", done.status, stderr_of(&done));
+        }
+        for t in &tensors {
+            let (copied, served) = (copy.join(file_name(&t.name)), m.path.join(file_name(&t.name)));
+            let same = run("cmp", &[s(&copied), s(&served)]);
+            assert!(same.status.success(), "{what}: {} {}", t.name, String::from_utf8_lossy(&same.stdout));
+            assert!(std::fs::read(&copied).unwrap() == t.data, "{what}: {} is not the tensor's bytes", t.name);
+        }
+        let same = run("cmp", &[s(&copy.join("model.safetensors")), s(&source)]);
+        assert!(same.status.success(), "{what}: the re-served checkpoint differs from its source");
+        let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(copy.join(".stfs/stats.json")).unwrap())
+            .unwrap_or_else(|e| panic!("{what}: stats.json copied whole: {e}"));
+        assert!(stats["fuse_reads"].is_u64(), "{what}: {stats}");
+    }
 }

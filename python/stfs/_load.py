@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
 from ._mapping import mapped
-from ._whole import read_ahead, torch_view, views as _whole_views
+from ._whole import ReadAhead, read_ahead, torch_view, views as _whole_views
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
 
 # safetensors dtype -> NumPy dtype (little-endian, as the files are).
@@ -558,14 +558,29 @@ def _load_torch(items: List[Entry], device, root: str, tick: Tick = _no_tick) ->
         out = _load_cuda(torch, items, target, raw, tick)
         _warn_raw(raw, "torch")
         return out
-    out: Dict[str, Any] = {}
     # Shards the mount hands to the kernel (passthrough): each mapped once (a private mapping, on the
     # CPU), every tensor a view of it, as safetensors' load_file makes them; read in by the kernel
     # meanwhile (read_ahead), as the tensors of the other path are read before load returns.
+    # A load that fails from here on (Ctrl-C included) stops the read-ahead before it raises: its
+    # threads would go on reading, and hold the mount (load's own, detached lazily) and its daemon.
+    ahead: List[ReadAhead] = []
     whole = _whole_views(root, items, lambda path, size: torch.from_file(
         _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
         lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])),
-        read_ahead)
+        lambda paths: ahead.append(read_ahead(paths)))
+    try:
+        return _torch_tensors(torch, items, whole, target, raw, tick)
+    except BaseException:
+        for started in ahead:
+            started.stop()
+        raise
+
+
+def _torch_tensors(torch, items: List[Entry], whole: Dict[str, Any], target, raw: List[str],
+                   tick: Tick) -> Dict[str, Any]:
+    """Every tensor of `items` on `target` (the CPU or a device other than CUDA): the views in `whole`,
+    the rest each a private mapping of its file."""
+    out: Dict[str, Any] = {}
     mapped_files = sum(1 for e in items if e.byte_len and e.name not in whole)
     if target.type == "cpu" and mapped_files:  # moved anywhere else, each mapping is gone once its tensor is copied
         _check_mappings(mapped_files, "torch.from_file")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ._mapping import pages_cached
@@ -28,11 +29,14 @@ READ_AHEAD_THREADS = 64
 #: ...of at least this many bytes, so a small load starts few threads (32 MiB stretches beat 16 and
 #: 64 MiB ones on a 512 MiB file).
 READ_AHEAD_SPAN = 32 << 20
-#: read_ahead reads at most this share of the memory the kernel reports available (MemAvailable): the
-#: caller uses the tensors in file order, so of a checkpoint larger than memory only the head is read
-#: ahead (the rest comes in by the caller's page faults), where reading it all would evict the head
-#: before the caller got to it.
+#: read_ahead reads at most this share of the memory available (memory_available: the kernel's
+#: MemAvailable, or less where the process's memory cgroup leaves it less): the caller uses the tensors
+#: in file order, so of a checkpoint larger than memory only the head is read ahead (the rest comes in
+#: by the caller's page faults), where reading it all would evict the head before the caller got to it.
 READ_AHEAD_MEMORY_SHARE = 0.5
+#: How long stop() waits, in all, for read_ahead's threads to end (each ends after its current
+#: READ_AHEAD_STEP read: milliseconds, unless the mount is stuck).
+READ_AHEAD_STOP_SECONDS = 5.0
 #: read_ahead takes a file whose steps at this many places are cached as cached, and reads none of it.
 CACHED_SAMPLES = 64
 
@@ -92,12 +96,32 @@ def views(root: str, items: List[Any], map_shard: Callable[[str, int], Any], vie
     return out
 
 
-def read_ahead(paths: Sequence[str]) -> None:
-    """Starts daemon threads that read the files into the page cache: the files, taken as one run of
-    bytes in order, are cut into up to READ_AHEAD_THREADS stretches of at least READ_AHEAD_SPAN
-    bytes, and each thread reads its stretch front to back with READ_AHEAD_STEP preads into a
-    buffer of its own, on a descriptor of its own (so the kernel sees one sequential stream per
-    thread and reads each ahead in large folios). Many streams keep the disk busy, where one stream
+class ReadAhead:
+    """read_ahead's threads: stop() ends them between two reads (a failed load must not go on
+    reading, nor hold the mount it detached lazily, and its daemon, alive)."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.threads: List[threading.Thread] = []
+
+    def stop(self, timeout: float = READ_AHEAD_STOP_SECONDS) -> bool:
+        """Tells the threads to stop and waits for them, `timeout` seconds in all; whether all ended
+        (each closes its own descriptors as it ends). A thread stuck in a read of a hung mount is left
+        behind: it is a daemon thread, and ends with the read."""
+        self.stopping.set()
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
+
+
+def read_ahead(paths: Sequence[str]) -> ReadAhead:
+    """Starts daemon threads that read the files into the page cache, and returns them (a ReadAhead,
+    to stop them with): the files, taken as one run of bytes in order, are cut into up to
+    READ_AHEAD_THREADS stretches of at least READ_AHEAD_SPAN bytes, and each thread reads its stretch
+    front to back with READ_AHEAD_STEP preads into a buffer of its own, on a descriptor of its own
+    (so the kernel sees one sequential stream per thread and reads each ahead in large folios),
+    looking between two reads whether it is to stop (ReadAhead.stop). Many streams keep the disk busy, where one stream
     through the kernel's readahead left it half idle; and the copy makes the CPU touch every page
     as it arrives, which a virtual machine's first touch of a page frame makes cost (a fill that
     never touched the bytes, sendfile(2) to /dev/null or MADV_POPULATE_READ, left up to a second per
@@ -106,9 +130,10 @@ def read_ahead(paths: Sequence[str]) -> None:
     what load_file's does. (A stretch cannot skip its cached steps: a reader that jumps ahead is
     no sequential stream to the kernel, which then reads the rest in 4 KiB pages.) A file that
     cannot be opened ends the list there. Only as many bytes as READ_AHEAD_MEMORY_SHARE of the
-    memory available are read (of a checkpoint larger than memory, its head). The files are opened
-    here, before load detaches its mount, and each thread closes its own. Best effort: an error
-    ends that thread's stretch quietly."""
+    memory available (memory_available: the cgroup's bound included) are read (of a checkpoint larger
+    than memory, its head). The files are opened here, before load detaches its mount, and each thread
+    closes its own. Best effort: an error ends that thread's stretch quietly."""
+    ahead = ReadAhead()
     files: List[Any] = []
     for path in paths:
         try:
@@ -134,7 +159,7 @@ def read_ahead(paths: Sequence[str]) -> None:
     if available is not None:
         total = min(total, int(available * READ_AHEAD_MEMORY_SHARE))
     if total <= 0:
-        return
+        return ahead
     threads = max(1, min(READ_AHEAD_THREADS, total // READ_AHEAD_SPAN))
     cuts = [total * k // threads for k in range(threads + 1)]
     stretches: List[List[Any]] = [[] for _ in range(threads)]
@@ -154,12 +179,13 @@ def read_ahead(paths: Sequence[str]) -> None:
                 opened[-1].append((os.open(path, os.O_RDONLY | os.O_CLOEXEC), lo, hi))
     except OSError:
         pass
+    stopping = ahead.stopping
 
     def run(pieces: List[Any]) -> None:
         buf = memoryview(bytearray(READ_AHEAD_STEP))
         try:
             for fd, at, end in pieces:
-                while at < end:
+                while at < end and not stopping.is_set():
                     n = os.preadv(fd, [buf[:min(READ_AHEAD_STEP, end - at)]], at)
                     if not n:
                         break
@@ -171,19 +197,125 @@ def read_ahead(paths: Sequence[str]) -> None:
                 os.close(fd)
 
     for pieces in opened:
-        threading.Thread(target=run, args=(pieces,), name="stfs-read-ahead", daemon=True).start()
+        t = threading.Thread(target=run, args=(pieces,), name="stfs-read-ahead", daemon=True)
+        ahead.threads.append(t)
+        t.start()
+    return ahead
 
 
-def memory_available() -> Optional[int]:
-    """Bytes of memory the kernel reports available (/proc/meminfo MemAvailable), None where unknown."""
+def memory_available(root: str = "/") -> Optional[int]:
+    """Bytes of memory this process may still fill: the kernel's MemAvailable (/proc/meminfo), or what
+    its memory cgroup leaves it (cgroup_memory_left) where that is less; None where neither is known.
+    `root` stands for / (a test's fake /proc and /sys)."""
+    known = [n for n in (mem_available(root), cgroup_memory_left(root)) if n is not None]
+    return min(known) if known else None
+
+
+def mem_available(root: str = "/") -> Optional[int]:
+    """Bytes of memory the kernel reports available (/proc/meminfo MemAvailable): the host's, whatever
+    the process's cgroup allows; None where unknown."""
     try:
-        with open("/proc/meminfo", "rb") as f:
+        with open(os.path.join(root, "proc/meminfo"), "rb") as f:
             for line in f:
                 if line.startswith(b"MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def cgroup_memory_left(root: str = "/") -> Optional[int]:
+    """Bytes this process's memory cgroups still let it fill: over its own cgroup and each parent up
+    to the top of the hierarchy as mounted here, the least of the limit less the usage (a container's
+    bound is often set on a parent), the usage less the inactive page cache the kernel reclaims first
+    (as MemAvailable counts it available). cgroup v2 (/proc/self/cgroup's ``0::`` line, a ``cgroup2``
+    mount): memory.max ("max": none), memory.current, memory.stat's inactive_file; v1 (the
+    ``memory`` controller's line and mount): memory.limit_in_bytes (a page-rounded 2^63: none),
+    memory.usage_in_bytes, memory.stat's total_inactive_file. None where no limit is set or nothing
+    can be read. `root` stands for / (a test's fake /proc and /sys)."""
+    try:
+        with open(os.path.join(root, "proc/self/cgroup"), encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        with open(os.path.join(root, "proc/self/mountinfo"), encoding="utf-8", errors="replace") as f:
+            mounts = f.read().splitlines()
+    except OSError:
+        return None
+    v2 = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    v1 = next((line.split(":", 2)[2] for line in lines
+               if len(line.split(":", 2)) == 3 and "memory" in line.split(":", 2)[1].split(",")), None)
+    for path, fstype, files in ((v1, "cgroup", _V1_FILES), (v2, "cgroup2", _V2_FILES)):
+        if path is None:
+            continue
+        top = _cgroup_mount(mounts, fstype, path)
+        if top is None:
+            continue
+        mount_point, mount_root = top
+        left = _least_left(root, mount_point, mount_root, path, files)
+        if left is not None:
+            return left
+    return None
+
+
+#: (limit, usage, the memory.stat key of the inactive page cache) of cgroup v1 and v2.
+_V1_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+_V2_FILES = ("memory.max", "memory.current", "inactive_file")
+#: A v1 limit at or above this is none (the kernel's "unlimited" is 2^63 rounded down to a page).
+_V1_UNLIMITED = 1 << 62
+
+
+def _cgroup_mount(mounts: List[str], fstype: str, path: str) -> Optional[Any]:
+    """(mount point, the cgroup it shows as its root) of the `fstype` hierarchy holding `path`, from
+    /proc/self/mountinfo lines (for v1, the one with the memory controller); None if not mounted."""
+    for line in mounts:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        if not after or after[0] != fstype:
+            continue
+        if fstype == "cgroup" and "memory" not in (after[2].split(",") if len(after) > 2 else []):
+            continue
+        mount_root, mount_point = fields[3], fields[4].replace("\\040", " ")
+        if path == mount_root or path.startswith(mount_root.rstrip("/") + "/"):
+            return mount_point, mount_root
+    return None
+
+
+def _least_left(root: str, mount_point: str, mount_root: str, path: str, files: Any) -> Optional[int]:
+    """The least room left over the cgroup at `path` and its parents up to `mount_root` (see
+    cgroup_memory_left); None if none of them has a limit."""
+    limit_file, usage_file, inactive_key = files
+    relative = path[len(mount_root.rstrip("/")):].strip("/")
+    parts = relative.split("/") if relative else []
+    least: Optional[int] = None
+    for depth in range(len(parts), -1, -1):
+        directory = os.path.join(root, mount_point.lstrip("/"), *parts[:depth])
+        try:
+            with open(os.path.join(directory, limit_file)) as f:
+                text = f.read().strip()
+            if text == "max" or int(text) >= _V1_UNLIMITED:
+                continue
+            with open(os.path.join(directory, usage_file)) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        used -= min(used, _stat(directory, inactive_key))
+        left = max(0, int(text) - used)
+        least = left if least is None else min(least, left)
+    return least
+
+
+def _stat(directory: str, key: str) -> int:
+    """`key`'s value in the cgroup's memory.stat, 0 if not there."""
+    try:
+        with open(os.path.join(directory, "memory.stat")) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def torch_view(flat, dtype, shape):

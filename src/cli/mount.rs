@@ -1,13 +1,14 @@
 //! `stfs mount`: check what needs no opening in the foreground, go to the background, then open
 //! the checkpoint and serve; an error of the opening travels back to the foreground as one line.
 
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::checkpoint::{self, OpenOptions};
 use crate::cli::args::MountArgs;
 use crate::cli::options::MountConfig;
-use crate::cli::report::Failure;
+use crate::cli::report::{Failure, EXIT_FAILURE};
 use crate::engine::disk::DiskCache;
 use crate::fs::Fs;
 use crate::mount::access::check_can_mount;
@@ -17,7 +18,7 @@ use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
 use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
 use crate::mount::session::{mount_source, serve, ServeError};
-use crate::mount::signals::{block_signals, interruptible, signal_name};
+use crate::mount::signals::{block_signals, exit_saying, interruptible, signal_name};
 use crate::mount::watcher::{spawn_watcher, AutoUnmount};
 use crate::stats::Stats;
 
@@ -56,13 +57,10 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         // Before any thread starts (the opening's may): they inherit the mask.
         block_signals();
         // Logging starts once the checkpoint is open: a failed opening is the one line on stderr.
-        let shown = config.mountpoint.display().to_string();
+        let stopped = stopped_while_opening(&config.mountpoint, &fsname);
         let fs = interruptible(
             || open(&config, &open_options, &mut fs_options, &stats),
-            move |signal| {
-                eprintln!("stfs: {shown}: {} while opening the checkpoint; nothing was mounted", signal_name(signal));
-                std::process::exit(crate::cli::report::EXIT_FAILURE.into());
-            },
+            move |signal| exit_saying(std::io::stderr().as_fd(), &format!("stfs: {}", stopped(signal)), EXIT_FAILURE),
         )?;
         init();
         log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
@@ -91,12 +89,23 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     };
     block_signals();
     // A signal while opening (the foreground gave up waiting, or a user's kill) ends the daemon at
-    // once: nothing is mounted yet, and the foreground reads the end of the report.
+    // once: nothing is mounted yet. The reason goes to the log and, as the daemon's one line, to
+    // the foreground (which prints it), on a descriptor of the readiness pipe of its own.
+    let last_words = match readiness.last_words() {
+        Ok(fd) => fd,
+        Err(e) => {
+            let e = Failure::at(config.mountpoint.display(), e);
+            readiness.failed(&e);
+            return Err(e);
+        }
+    };
+    let stopped = stopped_while_opening(&config.mountpoint, &fsname);
     let opened = interruptible(
         || open(&config, &open_options, &mut fs_options, &stats),
-        |signal| {
-            log::warn!("{} while opening the checkpoint; nothing was mounted", signal_name(signal));
-            std::process::exit(crate::cli::report::EXIT_FAILURE.into());
+        move |signal| {
+            let line = stopped(signal);
+            log::warn!("{line}");
+            exit_saying(last_words.as_fd(), &line, EXIT_FAILURE)
         },
     );
     // Sources are kept by absolute path; relative ones were opened (and named) as given.
@@ -132,6 +141,14 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
             log::error!("{e}");
             Err(e.into())
         }
+    }
+}
+
+/// The one line saying that `signal` stopped the opening of `source` for `mountpoint`.
+fn stopped_while_opening(mountpoint: &std::path::Path, source: &str) -> impl Fn(libc::c_int) -> String {
+    let (mountpoint, source) = (mountpoint.display().to_string(), source.to_string());
+    move |signal| {
+        format!("{mountpoint}: stopped by {} while opening {source}; nothing was mounted", signal_name(signal))
     }
 }
 

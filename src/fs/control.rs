@@ -1,12 +1,23 @@
-//! The control file `.stfs/stats.json`: the live counters as a JSON document. Each lookup of its
+//! The control file `.stfs/stats.json`: the live counters as a JSON document. A lookup of its
 //! name takes a snapshot under an inode number of its own (the kernel looks the name up at every
 //! open), which serves every read and getattr of that inode unchanged until the kernel forgets it.
 //! So each opener reads one whole document of one size, however many others open the file
 //! meanwhile: the way procfs gives each open its own buffer, without a round trip per open.
+//!
+//! A lookup answers the last snapshot again, instead of taking a new one, while nothing has read
+//! it and it is less than [`REUSED_WITHIN`] old: the lookup an open makes right after a `stat` of
+//! the name (`cp`, `tar`: stat, open, fstat, read to the end) so finds the inode, size and mtime
+//! the stat gave. Before, the open's lookup took another snapshot under another inode, and `cp`
+//! skipped the file ("replaced while being copied"); a reader that reads gets a fresh document at
+//! its next open as before.
+//!
+//! A snapshot answered to several lookups goes once the kernel has forgotten each: every FORGET
+//! counts as one lookup (the adapter passes no count; a FORGET covering several leaves the
+//! snapshot until [`MAX_SNAPSHOTS`] pushes it out, never one dropped while the kernel holds it).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::stats::Stats;
 use crate::tree::namespace::{Content, Ino, NodeKind};
@@ -21,6 +32,11 @@ pub(crate) const FIRST_SNAPSHOT_INO: Ino = 1 << 48;
 /// file open count; a few thousand documents of about 2 KiB is a few MiB.
 const MAX_SNAPSHOTS: usize = 4096;
 
+/// How long an unread snapshot answers the lookups of the name: the time a copying tool may take
+/// between its `stat` and its `open` on a loaded machine, and the most a document read after a
+/// bare `stat` (`ls -l`) lags behind the counters.
+pub(crate) const REUSED_WITHIN: Duration = Duration::from_secs(1);
+
 /// One rendering of the document.
 #[derive(Clone)]
 pub(crate) struct Snapshot {
@@ -28,6 +44,17 @@ pub(crate) struct Snapshot {
     pub(crate) bytes: Arc<[u8]>,
     /// When it was taken: its mtime.
     pub(crate) taken: SystemTime,
+}
+
+/// A snapshot the kernel may still ask for.
+struct Held {
+    snapshot: Snapshot,
+    /// When it was taken, for [`REUSED_WITHIN`].
+    at: Instant,
+    /// Lookups answered with it, less the FORGETs heard for it.
+    lookups: u64,
+    /// Some of its bytes were read: the next lookup takes a new one.
+    read: bool,
 }
 
 /// The stats document's snapshots, by inode.
@@ -38,24 +65,30 @@ pub(crate) struct StatsFile {
 
 struct Snapshots {
     /// Snapshots the kernel may still ask for, oldest (lowest inode) first.
-    by_ino: BTreeMap<Ino, Snapshot>,
+    by_ino: BTreeMap<Ino, Held>,
     /// The inode the next snapshot gets.
     next_ino: Ino,
     /// The last snapshot taken, for the tree's own inode of the file (a `readdirplus` entry).
     latest: Snapshot,
+    /// Its inode.
+    latest_ino: Option<Ino>,
 }
 
 impl StatsFile {
     /// The document of `stats`, rendered once now.
     pub(crate) fn new(stats: Arc<Stats>) -> StatsFile {
         let latest = Snapshot { bytes: render(&stats), taken: SystemTime::now() };
-        let state = Snapshots { by_ino: BTreeMap::new(), next_ino: FIRST_SNAPSHOT_INO, latest };
+        let state = Snapshots { by_ino: BTreeMap::new(), next_ino: FIRST_SNAPSHOT_INO, latest, latest_ino: None };
         StatsFile { stats, state: Mutex::new(state) }
     }
 
-    /// Renders the document anew under a new inode (its mtime later than the last one's), and
-    /// returns both.
-    pub(crate) fn take(&self) -> (Ino, Snapshot) {
+    /// The snapshot a lookup of the name answers, and its inode: the last one while it is unread
+    /// and younger than [`REUSED_WITHIN`], else the document rendered anew under a new inode (its
+    /// mtime later than the last one's).
+    pub(crate) fn look_up(&self) -> (Ino, Snapshot) {
+        if let Some(found) = self.reusable() {
+            return found;
+        }
         let bytes = render(&self.stats);
         let mut state = lock(&self.state);
         let mut taken = SystemTime::now();
@@ -65,17 +98,35 @@ impl StatsFile {
         let snapshot = Snapshot { bytes, taken };
         let ino = state.next_ino;
         state.next_ino += 1;
-        state.by_ino.insert(ino, snapshot.clone());
+        state.by_ino.insert(ino, Held { snapshot: snapshot.clone(), at: Instant::now(), lookups: 1, read: false });
         if state.by_ino.len() > MAX_SNAPSHOTS {
             state.by_ino.pop_first();
         }
         state.latest = snapshot.clone();
+        state.latest_ino = Some(ino);
         (ino, snapshot)
+    }
+
+    /// The last snapshot, counted as looked up once more, if a lookup may answer it again.
+    fn reusable(&self) -> Option<(Ino, Snapshot)> {
+        let mut state = lock(&self.state);
+        let ino = state.latest_ino?;
+        let held = state.by_ino.get_mut(&ino).filter(|h| !h.read && h.at.elapsed() < REUSED_WITHIN)?;
+        held.lookups += 1;
+        Some((ino, held.snapshot.clone()))
     }
 
     /// The snapshot of inode `ino`, if it is one the kernel may still hold.
     pub(crate) fn snapshot(&self, ino: Ino) -> Option<Snapshot> {
-        lock(&self.state).by_ino.get(&ino).cloned()
+        lock(&self.state).by_ino.get(&ino).map(|h| h.snapshot.clone())
+    }
+
+    /// The snapshot of inode `ino`, to read from: the next lookup takes a new one.
+    pub(crate) fn read(&self, ino: Ino) -> Option<Snapshot> {
+        let mut state = lock(&self.state);
+        let held = state.by_ino.get_mut(&ino)?;
+        held.read = true;
+        Some(held.snapshot.clone())
     }
 
     /// The last snapshot taken.
@@ -83,9 +134,16 @@ impl StatsFile {
         lock(&self.state).latest.clone()
     }
 
-    /// The kernel has forgotten inode `ino`: its snapshot goes.
+    /// The kernel has forgotten inode `ino` (for one lookup, at least): its snapshot goes once
+    /// every lookup answered with it is forgotten.
     pub(crate) fn forget(&self, ino: Ino) {
-        lock(&self.state).by_ino.remove(&ino);
+        let mut state = lock(&self.state);
+        if let Some(held) = state.by_ino.get_mut(&ino) {
+            held.lookups = held.lookups.saturating_sub(1);
+            if held.lookups == 0 {
+                state.by_ino.remove(&ino);
+            }
+        }
     }
 
     /// Snapshots held now.
@@ -121,9 +179,10 @@ mod tests {
     fn each_snapshot_keeps_its_document_until_forgotten() {
         let stats = Arc::new(Stats::default());
         let file = StatsFile::new(Arc::clone(&stats));
-        let (first, a) = file.take();
+        let (first, a) = file.look_up();
+        file.read(first).unwrap();
         stats.kernel_open_requests.fetch_add(1000, Relaxed);
-        let (second, b) = file.take();
+        let (second, b) = file.look_up();
         assert_ne!(first, second);
         assert!(first >= FIRST_SNAPSHOT_INO && is_snapshot_ino(second));
         assert!(b.taken > a.taken, "a later snapshot has a later mtime");
@@ -135,12 +194,41 @@ mod tests {
         assert_eq!(file.snapshot(second).unwrap().bytes, b.bytes);
     }
 
+    /// Issue 44, item 10: `cp` stats the name, opens it (the kernel looks it up again), fstats
+    /// the open file and compares the inodes. Until something reads it, and for at most
+    /// [`REUSED_WITHIN`], a lookup answers the last snapshot; it goes once each lookup answered
+    /// with it is forgotten.
+    #[test]
+    fn a_lookup_answers_the_last_snapshot_until_it_is_read() {
+        let stats = Arc::new(Stats::default());
+        let file = StatsFile::new(Arc::clone(&stats));
+        let (stat, a) = file.look_up();
+        stats.kernel_open_requests.fetch_add(1000, Relaxed);
+        let (open, b) = file.look_up();
+        assert_eq!((open, b.taken), (stat, a.taken), "the open's lookup finds the stat's inode");
+        assert_eq!(b.bytes, a.bytes);
+        assert_eq!(file.read(open).unwrap().bytes, a.bytes);
+        let (next, c) = file.look_up();
+        assert_ne!(next, stat, "read: the next open gets a document of its own");
+        assert_ne!(c.bytes, a.bytes);
+        // Two lookups of `stat`: the first FORGET leaves it, the second takes it.
+        file.forget(stat);
+        assert!(file.snapshot(stat).is_some());
+        file.forget(stat);
+        assert!(file.snapshot(stat).is_none());
+        // An unread snapshot older than REUSED_WITHIN is not answered again.
+        lock(&file.state).by_ino.get_mut(&next).unwrap().at -= REUSED_WITHIN;
+        assert_ne!(file.look_up().0, next);
+    }
+
     #[test]
     fn holds_at_most_max_snapshots_dropping_the_oldest() {
         let file = StatsFile::new(Arc::new(Stats::default()));
-        let (oldest, _) = file.take();
+        let (oldest, _) = file.look_up();
+        file.read(oldest);
         for _ in 0..MAX_SNAPSHOTS {
-            file.take();
+            let (ino, _) = file.look_up();
+            file.read(ino);
         }
         assert_eq!(file.held(), MAX_SNAPSHOTS);
         assert!(file.snapshot(oldest).is_none());

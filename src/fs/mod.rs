@@ -144,8 +144,9 @@ impl Fs {
         };
         if self.ns.node(ino).is_some_and(|n| is_stats(&n.kind)) {
             // Every open by path looks the name up first (entry TTL 0), so each opener gets a
-            // document of its own, taken when it opened, under an inode of its own.
-            let (ino, snapshot) = self.control.take();
+            // document of its own, taken when it opened, under an inode of its own (or the one a
+            // stat of the name just took, while unread: `control`).
+            let (ino, snapshot) = self.control.look_up();
             return Ok(self.snapshot_attr(ino, &snapshot));
         }
         self.getattr(ino)
@@ -339,7 +340,7 @@ impl Fs {
         reply: impl FnOnce(KernelBytes<'_>) -> R,
     ) -> Result<R, FsError> {
         let stats = self.stats();
-        if let Some(snapshot) = self.snapshot(ino) {
+        if let Some(snapshot) = is_snapshot_ino(ino).then(|| self.control.read(ino)).flatten() {
             Stats::add(&stats.fuse_reads, 1);
             let bytes = read::slice_at(&snapshot.bytes, offset, size);
             Stats::add(&stats.fuse_read_bytes, bytes.len() as u64);

@@ -239,23 +239,25 @@ fn stats_snapshot_is_renewed_by_lookup_only() {
     assert_eq!(tensors.len(), 2);
 }
 
-/// Each lookup is one opener's document, under an inode of its own: a reader that opened before
-/// another still reads its whole document, at its size, until the kernel forgets the inode (before,
-/// one shared document was renewed under the first reader, who could get a torn one).
+/// Each lookup after a read is one opener's document, under an inode of its own: a reader that
+/// opened before another still reads its whole document, at its size, until the kernel forgets the
+/// inode (before, one shared document was renewed under the first reader, who could get a torn one).
 #[test]
 fn every_lookup_of_stats_is_a_document_of_its_own_until_forgotten() {
     let (fs, _, _) = fixture(Views::default());
     let control = ino(&fs, crate::tree::namespace::CONTROL_DIR);
     let name = OsStr::new(crate::tree::namespace::STATS_NAME);
     let first = fs.lookup(control, name).unwrap();
+    let head = fs.read(first.ino, 0, 10).unwrap();
     fs.read(ino(&fs, "a%2Fb"), 0, 300).unwrap();
     let second = fs.lookup(control, name).unwrap();
     assert_ne!(first.ino, second.ino);
     let (a, b) = (fs.read(first.ino, 0, 1 << 20).unwrap(), fs.read(second.ino, 0, 1 << 20).unwrap());
     assert_ne!(a, b);
+    assert_eq!(a[..10], head[..]);
     assert_eq!((a.len() as u64, b.len() as u64), (first.size, second.size));
     let reads = |doc: &[u8]| serde_json::from_slice::<serde_json::Value>(doc).unwrap()["fuse_reads"].clone();
-    assert_eq!((reads(&a), reads(&b)), (0.into(), 1.into()));
+    assert_eq!((reads(&a), reads(&b)), (0.into(), 2.into()));
     assert_eq!(fs.getattr(first.ino).unwrap(), first);
     // The snapshot is an ordinary read-only file: no xattrs, no execute, no write.
     assert_eq!(fs.listxattr(first.ino, 100).unwrap(), Xattr::Data(Vec::new()));

@@ -38,6 +38,13 @@ impl Readiness {
     pub fn failed(mut self, reason: &dyn fmt::Display) {
         let _ = self.pipe.write_all(reason.to_string().as_bytes());
     }
+
+    /// A second descriptor of the pipe, for a thread that may have to end the process with the
+    /// reason (`signals::exit_saying`: a signal while the checkpoint opens) while this end stays
+    /// where it is; the parent hears that line as the child's reason, as from [`Readiness::failed`].
+    pub fn last_words(&self) -> io::Result<OwnedFd> {
+        self.pipe.try_clone().map(OwnedFd::from)
+    }
 }
 
 /// Which side of the fork [`daemonize`] returned in.

@@ -1,6 +1,6 @@
 //! The signals that end a mount (SIGINT, SIGTERM, SIGHUP): blocked in every thread, then taken by
 //! one thread that waits for them and unmounts; while the checkpoint opens (nothing mounted yet),
-//! taken by a watcher that ends the process at once ([`interruptible`]).
+//! taken by a watcher that ends the process at once, saying why ([`interruptible`], [`exit_saying`]).
 
 /// The signals that unmount cleanly.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -44,11 +44,39 @@ pub fn signal_name(signal: libc::c_int) -> String {
     }
 }
 
+/// Writes `line` and a newline to `fd`, then ends the process with `status` at once (`_exit`),
+/// from any thread: for a signal that stops the opening. No destructor, `atexit` handler or
+/// buffer flush runs, so nothing waits on the state another thread left half-changed (the opening
+/// may be inside TLS, a lock of the runtime, a thread-local's destructor); `std::process::exit`
+/// would run them on this thread while the opening goes on in another. The logger is flushed
+/// first. `fd` is a pipe, a terminal or a file; the line is written whole (a `write` again after
+/// EINTR or a short one), or as much of it as `fd` takes.
+pub fn exit_saying(fd: std::os::fd::BorrowedFd<'_>, line: &str, status: u8) -> ! {
+    use std::os::fd::AsRawFd;
+    log::logger().flush();
+    let text = format!("{line}\n");
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: writing at most `rest.len()` bytes from a live slice to a descriptor the caller lends.
+        let n = unsafe { libc::write(fd.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        rest = &rest[n as usize..];
+    }
+    // SAFETY: _exit ends the process without running any user-space code; always sound.
+    unsafe { libc::_exit(status.into()) }
+}
+
 /// Runs `opening` (nothing is mounted while it runs) so that SIGINT, SIGTERM or SIGHUP still end
 /// the process: they are blocked in every thread (see [`block_signals`]), so a watcher thread
 /// waits for one of them on a signalfd beside `opening` and calls `on_signal` (which must end the
-/// process) if one comes; once `opening` returns, the watcher is woken through an eventfd and ends
-/// without taking any signal, which the serving thread then takes as usual. A slow or stuck open
+/// process, with [`exit_saying`]) if one comes; once `opening` returns, the watcher is woken
+/// through an eventfd and ends without taking any signal, which the serving thread then takes as
+/// usual. A slow or stuck open
 /// (a hard NFS mount, a credential helper that hangs) is so never beyond Ctrl-C or `kill`.
 pub fn interruptible<T>(opening: impl FnOnce() -> T, on_signal: impl FnOnce(libc::c_int) + Send + 'static) -> T {
     let set = signal_set();
