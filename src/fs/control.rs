@@ -11,9 +11,8 @@
 //! skipped the file ("replaced while being copied"); a reader that reads gets a fresh document at
 //! its next open as before.
 //!
-//! A snapshot answered to several lookups goes once the kernel has forgotten each: every FORGET
-//! counts as one lookup (the adapter passes no count; a FORGET covering several leaves the
-//! snapshot until [`MAX_SNAPSHOTS`] pushes it out, never one dropped while the kernel holds it).
+//! A snapshot answered to several lookups goes once the kernel has forgotten each (a FORGET
+//! carries how many it forgets); [`MAX_SNAPSHOTS`] bounds them all the same.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -134,12 +133,12 @@ impl StatsFile {
         lock(&self.state).latest.clone()
     }
 
-    /// The kernel has forgotten inode `ino` (for one lookup, at least): its snapshot goes once
-    /// every lookup answered with it is forgotten.
-    pub(crate) fn forget(&self, ino: Ino) {
+    /// The kernel has forgotten `lookups` of its lookups of inode `ino` (FORGET's count): its
+    /// snapshot goes once every lookup answered with it is forgotten.
+    pub(crate) fn forget(&self, ino: Ino, lookups: u64) {
         let mut state = lock(&self.state);
         if let Some(held) = state.by_ino.get_mut(&ino) {
-            held.lookups = held.lookups.saturating_sub(1);
+            held.lookups = held.lookups.saturating_sub(lookups);
             if held.lookups == 0 {
                 state.by_ino.remove(&ino);
             }
@@ -189,7 +188,7 @@ mod tests {
         assert_ne!(a.bytes, b.bytes);
         assert_eq!(file.snapshot(first).unwrap().bytes, a.bytes, "the first keeps its own document");
         assert_eq!(file.latest().bytes, b.bytes);
-        file.forget(first);
+        file.forget(first, 1);
         assert!(file.snapshot(first).is_none());
         assert_eq!(file.snapshot(second).unwrap().bytes, b.bytes);
     }
@@ -211,11 +210,22 @@ mod tests {
         let (next, c) = file.look_up();
         assert_ne!(next, stat, "read: the next open gets a document of its own");
         assert_ne!(c.bytes, a.bytes);
-        // Two lookups of `stat`: the first FORGET leaves it, the second takes it.
-        file.forget(stat);
+        // Two lookups of `stat`: a FORGET of one leaves it, the next takes it.
+        file.forget(stat, 1);
         assert!(file.snapshot(stat).is_some());
-        file.forget(stat);
+        file.forget(stat, 1);
         assert!(file.snapshot(stat).is_none());
+        let other = StatsFile::new(Arc::new(Stats::default()));
+        let (twice, _) = other.look_up();
+        assert_eq!(other.look_up().0, twice);
+        other.forget(twice, 1);
+        assert!(other.snapshot(twice).is_some());
+        other.forget(twice, 1);
+        assert!(other.snapshot(twice).is_none());
+        let (batched, _) = other.look_up();
+        assert_eq!(other.look_up().0, batched);
+        other.forget(batched, 2);
+        assert!(other.snapshot(batched).is_none(), "a FORGET of two lookups takes the snapshot");
         // An unread snapshot older than REUSED_WITHIN is not answered again.
         lock(&file.state).by_ino.get_mut(&next).unwrap().at -= REUSED_WITHIN;
         assert_ne!(file.look_up().0, next);

@@ -179,11 +179,12 @@ impl Fs {
         is_snapshot_ino(ino).then(|| self.control.snapshot(ino)).flatten()
     }
 
-    /// The kernel has forgotten inode `ino`: a stats snapshot's document goes with it (the tree's
-    /// own inodes live as long as the mount).
-    pub fn forget(&self, ino: Ino) {
+    /// The kernel has forgotten `lookups` of its lookups of inode `ino`: a stats snapshot's
+    /// document goes once every lookup answered with it is forgotten (the tree's own inodes live
+    /// as long as the mount).
+    pub fn forget(&self, ino: Ino, lookups: u64) {
         if is_snapshot_ino(ino) {
-            self.control.forget(ino);
+            self.control.forget(ino, lookups);
         }
     }
 

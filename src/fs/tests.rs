@@ -267,12 +267,12 @@ fn every_lookup_of_stats_is_a_document_of_its_own_until_forgotten() {
     assert!(matches!(fs.access(first.ino, false, true), Err(FsError::AccessDenied)));
     assert!(matches!(fs.open(first.ino, true), Err(FsError::ReadOnly)));
     assert!(fs.open(first.ino, false).is_ok());
-    fs.forget(first.ino);
+    fs.forget(first.ino, 1);
     assert!(matches!(fs.getattr(first.ino), Err(FsError::NotFound)));
     assert!(matches!(fs.read(first.ino, 0, 10), Err(FsError::NotFound)));
     assert_eq!(fs.read(second.ino, 0, 1 << 20).unwrap(), b, "forgetting one leaves the others");
     // Forgetting a tree inode changes nothing.
-    fs.forget(control);
+    fs.forget(control, 1);
     assert!(fs.getattr(control).is_ok());
 }
 

@@ -247,8 +247,8 @@ impl Filesystem for FuseAdapter {
 
     /// The kernel drops its references to an inode: a stats.json snapshot's document goes (the
     /// tree's inodes keep no per-lookup state). fuser's `batch_forget` calls this for each inode.
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.fs.forget(ino.0);
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
