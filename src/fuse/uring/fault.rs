@@ -15,6 +15,7 @@ const VARIABLE: &str = "STFS_TEST_URING_FAULT";
 
 /// The failing waits asked for one ring thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(debug_assertions), allow(dead_code))]
 pub struct WaitFault {
     /// Waits left to fail; None: every one from the trigger on.
     left: Option<u32>,

@@ -243,7 +243,9 @@ impl Queue {
                     Phase::Registering => end_connection(qid, &format!("the kernel refused its entry: {e}")),
                     Phase::Serving => {
                         // The request named is ended by the kernel, or was gone; the entry is no
-                        // longer the kernel's to give requests to: registered afresh.
+                        // longer the kernel's to give requests to: registered afresh, with the same
+                        // buffers (the kernel's old entry is given no request again, and its
+                        // teardown does not touch them).
                         shared.lost(qid);
                         registers_again += 1;
                         if registers_again > MOST_REGISTERS_AGAIN {
