@@ -74,9 +74,17 @@ fn checkpoint(dir: &Path) -> (std::path::PathBuf, Vec<T>) {
     (file, tensors)
 }
 
-/// A counter of the mount's stats.json.
+/// A counter of the mount's stats.json (`stfs stats` given [`TIMEOUT`]: a mount whose requests
+/// are stranded fails the test instead of hanging it).
 fn stat(mp: &Path, key: &str) -> u64 {
-    let out = stfs(&["stats", "--json", mp.to_str().unwrap()]);
+    let child = std::process::Command::new(STFS)
+        .args(["stats", "--json", mp.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn stfs stats");
+    let out = wait_output(child, TIMEOUT);
     assert!(out.status.success(), "stfs stats: {}", String::from_utf8_lossy(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     doc[key].as_u64().unwrap_or_else(|| panic!("no {key} in {doc}"))
@@ -240,4 +248,119 @@ fn a_killed_daemon_on_the_ring_leaves_a_mount_that_detaches() {
     let out = stfs(&["umount", m.path.to_str().unwrap()]);
     assert!(out.status.success(), "stfs umount: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!is_mounted(&m.path));
+}
+
+/// The CPUs this test may run on (its affinity set).
+fn usable_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set, filled by sched_getaffinity.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live cpu_set_t of the size given.
+    assert_eq!(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }, 0);
+    // SAFETY: CPU_ISSET reads the set within its 1,024 bits.
+    (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
+}
+
+/// The ring's queues: one per possible CPU (`/sys/devices/system/cpu/possible`, "0-7" or "0-3,6").
+fn ring_queues() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    text.trim().split([',', '-']).filter_map(|n| n.parse::<usize>().ok()).max().unwrap() + 1
+}
+
+/// Reads 128 KiB of `path` from a thread pinned to each usable CPU, its pages dropped first so
+/// that the kernel asks the daemon, on that CPU's queue. Each read gets `want`'s bytes or an
+/// error: (cpu, outcome), all within [`TIMEOUT`], or the test fails naming the CPU whose read hung.
+fn read_on_every_cpu(path: &Path, want: &Arc<Vec<u8>>) -> Vec<(usize, std::io::Result<()>)> {
+    let readers: Vec<_> = usable_cpus()
+        .into_iter()
+        .map(|cpu| {
+            let (path, want) = (path.to_path_buf(), Arc::clone(want));
+            let reader = thread::spawn(move || {
+                // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within its bits (the
+                // CPU came from one); sched_setaffinity reads the live set.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+                }
+                let f = std::fs::File::open(&path)?;
+                // SAFETY: plain fadvise on a descriptor this thread owns.
+                unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                let mut buf = vec![0u8; 128 << 10];
+                let at = (cpu * buf.len() * 3) % (want.len() - buf.len());
+                f.read_exact_at(&mut buf, at as u64)?;
+                assert!(buf[..] == want[at..at + buf.len()], "CPU {cpu}: wrong bytes at {at}");
+                Ok(())
+            });
+            (cpu, reader)
+        })
+        .collect();
+    let hung = |readers: &[(usize, thread::JoinHandle<std::io::Result<()>>)]| {
+        readers.iter().filter(|(_, r)| !r.is_finished()).map(|(cpu, _)| *cpu).collect::<Vec<_>>()
+    };
+    wait_until(TIMEOUT, || hung(&readers).is_empty());
+    let stuck = hung(&readers);
+    assert!(stuck.is_empty(), "reads issued on CPUs {stuck:?} were not answered within {TIMEOUT:?}");
+    readers.into_iter().map(|(cpu, r)| (cpu, r.join().expect("a reader panicked"))).collect()
+}
+
+/// Whether the daemon's log at `log` has a line containing `what`.
+fn logged(log: &Path, what: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|text| text.contains(what))
+}
+
+#[test]
+fn a_failed_wait_is_tried_again_and_every_cpus_reads_are_answered() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let log = dir.path().join("daemon.log");
+    // One ring thread per queue, each of whose first wait for a request fails (a debug build's
+    // test hook): the thread must wait again, not leave its CPU without an entry.
+    let m = Mount::with_env(
+        &file,
+        &["--io-uring", "--threads", "1", "--log-file", log.to_str().unwrap()],
+        &[("STFS_TEST_URING_FAULT", Path::new("all 1"))],
+    );
+    for q in 0..ring_queues() {
+        let line = format!("queue {q}: waiting for requests failed");
+        assert!(wait_until(TIMEOUT, || logged(&log, &line)), "no wait of queue {q} failed: is this a debug build?");
+    }
+    let before = stat(&m.path, "io_uring_requests");
+    for (cpu, outcome) in read_on_every_cpu(&m.file("big"), &Arc::new(tensors[0].data.clone())) {
+        outcome.unwrap_or_else(|e| panic!("a read on CPU {cpu} failed: {e}"));
+    }
+    assert_eq!(stat(&m.path, "io_uring_enabled"), 1, "every queue still serves");
+    assert!(stat(&m.path, "io_uring_requests") > before, "the reads went by the ring");
+}
+
+#[test]
+fn a_ring_thread_that_cannot_wait_ends_the_connection_and_no_read_waits_for_it() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let log = dir.path().join("daemon.log");
+    let trigger = dir.path().join("fail-now");
+    // From the trigger on, every wait of the last usable CPU's ring thread fails.
+    let cpu = *usable_cpus().last().unwrap();
+    let fault = format!("{cpu} always {}", trigger.display());
+    let m = Mount::with_env(
+        &file,
+        &["--io-uring", "--threads", "1", "--log-file", log.to_str().unwrap()],
+        &[("STFS_TEST_URING_FAULT", Path::new(&fault))],
+    );
+    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1), "the mount is not on the ring");
+    let pid = daemon_pid(&m.path).expect("daemon pid");
+    std::fs::write(&trigger, b"").unwrap();
+    let line = format!("queue {cpu}: waiting for requests failed");
+    assert!(wait_until(TIMEOUT, || logged(&log, &line)), "the waits of queue {cpu} did not fail");
+    // Nothing can serve that CPU's queue now: its reads (and the others', once the connection
+    // ends) get an error in bounded time instead of waiting until unmount.
+    let outcomes = read_on_every_cpu(&m.file("big"), &Arc::new(tensors[0].data.clone()));
+    let (_, faulty) = outcomes.iter().find(|(c, _)| *c == cpu).unwrap();
+    assert!(faulty.is_err(), "a read on CPU {cpu} was answered by a queue that cannot wait");
+    assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon kept a connection it cannot serve");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("the connection ends"), "the log does not say why the mount stopped: {text}");
+    let out = stfs(&["umount", m.path.to_str().unwrap()]);
+    assert!(out.status.success(), "stfs umount: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -1,15 +1,18 @@
 //! The `fuser::Filesystem` adapter: translates kernel requests into [`Fs`] calls and results into
 //! replies and errnos, and nothing more. The only file that touches fuser's Reply types; every
-//! errno of a failure comes from [`FsError::errno`]. `splice` writes the read replies that move a
-//! local file's pages into the FUSE device without fuser; `uring` is the FUSE-over-io_uring
-//! transport beside fuser's `/dev/fuse` threads.
+//! errno of a failure comes from [`FsError::errno`]. `read_reply` decides how a read reply travels;
+//! `splice` writes the read replies that move a local file's pages into the FUSE device without
+//! fuser; `uring` is the FUSE-over-io_uring transport beside fuser's `/dev/fuse` threads.
 
 mod passthrough;
+mod read_reply;
 mod splice;
 mod uring;
 
 pub use splice::{readahead_in_whole_reads, MAX_REQUEST_BYTES};
 pub use uring::{threads_per_queue, UringTarget, PAYLOAD_BUDGET};
+
+use read_reply::{ReplyPath, Sent};
 
 use std::ffi::OsStr;
 use std::io;
@@ -28,7 +31,6 @@ use fuser::{
 use log::{debug, warn};
 
 use crate::fs::{Attr, Fs, FsError, Kind, Xattr};
-use crate::stats::Stats;
 
 /// Entry and attribute lifetime in the kernel: the data is immutable, so cache for a long time.
 const TTL: Duration = Duration::from_secs(3600);
@@ -310,51 +312,21 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         // The reply is written from inside the read, so bytes go from the cached block (or the
-        // backing file) to the kernel: a local file's pages are spliced into the device, else
-        // fuser hands the slice to `writev` as it is; nothing here reads it (the contract of
-        // `read_for_kernel`).
+        // backing file) to the kernel: a local file's pages are read into the ring entry or
+        // spliced into the device, else fuser hands the slice to `writev` as it is; nothing here
+        // reads it (the contract of `read_for_kernel`).
         let mut reply = Some(reply);
         // A kernel read that waited is logged beside the backing reads' lines (debug level).
         let started = log::log_enabled!(log::Level::Debug).then(Instant::now);
-        let ring = uring::current();
+        let path = ReplyPath::of_this_request(self.splicer.get());
         let sent = self.fs.read_for_kernel(ino.0, offset, size, |data| {
             let Some(reply) = reply.take() else { return };
-            if let (Some(answer), Some((file, at))) = (&ring, data.file_range()) {
-                // On the ring: the file's bytes are read straight into the entry's payload
-                // buffer (no splice into a ring entry).
-                match answer.reply_from_file(file, at, data.len()) {
-                    Ok(()) => return reply.sent_elsewhere(),
-                    Err(uring::FromFile::Failed(e)) => {
-                        warn!("read of inode {} at {offset}: the backing file: {e}", ino.0);
-                        Stats::add(&self.fs.stats().read_errors, 1);
-                        return reply.error(Errno::EIO);
-                    }
-                    Err(uring::FromFile::NotSent) => {}
-                }
-            } else if let (Some(splicer), Some((file, at))) = (self.splicer.get(), data.file_range()) {
-                // Counted before the reply goes out (the reader may look at stats.json as soon as
-                // it has its bytes), and taken back if it does not.
-                let stats = self.fs.stats();
-                Stats::add(&stats.spliced_reads, 1);
-                Stats::add(&stats.spliced_read_bytes, data.len() as u64);
-                let outcome = splicer.reply(req.unique().0, file, at, data.len());
-                if !matches!(outcome, splice::Spliced::Sent) {
-                    stats.spliced_reads.fetch_sub(1, Relaxed);
-                    stats.spliced_read_bytes.fetch_sub(data.len() as u64, Relaxed);
-                }
-                match outcome {
-                    // Answered on the device already: nothing more goes out for this request
-                    // (vendor/fuser's one patch).
-                    splice::Spliced::Sent => return reply.sent_elsewhere(),
-                    splice::Spliced::Failed(e) => {
-                        warn!("read of inode {} at {offset}: the backing file: {e}", ino.0);
-                        Stats::add(&stats.read_errors, 1);
-                        return reply.error(Errno::EIO);
-                    }
-                    splice::Spliced::NotSent => {}
-                }
+            match path.send(req.unique().0, ino.0, offset, &data, self.fs.stats()) {
+                // Answered already: nothing more goes out for this request (vendor/fuser's patch).
+                Sent::Elsewhere => reply.sent_elsewhere(),
+                Sent::Failed => reply.error(Errno::EIO),
+                Sent::NotYet => reply.data(data.slice()),
             }
-            reply.data(data.slice());
         });
         if let (Err(e), Some(reply)) = (sent, reply) {
             reply.error(errno("read", ino.0, &e));

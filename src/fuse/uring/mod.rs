@@ -12,16 +12,21 @@
 //! kernel that refuses a REGISTER drops the ring for the connection, and requests go on through
 //! `/dev/fuse`: that, and a kernel that does not offer it, is one debug line, never an error.
 //!
-//! Threads: [`threads_per_queue`] per queue, each with its own ring and one entry ([`queue`]).
+//! Threads: [`threads_per_queue`] per queue, each with its own ring and one entry ([`queue`]),
+//! which it keeps with the kernel while the connection lives; one that cannot ends the connection
+//! rather than strand its CPU's requests ([`ending`]). `stats.json`'s `io_uring_enabled` is 1
+//! while every queue has an entry.
 //! Memory: each entry has a payload buffer of the connection's largest request (1 MiB at the
 //! default `fs.fuse.max_pages_limit` of 256), and the entries' buffers together stay within
 //! [`PAYLOAD_BUDGET`] where one entry per queue allows it.
 
 mod abi;
 mod answer;
+mod ending;
+mod fault;
 mod queue;
 
-pub use answer::{current, FromFile};
+pub use answer::{current, Answer, FromFile};
 
 use queue::Shared;
 
@@ -72,7 +77,8 @@ impl UringTarget {
         stats: Arc<Stats>,
     ) -> Vec<JoinHandle<()>> {
         let Some(plan) = lock(&self.0).take() else { return Vec::new() };
-        let shared = Arc::new(Shared::new(stats, plan.payload_bytes, plan.queues.len()));
+        let queues = plan.queues.iter().map(|q| usize::from(q.qid) + 1).max().unwrap_or(0);
+        let shared = Arc::new(Shared::new(stats, plan.payload_bytes, plan.queues.len(), queues));
         let mut threads = Vec::with_capacity(plan.queues.len());
         let mut queues = plan.queues.into_iter();
         while let Some(q) = queues.next() {
@@ -87,9 +93,11 @@ impl UringTarget {
                     shared.refused(&e.to_string());
                     // A deliberately malformed REGISTER: the kernel drops the ring for the
                     // connection and lets the held requests through /dev/fuse.
-                    let fresh = || queue::Ring::builder().build(2).ok().map(|ring| queue::Queue { ring, qid });
+                    let fresh = || queue::Ring::builder().build(2).ok().map(|ring| queue::Queue::new(ring, qid));
                     match queues.next().or_else(fresh) {
-                        Some(mut spare) => spare.refuse(dispatcher.device().as_raw_fd()),
+                        Some(mut spare) => {
+                            spare.refuse(dispatcher.device().as_raw_fd());
+                        }
                         None => {
                             warn!("FUSE over io_uring: no ring left to end it with; requests may wait until unmount")
                         }
@@ -162,7 +170,7 @@ pub fn negotiate(
         let Ok(qid) = u16::try_from(qid) else { break };
         for _ in 0..per_queue {
             match queue::Ring::builder().setup_coop_taskrun().build(4) {
-                Ok(ring) => made.push(queue::Queue { ring, qid }),
+                Ok(ring) => made.push(queue::Queue::new(ring, qid)),
                 Err(e) => {
                     debug!("FUSE over io_uring: no ring ({e}): requests go through /dev/fuse");
                     return None;
