@@ -67,11 +67,19 @@ impl LocalFile {
     /// Opens `path`, records its identity and closes it again. Fails for anything that is not a
     /// readable regular file.
     pub fn open(path: &Path) -> io::Result<LocalFile> {
-        let name = path.to_string_lossy().into_owned();
         let (file, meta) = open_regular(path)?;
-        let pinned = Identity::of(&meta);
-        let mappable = pinned.size > 0 && mappable(&file);
-        Ok(LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) })
+        Ok(LocalFile::pin(path, &file, &meta))
+    }
+
+    /// The regular file `file` (with its metadata `meta`, both taken from the descriptor), pinned
+    /// as the file `path` names: every later descriptor is opened by `path` and must be this very
+    /// file, unchanged. For a file whose opening was checked by a rule of the caller's (a model
+    /// folder's link rule), so the file pinned is the one the rule allowed.
+    pub fn pin(path: &Path, file: &File, meta: &Metadata) -> LocalFile {
+        let name = path.to_string_lossy().into_owned();
+        let pinned = Identity::of(meta);
+        let mappable = pinned.size > 0 && mappable(file);
+        LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) }
     }
 
     /// A new descriptor on the pinned file: fails if the path no longer names it unchanged. Opened
@@ -373,9 +381,29 @@ fn changed(what: String) -> io::Error {
 /// became one in between.
 pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
     check_regular(&std::fs::metadata(path)?)?;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    open_checked(path, 0)
+}
+
+/// [`open_regular`] for a path already resolved (no link in it): its last component is not
+/// followed if it became a link since (`O_NOFOLLOW`: "too many levels of symbolic links"), and it
+/// is checked by [`std::fs::symlink_metadata`] before it is opened, so nothing that is not a
+/// regular file is ever opened.
+pub fn open_regular_nofollow(path: &Path) -> io::Result<(File, Metadata)> {
+    check_regular(&std::fs::symlink_metadata(path)?)?;
+    open_checked(path, libc::O_NOFOLLOW)
+}
+
+/// `path` opened for reading without waiting (`flags` added), and refused unless the descriptor
+/// is a regular file: the type is checked on the opened file itself, not only on the path.
+fn open_checked(path: &Path, flags: libc::c_int) -> io::Result<(File, Metadata)> {
+    let flags = libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY | flags;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path)?;
     let meta = file.metadata()?;
     check_regular(&meta)?;
+    // A regular file: its reads block as any file's do (the flag only served the open).
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: plain fcntl calls on a descriptor we own.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) & !libc::O_NONBLOCK) };
     Ok((file, meta))
 }
 
@@ -383,15 +411,24 @@ pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
 /// blocking, as [`open_regular`] does), at most `limit` of them: a longer file is an error, never
 /// a read without end. For the small files stfs reads whole (a token, a CA bundle).
 pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
     let (file, meta) = open_regular(path)?;
+    read_at_most(&file, &meta, limit)
+}
+
+/// The whole of `file` (a regular file opened by [`open_regular`] or [`open_regular_nofollow`],
+/// `meta` its metadata), if it holds at most `limit` bytes: one longer, by its length or by what
+/// the read finds (it may grow while it is read), is an error, and never more than `limit + 1`
+/// bytes are read.
+pub fn read_at_most(file: &File, meta: &Metadata, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let too_large = || io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes"));
     if meta.len() > limit {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes")));
+        return Err(too_large());
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes")));
+        return Err(too_large());
     }
     Ok(bytes)
 }

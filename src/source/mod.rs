@@ -18,7 +18,9 @@ mod local;
 mod mapped;
 pub mod object;
 
-pub use local::{on_remote_filesystem, open_regular, read_regular, LocalFile, LOCAL_PIECE_BYTES};
+pub use local::{
+    on_remote_filesystem, open_regular, open_regular_nofollow, read_at_most, read_regular, LocalFile, LOCAL_PIECE_BYTES,
+};
 pub use mapped::{KernelBytes, Mapping};
 
 /// Identifies a source among those one engine reads (an index into its table).
