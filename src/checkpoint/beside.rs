@@ -33,7 +33,7 @@ pub fn small_files_beside(rule: &Confinement, shown: &Path) -> Vec<RootFile> {
                     return None;
                 }
             };
-            meta.is_file().then(|| Sibling { path, size: Some(meta.len()) })
+            meta.is_file().then_some(Sibling { path, size: Some(meta.len()) })
         })
         .collect();
     small_files(&siblings, None)

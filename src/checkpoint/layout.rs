@@ -151,7 +151,7 @@ pub fn walk(dir: &Path) -> Result<(Vec<Sibling>, bool), OpenError> {
                 continue;
             }
             let size = match std::fs::metadata(entry.path()) {
-                Ok(meta) => meta.is_file().then(|| meta.len()),
+                Ok(meta) => meta.is_file().then_some(meta.len()),
                 // A dangling or looping link: a shard's is named by the error opening it, another
                 // is left out, and said so.
                 Err(e) => {
