@@ -92,7 +92,13 @@ impl Confinement {
     /// Refuses a descriptor whose file does not lie inside, by the path the kernel holds for it.
     fn check_opened(&self, file: &File) -> io::Result<()> {
         let fd = std::os::fd::AsRawFd::as_raw_fd(file);
-        let held = std::fs::read_link(format!("/proc/self/fd/{fd}"))?;
+        let held = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|e| {
+            let why = crate::util::describe_io(&e);
+            io::Error::new(
+                e.kind(),
+                format!("cannot tell where it lies (/proc/self/fd/{fd}: {why}): is /proc mounted?"),
+            )
+        })?;
         if !self.contains(&held) {
             return Err(outside());
         }
