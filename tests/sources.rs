@@ -64,11 +64,13 @@ fn a_mount_that_would_hide_its_own_backing_file_is_refused() {
     assert_mount_refused_as_hiding(&file, &mp_link, &file);
     // A directory of shards mounted on itself, and an index whose shard is under the mount point.
     assert_mount_refused_as_hiding(&d, &d, &file);
-    let index = elsewhere.path().join("model.safetensors.index.json");
-    let shard = elsewhere.path().join("s.safetensors");
-    std::os::unix::fs::symlink(&file, &shard).unwrap();
-    std::fs::write(&index, r#"{"weight_map":{"w":"s.safetensors"}}"#).unwrap();
+    // (A shard must lie in its index's folder: one linked from elsewhere is refused before this
+    // check, as tests/links.rs shows.)
+    let index = d.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"weight_map":{"w":"model.safetensors"}}"#).unwrap();
     assert_mount_refused_as_hiding(&index, &d, &file);
+    assert_mount_refused_as_hiding(&index, dir.path(), &file);
+    std::fs::remove_file(&index).unwrap();
     // A mount point beside the file, or below it, hides nothing and works.
     let m = Mount::new(&file, &[]);
     assert_eq!(std::fs::read(m.file("w")).unwrap(), tensor.data);

@@ -1,15 +1,17 @@
 //! A local folder opened as the model repository it is ([`open_folder`]): its own checkpoint (as
 //! a directory of shards always was), the checkpoint of each folder below that holds one, and the
-//! small files of the folders a mount serves, all laid out by the rule of `layout`.
+//! small files of the folders a mount serves, all laid out by the rule of `layout` and every file
+//! opened by the folder's link rule (`confined`).
 
 use std::path::{Path, PathBuf};
 
-use super::beside::read_bounded;
+use super::confined::Confinement;
 use super::error::{OpenError, OpenProblem};
 use super::layout::{self, MAX_DEPTH};
 use super::local::{open_dir, open_index};
-use super::shard::{checked, open_all, open_file, Checkpoint, Component};
-use crate::source::hub::{self, Choice, HubError, Sibling};
+use super::shard::{checked, open_all, open_confined, Checkpoint, Component};
+use crate::source::hub::{self, Choice, HubError, Sibling, SMALL_FILE_LIMIT};
+use crate::util::describe_io;
 
 /// Opens the folder `dir`: the checkpoint of its own files (every `*.safetensors` entry, as a
 /// directory of shards), and each folder below that holds one as a component. A folder that holds
@@ -18,6 +20,7 @@ use crate::source::hub::{self, Choice, HubError, Sibling};
 /// With `repo_files`, the small files come along ([`super::OpenOptions::repo_files`]).
 pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
+    let rule = Confinement::of(dir).map_err(|e| OpenError::new(&name, e))?;
     let (files, has_folders) = layout::walk(dir)?;
     let root_has = layout::root_has_checkpoint(&files);
     let folders = layout::component_folders(&files, root_has).map_err(|e| OpenError::new(&name, e))?;
@@ -26,13 +29,13 @@ pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, Op
             if has_folders { OpenProblem::NothingLoadable { depth: MAX_DEPTH } } else { OpenProblem::NoShardFiles };
         return Err(OpenError::new(&name, problem));
     }
-    let mut checkpoint = if root_has { open_dir(dir)? } else { Checkpoint::of(Vec::new()) };
+    let mut checkpoint = if root_has { open_dir(dir, &rule)? } else { Checkpoint::of(Vec::new()) };
     for folder in &folders {
-        let component = open_component(dir, &files, folder)?;
+        let component = open_component(dir, &files, folder, &rule)?;
         checkpoint.components.push(Component { folder: folder.clone(), checkpoint: component });
     }
     if repo_files {
-        add_small_files(dir, &files, &mut checkpoint);
+        add_small_files(dir, &files, &mut checkpoint, &rule);
     }
     Ok(checkpoint)
 }
@@ -40,14 +43,14 @@ pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, Op
 /// The checkpoint of `folder` (relative to `dir`), chosen among its own files as in an `hf://`
 /// repository's folder ([`hub::choose_checkpoint`]: the standard index, else the standard file,
 /// else the only index, the only file, or every file as shards).
-fn open_component(dir: &Path, files: &[Sibling], folder: &str) -> Result<Checkpoint, OpenError> {
+fn open_component(dir: &Path, files: &[Sibling], folder: &str, rule: &Confinement) -> Result<Checkpoint, OpenError> {
     let shown = dir.join(folder).display().to_string();
     match hub::choose_checkpoint(files, Some(folder), "") {
-        Ok(Choice::Single(path)) => Ok(Checkpoint::of(vec![open_file(&dir.join(path))?])),
-        Ok(Choice::Index(path)) => open_index(&dir.join(path)),
+        Ok(Choice::Single(path)) => Ok(Checkpoint::of(vec![open_confined(&dir.join(path), rule)?])),
+        Ok(Choice::Index(path)) => open_index(&dir.join(path), rule),
         Ok(Choice::Shards(paths)) => {
             let paths: Vec<PathBuf> = paths.iter().map(|p| dir.join(p)).collect();
-            let opened = open_all(&paths, |p| open_file(p))?;
+            let opened = open_all(&paths, |p| open_confined(p, rule))?;
             checked(&shown, opened, None, Vec::new())
         }
         Err(HubError::Ambiguous(indexes)) => Err(OpenError::new(shown, OpenProblem::Ambiguous(indexes))),
@@ -56,29 +59,29 @@ fn open_component(dir: &Path, files: &[Sibling], folder: &str) -> Result<Checkpo
 }
 
 /// The small files of the folders a mount serves (the root, the components' folders, those the
-/// root's manifest names), picked by [`hub::small_files_in`]'s rule and read once: a component's
-/// own go to it by name, the others to the root by their path from it. One that cannot be read is
-/// left out with a warning: these files are served, never interpreted.
-fn add_small_files(dir: &Path, files: &[Sibling], checkpoint: &mut Checkpoint) {
+/// root's manifest names), picked by [`hub::small_files_in`]'s rule and read once by the folder's
+/// link rule ([`Confinement::read_small`]): a component's own go to it by name, the others to the
+/// root by their path from it. One that cannot be read (resolves outside the folder, a loop, not a
+/// regular file, not readable) is left out with a warning: these files are served, never
+/// interpreted.
+fn add_small_files(dir: &Path, files: &[Sibling], checkpoint: &mut Checkpoint, rule: &Confinement) {
     let mut folders: Vec<String> = vec![String::new()];
     folders.extend(checkpoint.components.iter().map(|c| c.folder.clone()));
     for manifest in layout::MANIFESTS {
         if files.iter().any(|s| s.path == manifest && s.size.is_some()) {
-            match read_bounded(&dir.join(manifest)) {
-                Ok(bytes) => folders.extend(layout::manifest_folders(manifest, &bytes)),
-                Err(error) => log::warn!("{}: not read: {error}", dir.join(manifest).display()),
+            match rule.read_small(&dir.join(manifest), SMALL_FILE_LIMIT) {
+                Ok(file) => folders.extend(layout::manifest_folders(manifest, &file.bytes)),
+                Err(error) => log::warn!("{}: not read: {}", dir.join(manifest).display(), describe_io(&error)),
             }
         }
     }
     let folders: Vec<&str> = folders.iter().map(String::as_str).collect();
     for path in hub::small_files_in(files, &folders) {
-        let bytes = match read_bounded(&dir.join(&path)) {
-            Ok(bytes) => bytes,
+        match rule.read_small(&dir.join(&path), SMALL_FILE_LIMIT) {
+            Ok(file) => checkpoint.add_repo_file(path, file.bytes, Some(file.mode)),
             Err(error) => {
-                log::warn!("{}: not served beside the checkpoint: {error}", dir.join(&path).display());
-                continue;
+                log::warn!("{}: not served: {}", dir.join(&path).display(), describe_io(&error))
             }
-        };
-        checkpoint.add_repo_file(path, bytes);
+        }
     }
 }

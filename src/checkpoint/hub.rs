@@ -120,7 +120,7 @@ fn fetch_small_files(repo: &HubRepo, folder: Option<&str>) -> Result<Vec<RootFil
             .client
             .fetch_file(&repo.spec.repo, &repo.info.sha, path, hub::SMALL_FILE_LIMIT)
             .map_err(|e| OpenError::new(format!("{}/{path}", repo.spec.shown()), e))?;
-        Ok(RootFile { name: name.clone(), bytes })
+        Ok(RootFile::remote(name.clone(), bytes))
     })
 }
 

@@ -106,9 +106,9 @@ pub fn manifest_folders(name: &str, bytes: &[u8]) -> Vec<String> {
     folders
 }
 
-/// Every file under `dir` (links to files followed, as in a Hugging Face cache snapshot; links to
-/// folders and folders starting with `.` not looked into), as paths relative to it, with their
-/// sizes (`None` for an entry that is not a regular file: a `*.safetensors` one is still listed,
+/// Every file under `dir` (links to files followed to list them, as in a Hugging Face cache
+/// snapshot: where they lead is checked when they are read, by `confined`'s rule; links to folders
+/// and folders starting with `.` not looked into), as paths relative to it, with their sizes (`None` for an entry that is not a regular file: a `*.safetensors` one is still listed,
 /// so opening it names what is wrong with it). Folders more than [`MAX_DEPTH`] levels down are not
 /// read (logged once); more than [`MAX_WALKED_ENTRIES`] entries is an error naming `dir`.
 pub fn walk(dir: &Path) -> Result<(Vec<Sibling>, bool), OpenError> {
@@ -150,7 +150,17 @@ pub fn walk(dir: &Path) -> Result<(Vec<Sibling>, bool), OpenError> {
                 }
                 continue;
             }
-            let size = std::fs::metadata(entry.path()).ok().filter(|m| m.is_file()).map(|m| m.len());
+            let size = match std::fs::metadata(entry.path()) {
+                Ok(meta) => meta.is_file().then_some(meta.len()),
+                // A dangling or looping link: a shard's is named by the error opening it, another
+                // is left out, and said so.
+                Err(e) => {
+                    if !name.ends_with(".safetensors") {
+                        log::warn!("{}: not served: {}", entry.path().display(), crate::util::describe_io(&e));
+                    }
+                    None
+                }
+            };
             files.push(Sibling { path: relative, size });
         }
     }

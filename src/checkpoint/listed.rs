@@ -44,7 +44,7 @@ pub(super) fn open_choice(repo: &dyn Repository, choice: Choice) -> Result<Check
             let paths: Vec<String> =
                 index.shards.iter().map(|f| folder.map_or(f.clone(), |d| format!("{d}/{f}"))).collect();
             let opened = open_all(&paths, open_one)?;
-            let index_file = super::shard::file_name(&path).map(|name| RootFile { name, bytes });
+            let index_file = super::shard::file_name(&path).map(|name| RootFile::remote(name, bytes));
             checked(&shown, opened, Some(&index), index_file.into_iter().collect())
         }
     }
@@ -115,7 +115,7 @@ fn fetch_layout_files(
     fetched.extend(missing.into_iter().zip(bytes));
     for path in wanted {
         if let Some(bytes) = fetched.remove(&path) {
-            checkpoint.add_repo_file(path, bytes);
+            checkpoint.add_repo_file(path, bytes, None);
         }
     }
     Ok(())

@@ -9,6 +9,8 @@
 //! - `index_file`: a local `*.index.json` read into memory (a regular file, bounded), and those a
 //!   directory of shards re-serves (bounded together);
 //! - `local`: a directory's own shards, and the shards a local index names;
+//! - `confined`: the link rule of a local folder (a file is read only if it resolves inside it, or
+//!   in a Hugging Face cache snapshot's `blobs/`), and the one reader of its small files;
 //! - `beside`: the small files (configs, tokenizers) beside a local index;
 //! - `layout`: which folders of a model repository are components and whose small files a mount
 //!   serves, and the limits of one mount (depth, components, entries walked);
@@ -24,6 +26,7 @@
 //! It does not import `tree`: the caller turns a [`Checkpoint`] into a namespace.
 
 mod beside;
+mod confined;
 mod error;
 mod folders;
 mod hub;

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::confined::Confinement;
 use super::error::{OpenError, OpenProblem};
 use super::index_file::MAX_INDEX_SIZE;
 use super::local::open_index;
@@ -75,16 +76,18 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
         return Err(OpenError::new(spec, OpenProblem::UnknownScheme(scheme.to_string())));
     }
     let path = Path::new(spec);
-    let mut checkpoint = if path.is_dir() {
+    if path.is_dir() {
         return super::folders::open_folder(path, options.repo_files);
-    } else if spec.ends_with(".json") {
-        open_index(path)?
-    } else {
+    } else if !spec.ends_with(".json") {
         return open_file(path).map(single);
-    };
+    }
+    // An index: it, its shards and the small files beside it are read by the link rule of its
+    // folder.
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let rule = Confinement::of(folder).map_err(|e| OpenError::new(folder.display().to_string(), e))?;
+    let mut checkpoint = open_index(path, &rule)?;
     if options.repo_files {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        checkpoint.repo_files = super::beside::small_files_beside(parent.unwrap_or(Path::new(".")));
+        checkpoint.repo_files = super::beside::small_files_beside(&rule, folder);
     }
     Ok(checkpoint)
 }
@@ -130,7 +133,7 @@ fn open_url_index(url: &str, options: &OpenOptions) -> Result<Checkpoint, OpenEr
     };
     let urls: Vec<String> = index.shards.iter().map(|f| format!("{base}{f}")).collect();
     let opened = open_all(&urls, |url| open_url(url, options))?;
-    let index_files = file_name(url).map(|name| RootFile { name, bytes }).into_iter().collect();
+    let index_files = file_name(url).map(|name| RootFile::remote(name, bytes)).into_iter().collect();
     checked(&shown, opened, Some(&index), index_files)
 }
 
@@ -185,7 +188,7 @@ mod tests {
         large.set_len(MAX_INDEX_SIZE as u64 + 1).unwrap(); // sparse: no disk
         let expected = [
             ("fifo.index.json", "is not a regular file".to_string()),
-            ("zero.index.json", "is not a regular file".to_string()),
+            ("zero.index.json", "resolves outside the model's folder".to_string()),
             (
                 "large.index.json",
                 format!("index of {} bytes is over the limit of {MAX_INDEX_SIZE}", MAX_INDEX_SIZE + 1),

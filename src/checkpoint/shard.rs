@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use super::confined::Confinement;
 use super::error::{OpenError, OpenProblem};
 use crate::format::index::{check_shards, Index};
 use crate::format::{self, Header};
@@ -67,14 +68,14 @@ impl Checkpoint {
 
     /// Adds a small file of the repository at `path` (from this checkpoint's folder): to the
     /// component whose folder holds it directly, by its name, else to this checkpoint, by `path`.
-    pub fn add_repo_file(&mut self, path: String, bytes: Vec<u8>) {
+    pub fn add_repo_file(&mut self, path: String, bytes: Vec<u8>, local_mode: Option<u32>) {
         let folder = path.rsplit_once('/').map_or("", |(folder, _)| folder);
         match self.components.iter_mut().find(|c| c.folder == folder) {
             Some(c) => {
                 let name = path[folder.len() + 1..].to_string();
-                c.checkpoint.repo_files.push(RootFile { name, bytes });
+                c.checkpoint.repo_files.push(RootFile { name, bytes, local_mode });
             }
-            None => self.repo_files.push(RootFile { name: path, bytes }),
+            None => self.repo_files.push(RootFile { name: path, bytes, local_mode }),
         }
     }
 
@@ -92,6 +93,17 @@ pub struct RootFile {
     pub name: String,
     /// Its bytes.
     pub bytes: Vec<u8>,
+    /// The mode of the local file it was read from (`st_mode`, from the descriptor it was read
+    /// through): a mount serves it no wider (its read bits bound the mount's, as a local shard's
+    /// do). `None` for a file of a remote source.
+    pub local_mode: Option<u32>,
+}
+
+impl RootFile {
+    /// A file fetched from a remote source (no local mode to respect).
+    pub fn remote(name: String, bytes: Vec<u8>) -> RootFile {
+        RootFile { name, bytes, local_mode: None }
+    }
 }
 
 /// The name a checkpoint file takes in a mount's root: the last segment of its path or URL (a
@@ -109,10 +121,25 @@ pub fn file_name(path_or_url: &str) -> Option<String> {
 /// Messages name the path as given; the source itself is opened by its absolute path, so the daemon
 /// can leave the working directory and metadata.json says where the data lives.
 pub fn open_file(path: &Path) -> Result<OpenedShard, OpenError> {
+    open_local(path, None)
+}
+
+/// [`open_file`] for a shard of a mounted folder: opened by the folder's link rule
+/// ([`Confinement::open`]), so a shard that resolves outside the folder is an error naming it.
+/// It is pinned under the path given (its name in the mount and in metadata.json), as the file
+/// the rule allowed: a later descriptor opened by that path must be that very file.
+pub(super) fn open_confined(path: &Path, rule: &Confinement) -> Result<OpenedShard, OpenError> {
+    open_local(path, Some(rule))
+}
+
+fn open_local(path: &Path, rule: Option<&Confinement>) -> Result<OpenedShard, OpenError> {
     let name = path.display().to_string();
     let absolute = std::path::absolute(path).map_err(|e| OpenError::new(&name, e))?;
-    let file = LocalFile::open(&absolute).map_err(|e| OpenError::new(&name, e))?;
-    let source: Arc<dyn Source> = Arc::new(file);
+    let file = match rule {
+        None => LocalFile::open(&absolute),
+        Some(rule) => rule.open(&absolute).map(|(file, meta)| LocalFile::pin(&absolute, &file, &meta)),
+    };
+    let source: Arc<dyn Source> = Arc::new(file.map_err(|e| OpenError::new(&name, e))?);
     open_source_named(source, &name)
 }
 

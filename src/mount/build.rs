@@ -55,7 +55,8 @@ pub struct FsOptions {
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`: its own shards and files in the
 /// root, each of its components in its folder. Files are readable by whom the backing files are
-/// (the read bits common to all local shards), and dated by the newest shard.
+/// (the read bits common to all local shards and all local small files served: one a mount
+/// serves is never readable by more than its target), and dated by the newest shard.
 pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
     let engine = Engine::with_disk_cache(options.engine.clone(), options.disk.clone(), stats);
     let mut newest = SystemTime::UNIX_EPOCH;
@@ -78,7 +79,12 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
             let source = engine.add_source(s.source);
             shards.push(Shard { source, name, header: s.header, file });
         }
-        let files = if options.checkpoint_files { root_files(part.index_files, part.repo_files) } else { Vec::new() };
+        let mut files = Vec::new();
+        if options.checkpoint_files {
+            let local = part.index_files.iter().chain(&part.repo_files).filter_map(|f| f.local_mode);
+            read_bits = local.fold(read_bits, |bits, mode| bits & mode);
+            files = root_files(part.index_files, part.repo_files);
+        }
         laid_out.push(Component { folder, shards, files });
     }
     let ns = Namespace::build_components(laid_out, options.layout, options.views)?;

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::mapped::Mapping;
+use super::regular::open_regular;
 use super::{read_in_pieces, Source, SourceReader};
 use crate::util::lock;
 
@@ -67,11 +68,19 @@ impl LocalFile {
     /// Opens `path`, records its identity and closes it again. Fails for anything that is not a
     /// readable regular file.
     pub fn open(path: &Path) -> io::Result<LocalFile> {
-        let name = path.to_string_lossy().into_owned();
         let (file, meta) = open_regular(path)?;
-        let pinned = Identity::of(&meta);
-        let mappable = pinned.size > 0 && mappable(&file);
-        Ok(LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) })
+        Ok(LocalFile::pin(path, &file, &meta))
+    }
+
+    /// The regular file `file` (with its metadata `meta`, both taken from the descriptor), pinned
+    /// as the file `path` names: every later descriptor is opened by `path` and must be this very
+    /// file, unchanged. For a file whose opening was checked by a rule of the caller's (a model
+    /// folder's link rule), so the file pinned is the one the rule allowed.
+    pub fn pin(path: &Path, file: &File, meta: &Metadata) -> LocalFile {
+        let name = path.to_string_lossy().into_owned();
+        let pinned = Identity::of(meta);
+        let mappable = pinned.size > 0 && mappable(file);
+        LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) }
     }
 
     /// A new descriptor on the pinned file: fails if the path no longer names it unchanged. Opened
@@ -367,61 +376,10 @@ fn changed(what: String) -> io::Error {
     io::Error::other(format!("backing file changed since mount ({what})"))
 }
 
-/// `path` opened for reading, with its metadata, if it is a regular file (links followed); anything
-/// else is refused as [`check_regular`] words it, and never left open: a FIFO is refused before it
-/// is opened (opening one read-only waits for a writer), and opened without waiting if the path
-/// became one in between.
-pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
-    check_regular(&std::fs::metadata(path)?)?;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    let meta = file.metadata()?;
-    check_regular(&meta)?;
-    Ok((file, meta))
-}
-
-/// The bytes of the regular file at `path` (a FIFO, a device or a directory refused without
-/// blocking, as [`open_regular`] does), at most `limit` of them: a longer file is an error, never
-/// a read without end. For the small files stfs reads whole (a token, a CA bundle).
-pub fn read_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let (file, meta) = open_regular(path)?;
-    if meta.len() > limit {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes")));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(limit + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("is larger than {limit} bytes")));
-    }
-    Ok(bytes)
-}
-
-/// Refuses anything but a regular file (errors do not repeat the path: the caller names it).
-fn check_regular(meta: &Metadata) -> io::Result<()> {
-    let kind = meta.file_type();
-    if kind.is_file() {
-        return Ok(());
-    }
-    let what = if kind.is_dir() { "is a directory" } else { "is not a regular file" };
-    Err(io::Error::new(io::ErrorKind::InvalidInput, what))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
-
-    #[test]
-    fn read_regular_takes_a_small_regular_file_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let (small, fifo) = (dir.path().join("token"), dir.path().join("fifo"));
-        crate::util::test_support::write_new(&small, b"hf_abc\n");
-        assert_eq!(read_regular(&small, 7).unwrap(), b"hf_abc\n");
-        assert!(read_regular(&small, 6).unwrap_err().to_string().contains("larger than 6 bytes"));
-        crate::util::test_support::make_fifo(&fifo);
-        assert_eq!(read_regular(&fifo, 100).unwrap_err().to_string(), "is not a regular file");
-        assert_eq!(read_regular(Path::new("/dev/zero"), 100).unwrap_err().to_string(), "is not a regular file");
-    }
 
     fn file_with(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,8 @@
 //!
 //! This file holds the two traits and the helpers their implementations share; `local` holds
 //! [`LocalFile`], `mapped` the [`Mapping`] a local file offers for replies only the kernel reads,
-//! [`http`] the remote source, and [`object`] the object stores (`s3://`, `gs://`) read through it.
+//! [`http`] the remote source, [`object`] the object stores (`s3://`, `gs://`) read through it, and
+//! `regular` the opening and bounded reading of a regular file that never waits on a FIFO.
 
 use std::io;
 use std::sync::Arc;
@@ -17,9 +18,11 @@ pub mod hub;
 mod local;
 mod mapped;
 pub mod object;
+mod regular;
 
-pub use local::{on_remote_filesystem, open_regular, read_regular, LocalFile, LOCAL_PIECE_BYTES};
+pub use local::{on_remote_filesystem, LocalFile, LOCAL_PIECE_BYTES};
 pub use mapped::{KernelBytes, Mapping};
+pub use regular::{open_regular, open_regular_nofollow, read_at_most, read_regular};
 
 /// Identifies a source among those one engine reads (an index into its table).
 pub type SourceId = usize;

@@ -1,0 +1,435 @@
+//! The link rule of a local model folder, on real mounts: a small file (in the root, in a
+//! component's folder, beside an index) or a shard is served only if it resolves inside the
+//! mounted folder or, in a Hugging Face cache snapshot, in its repository's `blobs/`. A small file
+//! that resolves outside, loops, is a FIFO or cannot be read by the mounting user is left out
+//! with a warning and the mount is made; a shard outside is one line and nothing mounted. A served
+//! file is never readable by a user its target does not let in (with `--allow-other`, nobody).
+
+mod common;
+
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::users::{as_nobody, nonroot_tools, stfs_as_nobody, DevFuseOpen, NOBODY};
+use common::*;
+use stfs::format::Dtype;
+
+const CONFIG: &[u8] = br#"{"model_type": "llama"}"#;
+const SECRET: &[u8] = b"root's own secret, mode 0600\n";
+const REV: &str = "0123456789abcdef0123456789abcdef01234567";
+
+fn write(path: &Path, bytes: &[u8], mode: u32) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A directory other users may traverse (temp dirs are 0700).
+fn open_dir(path: &Path) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A file only root may read (mode 0600), in a temp dir of its own: outside every model folder.
+fn secret() -> (tempfile::TempDir, PathBuf) {
+    let dir = workdir();
+    open_dir(dir.path());
+    let path = dir.path().join("secret");
+    write(&path, SECRET, 0o600);
+    (dir, path)
+}
+
+/// `cat PATH` as nobody.
+fn cat_as_nobody(path: &Path) -> Output {
+    as_nobody("cat").arg(path).output().expect("setpriv cat")
+}
+
+/// Where a mount serves a folder's small files.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// The mounted folder's own, beside its checkpoint.
+    Root,
+    /// A component's folder (`unet/`), the mounted folder holding no checkpoint of its own.
+    Component,
+    /// Beside the `*.index.json` that is mounted.
+    BesideIndex,
+}
+
+const PLACES: [Place; 3] = [Place::Root, Place::Component, Place::BesideIndex];
+
+/// A model folder (in `dir`, 0755) laid out for one [`Place`], its files 0644.
+struct Model {
+    dir: tempfile::TempDir,
+    place: Place,
+    tensor: T,
+}
+
+impl Model {
+    fn new(place: Place) -> Model {
+        let dir = workdir();
+        open_dir(dir.path());
+        let model = Model { dir, place, tensor: T::new("w", Dtype::F32, &[64]) };
+        let shard = match place {
+            Place::Root => model.root().join("model.safetensors"),
+            Place::Component => model.root().join("unet/diffusion_pytorch_model.safetensors"),
+            Place::BesideIndex => {
+                let index = br#"{"weight_map": {"w": "model-00001-of-00001.safetensors"}}"#;
+                write(&model.root().join("model.safetensors.index.json"), index, 0o644);
+                model.root().join("model-00001-of-00001.safetensors")
+            }
+        };
+        std::fs::create_dir_all(shard.parent().unwrap()).unwrap();
+        write_checkpoint(&shard, std::slice::from_ref(&model.tensor), None);
+        std::fs::set_permissions(&shard, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write(&model.small("config.json"), CONFIG, 0o644);
+        for folder in [model.root(), model.small(".")] {
+            open_dir(&folder);
+        }
+        model
+    }
+
+    /// The model folder.
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("model")
+    }
+
+    /// What `stfs mount` is given.
+    fn source(&self) -> PathBuf {
+        match self.place {
+            Place::BesideIndex => self.root().join("model.safetensors.index.json"),
+            _ => self.root(),
+        }
+    }
+
+    /// Where the small file `name` is in the folder.
+    fn small(&self, name: &str) -> PathBuf {
+        match self.place {
+            Place::Component => self.root().join("unet").join(name),
+            _ => self.root().join(name),
+        }
+    }
+
+    /// Where the small file (or tensor) `name` is in a mount at `mount`.
+    fn served(&self, mount: &Path, name: &str) -> PathBuf {
+        match self.place {
+            Place::Component => mount.join("unet").join(name),
+            _ => mount.join(name),
+        }
+    }
+
+    fn mount(&self, allow_other: bool, log: &Path) -> Mount {
+        let mut args = vec!["--log-file", log.to_str().unwrap()];
+        if allow_other {
+            args.push("--allow-other");
+        }
+        let m = Mount::new(&self.source(), &args);
+        open_dir(m.path.parent().unwrap());
+        m
+    }
+}
+
+/// The names in the mount's folder `folder`.
+fn listed(folder: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir(folder).unwrap();
+    entries.map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+}
+
+/// `name` is neither listed, nor found, nor named in metadata.json, in the mount's folder where
+/// `model` serves its small files; the log says why, holding `reason`.
+fn left_out(model: &Model, m: &Path, name: &str, log: &Path, reason: &str) {
+    let what = format!("{:?} {name}", model.place);
+    let folder = model.served(m, ".");
+    assert!(!listed(&folder).contains(&name.to_string()), "{what}: listed: {:?}", listed(&folder));
+    let err = std::fs::symlink_metadata(folder.join(name)).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{what}");
+    let metadata = std::fs::read_to_string(folder.join("metadata.json")).unwrap();
+    assert!(!metadata.contains(&format!("\"{name}\"")), "{what}: named in metadata.json: {metadata}");
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let line = format!("{}: not served: {reason}", model.small(name).display());
+    assert!(log.contains(&line), "{what}: {line:?} not in the log:\n{log}");
+}
+
+/// The folder's own `config.json` is served, to the mounting user and, with `allow_other`, to
+/// nobody, and so is the tensor.
+fn config_served(model: &Model, m: &Path, allow_other: bool) {
+    let what = format!("{:?}", model.place);
+    assert_eq!(std::fs::read(model.served(m, "config.json")).unwrap(), CONFIG, "{what}");
+    assert_eq!(std::fs::read(model.served(m, "w")).unwrap(), model.tensor.data, "{what}");
+    if allow_other {
+        let out = cat_as_nobody(&model.served(m, "config.json"));
+        assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, CONFIG, "{what}");
+    }
+}
+
+/// The issue's case: links to root's private file, to the daemon's environment and to a file
+/// every user may read, in each place small files are served, with and without `--allow-other`.
+/// None is served, listed or named; with `--allow-other` nobody reads none of them.
+#[test]
+fn links_to_files_outside_the_folder_are_not_served() {
+    if !nonroot_tools() {
+        return;
+    }
+    let (_secret_dir, secret) = secret();
+    let links: [(&str, &Path); 3] = [
+        ("tokenizer_config.json", &secret),
+        ("generation_config.json", Path::new("/proc/self/environ")),
+        ("special_tokens_map.json", Path::new("/etc/passwd")),
+    ];
+    for place in PLACES {
+        for allow_other in [false, true] {
+            let model = Model::new(place);
+            for (name, target) in links {
+                symlink(target, model.small(name)).unwrap();
+            }
+            let log = model.dir.path().join("log");
+            let m = model.mount(allow_other, &log);
+            config_served(&model, &m.path, allow_other);
+            for (name, _) in links {
+                left_out(&model, &m.path, name, &log, "resolves outside the model's folder");
+                if allow_other {
+                    let out = cat_as_nobody(&model.served(&m.path, name));
+                    assert!(!out.status.success() && out.stdout.is_empty(), "{place:?}: nobody read {name}");
+                }
+            }
+        }
+    }
+}
+
+/// A link that loops (on itself, or through a second link), and a FIFO, are left out with a
+/// warning (the FIFO quietly: it is no file to serve); the mount is made at once.
+#[test]
+fn looping_links_and_fifos_are_left_out_and_the_mount_is_made() {
+    for place in PLACES {
+        for allow_other in [false, true] {
+            if allow_other && !nonroot_tools() {
+                return;
+            }
+            let model = Model::new(place);
+            symlink("loop.json", model.small("loop.json")).unwrap();
+            symlink("loop_b.json", model.small("loop_a.json")).unwrap();
+            symlink("loop_a.json", model.small("loop_b.json")).unwrap();
+            let fifo = std::ffi::CString::new(model.small("tokenizer.json").to_str().unwrap()).unwrap();
+            // SAFETY: a valid C string.
+            assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+            let log = model.dir.path().join("log");
+            let m = model.mount(allow_other, &log);
+            config_served(&model, &m.path, allow_other);
+            for name in ["loop.json", "loop_a.json", "loop_b.json"] {
+                left_out(&model, &m.path, name, &log, "too many levels of symbolic links");
+            }
+            assert!(!listed(&model.served(&m.path, ".")).contains(&"tokenizer.json".to_string()), "{place:?}");
+        }
+    }
+}
+
+/// A small file of the folder that only root may read (itself, and through a link beside it) is
+/// served without the read bits root's file does not give: with `--allow-other`, nobody is
+/// refused by the kernel, and root still reads it.
+#[test]
+fn a_file_no_other_user_may_read_is_served_no_wider() {
+    if !nonroot_tools() {
+        return;
+    }
+    for place in PLACES {
+        let model = Model::new(place);
+        write(&model.small("tokenizer.json"), SECRET, 0o600);
+        symlink("tokenizer.json", model.small("vocab.json")).unwrap();
+        let log = model.dir.path().join("log");
+        let m = model.mount(true, &log);
+        for name in ["tokenizer.json", "vocab.json"] {
+            let served = model.served(&m.path, name);
+            let mode = std::fs::metadata(&served).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o400, "{place:?} {name}: served {mode:o}");
+            assert_eq!(std::fs::read(&served).unwrap(), SECRET, "{place:?} {name}: root reads it");
+            let out = cat_as_nobody(&served);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success() && out.stdout.is_empty(), "{place:?} {name}: nobody read it");
+            assert!(err.contains("Permission denied"), "{place:?} {name}: {err}");
+        }
+    }
+}
+
+/// A user who mounts a folder holding a file they cannot read (root's, mode 0600, itself and
+/// through a link) gets the mount without it, and the log says why.
+#[test]
+fn a_file_the_mounting_user_cannot_read_is_left_out() {
+    if !nonroot_tools() {
+        return;
+    }
+    let _dev = DevFuseOpen::new();
+    for place in PLACES {
+        let model = Model::new(place);
+        write(&model.small("tokenizer.json"), SECRET, 0o600);
+        symlink("tokenizer.json", model.small("vocab.json")).unwrap();
+        let mine = model.dir.path().join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        std::os::unix::fs::chown(&mine, Some(NOBODY), Some(NOBODY)).unwrap();
+        let (mp, log) = (mine.join("m"), mine.join("log"));
+        std::fs::create_dir(&mp).unwrap();
+        std::os::unix::fs::chown(&mp, Some(NOBODY), Some(NOBODY)).unwrap();
+        let source = model.source();
+        let args = ["mount", source.to_str().unwrap(), mp.to_str().unwrap(), "--log-file", log.to_str().unwrap()];
+        let out = stfs_as_nobody(&args);
+        let _guard = Unmount(mp.clone());
+        assert!(out.status.success(), "{place:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = as_nobody("cat").arg(model.served(&mp, "config.json")).output().unwrap();
+        assert_eq!(out.stdout, CONFIG, "{place:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = as_nobody("ls").arg(model.served(&mp, ".")).output().unwrap();
+        let names = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && names.lines().any(|l| l == "config.json"), "{place:?}: {names}");
+        assert!(!names.lines().any(|l| l == "tokenizer.json" || l == "vocab.json"), "{place:?}: {names}");
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        for name in ["tokenizer.json", "vocab.json"] {
+            let line = format!("{}: not served: permission denied", model.small(name).display());
+            assert!(log.contains(&line), "{place:?}: {line:?} not in the log:\n{log}");
+        }
+    }
+}
+
+/// Unmounts (umount2, then a lazy detach) when dropped, whatever the test did.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        force_unmount(&self.0);
+    }
+}
+
+/// A Hugging Face cache repository: `blobs/` holding every file by hash, `refs/main`, and the
+/// snapshot `snapshots/REV/` of links into `blobs/`: a checkpoint and its config, an index, a
+/// `unet/` component with its own, and a link to `refs/main` (in the cache, but not a blob).
+struct Cache {
+    dir: tempfile::TempDir,
+    snapshot: PathBuf,
+    tensor: T,
+    unet: T,
+}
+
+fn cache() -> Cache {
+    let dir = workdir();
+    open_dir(dir.path());
+    let repo = dir.path().join("hub/models--org--name");
+    let snapshot = repo.join("snapshots").join(REV);
+    let (tensor, unet) = (T::new("w", Dtype::F32, &[64]), T::new("conv.weight", Dtype::F16, &[8]));
+    let index = br#"{"weight_map": {"w": "model.safetensors"}}"#;
+    let blobs: [(&str, &str, Option<&T>, &[u8]); 5] = [
+        ("model.safetensors", "aaaa", Some(&tensor), b""),
+        ("config.json", "bbbb", None, CONFIG),
+        ("model.safetensors.index.json", "cccc", None, index),
+        ("unet/diffusion_pytorch_model.safetensors", "dddd", Some(&unet), b""),
+        ("unet/config.json", "eeee", None, b"{\"_class_name\": \"UNet2DModel\"}"),
+    ];
+    for (name, hash, tensor, bytes) in blobs {
+        let blob = repo.join("blobs").join(hash);
+        match tensor {
+            Some(t) => {
+                std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
+                write_checkpoint(&blob, std::slice::from_ref(t), None);
+            }
+            None => write(&blob, bytes, 0o644),
+        }
+        let link = snapshot.join(name);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        let up = "../".repeat(name.matches('/').count() + 2);
+        symlink(format!("{up}blobs/{hash}"), &link).unwrap();
+    }
+    write(&repo.join("refs/main"), REV.as_bytes(), 0o644);
+    symlink("../../refs/main", snapshot.join("refs.json")).unwrap();
+    for path in [dir.path().join("hub"), repo.clone(), repo.join("blobs"), repo.join("snapshots"), snapshot.clone()] {
+        open_dir(&path);
+    }
+    open_dir(&snapshot.join("unet"));
+    Cache { dir, snapshot, tensor, unet }
+}
+
+/// The cache's layout stays served: a mount of the snapshot, with and without `--allow-other`,
+/// serves its links into `blobs/` (configs, the re-served checkpoints, the component's) byte for
+/// byte, and not its link to `refs/main`; a mount of the snapshot's index serves the config beside
+/// it.
+#[test]
+fn a_hugging_face_cache_snapshot_serves_its_blobs() {
+    if !nonroot_tools() {
+        return;
+    }
+    let cache = cache();
+    let blob = |name: &str| std::fs::read(cache.snapshot.join(name)).unwrap();
+    for allow_other in [false, true] {
+        let log = cache.dir.path().join(format!("log-{allow_other}"));
+        let mut args = vec!["--log-file", log.to_str().unwrap()];
+        if allow_other {
+            args.push("--allow-other");
+        }
+        let m = Mount::new(&cache.snapshot, &args);
+        open_dir(m.path.parent().unwrap());
+        for name in ["config.json", "model.safetensors", "unet/config.json", "unet/diffusion_pytorch_model.safetensors"]
+        {
+            assert_eq!(std::fs::read(m.file(name)).unwrap(), blob(name), "{name}");
+            if allow_other {
+                assert_eq!(cat_as_nobody(&m.file(name)).stdout, blob(name), "{name} as nobody");
+            }
+        }
+        assert_eq!(std::fs::read(m.file("w")).unwrap(), cache.tensor.data);
+        assert_eq!(std::fs::read(m.file("unet/conv.weight")).unwrap(), cache.unet.data);
+        assert!(!listed(&m.path).contains(&"refs.json".to_string()), "{:?}", listed(&m.path));
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        let line =
+            format!("{}: not served: resolves outside the model's folder", cache.snapshot.join("refs.json").display());
+        assert!(log.contains(&line), "{line:?} not in the log:\n{log}");
+    }
+    let m = Mount::new(&cache.snapshot.join("model.safetensors.index.json"), &[]);
+    assert_eq!(std::fs::read(m.file("config.json")).unwrap(), CONFIG);
+    assert_eq!(std::fs::read(m.file("model.safetensors.index.json")).unwrap(), blob("model.safetensors.index.json"));
+    assert_eq!(std::fs::read(m.file("w")).unwrap(), cache.tensor.data);
+}
+
+/// `stfs mount SOURCE` must fail: exit 1, one line naming `shown`, holding `needle`, no mount.
+fn refused(source: &Path, shown: &Path, needle: &str) {
+    let mp = workdir();
+    let out = stfs(&["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mounted = is_mounted(mp.path());
+    force_unmount(mp.path());
+    assert!(!mounted, "mounted: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err, format!("stfs: {}: {needle}\n", shown.display()));
+}
+
+/// A shard that resolves outside the folder is refused, naming it (a checkpoint is never served
+/// without its tensors, nor with a file from elsewhere); an index beside the shards that does is
+/// left out of the re-served files, with a warning, and the mount is made.
+#[test]
+fn a_shard_outside_the_folder_is_refused_and_an_index_outside_left_out() {
+    let elsewhere = workdir();
+    let outside = elsewhere.path().join("other.safetensors");
+    write_checkpoint(&outside, &[T::new("x", Dtype::U8, &[4])], None);
+    write(&elsewhere.path().join("other.safetensors.index.json"), br#"{"weight_map": {"w": "m.safetensors"}}"#, 0o644);
+    for place in PLACES {
+        let model = Model::new(place);
+        let link = match place {
+            // Every `*.safetensors` entry of the root is a shard.
+            Place::Root => model.small("extra.safetensors"),
+            // The component's checkpoint itself.
+            Place::Component => model.small("diffusion_pytorch_model.safetensors"),
+            // A shard the index names.
+            Place::BesideIndex => {
+                let index = br#"{"weight_map": {"w": "model-00001-of-00001.safetensors", "x": "extra.safetensors"}}"#;
+                std::fs::remove_file(model.source()).unwrap();
+                write(&model.source(), index, 0o644);
+                model.small("extra.safetensors")
+            }
+        };
+        std::fs::remove_file(&link).ok();
+        symlink(&outside, &link).unwrap();
+        refused(&model.source(), &link, "resolves outside the model's folder");
+    }
+    let model = Model::new(Place::Root);
+    let index = model.root().join("model.safetensors.index.json");
+    symlink(elsewhere.path().join("other.safetensors.index.json"), &index).unwrap();
+    let log = model.dir.path().join("log");
+    let m = model.mount(false, &log);
+    assert!(!listed(&m.path).contains(&"model.safetensors.index.json".to_string()), "{:?}", listed(&m.path));
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    let line = format!("{}: not re-served: resolves outside the model's folder", index.display());
+    assert!(log.contains(&line), "{line:?} not in the log:\n{log}");
+}
