@@ -7,10 +7,11 @@
 //! write the folder chooses where they point: `config.json -> /etc/shadow` in a folder root mounts
 //! with `allow_other` must not hand the shadow file to every user. So a path is resolved
 //! ([`std::fs::canonicalize`]: a loop is "too many levels of symbolic links"), the resolved path
-//! must lie inside, and it is opened without following a link again (`O_NOFOLLOW`, without
-//! waiting, only a regular file, checked on the descriptor); last, the file the descriptor holds is
-//! checked to lie inside by its own path (`/proc/self/fd/N`), so a folder swapped for a link
-//! between the resolution and the open is caught too.
+//! must lie inside, and it is opened without following a link again (`openat2` with
+//! `RESOLVE_NO_SYMLINKS`, or `O_NOFOLLOW` where that call is refused; without waiting, only a
+//! regular file, checked on the descriptor); last, the file the descriptor holds is checked to lie
+//! inside by its own path (`/proc/self/fd/N`), so a folder swapped for a link between the
+//! resolution and the open is caught too.
 //!
 //! A Hugging Face cache snapshot (`hub/models--ORG--NAME/snapshots/REV/config.json ->
 //! ../../blobs/HASH`) is recognised strictly, on the canonical path of the mounted folder: it is
