@@ -291,6 +291,14 @@ impl Fs {
         self.cached_extent(ino).is_some()
     }
 
+    /// Whether `ino` is a tensor file (raw, `.npy` or F32 view): what a reader of tensors one by
+    /// one opens, never small files, `metadata.json` or `stats.json`. No system call.
+    pub fn is_tensor_file(&self, ino: Ino) -> bool {
+        self.ns.node(ino).is_some_and(|n| {
+            matches!(n.kind, NodeKind::File { content: Content::Tensor(_) | Content::Npy { .. } | Content::F32(_), .. })
+        })
+    }
+
     /// The source and length of re-served checkpoint file `ino`, when it is a shard's whole file.
     fn whole_shard(&self, ino: Ino) -> Option<(crate::source::SourceId, u64)> {
         let NodeKind::File { content: Content::Checkpoint(i), size } = &self.ns.node(ino)?.kind else { return None };

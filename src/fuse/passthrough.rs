@@ -2,14 +2,16 @@
 //! something to pass through), and how an OPEN is answered once it is on: through to a verified
 //! extent file of the disk cache, through to the pinned local file a re-served checkpoint file
 //! is (checked unchanged at every open, and watched: `watch`), or the ordinary way. Counted in
-//! stats.json.
+//! stats.json. Without a disk cache, once tensor files are opened one by one, OPEN is declined for
+//! the rest of the mount ([`KERNEL_OPENS_AFTER`]): the kernel then opens every file itself, with no
+//! round trip, as it does without passthrough.
 
 mod watch;
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use fuser::{BackingId, Errno, FileHandle, FopenFlags, InitFlags, KernelConfig, ReplyEmpty, ReplyOpen};
@@ -23,6 +25,15 @@ use watch::PinnedWatch;
 /// How an open served by the daemon is answered: the page cache kept across opens (as when OPEN
 /// is not answered at all: files never change), and no FLUSH at close (nothing to flush).
 const SERVED: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
+
+/// Opens of tensor files after which a mount without a disk cache (where no tensor file can be
+/// handed over) declines OPEN with ENOSYS while no file is handed over: from then on the kernel
+/// opens every file itself and sends no OPEN or RELEASE (a round trip each, 20-40 us together on
+/// a loaded 2-core VM, against 5 us for the whole open and close without them), and the re-served
+/// files are served by the daemon. Enough that a loader's few looks at tensor files before it maps
+/// the re-served file keep it handed over; few against the thousands a reader of tensor files
+/// one by one opens.
+pub(crate) const KERNEL_OPENS_AFTER: u64 = 64;
 
 /// The adapter's passthrough state: whether it may be asked for, whether the kernel agreed, and
 /// the files open while it is on.
@@ -45,6 +56,10 @@ pub(crate) struct Passthrough {
     opens: Mutex<HashMap<u64, Held>>,
     /// The kernel refused a backing file once (logged once).
     refused: AtomicBool,
+    /// Tensor files opened (counted only without a disk cache), towards [`KERNEL_OPENS_AFTER`].
+    tensor_opens: AtomicU64,
+    /// OPEN was declined: the kernel opens files itself, nothing more is handed over.
+    declined: AtomicBool,
 }
 
 /// What a file can be handed over as, known from the tree alone (no system call).
@@ -98,6 +113,8 @@ impl Passthrough {
             watch: None,
             opens: Mutex::default(),
             refused: AtomicBool::new(false),
+            tensor_opens: AtomicU64::new(0),
+            declined: AtomicBool::new(false),
         }
     }
 
@@ -164,10 +181,14 @@ impl Passthrough {
     /// the rest (`engine::disk::extents`): it never verifies or assembles an extent on this
     /// thread. No system call is made under the lock every open of these files takes.
     pub(crate) fn open_file(&self, fs: &Fs, ino: u64, reply: ReplyOpen) {
+        if self.declined.load(Relaxed) {
+            return reply.error(Errno::ENOSYS); // an OPEN sent before the kernel heard it
+        }
         let kind = self.kind(fs, ino);
         // A pinned file is checked at every open, as at the first: once it changed, an open fails
         // as its reads would without passthrough.
         let checked = match kind {
+            Kind::Served if self.declines(fs, ino) => return reply.error(Errno::ENOSYS),
             Kind::Served => return reply.opened(FileHandle(0), SERVED),
             Kind::Extent => None,
             Kind::Pinned => Some(self.pinned_file(fs, ino)),
@@ -191,9 +212,37 @@ impl Passthrough {
         // An unused backing id is closed here, after the lock (closing it is a system call).
         drop(unused);
         match mode {
-            Some(mode) => self.answer(fs, ino, &mode, reply),
-            None => reply.error(Errno::EIO),
+            Ok(mode) => self.answer(fs, ino, &mode, reply),
+            Err(errno) => reply.error(errno),
         }
+    }
+
+    /// Whether this open of `ino`, a file never handed over, is the one that declines OPEN for the
+    /// rest of the mount ([`KERNEL_OPENS_AFTER`]): a tensor file, no disk cache, the count
+    /// reached, and no file handed over now (a loader holding one may open it again; the count
+    /// starts over).
+    fn declines(&self, fs: &Fs, ino: u64) -> bool {
+        if self.extents || !fs.is_tensor_file(ino) {
+            return false;
+        }
+        if self.tensor_opens.fetch_add(1, Relaxed) + 1 < KERNEL_OPENS_AFTER {
+            return false;
+        }
+        self.tensor_opens.store(0, Relaxed);
+        // Decided under the lock registering takes: no inode is handed over after this.
+        let opens = lock(&self.opens);
+        if opens.values().any(|held| matches!(held.mode, Mode::Passed(_))) {
+            return false;
+        }
+        let first = !self.declined.swap(true, Relaxed);
+        drop(opens);
+        if first {
+            debug!(
+                "{KERNEL_OPENS_AFTER} tensor files opened one by one: the kernel opens files itself from now on, \
+                 the re-served files are read through the daemon"
+            );
+        }
+        true
     }
 
     /// Re-served checkpoint file `ino`'s local file, opened now and checked against its pin;
@@ -226,22 +275,26 @@ impl Passthrough {
     }
 
     /// Registers the first open of `ino` in `mode`, unless another open registered it meanwhile:
-    /// then its mode wins (as in [`Passthrough::join`]; `None`: refused) and ours is handed back
-    /// to be dropped after the lock.
-    fn register(&self, ino: u64, mode: Mode, unchanged: bool) -> (Option<Mode>, Option<Mode>) {
+    /// then its mode wins (as in [`Passthrough::join`]: EIO if refused) and ours is handed back
+    /// to be dropped after the lock. Once OPEN is declined nothing is registered (ENOSYS: the
+    /// kernel opens the file itself), so no inode is handed over after that.
+    fn register(&self, ino: u64, mode: Mode, unchanged: bool) -> (Result<Mode, Errno>, Option<Mode>) {
         let mut opens = lock(&self.opens);
+        if self.declined.load(Relaxed) {
+            return (Err(Errno::ENOSYS), Some(mode));
+        }
         match opens.entry(ino) {
             Entry::Vacant(slot) => {
                 slot.insert(Held { count: 1, mode: mode.clone() });
-                (Some(mode), None)
+                (Ok(mode), None)
             }
             Entry::Occupied(mut slot) => {
                 let held = slot.get_mut();
                 if !unchanged && matches!(held.mode, Mode::Passed(_)) {
-                    return (None, Some(mode));
+                    return (Err(Errno::EIO), Some(mode));
                 }
                 held.count += 1;
-                (Some(held.mode.clone()), Some(mode))
+                (Ok(held.mode.clone()), Some(mode))
             }
         }
     }
@@ -272,9 +325,13 @@ impl Passthrough {
     }
 
     /// Whether the opens of `ino` are passed through to a backing file now (false when it is not
-    /// open, or passthrough is off).
+    /// open, passthrough is off, or OPEN was declined).
     pub(crate) fn passed_through(&self, ino: u64) -> bool {
-        self.on && lock(&self.opens).get(&ino).is_some_and(|held| matches!(held.mode, Mode::Passed(_)))
+        // Once OPEN is declined no open is handed over (the kernel may send no RELEASE for those
+        // that were, so their entries can stay).
+        self.on
+            && !self.declined.load(Relaxed)
+            && lock(&self.opens).get(&ino).is_some_and(|held| matches!(held.mode, Mode::Passed(_)))
     }
 
     /// Answers a RELEASE (sent only when OPEN was answered): the last release of an inode drops
