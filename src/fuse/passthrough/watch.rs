@@ -56,6 +56,8 @@ struct Files {
     /// Watch descriptors an event came for before the open that set the watch recorded it: that
     /// open finds its file changed.
     unclaimed: HashSet<i32>,
+    /// Watch descriptors removed after their file changed (their queued events say nothing new).
+    removed: HashSet<i32>,
 }
 
 struct Watched {
@@ -165,13 +167,14 @@ impl Shared {
         } else if let Some(watched) = files.watched.remove(&wd) {
             vec![(wd, watched)]
         } else {
-            // Not recorded yet (its open is between setting the watch and recording it), or a
-            // watch removed here whose removal the kernel now confirms (IN_IGNORED).
-            if mask & libc::IN_IGNORED == 0 {
+            // Not recorded yet (its open is between setting the watch and recording it), unless
+            // removed here already (events queued before the removal, and IN_IGNORED after it).
+            if !files.removed.contains(&wd) && mask & libc::IN_IGNORED == 0 {
                 files.unclaimed.insert(wd);
             }
             Vec::new()
         };
+        files.removed.extend(gone.iter().map(|(wd, _)| *wd));
         for (_, watched) in &gone {
             for ino in &watched.inos {
                 files.changed.insert(*ino, true);
@@ -244,7 +247,7 @@ mod tests {
     }
 
     /// A file written while watched is marked changed, counted once and no longer watched; a
-    /// second change of it says nothing more.
+    /// second change of it says nothing more, and leaves nothing behind.
     #[test]
     fn a_write_marks_the_file_changed_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -264,5 +267,7 @@ mod tests {
         std::fs::write(&path, b"third.").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(3 * POLL_MS as u64));
         assert_eq!(stats.passthrough_files_changed.load(Relaxed), 1);
+        // The events queued before its watch was removed are not kept as unclaimed.
+        assert!(lock(&watch.shared.files).unclaimed.is_empty());
     }
 }
