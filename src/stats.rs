@@ -113,6 +113,10 @@ pub struct Stats {
     /// file itself (pinned, checked unchanged at that open), or to a remote shard's whole-file
     /// extent in the disk cache.
     pub passthrough_checkpoint_opens: AtomicU64,
+    /// Local files handed to the kernel (re-served checkpoint files) that were seen to change
+    /// while mounted (written, truncated, renamed, deleted, attributes set): no longer handed
+    /// over; readers that held one open read it as it is now.
+    pub passthrough_files_changed: AtomicU64,
     /// 1 while the kernel agreed to FUSE passthrough for this mount (root, a kernel with it, and
     /// something to pass through); 0: every byte crosses the daemon, as without it (gauge).
     pub passthrough_enabled: AtomicU64,
@@ -242,6 +246,7 @@ impl Stats {
             ("passthrough_open_bytes", g(&self.passthrough_open_bytes)),
             ("passthrough_refused", g(&self.passthrough_refused)),
             ("passthrough_checkpoint_opens", g(&self.passthrough_checkpoint_opens)),
+            ("passthrough_files_changed", g(&self.passthrough_files_changed)),
             ("passthrough_enabled", g(&self.passthrough_enabled)),
             ("max_request_bytes", g(&self.max_request_bytes)),
             ("io_uring_enabled", g(&self.io_uring_enabled)),

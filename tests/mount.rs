@@ -341,7 +341,9 @@ fn every_open_of_the_stats_file_reads_a_whole_document_of_its_own() {
 /// Without passthrough (`--no-passthrough`, or not root) opens need no round trip: the first OPEN
 /// is declined with ENOSYS and from then on the kernel opens and closes files itself. With it (as
 /// root, where the re-served file of a local file is handed to the kernel), every open is
-/// answered: that is the price of passthrough, one round trip per open.
+/// answered (one round trip each) until 64 tensor files were opened on a mount without a disk
+/// cache; then OPEN is declined too (`tests/checkpoint_file.rs`,
+/// `tensor_files_opened_one_by_one_stop_reaching_the_daemon_with_passthrough_on`).
 #[test]
 fn opening_files_needs_no_round_trip_to_the_daemon() {
     let (_dir, tensors, plain) = mixed_mount();

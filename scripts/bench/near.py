@@ -18,8 +18,13 @@ remote: the checkpoint served by nginx (started here, on --port); a first mount 
        repetition the same light and full use of: a local copy (the file itself), the re-served file on a
        fresh mount with that --cache-dir, and the same with --no-passthrough (the cached blocks served by
        the daemon). As "loads", mounts made before the clock.
-opens: every tensor file of a mount opened, read (one 4 KiB read) and closed once, fresh mount per
-       repetition: with passthrough on (as root every open is a round trip) and --no-passthrough.
+opens: the open-bound case that guards the local path: `cat` of every tensor file of a mount (SRC, or
+       when not given a generated checkpoint of 2,000 tensors of 4 KiB: one open per file), fresh mount
+       per repetition, passthrough on (as root; the re-served file can be handed over) against
+       --no-passthrough, balanced order; seconds, medians, and the median [range] of the paired ratios
+       on/off (a tensor file is never handed over: its open should cost the same either way). A third
+       variant holds the re-served file open (handed over) during the `cat`: the mount then keeps
+       answering every OPEN, so each tensor open is a round trip to the daemon, the cost it had before.
 quick: the smoke run of scripts/test: each of the above once (remote only where nginx is installed) on
        a generated 16 MiB checkpoint of 64 F32 tensors (SRC not given), figures not judged.
 The torch cases of the issue (fresh processes, fastsafetensors, Run:ai) are scripts/bench/loaders.py's
@@ -229,30 +234,43 @@ def remote(a):
 
 
 def opens(a):
-    times = {}
+    from interleave import balanced
+    variants = ["passthrough", "no-passthrough", "passthrough, re-served file held"]
+    times = {v: [] for v in variants}
     for rep in range(a.reps):
-        for v in (["passthrough", "no-passthrough"] if rep % 2 == 0 else ["no-passthrough", "passthrough"]):
+        for v in balanced(variants, rep):
             mp = mount(a.stfs, a.src, *(["--no-passthrough"] if v == "no-passthrough" else []), *a.opts)
+            held = None
             try:
                 with open(os.path.join(mp, "metadata.json")) as f:
-                    paths = [os.path.join(mp, t["path"]) for t in json.load(f)["tensors"].values()]
+                    meta = json.load(f)
+                paths = [os.path.join(mp, t["path"]) for t in meta["tensors"].values()]
+                if v.endswith("held"):
+                    held = os.open(os.path.join(mp, meta["checkpoint_files"][0]["path"]), os.O_RDONLY)
                 t = time.perf_counter()
-                for p in paths:
-                    fd = os.open(p, os.O_RDONLY)
-                    os.pread(fd, 4096, 0)
-                    os.close(fd)
-                times.setdefault(v, []).append((time.perf_counter() - t) / len(paths) * 1e6)
+                subprocess.run(["cat", *paths], check=True, stdout=subprocess.DEVNULL, timeout=600)
+                times[v].append(time.perf_counter() - t)
                 if rep == 0:
-                    print(v, "opens seen by the daemon:", stats(mp)["opens"], "of", len(paths))
+                    s = stats(mp)
+                    print(f"{v}: passthrough_enabled {s['passthrough_enabled']}, opens seen by the daemon "
+                          f"{s['kernel_open_requests']} of {len(paths)}, handed over {s['passthrough_opens']}")
             finally:
+                if held is not None:
+                    os.close(held)
                 umount(a.stfs, mp)
     for v, ts in times.items():
-        print(f"{v:15} {statistics.median(ts):.1f} us per file (open, 4 KiB read, close; runs {', '.join(f'{t:.1f}' for t in ts)})")
+        print(f"{v:32} cat of {len(paths)} tensor files: {statistics.median(ts):.3f} s "
+              f"({statistics.median(ts) / len(paths) * 1e6:.1f} us per file; runs {', '.join(f'{t:.3f}' for t in ts)})")
+    for v in variants[0], variants[2]:
+        ratios = [on / off for on, off in zip(times[v], times["no-passthrough"])]
+        print(f"{v} / --no-passthrough: {statistics.median(ratios):.2f}x "
+              f"[{min(ratios):.2f}-{max(ratios):.2f}] (n={len(ratios)}; 1.00x: an open costs the same)")
 
 
 def quick(a):
     import checkpoint
     a.reps = 1
+    given = a.src
     if not a.src:
         a.src = checkpoint.build(a.workdir, "f32-16M", checkpoint.f32_layout(16 << 20), with_squashfs=False)["checkpoint"]
     for what, cold in ((seq, False), (loads, False), (loads, True), (remote, False), (opens, False)):
@@ -261,7 +279,16 @@ def quick(a):
             print("skipped: no nginx on this machine")
             continue
         a.cold = cold
+        if what is opens and not given:
+            a.src = small_files(a.workdir, 200)
         what(a)
+
+
+def small_files(workdir, count):
+    """A checkpoint of `count` tensors of 4 KiB each (float32 32x32): one open per 4 KiB file."""
+    import checkpoint
+    layout = [(f"model.layers.{i // 10}.block.{i % 10}.weight", np.float32, (32, 32)) for i in range(count)]
+    return checkpoint.build(workdir, f"small4k-{count}", layout, with_squashfs=False)["checkpoint"]
 
 
 if __name__ == "__main__":
@@ -270,13 +297,15 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, default=18734)
     p.add_argument("--cold", action="store_true", help="loads: drop the file's pages before every variant")
     p.add_argument("src", nargs="?", help="the checkpoint (quick: generated when not given)")
-    p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="quick: where its checkpoint is built once")
+    p.add_argument("--workdir", default="/var/tmp/stfs-bench", help="quick, opens: where their checkpoint is built once")
     p.add_argument("--stfs", default=cargo_paths.binary("stfs"))
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--stfs-opts", default="", help="extra stfs mount arguments, space-separated")
     a = p.parse_args()
     a.opts = a.stfs_opts.split()
-    if not a.src and a.what != "quick":
+    if not a.src and a.what == "opens":
+        a.src = small_files(a.workdir, 2000)
+    elif not a.src and a.what != "quick":
         p.error(f"{a.what} needs SRC")
     sys.path.insert(0, os.path.join(REPO, "python"))
     os.environ.setdefault("STFS_BIN", a.stfs)

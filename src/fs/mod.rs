@@ -256,9 +256,8 @@ impl Fs {
         if let Some(t) = self.raw_tensor(ino) {
             return Some((t.source, t.start..t.start + t.len));
         }
-        let NodeKind::File { content: Content::Checkpoint(i), size } = &self.ns.node(ino)?.kind else { return None };
-        let shard = self.ns.shards().get(*i).filter(|s| s.header.file_len == *size && *size > 0)?;
-        (!self.engine.source_is_local_file(shard.source)).then_some((shard.source, 0..*size))
+        let (source, size) = self.whole_shard(ino)?;
+        (!self.engine.source_is_local_file(source)).then_some((source, 0..size))
     }
 
     /// Whether `ino` is a re-served checkpoint file (a shard's whole file).
@@ -277,9 +276,36 @@ impl Fs {
     /// read directly. `None` for every other file, a remote source, or a file rewritten or
     /// replaced since the mount (its reads then fail as they would without passthrough).
     pub fn checkpoint_opened(&self, ino: Ino) -> Option<std::fs::File> {
+        let (source, size) = self.whole_shard(ino)?;
+        self.engine.pinned_file(source, size)
+    }
+
+    /// Whether `ino` is a re-served checkpoint file of a local file, which
+    /// [`Fs::checkpoint_opened`] may hand to the kernel. No system call.
+    pub fn is_local_checkpoint_file(&self, ino: Ino) -> bool {
+        self.whole_shard(ino).is_some_and(|(source, _)| self.engine.source_is_local_file(source))
+    }
+
+    /// Whether the disk cache may hold file `ino` whole for the kernel ([`Fs::tensor_opened`]):
+    /// a raw tensor file, or the re-served file of a shard that is not a local file. No system
+    /// call.
+    pub fn may_have_extent(&self, ino: Ino) -> bool {
+        self.cached_extent(ino).is_some()
+    }
+
+    /// Whether `ino` is a tensor file (raw, `.npy` or F32 view): what a reader of tensors one by
+    /// one opens, never small files, `metadata.json` or `stats.json`. No system call.
+    pub fn is_tensor_file(&self, ino: Ino) -> bool {
+        self.ns.node(ino).is_some_and(|n| {
+            matches!(n.kind, NodeKind::File { content: Content::Tensor(_) | Content::Npy { .. } | Content::F32(_), .. })
+        })
+    }
+
+    /// The source and length of re-served checkpoint file `ino`, when it is a shard's whole file.
+    fn whole_shard(&self, ino: Ino) -> Option<(crate::source::SourceId, u64)> {
         let NodeKind::File { content: Content::Checkpoint(i), size } = &self.ns.node(ino)?.kind else { return None };
         let shard = self.ns.shards().get(*i).filter(|s| s.header.file_len == *size && *size > 0)?;
-        self.engine.pinned_file(shard.source, *size)
+        Some((shard.source, *size))
     }
 
     /// File `ino` of [`Fs::tensor_opened`] was closed (not passed through): the disk cache may

@@ -1,11 +1,17 @@
 //! FUSE passthrough: whether the kernel is asked for it at INIT (root, a kernel with it, and
 //! something to pass through), and how an OPEN is answered once it is on: through to a verified
 //! extent file of the disk cache, through to the pinned local file a re-served checkpoint file
-//! is (checked unchanged at every open), or the ordinary way. Counted in stats.json.
+//! is (checked unchanged at every open, and watched: `watch`), or the ordinary way. Counted in
+//! stats.json. Without a disk cache, once tensor files are opened one by one, OPEN is declined for
+//! the rest of the mount ([`KERNEL_OPENS_AFTER`]): the kernel then opens every file itself, with no
+//! round trip, as it does without passthrough.
 
+mod watch;
+
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use fuser::{BackingId, Errno, FileHandle, FopenFlags, InitFlags, KernelConfig, ReplyEmpty, ReplyOpen};
@@ -14,6 +20,20 @@ use log::{debug, warn};
 use crate::fs::Fs;
 use crate::stats::Stats;
 use crate::util::lock;
+use watch::PinnedWatch;
+
+/// How an open served by the daemon is answered: the page cache kept across opens (as when OPEN
+/// is not answered at all: files never change), and no FLUSH at close (nothing to flush).
+const SERVED: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
+
+/// Opens of tensor files after which a mount without a disk cache (where no tensor file can be
+/// handed over) declines OPEN with ENOSYS while no file is handed over: from then on the kernel
+/// opens every file itself and sends no OPEN or RELEASE (a round trip each, 20-40 us together on
+/// a loaded 2-core VM, against 5 us for the whole open and close without them), and the re-served
+/// files are served by the daemon. Enough that a loader's few looks at tensor files before it maps
+/// the re-served file keep it handed over; few against the thousands a reader of tensor files
+/// one by one opens.
+pub(crate) const KERNEL_OPENS_AFTER: u64 = 64;
 
 /// The adapter's passthrough state: whether it may be asked for, whether the kernel agreed, and
 /// the files open while it is on.
@@ -24,29 +44,78 @@ pub(crate) struct Passthrough {
     /// re-served local file): OPEN is answered, with passthrough to a verified extent file where
     /// the disk cache has one, or to the local file a re-served checkpoint file is.
     pub(crate) on: bool,
-    /// While on, the files open now, by inode: the kernel needs every open of an inode in one
-    /// mode (all passed through, to one backing file, or none).
-    opens: Mutex<HashMap<u64, Open>>,
+    /// The disk cache makes extent files: a tensor file (or a remote shard's re-served file)
+    /// may be handed over.
+    extents: bool,
+    /// The watch on the local files re-served checkpoint files hand over (none without one, or
+    /// if inotify could not be had: every open's own check still holds).
+    watch: Option<PinnedWatch>,
+    /// While on, the files that may be handed over that are open now, by inode: the kernel
+    /// needs every open of an inode in one mode (all passed through, to one backing file, or
+    /// none).
+    opens: Mutex<HashMap<u64, Held>>,
     /// The kernel refused a backing file once (logged once).
     refused: AtomicBool,
+    /// Tensor files opened (counted only without a disk cache), towards [`KERNEL_OPENS_AFTER`].
+    tensor_opens: AtomicU64,
+    /// OPEN was declined: the kernel opens files itself, nothing more is handed over.
+    declined: AtomicBool,
+}
+
+/// What a file can be handed over as, known from the tree alone (no system call).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Never: served by the daemon (small files, stats.json, and tensor files without a disk
+    /// cache). Its opens are answered at once and need no bookkeeping.
+    Served,
+    /// An extent file of the disk cache, once it holds a verified one (a tensor file, or the
+    /// re-served file of a remote shard); asked for at the inode's first open.
+    Extent,
+    /// The pinned local file a re-served checkpoint file is; checked at every open.
+    Pinned,
 }
 
 /// One inode's opens while passthrough is on.
-struct Open {
+struct Held {
     count: u64,
-    /// The backing file its opens pass through to; kept until the last one is released (the
-    /// kernel looks the id up after the reply is sent). Shared so that a reply is sent after the
-    /// lock is let go: the count taken under it keeps the id alive until then.
-    backing: Option<Arc<BackingId>>,
-    /// The backing file is the local file a re-served checkpoint file is (not an extent file):
-    /// its pin is checked again at every open.
-    whole: bool,
+    mode: Mode,
+}
+
+/// How every open of one inode is answered while it is open.
+#[derive(Clone)]
+enum Mode {
+    /// By the daemon (no backing file).
+    Served,
+    /// Passed through to this backing file, kept until the last open is released (the kernel
+    /// looks the id up after the reply is sent). Shared so that a reply is sent after the lock is
+    /// let go: the count taken under it keeps the id alive until then.
+    Passed(Arc<BackingId>),
+}
+
+/// What the opens of an inode say to one more open of it.
+enum Join {
+    /// It is open: this open is counted and answered in the same mode.
+    Joined(Mode),
+    /// It is open passed through to its pinned file, which this open found changed: the kernel
+    /// would pass this open through to that file too, so it fails instead.
+    Refused,
+    /// It is not open: this open chooses the mode.
+    First,
 }
 
 impl Passthrough {
     /// Off until [`Passthrough::negotiate`]; `allowed`: it may be asked for.
     pub(crate) fn new(allowed: bool) -> Passthrough {
-        Passthrough { allowed, on: false, opens: Mutex::default(), refused: AtomicBool::new(false) }
+        Passthrough {
+            allowed,
+            on: false,
+            extents: false,
+            watch: None,
+            opens: Mutex::default(),
+            refused: AtomicBool::new(false),
+            tensor_opens: AtomicU64::new(0),
+            declined: AtomicBool::new(false),
+        }
     }
 
     /// Asks the kernel for passthrough at INIT where it can be had for `fs`, and says so in
@@ -59,6 +128,7 @@ impl Passthrough {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         let kernel = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
+        let local_files = fs.reserves_local_files();
         let why_not = if !self.allowed {
             "--no-passthrough"
         } else if !root {
@@ -67,8 +137,8 @@ impl Passthrough {
             "the kernel lacks it"
         } else {
             // Both asked: extent files are turned on only here.
-            let extents = fs.enable_passthrough();
-            if !(extents | fs.reserves_local_files()) {
+            self.extents = fs.enable_passthrough();
+            if !(self.extents | local_files) {
                 "no disk cache and no re-served local file"
             } else if config.set_max_stack_depth(1).is_err()
                 || config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_err()
@@ -84,51 +154,149 @@ impl Passthrough {
             "" => debug!("FUSE passthrough on: re-served local files and cached tensor files are read by the kernel"),
             why => debug!("FUSE passthrough off ({why}): every read goes through the daemon"),
         }
+        if self.on && local_files {
+            self.watch = PinnedWatch::start(Arc::clone(fs.stats()))
+                .map_err(|e| debug!("no watch on the local files handed over ({e}): each open's check only"))
+                .ok();
+        }
     }
 
-    /// Answers an OPEN with passthrough on: through to the extent file when the disk cache has a
-    /// verified one for this tensor ready and the kernel takes it, through to the local file a
-    /// re-served checkpoint file is when that file is still the pinned one, else the ordinary way
-    /// (the page cache kept, as when OPEN is not answered). An inode already open keeps its mode
-    /// (the kernel passes every open of an inode through to one backing file, or none). The disk
-    /// cache decides the rest (`engine::disk::extents`): it never verifies or assembles an
-    /// extent on this thread.
+    /// What file `ino` can be handed over as.
+    fn kind(&self, fs: &Fs, ino: u64) -> Kind {
+        if fs.is_local_checkpoint_file(ino) {
+            Kind::Pinned
+        } else if self.extents && fs.may_have_extent(ino) {
+            Kind::Extent
+        } else {
+            Kind::Served
+        }
+    }
+
+    /// Answers an OPEN with passthrough on. A file that can never be handed over is answered at
+    /// once, as the kernel would open it itself. Otherwise: through to the extent file when the
+    /// disk cache has a verified one for it ready and the kernel takes it, through to the local
+    /// file a re-served checkpoint file is while that file is the pinned one and unchanged, else
+    /// the ordinary way (the page cache kept). An inode already open keeps its mode (the kernel
+    /// passes every open of an inode through to one backing file, or none). The disk cache decides
+    /// the rest (`engine::disk::extents`): it never verifies or assembles an extent on this
+    /// thread. No system call is made under the lock every open of these files takes.
     pub(crate) fn open_file(&self, fs: &Fs, ino: u64, reply: ReplyOpen) {
-        // No system call under the lock: every open of every file of the mount comes here.
-        let known = lock(&self.opens).get(&ino).map(|open| open.whole);
-        // A re-served file's pin is checked at every open, as at the first: once the file
-        // changed, its new opens fail as its reads would without passthrough.
-        let checked = match known {
-            Some(false) => None,
-            Some(true) | None => Some(fs.checkpoint_opened(ino)),
+        if self.declined.load(Relaxed) {
+            return reply.error(Errno::ENOSYS); // an OPEN sent before the kernel heard it
+        }
+        let kind = self.kind(fs, ino);
+        // A pinned file is checked at every open, as at the first: once it changed, an open fails
+        // as its reads would without passthrough.
+        let checked = match kind {
+            Kind::Served if self.declines(fs, ino) => return reply.error(Errno::ENOSYS),
+            Kind::Served => return reply.opened(FileHandle(0), SERVED),
+            Kind::Extent => None,
+            Kind::Pinned => Some(self.pinned_file(fs, ino)),
         };
-        if known == Some(true) && matches!(checked, Some(None)) {
-            return reply.error(Errno::EIO);
+        let unchanged = !matches!(checked, Some(None));
+        match self.join(ino, unchanged) {
+            Join::Joined(mode) => return self.answer(fs, ino, &mode, reply),
+            Join::Refused => return reply.error(Errno::EIO),
+            Join::First => {}
         }
-        if let Some((backing, whole)) = self.join_open(ino) {
-            return self.reply_open(fs, ino, backing.as_deref(), whole, reply);
+        // The first open (or the last one was released meanwhile): a backing file, if any.
+        let file = match checked {
+            Some(pinned) => pinned,
+            None => fs.tensor_opened(ino),
+        };
+        let mode = match file.and_then(|file| self.open_backing(fs, &file, &reply)) {
+            Some(id) => Mode::Passed(Arc::new(id)),
+            None => Mode::Served,
+        };
+        let (mode, unused) = self.register(ino, mode, unchanged);
+        // An unused backing id is closed here, after the lock (closing it is a system call).
+        drop(unused);
+        match mode {
+            Ok(mode) => self.answer(fs, ino, &mode, reply),
+            Err(errno) => reply.error(errno),
         }
-        // The first open (or the last one was released meanwhile): register a backing file.
-        let whole_file = checked.unwrap_or_else(|| fs.checkpoint_opened(ino));
-        let is_whole = whole_file.is_some();
-        let backing =
-            whole_file.or_else(|| fs.tensor_opened(ino)).and_then(|file| self.open_backing(fs, &file, &reply));
-        let whole = is_whole && backing.is_some();
-        let mut opens = lock(&self.opens);
-        // Another open of this inode may have been answered meanwhile: its mode wins (ours drops).
-        let open = opens.entry(ino).or_insert(Open { count: 0, backing: backing.map(Arc::new), whole });
-        open.count += 1;
-        let (backing, whole) = (open.backing.clone(), open.whole);
-        drop(opens);
-        self.reply_open(fs, ino, backing.as_deref(), whole, reply);
     }
 
-    /// Counts one more open of `ino` when it is open already; its backing file and mode.
-    fn join_open(&self, ino: u64) -> Option<(Option<Arc<BackingId>>, bool)> {
+    /// Whether this open of `ino`, a file never handed over, is the one that declines OPEN for the
+    /// rest of the mount ([`KERNEL_OPENS_AFTER`]): a tensor file, no disk cache, the count
+    /// reached, and no file handed over now (a loader holding one may open it again; the count
+    /// starts over).
+    fn declines(&self, fs: &Fs, ino: u64) -> bool {
+        if self.extents || !fs.is_tensor_file(ino) {
+            return false;
+        }
+        if self.tensor_opens.fetch_add(1, Relaxed) + 1 < KERNEL_OPENS_AFTER {
+            return false;
+        }
+        self.tensor_opens.store(0, Relaxed);
+        // Decided under the lock registering takes: no inode is handed over after this.
+        let opens = lock(&self.opens);
+        if opens.values().any(|held| matches!(held.mode, Mode::Passed(_))) {
+            return false;
+        }
+        let first = !self.declined.swap(true, Relaxed);
+        drop(opens);
+        if first {
+            debug!(
+                "{KERNEL_OPENS_AFTER} tensor files opened one by one: the kernel opens files itself from now on, \
+                 the re-served files are read through the daemon"
+            );
+        }
+        true
+    }
+
+    /// Re-served checkpoint file `ino`'s local file, opened now and checked against its pin;
+    /// `None` once it changed. Its watch is set at its first open, before the check that counts:
+    /// a change before the watch is the check's to see, one after it the watch's.
+    fn pinned_file(&self, fs: &Fs, ino: u64) -> Option<File> {
+        let Some(watch) = &self.watch else { return fs.checkpoint_opened(ino) };
+        if watch.changed(ino) {
+            return None;
+        }
+        if !watch.is_watched(ino) {
+            let first = fs.checkpoint_opened(ino)?;
+            if let Err(e) = watch.watch(ino, &first) {
+                debug!("inode {ino}: its local file is not watched ({e}): each open's check only");
+            }
+        }
+        fs.checkpoint_opened(ino)
+    }
+
+    /// Counts one more open of `ino` when it is open already, in its mode; `unchanged`: this
+    /// open's check of a pinned file passed (or there was none to make).
+    fn join(&self, ino: u64, unchanged: bool) -> Join {
         let mut opens = lock(&self.opens);
-        let open = opens.get_mut(&ino)?;
-        open.count += 1;
-        Some((open.backing.clone(), open.whole))
+        let Some(held) = opens.get_mut(&ino) else { return Join::First };
+        if !unchanged && matches!(held.mode, Mode::Passed(_)) {
+            return Join::Refused;
+        }
+        held.count += 1;
+        Join::Joined(held.mode.clone())
+    }
+
+    /// Registers the first open of `ino` in `mode`, unless another open registered it meanwhile:
+    /// then its mode wins (as in [`Passthrough::join`]: EIO if refused) and ours is handed back
+    /// to be dropped after the lock. Once OPEN is declined nothing is registered (ENOSYS: the
+    /// kernel opens the file itself), so no inode is handed over after that.
+    fn register(&self, ino: u64, mode: Mode, unchanged: bool) -> (Result<Mode, Errno>, Option<Mode>) {
+        let mut opens = lock(&self.opens);
+        if self.declined.load(Relaxed) {
+            return (Err(Errno::ENOSYS), Some(mode));
+        }
+        match opens.entry(ino) {
+            Entry::Vacant(slot) => {
+                slot.insert(Held { count: 1, mode: mode.clone() });
+                (Ok(mode), None)
+            }
+            Entry::Occupied(mut slot) => {
+                let held = slot.get_mut();
+                if !unchanged && matches!(held.mode, Mode::Passed(_)) {
+                    return (Err(Errno::EIO), Some(mode));
+                }
+                held.count += 1;
+                (Ok(held.mode.clone()), Some(mode))
+            }
+        }
     }
 
     /// Asks the kernel for a backing id for `file`; a refusal is counted and logged once.
@@ -145,47 +313,55 @@ impl Passthrough {
         }
     }
 
-    /// Replies to an OPEN of `ino`: passed through to `backing` (`whole`: a re-served local
-    /// file), or the ordinary way.
-    fn reply_open(&self, fs: &Fs, ino: u64, backing: Option<&BackingId>, whole: bool, reply: ReplyOpen) {
-        match backing {
-            Some(id) => {
-                count_passthrough(fs, ino, whole);
-                reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), id);
+    /// Replies to an OPEN of `ino` in `mode`.
+    fn answer(&self, fs: &Fs, ino: u64, mode: &Mode, reply: ReplyOpen) {
+        match mode {
+            Mode::Passed(id) => {
+                count_passthrough(fs, ino);
+                reply.opened_passthrough(FileHandle(0), FopenFlags::FOPEN_NOFLUSH, id);
             }
-            None => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Mode::Served => reply.opened(FileHandle(0), SERVED),
         }
     }
 
     /// Whether the opens of `ino` are passed through to a backing file now (false when it is not
-    /// open, or passthrough is off).
+    /// open, passthrough is off, or OPEN was declined).
     pub(crate) fn passed_through(&self, ino: u64) -> bool {
-        self.on && lock(&self.opens).get(&ino).is_some_and(|open| open.backing.is_some())
+        // Once OPEN is declined no open is handed over (the kernel may send no RELEASE for those
+        // that were, so their entries can stay).
+        self.on
+            && !self.declined.load(Relaxed)
+            && lock(&self.opens).get(&ino).is_some_and(|held| matches!(held.mode, Mode::Passed(_)))
     }
 
     /// Answers a RELEASE (sent only when OPEN was answered): the last release of an inode drops
     /// its backing file, or tells the disk cache it was closed (it may assemble its extent file).
     pub(crate) fn release_file(&self, fs: &Fs, ino: u64, reply: ReplyEmpty) {
+        let kind = self.kind(fs, ino);
+        if kind == Kind::Served {
+            return reply.ok();
+        }
         let mut opens = lock(&self.opens);
-        let last = opens.get_mut(&ino).is_some_and(|open| {
-            open.count = open.count.saturating_sub(1);
-            open.count == 0
+        let last = opens.get_mut(&ino).is_some_and(|held| {
+            held.count = held.count.saturating_sub(1);
+            held.count == 0
         });
         let closed = if last { opens.remove(&ino) } else { None };
         drop(opens);
         reply.ok();
-        if closed.is_some_and(|open| open.backing.is_none()) {
+        // Its backing id (if any) is closed here, after the lock.
+        if kind == Kind::Extent && closed.is_some_and(|held| matches!(held.mode, Mode::Served)) {
             fs.tensor_closed(ino);
         }
     }
 }
 
-/// Counts one open passed through (`whole`: a re-served local file).
-fn count_passthrough(fs: &Fs, ino: u64, whole: bool) {
+/// Counts one open passed through.
+fn count_passthrough(fs: &Fs, ino: u64) {
     let stats = fs.stats();
     Stats::add(&stats.passthrough_opens, 1);
     Stats::add(&stats.passthrough_open_bytes, fs.getattr(ino).map_or(0, |a| a.size));
-    if whole || fs.is_checkpoint_file(ino) {
+    if fs.is_checkpoint_file(ino) {
         Stats::add(&stats.passthrough_checkpoint_opens, 1);
     }
 }

@@ -134,6 +134,11 @@ const METRICS: &[Metric] = &[
         "stfs_passthrough_checkpoint_opens_total",
         "Opens of a re-served checkpoint file passed through to the local file.",
     ),
+    counter(
+        "passthrough_files_changed",
+        "stfs_passthrough_files_changed_total",
+        "Local files handed to the kernel that changed while mounted (no longer handed over).",
+    ),
     gauge("passthrough_enabled", "stfs_passthrough_enabled", "1 while the kernel agreed to FUSE passthrough."),
     gauge("max_request_bytes", "stfs_max_request_bytes", "Largest read request the kernel agreed to send."),
     gauge("io_uring_enabled", "stfs_io_uring_enabled", "1 while requests go through FUSE over io_uring."),

@@ -57,6 +57,7 @@ COUNTERS = {
     "passthrough_open_bytes": "stfs_passthrough_open_bytes",
     "passthrough_refused": "stfs_passthrough_refused",
     "passthrough_checkpoint_opens": "stfs_passthrough_checkpoint_opens",
+    "passthrough_files_changed": "stfs_passthrough_files_changed",
     "io_uring_requests": "stfs_io_uring_requests",
 }
 GAUGES = {
