@@ -563,16 +563,16 @@ def _load_torch(items: List[Entry], device, root: str, tick: Tick = _no_tick) ->
     # meanwhile (read_ahead), as the tensors of the other path are read before load returns.
     # A load that fails from here on (Ctrl-C included) stops the read-ahead before it raises: its
     # threads would go on reading, and hold the mount (load's own, detached lazily) and its daemon.
-    ahead: List[ReadAhead] = []
-    whole = _whole_views(root, items, lambda path, size: torch.from_file(
-        _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
-        lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])),
-        lambda paths: ahead.append(read_ahead(paths)))
+    # The ReadAhead is made before any thread starts, so a Ctrl-C anywhere in here stops them all.
+    ahead = ReadAhead()
     try:
+        whole = _whole_views(root, items, lambda path, size: torch.from_file(
+            _utf8_path(path), shared=False, size=size, dtype=torch.uint8, device="cpu"),
+            lambda flat, e: torch_view(flat, *_torch_type(torch, e, [])),
+            lambda paths: read_ahead(paths, ahead))
         return _torch_tensors(torch, items, whole, target, raw, tick)
     except BaseException:
-        for started in ahead:
-            started.stop()
+        ahead.stop()
         raise
 
 

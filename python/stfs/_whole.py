@@ -115,9 +115,10 @@ class ReadAhead:
         return not any(t.is_alive() for t in self.threads)
 
 
-def read_ahead(paths: Sequence[str]) -> ReadAhead:
-    """Starts daemon threads that read the files into the page cache, and returns them (a ReadAhead,
-    to stop them with): the files, taken as one run of bytes in order, are cut into up to
+def read_ahead(paths: Sequence[str], ahead: Optional[ReadAhead] = None) -> ReadAhead:
+    """Starts daemon threads that read the files into the page cache, and returns them (`ahead`, or a
+    new ReadAhead, to stop them with; a caller that passes its own can stop threads started before an
+    exception, Ctrl-C included, left this function): the files, taken as one run of bytes in order, are cut into up to
     READ_AHEAD_THREADS stretches of at least READ_AHEAD_SPAN bytes, and each thread reads its stretch
     front to back with READ_AHEAD_STEP preads into a buffer of its own, on a descriptor of its own
     (so the kernel sees one sequential stream per thread and reads each ahead in large folios),
@@ -133,7 +134,7 @@ def read_ahead(paths: Sequence[str]) -> ReadAhead:
     memory available (memory_available: the cgroup's bound included) are read (of a checkpoint larger
     than memory, its head). The files are opened here, before load detaches its mount, and each thread
     closes its own. Best effort: an error ends that thread's stretch quietly."""
-    ahead = ReadAhead()
+    ahead = ReadAhead() if ahead is None else ahead
     files: List[Any] = []
     for path in paths:
         try:
@@ -179,6 +180,11 @@ def read_ahead(paths: Sequence[str]) -> ReadAhead:
                 opened[-1].append((os.open(path, os.O_RDONLY | os.O_CLOEXEC), lo, hi))
     except OSError:
         pass
+    except BaseException:  # Ctrl-C while opening: no thread owns these yet
+        for pieces in opened:
+            for fd, _, _ in pieces:
+                os.close(fd)
+        raise
     stopping = ahead.stopping
 
     def run(pieces: List[Any]) -> None:
@@ -196,7 +202,12 @@ def read_ahead(paths: Sequence[str]) -> ReadAhead:
             for fd, _, _ in pieces:
                 os.close(fd)
 
-    for pieces in opened:
+    for k, pieces in enumerate(opened):
+        if stopping.is_set():  # stopped meanwhile: the descriptors no thread took are closed here
+            for rest in opened[k:]:
+                for fd, _, _ in rest:
+                    os.close(fd)
+            break
         t = threading.Thread(target=run, args=(pieces,), name="stfs-read-ahead", daemon=True)
         ahead.threads.append(t)
         t.start()

@@ -60,7 +60,9 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
         let stopped = stopped_while_opening(&config.mountpoint, &fsname);
         let fs = interruptible(
             || open(&config, &open_options, &mut fs_options, &stats),
-            move |signal| exit_saying(std::io::stderr().as_fd(), &format!("stfs: {}", stopped(signal)), EXIT_FAILURE),
+            move |signal| {
+                exit_saying(std::io::stderr().as_fd(), &format!("stfs: {}", stopped(signal)), None, EXIT_FAILURE)
+            },
         )?;
         init();
         log::debug!("mounting {fsname} on {}: {fs_options:?}, {serve_options:?}", config.mountpoint.display());
@@ -89,8 +91,8 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     };
     block_signals();
     // A signal while opening (the foreground gave up waiting, or a user's kill) ends the daemon at
-    // once: nothing is mounted yet. The reason goes to the log and, as the daemon's one line, to
-    // the foreground (which prints it), on a descriptor of the readiness pipe of its own.
+    // once: nothing is mounted yet. The reason goes, as the daemon's one line, to the foreground
+    // (which prints it), on a descriptor of the readiness pipe of its own, then to the log.
     let last_words = match readiness.last_words() {
         Ok(fd) => fd,
         Err(e) => {
@@ -103,9 +105,9 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     let opened = interruptible(
         || open(&config, &open_options, &mut fs_options, &stats),
         move |signal| {
+            // The parent's line first: a log file on a stuck filesystem must not keep it waiting.
             let line = stopped(signal);
-            log::warn!("{line}");
-            exit_saying(last_words.as_fd(), &line, EXIT_FAILURE)
+            exit_saying(last_words.as_fd(), &line, Some(line.clone()), EXIT_FAILURE)
         },
     );
     // Sources are kept by absolute path; relative ones were opened (and named) as given.

@@ -48,12 +48,13 @@ pub fn signal_name(signal: libc::c_int) -> String {
 /// from any thread: for a signal that stops the opening. No destructor, `atexit` handler or
 /// buffer flush runs, so nothing waits on the state another thread left half-changed (the opening
 /// may be inside TLS, a lock of the runtime, a thread-local's destructor); `std::process::exit`
-/// would run them on this thread while the opening goes on in another. The logger is flushed
-/// first. `fd` is a pipe, a terminal or a file; the line is written whole (a `write` again after
-/// EINTR or a short one), or as much of it as `fd` takes.
-pub fn exit_saying(fd: std::os::fd::BorrowedFd<'_>, line: &str, status: u8) -> ! {
+/// would run them on this thread while the opening goes on in another. `fd` is a pipe, a terminal
+/// or a file; the line is written whole (a `write` again after EINTR or a short one), or as much of
+/// it as `fd` takes. Only then is `logged` given to the log and the logger flushed, on a thread of
+/// its own given [`LAST_LOG_WAIT`]: a log file on a stuck filesystem delays the exit by that much
+/// at most, and never the line the waiting parent prints.
+pub fn exit_saying(fd: std::os::fd::BorrowedFd<'_>, line: &str, logged: Option<String>, status: u8) -> ! {
     use std::os::fd::AsRawFd;
-    log::logger().flush();
     let text = format!("{line}\n");
     let mut rest = text.as_bytes();
     while !rest.is_empty() {
@@ -67,9 +68,23 @@ pub fn exit_saying(fd: std::os::fd::BorrowedFd<'_>, line: &str, status: u8) -> !
         }
         rest = &rest[n as usize..];
     }
+    let (done, logged_in_time) = std::sync::mpsc::channel();
+    let logging = std::thread::Builder::new().name("last-log".into()).spawn(move || {
+        if let Some(logged) = logged {
+            log::warn!("{logged}");
+        }
+        log::logger().flush();
+        let _ = done.send(());
+    });
+    if logging.is_ok() {
+        let _ = logged_in_time.recv_timeout(LAST_LOG_WAIT);
+    }
     // SAFETY: _exit ends the process without running any user-space code; always sound.
     unsafe { libc::_exit(status.into()) }
 }
+
+/// How long [`exit_saying`] waits for its last log line to be written before it exits anyway.
+pub const LAST_LOG_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs `opening` (nothing is mounted while it runs) so that SIGINT, SIGTERM or SIGHUP still end
 /// the process: they are blocked in every thread (see [`block_signals`]), so a watcher thread
