@@ -27,6 +27,20 @@ def wait_until(predicate, seconds=TIMEOUT):
     return predicate()
 
 
+
+def cold_files(folder, names, size):
+    """Files of `size` random bytes named `names` in `folder`, written out and dropped from the page
+    cache (fsync, then POSIX_FADV_DONTNEED), as a cold read-ahead finds them; their paths as strings."""
+    files = []
+    for name in names:
+        path = folder / name
+        path.write_bytes(os.urandom(size))
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        files.append(str(path))
+    return files
+
 def is_mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:

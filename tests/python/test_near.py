@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, cold_files, wait_until
 
 os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
 sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
@@ -227,14 +227,7 @@ def test_read_ahead_reads_only_what_memory_can_hold(tmp_path, monkeypatch):
     monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 2 << 20)
     assert _whole.memory_available() > 0, "MemAvailable read from /proc/meminfo"
     monkeypatch.setattr(_whole, "memory_available", lambda: 12 << 20)
-    files = []
-    for name in ("a", "b"):
-        path = tmp_path / name
-        path.write_bytes(os.urandom(5 << 20))
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        files.append(str(path))
+    files = cold_files(tmp_path, ("a", "b"), 5 << 20)
     reads = []
     preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, at, *a: reads.append((os.readlink(f"/proc/self/fd/{fd}"), at))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, cold_files, wait_until
 
 os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
 sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
@@ -104,14 +104,7 @@ def test_read_ahead_reads_no_more_than_the_cgroup_leaves(tmp_path, monkeypatch):
     monkeypatch.setattr(_whole, "READ_AHEAD_STEP", 1 << 20)
     monkeypatch.setattr(_whole, "READ_AHEAD_SPAN", 2 << 20)
     monkeypatch.setattr(_whole, "cgroup_memory_left", lambda root="/": 12 << 20)
-    files = []
-    for name in ("a", "b"):
-        path = tmp_path / name
-        path.write_bytes(os.urandom(5 << 20))
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        files.append(str(path))
+    files = cold_files(tmp_path, ("a", "b"), 5 << 20)
     reads = []
     preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, at, *a: reads.append(at) or preadv(fd, bufs, at, *a))
