@@ -84,10 +84,16 @@ impl Confinement {
     /// without following a link again and without waiting, its type and its place checked on the
     /// descriptor. The one way stfs opens a file of a mounted folder.
     pub fn open(&self, path: &Path) -> io::Result<(File, Metadata)> {
+        self.open_resolved(path).map(|(_, file, meta)| (file, meta))
+    }
+
+    /// [`Confinement::open`], with the canonical path the file was opened by: the path a shard is
+    /// reopened by, never following a link, so every later open is of the file the rule allowed.
+    pub fn open_resolved(&self, path: &Path) -> io::Result<(PathBuf, File, Metadata)> {
         let real = self.resolve(path)?;
         let (file, meta) = open_regular_nofollow(&real)?;
         self.check_opened(&file)?;
-        Ok((file, meta))
+        Ok((real, file, meta))
     }
 
     /// Refuses a descriptor whose file does not lie inside, by the path the kernel holds for it.
