@@ -1,9 +1,11 @@
 //! The link rule of a local model folder, on real mounts: a small file (in the root, in a
 //! component's folder, beside an index) or a shard is served only if it resolves inside the
 //! mounted folder or, in a Hugging Face cache snapshot, in its repository's `blobs/`. A small file
-//! that resolves outside, loops, is a FIFO or cannot be read by the mounting user is left out
-//! with a warning and the mount is made; a shard outside is one line and nothing mounted. A served
-//! file is never readable by a user its target does not let in (with `--allow-other`, nobody).
+//! that resolves outside, loops, is a FIFO, cannot be read by the mounting user or may be read by
+//! fewer users than the checkpoint is left out with a warning and the mount is made; a shard
+//! outside is one line and nothing mounted. A served file is never readable by a user its target
+//! does not let in (with `--allow-other`, nobody), and a shard is reopened by the path the rule
+//! allowed, never by a link.
 
 mod common;
 
@@ -223,11 +225,13 @@ fn looping_links_and_fifos_are_left_out_and_the_mount_is_made() {
     }
 }
 
-/// A small file of the folder that only root may read (itself, and through a link beside it) is
-/// served without the read bits root's file does not give: with `--allow-other`, nobody is
-/// refused by the kernel, and root still reads it.
+/// A small file of the folder that fewer users may read than the checkpoint (root's, mode 0600,
+/// itself and through a link beside it) is left out, with a warning naming it, and narrows
+/// nothing: the rest of the mount keeps the shards' modes, and with `--allow-other` nobody still
+/// reads the tensors and `config.json` (one private README never locks every user out of the
+/// model).
 #[test]
-fn a_file_no_other_user_may_read_is_served_no_wider() {
+fn a_file_fewer_users_may_read_is_left_out_and_narrows_nothing() {
     if !nonroot_tools() {
         return;
     }
@@ -237,15 +241,22 @@ fn a_file_no_other_user_may_read_is_served_no_wider() {
         symlink("tokenizer.json", model.small("vocab.json")).unwrap();
         let log = model.dir.path().join("log");
         let m = model.mount(true, &log);
+        config_served(&model, &m.path, true);
+        let tensor = model.served(&m.path, "w");
+        let mode = std::fs::metadata(&tensor).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o444, "{place:?}: the tensor served {mode:o}");
+        let out = cat_as_nobody(&tensor);
+        assert_eq!(out.stdout, model.tensor.data, "{place:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let folder = model.served(&m.path, ".");
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
         for name in ["tokenizer.json", "vocab.json"] {
-            let served = model.served(&m.path, name);
-            let mode = std::fs::metadata(&served).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode, 0o400, "{place:?} {name}: served {mode:o}");
-            assert_eq!(std::fs::read(&served).unwrap(), SECRET, "{place:?} {name}: root reads it");
-            let out = cat_as_nobody(&served);
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success() && out.stdout.is_empty(), "{place:?} {name}: nobody read it");
-            assert!(err.contains("Permission denied"), "{place:?} {name}: {err}");
+            assert!(!listed(&folder).contains(&name.to_string()), "{place:?} {name}: listed");
+            let shown = match place {
+                Place::Component => format!("unet/{name}"),
+                _ => name.to_string(),
+            };
+            let line = format!("{shown}: not served: readable by fewer users than the checkpoint");
+            assert!(log.contains(&line), "{place:?}: {line:?} not in the log:\n{log}");
         }
     }
 }
@@ -432,4 +443,88 @@ fn a_shard_outside_the_folder_is_refused_and_an_index_outside_left_out() {
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     let line = format!("{}: not re-served: resolves outside the model's folder", index.display());
     assert!(log.contains(&line), "{line:?} not in the log:\n{log}");
+}
+
+/// A FIFO at `path`, with a writer waiting in its open until something opens the FIFO for reading
+/// (what [`FifoWatch::opened`] tells); released when dropped, so its thread ends either way.
+struct FifoWatch {
+    path: PathBuf,
+    opened: std::sync::mpsc::Receiver<()>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FifoWatch {
+    fn new(path: &Path) -> FifoWatch {
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+        let (tx, opened) = std::sync::mpsc::channel();
+        let fifo = path.to_path_buf();
+        let writer = std::thread::spawn(move || {
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+            let _ = tx.send(());
+        });
+        FifoWatch { path: path.to_path_buf(), opened, writer: Some(writer) }
+    }
+
+    /// Whether anything opened the FIFO for reading (its writer's open returned) within 300 ms.
+    fn opened(&self) -> bool {
+        self.opened.recv_timeout(std::time::Duration::from_millis(300)).is_ok()
+    }
+}
+
+impl Drop for FifoWatch {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&self.path);
+        let _ = self.writer.take().map(std::thread::JoinHandle::join);
+    }
+}
+
+/// `cat PATH` as the mounting user, given 20 s (a read that waits longer fails the test).
+fn cat(path: &Path) -> Output {
+    let child = std::process::Command::new("cat")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn cat");
+    wait_output(child, std::time::Duration::from_secs(20))
+}
+
+/// A shard that is a link inside the folder is reopened by the path the link rule allowed, never
+/// by the link: the link pointed at a FIFO outside after the mount is never opened (root opening
+/// whatever a writer of the folder points it at: a device, a hung network path), and the shard is
+/// still served; the allowed path itself made a link to the FIFO is refused without being
+/// followed: EIO at once.
+#[test]
+fn a_shard_link_swapped_after_the_mount_is_never_followed() {
+    let dir = workdir();
+    let root = dir.path().join("model");
+    let tensor = T::new("w", Dtype::F32, &[64]);
+    let real = root.join("data").join("weights");
+    std::fs::create_dir_all(real.parent().unwrap()).unwrap();
+    let bytes = write_checkpoint(&real, std::slice::from_ref(&tensor), None);
+    symlink("data/weights", root.join("model.safetensors")).unwrap();
+    let outside = workdir();
+    let log = dir.path().join("log");
+    let m = Mount::new(&root, &["--log-file", log.to_str().unwrap()]);
+    let fifo = FifoWatch::new(&outside.path().join("fifo"));
+    std::fs::remove_file(root.join("model.safetensors")).unwrap();
+    symlink(&fifo.path, root.join("model.safetensors")).unwrap();
+    for name in ["model.safetensors", "w"] {
+        let out = cat(&m.file(name));
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let expected = if name == "w" { &tensor.data } else { &bytes };
+        assert!(out.stdout == *expected, "{name}: other bytes served");
+    }
+    assert!(!fifo.opened(), "the link's new target was opened");
+    // The allowed path itself made a link to the FIFO.
+    std::fs::rename(&real, root.join("data").join("moved")).unwrap();
+    symlink(&fifo.path, &real).unwrap();
+    let out = cat(&m.file("model.safetensors"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Input/output error"), "served: {err}");
+    assert!(!fifo.opened(), "the allowed path was followed");
 }

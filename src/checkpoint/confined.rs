@@ -5,9 +5,11 @@
 //!
 //! A folder's entries may be symbolic links (a cache snapshot is a folder of them), and whoever can
 //! write the folder chooses where they point: `config.json -> /etc/shadow` in a folder root mounts
-//! with `allow_other` must not hand the shadow file to every user. So a path is resolved
-//! ([`std::fs::canonicalize`]: a loop is "too many levels of symbolic links"), the resolved path
-//! must lie inside, and it is opened without following a link again (`openat2` with
+//! with `allow_other` must not hand the shadow file to every user. So a path is resolved one
+//! component at a time from the folder (`lstat`, `readlink`; a loop is "too many levels of
+//! symbolic links"), a step onto anything outside refused before it is taken (nothing outside
+//! is looked at: a link to a hung network path cannot hold the mount), the resolved path must
+//! lie inside, and it is opened without following a link again (`openat2` with
 //! `RESOLVE_NO_SYMLINKS`, or `O_NOFOLLOW` where that call is refused; without waiting, only a
 //! regular file, checked on the descriptor); last, the file the descriptor holds is checked to lie
 //! inside by its own path (`/proc/self/fd/N`), so a folder swapped for a link between the
@@ -31,6 +33,8 @@ use crate::source::{open_regular_nofollow, read_at_most};
 /// Where the files of one mounted local folder may really be.
 #[derive(Debug, Clone)]
 pub(super) struct Confinement {
+    /// The mounted folder as it was named (made absolute): the paths of its files start with it.
+    named: PathBuf,
     /// The mounted folder, canonical (no link, `.` or `..` in it).
     folder: PathBuf,
     /// The `blobs/` folder of the Hugging Face cache repository the folder is a snapshot of (or
@@ -55,9 +59,10 @@ impl Confinement {
     /// The rule for the folder `dir` (resolved here: a folder named through a link is the folder
     /// it names).
     pub fn of(dir: &Path) -> io::Result<Confinement> {
+        let named = std::path::absolute(dir)?;
         let folder = std::fs::canonicalize(dir)?;
         let blobs = cache_blobs(&folder);
-        Ok(Confinement { folder, blobs })
+        Ok(Confinement { named, folder, blobs })
     }
 
     /// The mounted folder, canonical.
@@ -70,24 +75,83 @@ impl Confinement {
         real.starts_with(&self.folder) || self.blobs.as_ref().is_some_and(|b| real.starts_with(b) && real != b)
     }
 
+    /// Whether the canonical path `real` may be looked at (`lstat`, a link read) while resolving:
+    /// inside, or on the way to the folder or to `blobs/` (their ancestors, already looked at
+    /// when they were resolved). Nothing else outside is ever touched.
+    fn may_look_at(&self, real: &Path) -> bool {
+        let on_the_way = |to: &Path| to.starts_with(real);
+        self.contains(real) || on_the_way(&self.folder) || self.blobs.as_deref().is_some_and(on_the_way)
+    }
+
     /// `path` resolved, if it lies inside; an error saying so (or why it cannot be resolved: a
-    /// dangling link, a loop) otherwise.
+    /// dangling link, a loop) otherwise. A path of the folder (as it was named) is resolved one
+    /// component at a time from the canonical folder, by `lstat` and `readlink`, and a step onto
+    /// anything outside (but the way back to the folder or to `blobs/`) is refused before it is
+    /// taken: a link to a hung network path, or to a FUSE mount that never answers, is refused
+    /// without touching it. Another path is resolved by `canonicalize`, then checked.
     pub fn resolve(&self, path: &Path) -> io::Result<PathBuf> {
-        let real = std::fs::canonicalize(path)?;
+        let absolute = std::path::absolute(path)?;
+        let real = match absolute.strip_prefix(&self.named).or_else(|_| absolute.strip_prefix(&self.folder)) {
+            Ok(rest) => self.walk(rest)?,
+            Err(_) => std::fs::canonicalize(path)?,
+        };
         if !self.contains(&real) {
             return Err(outside());
         }
         Ok(real)
     }
 
+    /// The canonical path `rest` (relative to the folder) names, resolved link by link from the
+    /// folder without looking at anything [`Confinement::may_look_at`] refuses.
+    fn walk(&self, rest: &Path) -> io::Result<PathBuf> {
+        use std::path::Component;
+        /// Links followed at most, as the kernel's path walk allows.
+        const MAX_LINKS: usize = 40;
+        let mut current = self.folder.clone();
+        let mut left: Vec<PathBuf> = rest.components().rev().map(|c| PathBuf::from(c.as_os_str())).collect();
+        let mut links = 0;
+        while let Some(step) = left.pop() {
+            match step.components().next() {
+                Some(Component::RootDir) => current = PathBuf::from("/"),
+                Some(Component::ParentDir) => {
+                    current.pop();
+                }
+                Some(Component::Normal(name)) => {
+                    let next = current.join(name);
+                    if !self.may_look_at(&next) {
+                        return Err(outside());
+                    }
+                    if !std::fs::symlink_metadata(&next)?.file_type().is_symlink() {
+                        current = next;
+                        continue;
+                    }
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                    }
+                    let target = std::fs::read_link(&next)?;
+                    left.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
+                }
+                _ => {}
+            }
+        }
+        Ok(current)
+    }
+
     /// The regular file `path` names, opened for reading, if it lies inside: resolved, opened
     /// without following a link again and without waiting, its type and its place checked on the
     /// descriptor. The one way stfs opens a file of a mounted folder.
     pub fn open(&self, path: &Path) -> io::Result<(File, Metadata)> {
+        self.open_resolved(path).map(|(_, file, meta)| (file, meta))
+    }
+
+    /// [`Confinement::open`], with the canonical path the file was opened by: the path a shard is
+    /// reopened by, never following a link, so every later open is of the file the rule allowed.
+    pub fn open_resolved(&self, path: &Path) -> io::Result<(PathBuf, File, Metadata)> {
         let real = self.resolve(path)?;
         let (file, meta) = open_regular_nofollow(&real)?;
         self.check_opened(&file)?;
-        Ok((file, meta))
+        Ok((real, file, meta))
     }
 
     /// Refuses a descriptor whose file does not lie inside, by the path the kernel holds for it.
@@ -185,6 +249,30 @@ mod tests {
         assert!(refused("loop.json").starts_with("Too many levels of symbolic links"), "{}", refused("loop.json"));
         assert!(refused("dangling.json").starts_with("No such file"));
         assert_eq!(refused("folder.json"), "is a directory");
+    }
+
+    /// A link outside is refused before anything outside is looked at: a link into a folder
+    /// outside that loops, or that is not there, is "outside", not the loop or the missing file
+    /// that following it would find (a target on a hung network mount would hold the opening).
+    /// The way to the folder and to a cache's `blobs/` stays open (`../model/x`).
+    #[test]
+    fn nothing_outside_is_looked_at() {
+        let (dir, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let root = dir.path().join("model");
+        write(&root.join("config.json"), b"{}");
+        symlink("loop", elsewhere.path().join("loop")).unwrap();
+        symlink(elsewhere.path().join("loop/x"), root.join("looping.json")).unwrap();
+        symlink(elsewhere.path().join("gone/x"), root.join("missing.json")).unwrap();
+        symlink("../model/config.json", root.join("back.json")).unwrap();
+        symlink(root.join("config.json"), root.join("absolute.json")).unwrap();
+        let rule = Confinement::of(&root).unwrap();
+        for name in ["looping.json", "missing.json"] {
+            let err = rule.read_small(&root.join(name), 100).unwrap_err();
+            assert_eq!(err.to_string(), "resolves outside the model's folder", "{name}");
+        }
+        for name in ["back.json", "absolute.json"] {
+            assert_eq!(rule.read_small(&root.join(name), 100).unwrap().bytes, b"{}", "{name}");
+        }
     }
 
     /// A FIFO (put in place after the folder was listed) is refused at once, never waited on: the

@@ -18,6 +18,9 @@ pub struct OpenedShard {
     pub source: Arc<dyn Source>,
     /// The validated header.
     pub header: Header,
+    /// The `st_mode` of a local shard, from the descriptor it was pinned by (never by its path
+    /// again): a mount serves it no wider. `None` for a remote source.
+    pub local_mode: Option<u32>,
 }
 
 /// A checkpoint ready to mount: one or more shards with unique tensor names.
@@ -126,8 +129,9 @@ pub fn open_file(path: &Path) -> Result<OpenedShard, OpenError> {
 
 /// [`open_file`] for a shard of a mounted folder: opened by the folder's link rule
 /// ([`Confinement::open`]), so a shard that resolves outside the folder is an error naming it.
-/// It is pinned under the path given (its name in the mount and in metadata.json), as the file
-/// the rule allowed: a later descriptor opened by that path must be that very file.
+/// It is named by the path given (its name in the mount and in metadata.json) and pinned as the
+/// file the rule allowed, by its canonical path: every later descriptor is opened by that path,
+/// following no link, and must be that very file.
 pub(super) fn open_confined(path: &Path, rule: &Confinement) -> Result<OpenedShard, OpenError> {
     open_local(path, Some(rule))
 }
@@ -137,10 +141,15 @@ fn open_local(path: &Path, rule: Option<&Confinement>) -> Result<OpenedShard, Op
     let absolute = std::path::absolute(path).map_err(|e| OpenError::new(&name, e))?;
     let file = match rule {
         None => LocalFile::open(&absolute),
-        Some(rule) => rule.open(&absolute).map(|(file, meta)| LocalFile::pin(&absolute, &file, &meta)),
+        Some(rule) => {
+            rule.open_resolved(&absolute).map(|(real, file, meta)| LocalFile::pin(&absolute, &real, &file, &meta))
+        }
     };
-    let source: Arc<dyn Source> = Arc::new(file.map_err(|e| OpenError::new(&name, e))?);
-    open_source_named(source, &name)
+    let file = file.map_err(|e| OpenError::new(&name, e))?;
+    let local_mode = Some(file.mode());
+    let mut opened = open_source_named(Arc::new(file), &name)?;
+    opened.local_mode = local_mode;
+    Ok(opened)
 }
 
 /// Reads and validates the header of an already opened source.
@@ -154,7 +163,7 @@ fn open_source_named(source: Arc<dyn Source>, name: &str) -> Result<OpenedShard,
     let mut reader = source.open_reader().map_err(|e| OpenError::new(name, e))?;
     let header = format::read_header(|buf, offset| reader.read_exact_at(buf, offset), source.len())
         .map_err(|e| OpenError::new(name, e))?;
-    Ok(OpenedShard { source, header })
+    Ok(OpenedShard { source, header, local_mode: None })
 }
 
 /// Shards opened at once, at most: opening one is a round trip on a network store (two behind a

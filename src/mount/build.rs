@@ -2,7 +2,6 @@
 //! every file shows. It needs nothing of a mount (no mount point, no FUSE threads), so `stfs
 //! extract` and `stfs cat` read through the very filesystem a mount serves.
 
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -54,26 +53,26 @@ pub struct FsOptions {
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`: its own shards and files in the
-/// root, each of its components in its folder. Files are readable by whom the backing files are
-/// (the read bits common to all local shards and all local small files served: one a mount
-/// serves is never readable by more than its target), and dated by the newest shard.
+/// root, each of its components in its folder. Files are readable by whom the backing shards are
+/// (the read bits common to all local shards, taken from the descriptor each was pinned by: one
+/// a mount serves is never readable by more than its target), `-o fmask`/`dmask`/`umask` narrowing
+/// them further and never widening them, and dated by the newest shard. A local small file (or
+/// index) readable by fewer users than that is left out, with a warning naming it: it never
+/// narrows the whole mount.
 pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
     let engine = Engine::with_disk_cache(options.engine.clone(), options.disk.clone(), stats);
     let mut newest = SystemTime::UNIX_EPOCH;
-    let mut read_bits = 0o444;
     let Checkpoint { shards, index_files, repo_files, components } = checkpoint;
     let root = crate::checkpoint::Checkpoint { shards, index_files, repo_files, components: Vec::new() };
-    let parts = std::iter::once((String::new(), root)).chain(components.into_iter().map(|c| (c.folder, c.checkpoint)));
+    let parts: Vec<_> = std::iter::once((String::new(), root))
+        .chain(components.into_iter().map(|c| (c.folder, c.checkpoint)))
+        .collect();
+    let read_bits = parts.iter().flat_map(|(_, part)| &part.shards).fold(0o444, |bits, s| bits & shard_mode(s));
     let mut laid_out = Vec::new();
     for (folder, part) in parts {
         let mut shards = Vec::new();
         for s in part.shards {
             newest = newest.max(s.source.modified().unwrap_or(newest));
-            if !crate::checkpoint::is_url(s.source.name()) {
-                if let Ok(meta) = std::fs::metadata(s.source.name()) {
-                    read_bits &= meta.permissions().mode();
-                }
-            }
             let name = s.source.name().to_string();
             let file = if options.checkpoint_files { crate::checkpoint::file_name(&name) } else { None };
             let source = engine.add_source(s.source);
@@ -81,19 +80,47 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
         }
         let mut files = Vec::new();
         if options.checkpoint_files {
-            let local = part.index_files.iter().chain(&part.repo_files).filter_map(|f| f.local_mode);
-            read_bits = local.fold(read_bits, |bits, mode| bits & mode);
-            files = root_files(part.index_files, part.repo_files);
+            let index_files = readable_as_shards(part.index_files, read_bits, &folder);
+            files = root_files(index_files, readable_as_shards(part.repo_files, read_bits, &folder));
         }
         laid_out.push(Component { folder, shards, files });
     }
     let ns = Namespace::build_components(laid_out, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);
-    let (file_perm, dir_perm) = (options.perms.0.unwrap_or(file_perm), options.perms.1.unwrap_or(dir_perm));
+    let (file_perm, dir_perm) =
+        (options.perms.0.map_or(file_perm, |p| p & file_perm), options.perms.1.map_or(dir_perm, |p| p & dir_perm));
     let Owner { uid, gid } = options.owner;
     let blksize = u32::try_from(options.engine.block_size).unwrap_or(u32::MAX);
     let base = AttrBase { uid, gid, mtime: newest, file_perm, dir_perm, blksize };
     Ok(Arc::new(Fs::new(ns, engine, base)))
+}
+
+/// The mode bits a shard bounds the mount's by: a local shard's own (`st_mode` from the
+/// descriptor it was pinned by), all for a remote one, none (fail closed) for a local shard
+/// whose mode is unknown.
+fn shard_mode(shard: &crate::checkpoint::OpenedShard) -> u32 {
+    match shard.local_mode {
+        Some(mode) => mode,
+        None if crate::checkpoint::is_url(shard.source.name()) => 0o444,
+        None => 0,
+    }
+}
+
+/// `files` of the mount's folder `folder` without the local ones readable by fewer users than
+/// `read_bits` (the shards') let in, each left out with a warning line naming it.
+fn readable_as_shards(
+    files: Vec<crate::checkpoint::RootFile>,
+    read_bits: u32,
+    folder: &str,
+) -> Vec<crate::checkpoint::RootFile> {
+    let wanted = read_bits & 0o444;
+    let (kept, narrower): (Vec<_>, Vec<_>) =
+        files.into_iter().partition(|f| f.local_mode.is_none_or(|mode| mode & wanted == wanted));
+    for file in narrower {
+        let shown = if folder.is_empty() { file.name } else { format!("{folder}/{}", file.name) };
+        log::warn!("{shown}: not served: readable by fewer users than the checkpoint");
+    }
+    kept
 }
 
 /// The small files a checkpoint came with, as the namespace serves them in the root: its index
@@ -116,16 +143,15 @@ mod tests {
     use crate::mount::build::{build_fs, FsOptions, Owner};
     use crate::tree::namespace::{Layout, Views, ROOT_INO};
 
-    /// A checkpoint becomes a filesystem with no mount point and no FUSE threads anywhere.
-    #[test]
-    fn builds_without_any_mount_setting() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.safetensors");
+    /// A checkpoint of one tensor `a.b` at `path`, with `mode`.
+    fn write_checkpoint(path: &std::path::Path, mode: u32) {
         let tensors = vec![("a.b".to_string(), Dtype::U8, vec![3u64], vec![1u8, 2, 3])];
-        std::fs::write(&path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-        let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
-        let options = FsOptions {
+        std::fs::write(path, crate::format::writer::serialize(&tensors, None).unwrap()).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn options() -> FsOptions {
+        FsOptions {
             engine: crate::engine::EngineConfig {
                 block_size: 4096,
                 cache_size: 1 << 20,
@@ -139,8 +165,17 @@ mod tests {
             checkpoint_files: true,
             perms: (None, None),
             disk: None,
-        };
-        let fs = build_fs(checkpoint, &options, Default::default()).unwrap();
+        }
+    }
+
+    /// A checkpoint becomes a filesystem with no mount point and no FUSE threads anywhere.
+    #[test]
+    fn builds_without_any_mount_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        write_checkpoint(&path, 0o640);
+        let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
+        let fs = build_fs(checkpoint, &options(), Default::default()).unwrap();
         let a = fs.lookup(ROOT_INO, "a".as_ref()).unwrap();
         let b = fs.lookup(a.ino, "b".as_ref()).unwrap();
         // Owned as told, readable by whom the backing file is, blocks of the engine's size.
@@ -150,5 +185,63 @@ mod tests {
         // The checkpoint itself is served, byte for byte.
         let whole = fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap();
         assert_eq!(fs.read(whole.ino, 0, 1 << 20).unwrap(), std::fs::read(&path).unwrap());
+    }
+
+    /// A shard's mode is the one of the file opened, taken from its descriptor: the path renamed
+    /// over by a file every user may read, or gone, after the open widens nothing (the mount
+    /// fails closed, never open).
+    #[test]
+    fn a_shard_narrows_by_the_file_opened_not_by_its_path_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, wider) = (dir.path().join("m.safetensors"), dir.path().join("wider"));
+        write_checkpoint(&path, 0o600);
+        write_checkpoint(&wider, 0o644);
+        let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
+        std::fs::rename(&wider, &path).unwrap();
+        let fs = build_fs(checkpoint, &options(), Default::default()).unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap().perm, 0o400, "renamed over");
+        let checkpoint = crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let fs = build_fs(checkpoint, &options(), Default::default()).unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap().perm, 0o444, "0644 when opened");
+        write_checkpoint(&wider, 0o600);
+        let checkpoint = crate::checkpoint::open(wider.to_str().unwrap(), &Default::default()).unwrap();
+        std::fs::remove_file(&wider).unwrap();
+        let fs = build_fs(checkpoint, &options(), Default::default()).unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "wider".as_ref()).unwrap().perm, 0o400, "gone");
+    }
+
+    /// A small file readable by fewer users than the shards is left out, and the mount keeps the
+    /// shards' modes; one as readable (or a remote one) is served. `-o fmask`/`dmask` narrow the
+    /// modes and never widen them.
+    #[test]
+    fn a_narrower_small_file_is_left_out_and_masks_never_widen() {
+        use crate::checkpoint::RootFile;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        write_checkpoint(&path, 0o644);
+        let open = || crate::checkpoint::open(path.to_str().unwrap(), &Default::default()).unwrap();
+        let mut checkpoint = open();
+        let file = |name: &str, local_mode| RootFile { name: name.into(), bytes: b"{}".to_vec(), local_mode };
+        checkpoint.repo_files.push(file("README.md", Some(0o100600)));
+        checkpoint.repo_files.push(file("config.json", Some(0o100644)));
+        checkpoint.repo_files.push(file("remote.json", None));
+        checkpoint.index_files.push(file("m.safetensors.index.json", Some(0o100640)));
+        let fs = build_fs(checkpoint, &options(), Default::default()).unwrap();
+        for name in ["README.md", "m.safetensors.index.json"] {
+            assert!(fs.lookup(ROOT_INO, name.as_ref()).is_err(), "{name} served");
+        }
+        for name in ["config.json", "remote.json", "m.safetensors"] {
+            assert_eq!(fs.lookup(ROOT_INO, name.as_ref()).unwrap().perm, 0o444, "{name}");
+        }
+        // Masks narrow, and never widen past what the shards let in.
+        let masked = FsOptions { perms: (Some(0o440), Some(0o550)), ..options() };
+        let fs = build_fs(open(), &masked, Default::default()).unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap().perm, 0o440);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let wide = FsOptions { perms: (Some(0o444), Some(0o555)), ..options() };
+        let fs = build_fs(open(), &wide, Default::default()).unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "m.safetensors".as_ref()).unwrap().perm, 0o440);
+        assert_eq!(fs.getattr(ROOT_INO).unwrap().perm, 0o550);
     }
 }

@@ -7,13 +7,13 @@
 
 use std::fs::{File, Metadata};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::mapped::Mapping;
-use super::regular::open_regular;
+use super::regular::open_regular_nofollow;
 use super::{read_in_pieces, Source, SourceReader};
 use crate::util::lock;
 
@@ -53,9 +53,13 @@ impl Identity {
 
 /// A local file pinned by identity (device, inode, size, mtime, ctime) when opened.
 pub struct LocalFile {
-    path: PathBuf,
+    /// The path every later descriptor is opened by: the file's canonical path as it was opened
+    /// (no link in it), opened again without following a link ([`open_regular_nofollow`]).
+    real: PathBuf,
     name: String,
     pinned: Identity,
+    /// The file's `st_mode`, from the descriptor it was pinned by.
+    mode: u32,
     /// Whether the file is worth mapping: not empty, and not on a network or FUSE filesystem
     /// ([`mappable`]), as found at open.
     mappable: bool,
@@ -65,40 +69,49 @@ pub struct LocalFile {
 }
 
 impl LocalFile {
-    /// Opens `path`, records its identity and closes it again. Fails for anything that is not a
-    /// readable regular file.
+    /// Opens `path` (resolved once, here), records its identity and closes it again. Fails for
+    /// anything that is not a readable regular file.
     pub fn open(path: &Path) -> io::Result<LocalFile> {
-        let (file, meta) = open_regular(path)?;
-        Ok(LocalFile::pin(path, &file, &meta))
+        let real = std::fs::canonicalize(path)?;
+        let (file, meta) = open_regular_nofollow(&real)?;
+        Ok(LocalFile::pin(path, &real, &file, &meta))
     }
 
-    /// The regular file `file` (with its metadata `meta`, both taken from the descriptor), pinned
-    /// as the file `path` names: every later descriptor is opened by `path` and must be this very
-    /// file, unchanged. For a file whose opening was checked by a rule of the caller's (a model
-    /// folder's link rule), so the file pinned is the one the rule allowed.
-    pub fn pin(path: &Path, file: &File, meta: &Metadata) -> LocalFile {
+    /// The regular file `file` (with its metadata `meta`, both taken from the descriptor), named
+    /// `path` and pinned as the file at `real`, the canonical path it was opened by: every later
+    /// descriptor is opened by `real`, never following a link (a link put at `path` or anywhere
+    /// in `real` since is not followed, so nothing else is ever opened: not a device, not a FIFO,
+    /// not a hung network path) and must be this very file, unchanged. For a file whose opening
+    /// was checked by a rule of the caller's (a model folder's link rule), so the file pinned and
+    /// reopened is the one the rule allowed.
+    pub fn pin(path: &Path, real: &Path, file: &File, meta: &Metadata) -> LocalFile {
         let name = path.to_string_lossy().into_owned();
         let pinned = Identity::of(meta);
         let mappable = pinned.size > 0 && mappable(file);
-        LocalFile { path: path.to_path_buf(), name, pinned, mappable, mapping: Mutex::new(None) }
+        let mode = meta.mode();
+        LocalFile { real: real.to_path_buf(), name, pinned, mode, mappable, mapping: Mutex::new(None) }
     }
 
-    /// A new descriptor on the pinned file: fails if the path no longer names it unchanged. Opened
-    /// as every other open of stfs is, never waiting: a FIFO (or a device) put at the path after
-    /// the mount would block a read-only open until a writer came, with the FUSE request and
-    /// every reader behind it stuck; opened without waiting, it is refused by its type and
-    /// identity before anything reads it, and the read fails with EIO.
+    /// The file's `st_mode` as pinned (from its descriptor, not by its path).
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    /// A new descriptor on the pinned file: fails if its canonical path no longer names it
+    /// unchanged. Opened by [`open_regular_nofollow`]: checked by `lstat` first (something not a
+    /// regular file, a link included, is never opened: no device's open runs, no FIFO or hung
+    /// link target is waited on), no link followed, without waiting, its type checked on the
+    /// descriptor; the read then fails with EIO.
     fn open_pinned(&self) -> io::Result<File> {
-        let flags = libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(&self.path)?;
-        if !file.metadata()?.is_file() {
-            return Err(changed("the path now names something that is not a regular file".into()));
-        }
-        check_unchanged(&file, &self.path, self.pinned)?;
-        // The pinned regular file: its reads block as any file's do (the flag only served the open).
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-        // SAFETY: plain fcntl calls on a descriptor we own.
-        unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) & !libc::O_NONBLOCK) };
+        let (file, _) = open_regular_nofollow(&self.real).map_err(|e| {
+            let refused = e.kind() == io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::ELOOP);
+            if refused {
+                changed("the path now names something that is not a regular file".into())
+            } else {
+                e
+            }
+        })?;
+        check_unchanged(&file, &self.real, self.pinned)?;
         Ok(file)
     }
 
@@ -149,16 +162,16 @@ impl Source for LocalFile {
         if !self.mappable {
             return None;
         }
-        let mut slot = lock(&self.mapping);
-        if let Some(mapping) = slot.as_ref() {
+        if let Some(mapping) = lock(&self.mapping).as_ref() {
             return Some(Arc::clone(mapping));
         }
+        // Opened and mapped without the lock held: a slow open (a network filesystem) holds up
+        // no other reader; of two mapping at once, the first stored is kept.
         let file = self.open_pinned().map_err(|e| log::debug!("{}: not mapped: {e}", self.name)).ok()?;
-        let (path, pinned) = (self.path.clone(), self.pinned);
+        let (path, pinned) = (self.real.clone(), self.pinned);
         let check = Box::new(move |file: &File| check_unchanged(file, &path, pinned));
         let mapping = Arc::new(Mapping::new(file, self.pinned.size, check)?);
-        *slot = Some(Arc::clone(&mapping));
-        Some(mapping)
+        Some(Arc::clone(lock(&self.mapping).get_or_insert(mapping)))
     }
 
     /// Opened afresh (never the mapping's descriptor), so the identity is checked at this open:
@@ -182,7 +195,7 @@ impl Source for LocalFile {
         // nothing). Advice only: failure changes nothing but speed.
         // SAFETY: plain syscall on a descriptor we own.
         unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_RANDOM) };
-        Ok(Box::new(LocalStream { file, path: self.path.clone(), pinned: self.pinned }))
+        Ok(Box::new(LocalStream { file, path: self.real.clone(), pinned: self.pinned }))
     }
 }
 
@@ -218,7 +231,7 @@ fn check_unchanged(file: &File, path: &Path, pinned: Identity) -> io::Result<()>
     if (ours.mtime_sec, ours.mtime_nsec) != (pinned.mtime_sec, pinned.mtime_nsec) {
         return Err(changed("modification time changed".into()));
     }
-    match std::fs::metadata(path) {
+    match std::fs::symlink_metadata(path) {
         Ok(now) if now.dev() == pinned.dev && now.ino() == pinned.ino => {}
         Ok(_) => return Err(changed("the path now names a different file".into())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(changed("the file was deleted".into())),
@@ -521,6 +534,32 @@ mod tests {
         assert!(err.to_string().contains("different file"), "{err}");
         let err = file.open_reader().err().unwrap();
         assert!(err.to_string().contains("replaced"), "{err}");
+    }
+
+    /// A file pinned through a link is reopened by the path it resolved to, never by the link: the
+    /// link pointed elsewhere after the open (a FIFO, a device) is never opened, and the pinned
+    /// file is still read; its own path made a link is refused without being followed.
+    #[test]
+    fn a_link_swapped_after_the_open_is_never_followed() {
+        let (dir, real) = file_with(b"0123456789");
+        let (outside, link) = (tempfile::tempdir().unwrap(), dir.path().join("linked.safetensors"));
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let file = LocalFile::open(&link).unwrap();
+        assert_eq!(file.name(), link.to_string_lossy());
+        let watch = crate::util::test_support::FifoWatch::new(&outside.path().join("fifo"));
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&watch.fifo, &link).unwrap();
+        assert_eq!(read(&file, 0, 10).unwrap(), b"0123456789", "the pinned file, by its own path");
+        assert!(file.mapping().is_some() && file.pinned_file().is_some());
+        assert!(!watch.opened(), "the link's new target was opened");
+        // The resolved path itself made a link to the FIFO: refused, the FIFO untouched.
+        file.close_idle();
+        std::fs::rename(&real, dir.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(&watch.fifo, &real).unwrap();
+        let err = file.open_reader().err().unwrap();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(file.mapping().is_none() && file.pinned_file().is_none());
+        assert!(!watch.opened(), "the resolved path was followed");
     }
 
     #[test]

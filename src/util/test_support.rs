@@ -26,3 +26,38 @@ pub(crate) fn write_new(path: &std::path::Path, bytes: impl AsRef<[u8]>) {
     let mut file = std::fs::File::create_new(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
     file.write_all(bytes.as_ref()).unwrap();
 }
+
+/// A writer of a FIFO at `fifo`, waiting in its open until something opens the FIFO for
+/// reading: what [`FifoWatch::opened`] tells.
+pub(crate) struct FifoWatch {
+    pub(crate) fifo: std::path::PathBuf,
+    opened: std::sync::mpsc::Receiver<()>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FifoWatch {
+    pub(crate) fn new(fifo: &std::path::Path) -> FifoWatch {
+        make_fifo(fifo);
+        let (tx, opened) = std::sync::mpsc::channel();
+        let path = fifo.to_path_buf();
+        let writer = std::thread::spawn(move || {
+            let _ = std::fs::OpenOptions::new().write(true).open(&path);
+            let _ = tx.send(());
+        });
+        FifoWatch { fifo: fifo.to_path_buf(), opened, writer: Some(writer) }
+    }
+
+    /// Whether anything opened the FIFO for reading (the writer's open returned) within 300 ms.
+    pub(crate) fn opened(&self) -> bool {
+        self.opened.recv_timeout(Duration::from_millis(300)).is_ok()
+    }
+}
+
+impl Drop for FifoWatch {
+    fn drop(&mut self) {
+        // Releases the writer (a reader that never waits), so the thread ends either way.
+        use std::os::unix::fs::OpenOptionsExt;
+        let _reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&self.fifo);
+        let _ = self.writer.take().map(std::thread::JoinHandle::join);
+    }
+}
