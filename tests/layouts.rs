@@ -28,14 +28,7 @@ fn json(path: &Path) -> serde_json::Value {
 
 /// `stfs mount SOURCE` must fail: exit 1, one `stfs: SHOWN: ` line holding `needle`, no mount.
 fn refused(source: &Path, shown: &Path, needle: &str) {
-    let mp = workdir();
-    let out = stfs(&["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let mounted = is_mounted(mp.path());
-    force_unmount(mp.path());
-    assert!(!mounted, "mounted: {err}");
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let err = refused_mount(source);
     assert!(
         err.starts_with(&format!("stfs: {}: ", shown.display())) && err.contains(needle),
         "{needle:?} not in {err}"

@@ -396,14 +396,7 @@ fn a_hugging_face_cache_snapshot_serves_its_blobs() {
 
 /// `stfs mount SOURCE` must fail: exit 1, one line naming `shown`, holding `needle`, no mount.
 fn refused(source: &Path, shown: &Path, needle: &str) {
-    let mp = workdir();
-    let out = stfs(&["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let mounted = is_mounted(mp.path());
-    force_unmount(mp.path());
-    assert!(!mounted, "mounted: {err}");
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err, format!("stfs: {}: {needle}\n", shown.display()));
+    assert_eq!(refused_mount(source), format!("stfs: {}: {needle}\n", shown.display()));
 }
 
 /// A shard that resolves outside the folder is refused, naming it (a checkpoint is never served

@@ -174,6 +174,20 @@ impl Drop for Mount {
     }
 }
 
+/// `stfs mount SOURCE` on a fresh mount point, which must be refused: exit 1, one line on stderr
+/// (returned), nothing mounted (and anything mounted by mistake detached before the asserts).
+pub fn refused_mount(source: &Path) -> String {
+    let mp = workdir();
+    let out = stfs(&["mount", source.to_str().unwrap(), mp.path().to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mounted = is_mounted(mp.path());
+    force_unmount(mp.path());
+    assert!(!mounted, "mounted: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    err
+}
+
 /// Unmounts with umount2(2), falling back to MNT_DETACH; waits (bounded) until it is gone.
 pub fn force_unmount(path: &Path) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
