@@ -364,3 +364,64 @@ fn a_ring_thread_that_cannot_wait_ends_the_connection_and_no_read_waits_for_it()
     let out = stfs(&["umount", m.path.to_str().unwrap()]);
     assert!(out.status.success(), "stfs umount: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Reads 64 KiB of `path` at `at` with O_DIRECT (one request to the daemon, never retried by the
+/// page cache) from a thread pinned to `cpu`: its outcome, or None if it was not answered within
+/// [`TIMEOUT`].
+fn direct_read_on(cpu: usize, path: &Path, at: u64) -> Option<std::io::Result<()>> {
+    let path = path.to_path_buf();
+    let reader = thread::spawn(move || {
+        // SAFETY: as in `read_on_every_cpu`.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+        }
+        let mut options = std::fs::OpenOptions::new();
+        std::os::unix::fs::OpenOptionsExt::custom_flags(options.read(true), libc::O_DIRECT);
+        let f = options.open(&path)?;
+        // A page-aligned buffer of 64 KiB inside a larger one.
+        let mut buf = vec![0u8; (64 << 10) + 4096];
+        let skip = buf.as_ptr().align_offset(4096);
+        f.read_exact_at(&mut buf[skip..skip + (64 << 10)], at)
+    });
+    wait_until(TIMEOUT, || reader.is_finished());
+    reader.is_finished().then(|| reader.join().expect("the reader panicked"))
+}
+
+#[test]
+fn a_handler_that_panics_on_the_ring_fails_its_read_with_eio_and_every_cpu_is_served_after() {
+    let Some(_p) = Parameter::set(true) else { return };
+    let dir = workdir();
+    let (file, tensors) = checkpoint(dir.path());
+    let log = dir.path().join("daemon.log");
+    let trigger = dir.path().join("panic-now");
+    // From the trigger on, the first read answered into a ring entry panics in its handler (a
+    // debug build's test hook), once.
+    let fault = format!("panic {}", trigger.display());
+    let m = Mount::with_env(
+        &file,
+        &["--io-uring", "--threads", "1", "--log-file", log.to_str().unwrap()],
+        &[("STFS_TEST_URING_FAULT", Path::new(&fault))],
+    );
+    assert!(wait_until(TIMEOUT, || stat(&m.path, "io_uring_enabled") == 1), "the mount is not on the ring");
+    let before = stat(&m.path, "io_uring_requests");
+    std::fs::write(&trigger, b"").unwrap();
+    let cpu = usable_cpus()[0];
+    let outcome = direct_read_on(cpu, &m.file("big"), 1 << 20)
+        .unwrap_or_else(|| panic!("the read whose handler panicked on CPU {cpu} was not answered within {TIMEOUT:?}"));
+    let e = outcome.expect_err("the read whose handler panicked succeeded: is this a debug build?");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // That CPU's entry, and every other, goes on serving.
+    for (cpu, outcome) in read_on_every_cpu(&m.file("big"), &Arc::new(tensors[0].data.clone())) {
+        outcome.unwrap_or_else(|e| panic!("a read on CPU {cpu} after the panic failed: {e}"));
+    }
+    assert_eq!(direct_read_on(cpu, &m.file("big"), 1 << 20).map(|r| r.is_ok()), Some(true), "CPU {cpu} again");
+    assert_eq!(stat(&m.path, "io_uring_enabled"), 1, "every queue still has its entry");
+    assert!(stat(&m.path, "io_uring_requests") > before, "the reads went by the ring");
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("panicked in its handler")).collect();
+    assert_eq!(lines.len(), 1, "one warning for the one panic: {text}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+}

@@ -74,11 +74,15 @@ impl<'a> ReplyPath<'a> {
     fn send_file(&self, unique: u64, file: BorrowedFd<'_>, at: u64, len: usize, stats: &Stats) -> Attempt {
         match self {
             // No splice into a ring entry: the bytes are read straight into its payload buffer.
-            ReplyPath::Ring(answer) => match answer.reply_from_file(file, at, len) {
-                Ok(()) => Attempt::Sent,
-                Err(FromFile::NotSent) => Attempt::NotSent,
-                Err(FromFile::Failed(e)) => Attempt::Failed(e),
-            },
+            ReplyPath::Ring(answer) => {
+                // A debug build's test hook: a handler that panics on a ring thread.
+                uring::panic_in_handler_once();
+                match answer.reply_from_file(file, at, len) {
+                    Ok(()) => Attempt::Sent,
+                    Err(FromFile::NotSent) => Attempt::NotSent,
+                    Err(FromFile::Failed(e)) => Attempt::Failed(e),
+                }
+            }
             ReplyPath::Splice(splicer) => {
                 // Counted before the reply goes out (the reader may look at stats.json as soon as
                 // it has its bytes), and taken back if it does not.

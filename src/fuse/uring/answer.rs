@@ -67,12 +67,19 @@ impl Answer {
         Arc::new(Answer { unique, slot: Mutex::new(Slot { live: true, header, payload, capacity, sent: None }) })
     }
 
-    /// Runs `dispatch` with this answer as the thread's [`current`] one.
+    /// Runs `dispatch` with this answer as the thread's [`current`] one; the thread has none again
+    /// once it returns, or unwinds (a handler that panicked).
     pub fn dispatching<T>(self: &Arc<Self>, dispatch: impl FnOnce() -> T) -> T {
+        /// Clears [`CURRENT`] when dropped.
+        struct Dispatched;
+        impl Drop for Dispatched {
+            fn drop(&mut self) {
+                CURRENT.with(|c| *c.borrow_mut() = None);
+            }
+        }
         CURRENT.with(|c| *c.borrow_mut() = Some(Arc::clone(self)));
-        let out = dispatch();
-        CURRENT.with(|c| *c.borrow_mut() = None);
-        out
+        let _dispatched = Dispatched;
+        dispatch()
     }
 
     /// Takes the entry back: no reply is written after this. Returns the payload bytes of the
@@ -186,6 +193,20 @@ mod tests {
         let late = Answer::new(2, &mut *h, p.as_mut_ptr(), p.len());
         assert_eq!(late.finish(), None);
         assert!(late.send(&[IoSlice::new(&out_header(16, 0, 2))]).is_err(), "after the entry was taken back");
+    }
+
+    #[test]
+    fn a_dispatch_that_panics_leaves_the_thread_without_a_current_answer() {
+        let (mut h, mut p) = buffers(4);
+        let a = Answer::new(3, &mut *h, p.as_mut_ptr(), p.len());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            a.dispatching(|| {
+                assert!(current().is_some());
+                panic!("a handler that panics")
+            })
+        }));
+        assert!(unwound.is_err());
+        assert!(current().is_none(), "the panicked request's answer is still the thread's current one");
     }
 
     #[test]

@@ -1,13 +1,16 @@
-//! A fault the real-mount tests inject into the ring threads' waits, to show that a wait that fails
-//! strands no request (`tests/uring.rs`). Read from `STFS_TEST_URING_FAULT` in debug builds only:
-//! a release build never looks at the variable, and its waits never fail on purpose.
+//! The faults the real-mount tests inject into the ring threads, to show that a wait that fails
+//! or a handler that panics strands no request (`tests/uring.rs`). Read from
+//! `STFS_TEST_URING_FAULT` in debug builds only: a release build never looks at the variable, and
+//! its waits never fail nor its handlers panic on purpose.
 //!
-//! The value is `QUEUE COUNT [TRIGGER]`: `QUEUE` a queue number or `all`; `COUNT` how many waits
-//! fail (with EIO, as if `io_uring_enter` had), or `always`; `TRIGGER` a path: the waits start
-//! failing once it exists (without one, at the thread's first wait for a request).
+//! The value is `QUEUE COUNT [TRIGGER]`, failing waits: `QUEUE` a queue number or `all`; `COUNT`
+//! how many waits fail (with EIO, as if `io_uring_enter` had), or `always`; `TRIGGER` a path: the
+//! waits start failing once it exists (without one, at the thread's first wait for a request).
+//! Or `panic TRIGGER`, a handler that panics: the first read served from a ring entry once
+//! `TRIGGER` exists panics in its handler, once ([`panic_in_handler_once`]).
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The environment variable a debug build reads the fault from.
 #[cfg(debug_assertions)]
@@ -23,6 +26,8 @@ pub struct WaitFault {
     trigger: Option<PathBuf>,
     /// The thread waits for requests now (its entry is registered).
     armed: bool,
+    /// Waits failed so far.
+    failed: u64,
 }
 
 impl WaitFault {
@@ -49,6 +54,18 @@ impl WaitFault {
         self.armed = true;
     }
 
+    /// Waits failed so far.
+    #[cfg(test)]
+    pub fn failed(&self) -> u64 {
+        self.failed
+    }
+
+    /// A fault whose every wait fails from now on (a unit test's).
+    #[cfg(test)]
+    pub fn always() -> WaitFault {
+        WaitFault { left: None, trigger: None, armed: true, failed: 0 }
+    }
+
     /// The error the next wait fails with, if it is to fail.
     pub fn next_wait(&mut self) -> Option<io::Error> {
         if !self.armed || self.trigger.as_ref().is_some_and(|t| !t.exists()) {
@@ -59,7 +76,33 @@ impl WaitFault {
             Some(n) => *n -= 1,
             None => {}
         }
+        self.failed += 1;
         Some(io::Error::from_raw_os_error(libc::EIO))
+    }
+}
+
+/// In a debug build asked for `panic TRIGGER`: panics the first time it is called once `TRIGGER`
+/// exists (the read handler calls it when it answers into a ring entry). Nothing otherwise.
+pub fn panic_in_handler_once() {
+    #[cfg(debug_assertions)]
+    {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        use std::sync::OnceLock;
+        static TRIGGER: OnceLock<Option<PathBuf>> = OnceLock::new();
+        static PANICKED: AtomicBool = AtomicBool::new(false);
+        let trigger = TRIGGER.get_or_init(|| std::env::var(VARIABLE).ok().and_then(|spec| parse_panic(&spec)));
+        if trigger.as_deref().is_some_and(Path::exists) && !PANICKED.swap(true, Relaxed) {
+            panic!("{VARIABLE}: the handler panics, as asked");
+        }
+    }
+}
+
+/// The trigger of a handler panic `spec` asks for (`panic TRIGGER`), if it asks for one.
+#[cfg_attr(not(debug_assertions), allow(dead_code))]
+fn parse_panic(spec: &str) -> Option<PathBuf> {
+    match spec.split_whitespace().collect::<Vec<_>>()[..] {
+        ["panic", trigger] => Some(Path::new(trigger).to_path_buf()),
+        _ => None,
     }
 }
 
@@ -75,7 +118,7 @@ fn parse(spec: &str, qid: u16) -> Option<WaitFault> {
         "always" => None,
         n => Some(n.parse().ok()?),
     };
-    Some(WaitFault { left, trigger: words.next().map(PathBuf::from), armed: false })
+    Some(WaitFault { left, trigger: words.next().map(PathBuf::from), armed: false, failed: 0 })
 }
 
 #[cfg(test)]
@@ -96,6 +139,14 @@ mod tests {
         let mut always = parse("3 always", 3).unwrap();
         always.arm();
         assert!((0..100).all(|_| always.next_wait().is_some()));
+    }
+
+    #[test]
+    fn a_handler_panic_names_its_trigger_and_asks_for_no_failing_wait() {
+        assert_eq!(parse_panic("panic /tmp/now"), Some(PathBuf::from("/tmp/now")));
+        assert_eq!(parse_panic("panic"), None, "no trigger");
+        assert_eq!(parse_panic("all 1"), None);
+        assert_eq!(parse("panic /tmp/now", 0), None, "no queue's waits fail");
     }
 
     #[test]

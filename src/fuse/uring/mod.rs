@@ -27,6 +27,7 @@ mod fault;
 mod queue;
 
 pub use answer::{current, Answer, FromFile};
+pub use fault::panic_in_handler_once;
 
 use queue::Shared;
 

@@ -2,7 +2,8 @@
 //! queue `qid`. It registers the entry, then loops: a completion brings a request, which goes
 //! to the session's filesystem through fuser's [`Dispatcher`]; the reply is committed with the
 //! next fetch in one submission. One entry per thread, so that a request that waits (a remote
-//! store) holds up no other request queued behind it on the same thread.
+//! store) holds up no other request queued behind it on the same thread. A handler that panics
+//! is caught here: its request is answered EIO and committed, and the entry serves on.
 //!
 //! The kernel gives a request only to the queue of the CPU it was made on, so a queue left without
 //! an entry strands that CPU's requests until unmount. A thread therefore keeps its entry with the
@@ -20,6 +21,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,6 +117,18 @@ impl Shared {
         if let Some(live) = self.live.get(usize::from(qid)) {
             live.fetch_sub(1, Relaxed);
         }
+        self.show();
+    }
+
+    /// The kernel refused the first REGISTER of one of queue `qid`'s threads, which ends. Only the
+    /// ring of this thread is refused: the kernel takes the connection's ring once every queue has
+    /// an entry, whichever threads registered them, and keeps it (a later thread refused while the
+    /// other entries serve changes nothing), so `io_uring_enabled` goes on following the entries.
+    pub fn entry_refused(&self, qid: u16, why: &io::Error) {
+        debug!(
+            "FUSE over io_uring: a REGISTER of queue {qid} refused ({why}): its thread ends; requests go through \
+             /dev/fuse unless every queue has an entry"
+        );
         self.show();
     }
 
@@ -237,7 +251,7 @@ impl Queue {
                     // ring for the connection (requests go through /dev/fuse), unless the
                     // handshake never ended.
                     Phase::Registering if registers_again == 0 && res != -libc::EAGAIN => {
-                        shared.refused(&format!("registering queue {qid}: {e}"));
+                        shared.entry_refused(qid, &e);
                         return;
                     }
                     Phase::Registering => end_connection(qid, &format!("the kernel refused its entry: {e}")),
@@ -340,8 +354,12 @@ impl Queue {
                 if left.is_zero() {
                     break;
                 }
-                let _ = self.wait(left);
+                let waited = self.wait(left);
                 answer = self.ring.completion().find(|c| c.user_data() == REFUSAL).map(|c| c.result());
+                if answer.is_none() && waited.is_err() {
+                    // A wait that fails at once is not tried again at once: no busy loop.
+                    std::thread::sleep(RETRY_PAUSE_LEAST.min(left));
+                }
             }
         }
         match answer {
@@ -408,6 +426,7 @@ unsafe fn serve_one<FS: fuser::Filesystem>(
     // what the header's length leaves after the payload), then the payload.
     let op_in_len = (head.len as usize).checked_sub(IN_HEADER_BYTES + payload_len).filter(|&n| n <= OP_IN_BYTES);
     let answer = Answer::new(head.unique, header, payload, capacity);
+    let mut panicked = false;
     let parsed = match op_in_len {
         Some(op_in_len) if payload_len <= capacity => {
             request.clear();
@@ -415,7 +434,21 @@ unsafe fn serve_one<FS: fuser::Filesystem>(
             request.extend_from_slice(&op_in[..op_in_len]);
             // SAFETY: `payload_len` <= `capacity`, and the kernel wrote that much.
             request.extend_from_slice(unsafe { std::slice::from_raw_parts(payload, payload_len) });
-            answer.dispatching(|| dispatcher.dispatch(request, Arc::clone(&answer) as Arc<dyn fuser::ReplySink>))
+            // A handler that panics unwinds to here: fuser's reply, dropped on the way, answered
+            // EIO into the entry (or nothing did, and the EIO below does); the entry is committed
+            // and goes on serving either way, instead of the thread ending with it uncommitted.
+            let dispatched = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                answer.dispatching(|| dispatcher.dispatch(request, Arc::clone(&answer) as Arc<dyn fuser::ReplySink>))
+            }));
+            dispatched.unwrap_or_else(|_| {
+                warn!(
+                    "FUSE over io_uring: request {} (opcode {}) panicked in its handler: answered EIO; the entry \
+                     serves on",
+                    head.unique, head.opcode
+                );
+                panicked = true;
+                true
+            })
         }
         _ => false,
     };
@@ -427,7 +460,7 @@ unsafe fn serve_one<FS: fuser::Filesystem>(
     }
     let sent = answer.finish();
     let body = sent.unwrap_or_else(|| {
-        if parsed {
+        if parsed && !panicked {
             warn!("FUSE over io_uring: request {} (opcode {}) got no reply in time: EIO", head.unique, head.opcode);
         }
         let h = abi::out_header(OUT_HEADER_BYTES as u32, -libc::EIO, head.unique);
@@ -489,6 +522,39 @@ mod tests {
         let answer = Queue::new(ring, 0).refuse(file.as_raw_fd());
         assert!(answer.is_some_and(|res| res < 0), "{answer:?}");
         assert!(started.elapsed() < REFUSAL_ANSWER_WAIT);
+    }
+
+    /// A refusing REGISTER whose waits fail at once pauses between them until its bound, instead
+    /// of spinning through a second of failed waits.
+    #[test]
+    fn a_refusal_whose_waits_fail_does_not_spin() {
+        let ring = match Ring::builder().build(2) {
+            Ok(ring) => ring,
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("no io_uring here: {e}"),
+            Err(e) => return eprintln!("skipped: no io_uring here: {e}"),
+        };
+        let file = tempfile::tempfile().unwrap();
+        let mut queue = Queue::new(ring, 0);
+        queue.fault = Some(WaitFault::always());
+        assert_eq!(queue.refuse(file.as_raw_fd()), None, "no wait got through to the kernel");
+        let waits = queue.fault.as_ref().unwrap().failed();
+        assert!(waits <= REFUSAL_ANSWER_WAIT.as_millis() as u64 / 10 + 1, "{waits} waits in a second");
+    }
+
+    /// A later thread of a queue refused its first REGISTER leaves `io_uring_enabled` as the
+    /// entries are: 1 while every queue has one (the kernel keeps the ring), 0 while one lacks it.
+    #[test]
+    fn a_refused_register_counts_only_the_entries_it_leaves() {
+        let stats = Arc::new(Stats::default());
+        let shared = Shared::new(Arc::clone(&stats), 4096, 3, 2);
+        shared.registered(0);
+        shared.registered(1);
+        shared.entry_refused(1, &io::Error::from_raw_os_error(libc::EINVAL));
+        assert_eq!(stats.io_uring_enabled.load(Relaxed), 1, "queue 1's other entry still serves");
+        let alone = Shared::new(Arc::clone(&stats), 4096, 2, 2);
+        alone.registered(0);
+        alone.entry_refused(1, &io::Error::from_raw_os_error(libc::EINVAL));
+        assert_eq!(stats.io_uring_enabled.load(Relaxed), 0, "queue 1 has no entry");
     }
 
     /// Queue numbers past `CPU_SETSIZE` (1,024) on larger machines: no panic, and a CPU this
