@@ -114,8 +114,9 @@ def squashfuse(image):
 
 
 @contextlib.contextmanager
-def slowfs(binary, src_dir, bandwidth_mbps, latency_ms):
-    with temp_mountpoint("slow") as mnt:
+def slowfs(binary, src_dir, bandwidth_mbps, latency_ms, at=None):
+    """slowfs serving src_dir on a fresh temporary mount point, or on the empty folder `at`."""
+    with (contextlib.nullcontext(at) if at else temp_mountpoint("slow")) as mnt:
         cmd = [binary, src_dir, mnt, "--bandwidth-mbps", str(bandwidth_mbps), "--latency-ms", str(latency_ms)]
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

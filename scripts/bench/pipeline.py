@@ -8,7 +8,9 @@ The pipeline (made once with random weights under --workdir: numpy + safetensors
 `tokenizer/`. The checkpoints lie behind slowfs (examples/slowfs: 200 MB/s per handle, 10 ms per
 range request; a fresh slowfs mount per run, so no run profits from another), and the pipeline
 folder links to them, as a Hugging Face cache snapshot links to its blobs (slowfs serves a flat
-folder). stfs mounts that folder with the settings it picks for a folder on a network or FUSE
+folder): the folder is a snapshot of a Hugging Face cache repository,
+`models--stfs-bench--pipeline/snapshots/REV/`, whose checkpoints link to `../../blobs/` (where slowfs
+is mounted), the layout stfs's link rule serves (docs/usage.md). stfs mounts that folder with the settings it picks for a folder on a network or FUSE
 filesystem (--threads 16 --io-threads 16; the folder itself is local here).
 
 The load is what `DiffusionPipeline.from_pretrained` does with the files, without torch: read
@@ -126,20 +128,51 @@ def small_files():
     return {path: json.dumps(doc, indent=1).encode() for path, doc in files.items()}
 
 
+# A snapshot's name in the Hugging Face cache: a commit hash (any 40 hex digits).
+SNAPSHOT_REV = "5eed2" + "0" * 35
+
+
 @contextlib.contextmanager
-def pipeline_dir(blobs_at):
-    """A pipeline folder whose checkpoints link to `blobs_at/{folder}.safetensors`."""
-    root = tempfile.mkdtemp(prefix="stfs-bench-pipeline-")
+def cache_repo():
+    """A Hugging Face cache repository folder, models--stfs-bench--pipeline, made empty: yields its
+    blobs/ folder (for the checkpoints, or a mount point for slowfs serving them) and its one
+    snapshot folder; removed after (anything mounted on blobs/ must be unmounted first)."""
+    root = tempfile.mkdtemp(prefix="stfs-bench-cache-")
+    repo = os.path.join(root, "models--stfs-bench--pipeline")
+    blobs, snapshot = os.path.join(repo, "blobs"), os.path.join(repo, "snapshots", SNAPSHOT_REV)
+    os.makedirs(blobs)
+    os.makedirs(snapshot)
     try:
-        for path, data in small_files().items():
-            os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
-            with open(os.path.join(root, path), "wb") as f:
-                f.write(data)
-        for folder, name, _ in COMPONENTS:
-            os.symlink(os.path.join(blobs_at, f"{folder}.safetensors"), os.path.join(root, folder, name))
-        yield root
+        yield blobs, snapshot
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def link_blobs(src_dir, blobs, names):
+    """The files `names` of src_dir put in blobs/: hard links where both are on one filesystem, else copies."""
+    for name in names:
+        try:
+            os.link(os.path.join(src_dir, name), os.path.join(blobs, name))
+        except OSError:
+            shutil.copyfile(os.path.join(src_dir, name), os.path.join(blobs, name))
+
+
+def link_in_snapshot(blobs, blob, path):
+    """`path` (in the snapshot) made a relative link to blobs/`blob`, as the cache links its files."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(os.path.relpath(os.path.join(blobs, blob), os.path.dirname(path)), path)
+
+
+def pipeline_dir(snapshot, blobs):
+    """The pipeline folder in `snapshot`: its small files, and its checkpoints linking to
+    blobs/{folder}.safetensors; returns the folder."""
+    for path, data in small_files().items():
+        os.makedirs(os.path.join(snapshot, os.path.dirname(path)), exist_ok=True)
+        with open(os.path.join(snapshot, path), "wb") as f:
+            f.write(data)
+    for folder, name, _ in COMPONENTS:
+        link_in_snapshot(blobs, f"{folder}.safetensors", os.path.join(snapshot, folder, name))
+    return snapshot
 
 
 def load(root, workers):
@@ -186,8 +219,10 @@ def run_load(root, workers):
 def one_run(args, built, impl, workers):
     """One load through a fresh slowfs mount: directly, or through stfs's mount of the folder."""
     out = {}
-    with mounts.slowfs(args.slowfs, os.path.join(built, "blobs"), args.slow_bandwidth_mbps,
-                       args.slow_latency_ms) as slow, pipeline_dir(slow.path) as folder:
+    with cache_repo() as (blobs, snapshot), mounts.slowfs(args.slowfs, os.path.join(built, "blobs"),
+                                                          args.slow_bandwidth_mbps, args.slow_latency_ms,
+                                                          at=blobs) as slow:
+        folder = pipeline_dir(snapshot, slow.path)
         before = mounts.slowfs_stats(slow.path)
         if impl == "direct":
             out["total"] = run_load(folder, workers)
@@ -215,10 +250,17 @@ def stfs_mount(binary, folder):
 
 def verify(args, built):
     """Every re-served checkpoint of a mount of the pipeline hashes like its blob."""
-    blobs = os.path.join(built, "blobs")
-    with pipeline_dir(blobs) as folder, stfs_mount(args.stfs, folder) as (mnt, _):
-        for folder_, name, _ in COMPONENTS:
-            if file_sha256(os.path.join(mnt, folder_, name)) != file_sha256(os.path.join(blobs, f"{folder_}.safetensors")):
+    sources = os.path.join(built, "blobs")
+    with cache_repo() as (blobs, snapshot):
+        link_blobs(sources, blobs, [f"{folder_}.safetensors" for folder_, _, _ in COMPONENTS])
+        with stfs_mount(args.stfs, pipeline_dir(snapshot, blobs)) as (mnt, _):
+            verify_mount(mnt, sources)
+
+
+def verify_mount(mnt, sources):
+    """Raises unless every component's re-served checkpoint in `mnt` hashes like its source."""
+    for folder_, name, _ in COMPONENTS:
+        if file_sha256(os.path.join(mnt, folder_, name)) != file_sha256(os.path.join(sources, f"{folder_}.safetensors")):
                 raise RuntimeError(f"{folder_}/{name}: the re-served checkpoint differs from the source")
 
 
@@ -269,19 +311,20 @@ def built_ddpm(args):
     return root
 
 
-@contextlib.contextmanager
-def ddpm_dir(built, blobs_at):
-    """A copy of the pipeline's tree whose checkpoints link to their blobs under `blobs_at`."""
-    root = tempfile.mkdtemp(prefix="stfs-bench-ddpm-")
-    try:
-        folder = os.path.join(root, "pipeline")
-        shutil.copytree(os.path.join(built, "tree"), folder)
-        with open(os.path.join(built, "links.json")) as f:
-            for rel, blob in json.load(f).items():
-                os.symlink(os.path.join(blobs_at, blob), os.path.join(folder, rel))
-        yield folder
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def ddpm_dir(built, snapshot, blobs):
+    """A copy of the DDPM pipeline's tree in `snapshot`, its checkpoints linking to their blobs in
+    blobs/ (a cache repository's, cache_repo); returns the folder."""
+    shutil.rmtree(snapshot)
+    shutil.copytree(os.path.join(built, "tree"), snapshot)
+    for rel, blob in ddpm_links(built).items():
+        link_in_snapshot(blobs, blob, os.path.join(snapshot, rel))
+    return snapshot
+
+
+def ddpm_links(built):
+    """The DDPM pipeline's checkpoints: path in the tree -> blob name (links.json)."""
+    with open(os.path.join(built, "links.json")) as f:
+        return json.load(f)
 
 
 def load_diffusers(folder, digest):
@@ -328,7 +371,9 @@ def run_diffusers(args, folder, digest=False):
 def verify_diffusers(args, built):
     """The pipeline from `stfs mount` of a folder linking to the local blobs and from the folder itself
     give every component's state_dict the same sha256."""
-    with ddpm_dir(built, os.path.join(built, "blobs")) as folder:
+    with cache_repo() as (blobs, snapshot):
+        link_blobs(os.path.join(built, "blobs"), blobs, list(ddpm_links(built).values()))
+        folder = ddpm_dir(built, snapshot, blobs)
         _, direct = run_diffusers(args, folder, digest=True)
         with stfs_mount(args.stfs, folder) as (mnt, _):
             _, mounted = run_diffusers(args, mnt, digest=True)
@@ -341,8 +386,10 @@ def verify_diffusers(args, built):
 def one_diffusers_run(args, built, impl):
     """One from_pretrained through a fresh slowfs mount: directly, or through stfs's mount of the folder."""
     out = {}
-    with mounts.slowfs(args.slowfs, os.path.join(built, "blobs"), args.slow_bandwidth_mbps,
-                       args.slow_latency_ms) as slow, ddpm_dir(built, slow.path) as folder:
+    with cache_repo() as (blobs, snapshot), mounts.slowfs(args.slowfs, os.path.join(built, "blobs"),
+                                                          args.slow_bandwidth_mbps, args.slow_latency_ms,
+                                                          at=blobs) as slow:
+        folder = ddpm_dir(built, snapshot, slow.path)
         before = mounts.slowfs_stats(slow.path)
         if impl == "direct":
             wall, loaded = run_diffusers(args, folder)
