@@ -12,6 +12,8 @@
 //! - `confined`: the link rule of a local folder (a file is read only if it resolves inside it, or
 //!   in a Hugging Face cache snapshot's `blobs/`), and the one reader of its small files;
 //! - `beside`: the small files (configs, tokenizers) beside a local index;
+//! - `in_folder`: the one rule deciding, from a folder's names, its main checkpoint and every
+//!   other one (variants, `consolidated.safetensors`, any other file);
 //! - `layout`: which folders of a model repository are components and whose small files a mount
 //!   serves, and the limits of one mount (depth, components, entries walked);
 //! - `folders`: a local folder opened as the model repository it is (its components, its small
@@ -30,6 +32,7 @@ mod confined;
 mod error;
 mod folders;
 mod hub;
+mod in_folder;
 mod index_file;
 pub mod layout;
 mod listed;
