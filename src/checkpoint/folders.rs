@@ -7,16 +7,18 @@ use std::path::{Path, PathBuf};
 
 use super::confined::Confinement;
 use super::error::{OpenError, OpenProblem};
+use super::every_checkpoint::open_every;
+use super::in_folder;
 use super::layout::{self, MAX_DEPTH};
-use super::local::{open_dir, open_index};
+use super::local::open_index;
 use super::shard::{checked, open_all, open_confined, Checkpoint, Component};
-use crate::source::hub::{self, Choice, HubError, Sibling, SMALL_FILE_LIMIT};
+use crate::source::hub::{self, Choice, Sibling, SMALL_FILE_LIMIT};
 use crate::util::describe_io;
 
-/// Opens the folder `dir`: the checkpoint of its own files (every `*.safetensors` entry, as a
-/// directory of shards), and each folder below that holds one as a component. A folder that holds
-/// none, in it or below, is one line: [`OpenProblem::NoShardFiles`] without folders,
-/// [`OpenProblem::NothingLoadable`] with.
+/// Opens the folder `dir`: the checkpoints of its own files (`in_folder`'s rule: the main one and
+/// every other one), and each folder below that holds one as a component, its checkpoints by the
+/// same rule. A folder that holds none, in it or below, is one line: [`OpenProblem::NoShardFiles`]
+/// without folders, [`OpenProblem::NothingLoadable`] with.
 /// With `repo_files`, the small files come along ([`super::OpenOptions::repo_files`]).
 pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, OpenError> {
     let name = dir.display().to_string();
@@ -29,9 +31,9 @@ pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, Op
             if has_folders { OpenProblem::NothingLoadable { depth: MAX_DEPTH } } else { OpenProblem::NoShardFiles };
         return Err(OpenError::new(&name, problem));
     }
-    let mut checkpoint = if root_has { open_dir(dir, &rule)? } else { Checkpoint::of(Vec::new()) };
+    let mut checkpoint = if root_has { open_checkpoints(dir, &files, "", &rule)? } else { Checkpoint::of(Vec::new()) };
     for folder in &folders {
-        let component = open_component(dir, &files, folder, &rule)?;
+        let component = open_checkpoints(dir, &files, folder, &rule)?;
         checkpoint.components.push(Component { folder: folder.clone(), checkpoint: component });
     }
     if repo_files {
@@ -40,22 +42,20 @@ pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, Op
     Ok(checkpoint)
 }
 
-/// The checkpoint of `folder` (relative to `dir`), chosen among its own files as in an `hf://`
-/// repository's folder ([`hub::choose_checkpoint`]: the standard index, else the standard file,
-/// else the only index, the only file, or every file as shards).
-fn open_component(dir: &Path, files: &[Sibling], folder: &str, rule: &Confinement) -> Result<Checkpoint, OpenError> {
-    let shown = dir.join(folder).display().to_string();
-    match hub::choose_checkpoint(files, Some(folder), "") {
-        Ok(Choice::Single(path)) => Ok(Checkpoint::of(vec![open_confined(&dir.join(path), rule)?])),
-        Ok(Choice::Index(path)) => open_index(&dir.join(path), rule),
-        Ok(Choice::Shards(paths)) => {
+/// The checkpoints of `folder` (relative to `dir`; `""`: `dir` itself), chosen among its own
+/// files by `in_folder`'s rule, as in an `hf://` repository's folder.
+fn open_checkpoints(dir: &Path, files: &[Sibling], folder: &str, rule: &Confinement) -> Result<Checkpoint, OpenError> {
+    let shown = if folder.is_empty() { dir.display().to_string() } else { dir.join(folder).display().to_string() };
+    let found = in_folder::checkpoints_of(files, folder).map_err(|e| OpenError::new(&shown, e))?;
+    open_every(found, &shown, |choice| match choice {
+        Choice::Single(path) => Ok(Checkpoint::of(vec![open_confined(&dir.join(path), rule)?])),
+        Choice::Index(path) => open_index(&dir.join(path), rule),
+        Choice::Shards(paths) => {
             let paths: Vec<PathBuf> = paths.iter().map(|p| dir.join(p)).collect();
             let opened = open_all(&paths, |p| open_confined(p, rule))?;
             checked(&shown, opened, None, Vec::new())
         }
-        Err(HubError::Ambiguous(indexes)) => Err(OpenError::new(shown, OpenProblem::Ambiguous(indexes))),
-        Err(e) => Err(OpenError::new(shown, e)),
-    }
+    })
 }
 
 /// The small files of the folders a mount serves (the root, the components' folders, those the
@@ -76,7 +76,7 @@ fn add_small_files(dir: &Path, files: &[Sibling], checkpoint: &mut Checkpoint, r
         }
     }
     let folders: Vec<&str> = folders.iter().map(String::as_str).collect();
-    for path in hub::small_files_in(files, &folders) {
+    for path in hub::small_files_in(files, &folders).into_iter().filter(|p| layout::served_as_small(p)) {
         match rule.read_small(&dir.join(&path), SMALL_FILE_LIMIT) {
             Ok(file) => checkpoint.add_repo_file(path, file.bytes, Some(file.mode)),
             Err(error) => {

@@ -50,10 +50,8 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
     let sha = repo.info.sha.clone();
     log::info!("{shown}: revision {} is commit {sha}", repo.spec.revision);
     let path = repo.spec.path.clone();
-    let choose =
-        |path: Option<&str>| hub::choose_checkpoint(&repo.info.siblings, path, &sha).map_err(|e| failed(&shown, e));
     if let Some(file) = path.as_deref().filter(|p| repo.info.siblings.iter().any(|s| s.path == *p)) {
-        let choice = choose(Some(file))?;
+        let choice = hub::file_choice(file);
         log::info!("{shown}: checkpoint {choice:?}");
         let mut checkpoint = listed::open_choice(&files, choice)?;
         if options.repo_files {
@@ -72,12 +70,8 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
     if let (Some(path), true) = (scope, scoped.is_empty()) {
         return Err(failed(&shown, HubError::NoSuchPath { path: path.to_string(), sha }));
     }
-    // Folders are chosen among the whole repository's files, by their path in it.
-    let choose_in = |folder: Option<&str>| match folder {
-        None => choose(scope),
-        Some(folder) => choose(Some(&format!("{prefix}{folder}"))),
-    };
-    let checkpoint = listed::lay_out(&files, &prefix, &scoped, choose_in, options.repo_files)?;
+    let nothing = || failed(&shown, HubError::NoSafetensors { folder: scope.map(str::to_string) });
+    let checkpoint = listed::lay_out(&files, &prefix, &scoped, nothing, options.repo_files)?;
     Ok((checkpoint, repo))
 }
 

@@ -22,11 +22,21 @@
 //! standard name are [`OpenProblem::Ambiguous`]. A folder holding only variants has the first of
 //! them (in name order) as its main one. Shards whose checkpoint has an index are that index's
 //! (it names them when it is read).
+//!
+//! A mount serves the main checkpoint's tensors in the folder, and each other checkpoint's in
+//! [`OTHERS_DIR`]`/NAME/` below it: a name escaping never makes (a tensor file's name starts with
+//! `%` only as `%25`, `%2F`, `%00`, `%` and two upper-case hex digits, `%~` or `%` alone), and
+//! a layout never looks into nor serves (`layout`, the small files' rule), so it is no tensor's,
+//! no folder's and no file's of the repository.
 
 use std::collections::BTreeMap;
 
 use super::error::OpenProblem;
-use crate::source::hub::Choice;
+use crate::source::hub::{Choice, Sibling};
+
+/// The folder, in a folder with other checkpoints than its main one, that holds each of them as
+/// `NAME/`: its tensors, its own `metadata.json`.
+pub const OTHERS_DIR: &str = "%checkpoints";
 
 /// The names of the checkpoints loaders load without `variant=`, in the order they are looked for.
 const STANDARD_NAMES: [&str; 2] = ["model", "diffusion_pytorch_model"];
@@ -54,6 +64,22 @@ pub struct InFolder {
     pub main: Option<Found>,
     /// Every other checkpoint of the folder.
     pub others: Vec<Found>,
+}
+
+impl InFolder {
+    /// The same checkpoints with every file name `prefix` + name (the folder's path and a `/`).
+    pub fn joined(self, prefix: &str) -> InFolder {
+        let join = |name: String| format!("{prefix}{name}");
+        let found = |f: Found| Found {
+            files: match f.files {
+                Choice::Single(n) => Choice::Single(join(n)),
+                Choice::Index(n) => Choice::Index(join(n)),
+                Choice::Shards(names) => Choice::Shards(names.into_iter().map(join).collect()),
+            },
+            ..f
+        };
+        InFolder { main: self.main.map(found), others: self.others.into_iter().map(found).collect() }
+    }
 }
 
 /// What one name of a listing is, by its name alone.
@@ -177,6 +203,25 @@ pub fn checkpoints_in(names: &[&str]) -> Result<InFolder, OpenProblem> {
         taken.push(other.name.clone());
     }
     Ok(InFolder { main: main.map(found), others })
+}
+
+/// [`checkpoints_in`] the folder `folder` (`""`: the root) of a listing of paths (a local walk, a
+/// repository's or a prefix's files), every file named by its path in the listing (so is each
+/// index an [`OpenProblem::Ambiguous`] names).
+pub fn checkpoints_of(listing: &[Sibling], folder: &str) -> Result<InFolder, OpenProblem> {
+    let prefix = if folder.is_empty() { String::new() } else { format!("{folder}/") };
+    let names: Vec<&str> = listing
+        .iter()
+        .filter_map(|s| s.path.strip_prefix(prefix.as_str()))
+        .filter(|name| !name.contains('/'))
+        .collect();
+    match checkpoints_in(&names) {
+        Ok(found) => Ok(found.joined(&prefix)),
+        Err(OpenProblem::Ambiguous(names)) => {
+            Err(OpenProblem::Ambiguous(names.into_iter().map(|n| format!("{prefix}{n}")).collect()))
+        }
+        Err(other) => Err(other),
+    }
 }
 
 /// Which of a folder's checkpoints is the main one.

@@ -1,22 +1,20 @@
 //! Local index files read into memory: only a regular file inside the model's folder (its link
-//! rule, [`Confinement`]), and never more than a bound, one by one and, for those a directory of
-//! shards re-serves, all together.
+//! rule, [`Confinement`]), and never more than a bound, one by one and (`every_checkpoint`) for
+//! those of one folder all together.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::confined::{Confinement, SmallFile};
 use super::error::OpenProblem;
-use super::shard::{file_name, RootFile};
-use crate::format::PrintablePath;
 
 /// Largest index file read: real ones are well under 10 MB even for thousands of tensors.
 pub(super) const MAX_INDEX_SIZE: usize = 64 << 20;
 
-/// Most bytes of index files a directory of shards re-serves, all together (held in the daemon's
-/// memory for the life of the mount): two of the largest read, as the small files beside a
-/// checkpoint are bounded together too.
+/// Most bytes of index files the checkpoints of one folder re-serve, all together (held in the
+/// daemon's memory for the life of the mount): two of the largest read, as the small files beside
+/// a checkpoint are bounded together too.
 pub(super) const MAX_DIRECTORY_INDEX_TOTAL: usize = 128 << 20;
 
 /// The local index file at `path`, if it is a regular file that resolves inside the folder `rule`
@@ -40,34 +38,6 @@ pub(super) fn read_index_file(path: &Path, limit: usize, rule: &Confinement) -> 
     Ok(SmallFile { bytes, mode: meta.mode() })
 }
 
-/// The index files at `paths` (a directory's `*.safetensors.index.json`), read to be re-served, in
-/// name order: each as [`read_index_file`] reads it, taken smallest first while together they stay
-/// within `total` bytes. They are served, never interpreted, so one that cannot be read or does not
-/// fit is left out with a warning naming it, never an error.
-pub(super) fn directory_index_files(paths: &[&PathBuf], total: usize, rule: &Confinement) -> Vec<RootFile> {
-    let mut by_size: Vec<(u64, &Path)> =
-        paths.iter().map(|p| (std::fs::metadata(p).map_or(0, |m| m.len()), p.as_path())).collect();
-    by_size.sort();
-    let mut files = Vec::new();
-    let mut left = total;
-    for (_, path) in by_size {
-        let shown = path.display().to_string();
-        match read_index_file(path, MAX_INDEX_SIZE.min(left), rule) {
-            Ok(SmallFile { bytes, mode }) => {
-                left -= bytes.len();
-                files.extend(file_name(&shown).map(|name| RootFile { name, bytes, local_mode: Some(mode) }));
-            }
-            Err(OpenProblem::IndexTooLarge { len, .. }) if len <= MAX_INDEX_SIZE => log::warn!(
-                "{}: not re-served: the directory's index files would take over {total} bytes together",
-                PrintablePath(&shown)
-            ),
-            Err(problem) => log::warn!("{}: not re-served: {problem}", PrintablePath(&shown)),
-        }
-    }
-    files.sort_by(|a, b| a.name.cmp(&b.name));
-    files
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,27 +51,5 @@ mod tests {
         assert_eq!(read_index_file(&path, 5, &rule).unwrap().bytes, b"12345");
         let too_large = read_index_file(&path, 4, &rule).unwrap_err();
         assert!(matches!(too_large, OpenProblem::IndexTooLarge { len: 5, limit: 4 }), "{too_large:?}");
-    }
-
-    /// Index files are held in memory for the life of a mount: those of a directory are bounded
-    /// together, smallest first, and one that cannot be read is left out.
-    #[test]
-    fn a_directory_re_serves_index_files_within_a_total() {
-        let dir = tempfile::tempdir().unwrap();
-        let paths: Vec<PathBuf> =
-            ["a", "b", "c", "d", "e"].iter().map(|n| dir.path().join(format!("{n}.safetensors.index.json"))).collect();
-        for (path, len) in paths.iter().zip([40, 30, 20, 10]) {
-            crate::util::test_support::write_new(path, vec![b' '; len]);
-        }
-        std::os::unix::fs::symlink("/dev/zero", &paths[4]).unwrap();
-        let paths: Vec<&PathBuf> = paths.iter().collect();
-        let rule = Confinement::of(dir.path()).unwrap();
-        let files = directory_index_files(&paths, 65, &rule);
-        let names: Vec<(&str, usize)> = files.iter().map(|f| (f.name.as_str(), f.bytes.len())).collect();
-        assert_eq!(
-            names,
-            [("b.safetensors.index.json", 30), ("c.safetensors.index.json", 20), ("d.safetensors.index.json", 10)]
-        );
-        assert_eq!(directory_index_files(&paths, 100, &rule).len(), 4);
     }
 }

@@ -8,12 +8,13 @@
 //!   folder the root's manifest names: `model_index.json` (diffusers: `scheduler/`, `tokenizer/`)
 //!   or `modules.json` (sentence-transformers: `1_Pooling/`). Other folders (`onnx/`, `docs/`)
 //!   are left out.
-//! - Folders whose name starts with `.` are never looked into; nor are folders more than
+//! - Folders whose name starts with `.` or is [`OTHERS_DIR`] are never looked into; nor are folders more than
 //!   [`MAX_DEPTH`] levels down.
 
 use std::path::Path;
 
 use super::error::{OpenError, OpenProblem};
+use super::in_folder::{is_index_name, OTHERS_DIR};
 use crate::source::hub::Sibling;
 
 /// How many folder levels below the mounted folder a mount looks into (`a/b/c/d` is 4).
@@ -68,9 +69,20 @@ pub fn component_folders(files: &[Sibling], root_counts: bool) -> Result<Vec<Str
     Ok(folders)
 }
 
-/// Whether a mount looks into `folder`: within [`MAX_DEPTH`], no part of it hidden (`.git`).
+/// Whether a mount looks into `folder`: within [`MAX_DEPTH`], no part of it hidden (`.git`) nor
+/// named [`OTHERS_DIR`] (a mount's own).
 fn looked_into(folder: &str) -> bool {
-    depth(folder) <= MAX_DEPTH && folder.split('/').all(|part| !part.is_empty() && !part.starts_with('.'))
+    depth(folder) <= MAX_DEPTH
+        && folder.split('/').all(|part| !part.is_empty() && !part.starts_with('.') && part != OTHERS_DIR)
+}
+
+/// Whether a small file the rule of [`hub::small_files_in`](crate::source::hub::small_files_in)
+/// picks is served as one: not an index of shards by `in_folder`'s names
+/// (`model.safetensors.index.fp16.json` is a checkpoint's, served with it), not named
+/// [`OTHERS_DIR`].
+pub fn served_as_small(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name != OTHERS_DIR && !is_index_name(name)
 }
 
 /// The folders a root manifest names: the pipeline's parts in `model_index.json` (each key not

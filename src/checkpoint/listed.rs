@@ -1,11 +1,13 @@
 //! A model repository known by a listing of its files ([`Repository`]: an `hf://` repository at a
 //! commit, an object store's prefix), laid out by the rule of `layout` ([`lay_out`]): its own
-//! checkpoint, each folder below with one as a component, the small files of the folders a mount
+//! checkpoints (`in_folder`), each folder below with one as a component, the small files of the folders a mount
 //! serves fetched whole. The source kinds differ only in how a file is opened and fetched.
 
 use std::collections::HashMap;
 
 use super::error::OpenError;
+use super::every_checkpoint::open_every;
+use super::in_folder;
 use super::layout;
 use super::shard::{checked, in_parallel, open_all, Checkpoint, Component, OpenedShard, RootFile};
 use crate::format::index;
@@ -51,31 +53,31 @@ pub(super) fn open_choice(repo: &dyn Repository, choice: Choice) -> Result<Check
 }
 
 /// The repository below `prefix` (a folder of it with its `/`, or `""`), whose files `scoped`
-/// lists without that prefix, laid out as it is: its own checkpoint, chosen by `choose(None)`,
-/// when it holds one or no folder does (whose error then says why nothing is there), each folder
-/// with a checkpoint a component (`choose(Some(folder))`, the folder below `prefix`), and with
-/// `repo_files` the small files of the folders a mount serves.
+/// lists without that prefix, laid out as it is: its own checkpoints when it holds one, each
+/// folder with one a component, the checkpoints of each chosen among its own files by
+/// `in_folder`'s rule, and with `repo_files` the small files of the folders a mount serves. One
+/// that holds none, in it or below, is `nothing()`.
 pub(super) fn lay_out(
     repo: &dyn Repository,
     prefix: &str,
     scoped: &[Sibling],
-    choose: impl Fn(Option<&str>) -> Result<Choice, OpenError>,
+    nothing: impl Fn() -> OpenError,
     repo_files: bool,
 ) -> Result<Checkpoint, OpenError> {
     let shown = repo.shown();
     let root_has = layout::root_has_checkpoint(scoped);
     let folders = layout::component_folders(scoped, root_has).map_err(|e| OpenError::new(&shown, e))?;
-    let mut checkpoint = if root_has || folders.is_empty() {
-        let choice = choose(None)?;
-        log::info!("{shown}: checkpoint {choice:?}");
-        open_choice(repo, choice)?
-    } else {
-        Checkpoint::of(Vec::new())
+    if !root_has && folders.is_empty() {
+        return Err(nothing());
+    }
+    let open_folder = |folder: &str| -> Result<Checkpoint, OpenError> {
+        let found = in_folder::checkpoints_of(scoped, folder).map_err(|e| OpenError::new(&shown, e))?.joined(prefix);
+        log::info!("{shown}: folder {folder:?}: checkpoints {found:?}");
+        open_every(found, &shown, |choice| open_choice(repo, choice.clone()))
     };
+    let mut checkpoint = if root_has { open_folder("")? } else { Checkpoint::of(Vec::new()) };
     for folder in &folders {
-        let choice = choose(Some(folder))?;
-        log::info!("{shown}: component {folder}: checkpoint {choice:?}");
-        let component = open_choice(repo, choice)?;
+        let component = open_folder(folder)?;
         checkpoint.components.push(Component { folder: folder.clone(), checkpoint: component });
     }
     if repo_files {
@@ -108,7 +110,8 @@ fn fetch_layout_files(
         }
     }
     let folders: Vec<&str> = folders.iter().map(String::as_str).collect();
-    let wanted = hub::small_files_in(scoped, &folders);
+    let wanted: Vec<String> =
+        hub::small_files_in(scoped, &folders).into_iter().filter(|p| layout::served_as_small(p)).collect();
     log::debug!("{}: fetching {} small files", repo.shown(), wanted.len());
     let missing: Vec<String> = wanted.iter().filter(|p| !fetched.contains_key(*p)).cloned().collect();
     let bytes = in_parallel(&missing, PARALLEL_FETCHES, fetch)?;

@@ -14,6 +14,7 @@
 //! - `beside`: the small files (configs, tokenizers) beside a local index;
 //! - `in_folder`: the one rule deciding, from a folder's names, its main checkpoint and every
 //!   other one (variants, `consolidated.safetensors`, any other file);
+//! - `every_checkpoint`: a folder's checkpoints, as `in_folder` decides them, opened;
 //! - `layout`: which folders of a model repository are components and whose small files a mount
 //!   serves, and the limits of one mount (depth, components, entries walked);
 //! - `folders`: a local folder opened as the model repository it is (its components, its small
@@ -30,6 +31,7 @@
 mod beside;
 mod confined;
 mod error;
+mod every_checkpoint;
 mod folders;
 mod hub;
 mod in_folder;
@@ -43,5 +45,6 @@ mod shard;
 
 pub use error::{OpenError, OpenProblem};
 pub use hub::{open_hub_with, HubRepo};
+pub use in_folder::OTHERS_DIR;
 pub use open::{is_url, open, OpenOptions};
-pub use shard::{file_name, open_file, open_source, Checkpoint, Component, OpenedShard, RootFile};
+pub use shard::{file_name, open_file, open_source, Checkpoint, Component, OpenedShard, OtherCheckpoint, RootFile};

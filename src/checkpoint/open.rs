@@ -242,19 +242,25 @@ mod tests {
         assert_eq!(err.to_string(), format!("{}/{shown}", dir.path().display()));
     }
 
-    /// The index files of a directory are held in the daemon's memory: bounded together, not
-    /// only one by one (three of 48 MiB: two are re-served).
+    /// The index files of a folder's checkpoints are held in the daemon's memory: bounded
+    /// together, not only one by one (three of 48 MiB: two are re-served, the third checkpoint
+    /// left out).
     #[test]
-    fn a_directory_re_serves_index_files_within_a_total() {
+    fn a_folder_re_serves_index_files_within_a_total() {
         let dir = tempfile::tempdir().unwrap();
-        write_shard(&dir.path().join("a.safetensors"));
-        for name in ["m1", "m2", "m3"] {
-            let index = std::fs::File::create_new(dir.path().join(format!("{name}.safetensors.index.json"))).unwrap();
-            index.set_len(48 << 20).unwrap(); // sparse: no disk
+        write_shard(&dir.path().join("model.safetensors"));
+        for variant in ["a", "b", "c"] {
+            let mut index = br#"{"weight_map": {"x": "model.safetensors"}}"#.to_vec();
+            index.resize(48 << 20, b' ');
+            let path = dir.path().join(format!("model.safetensors.index.{variant}.json"));
+            crate::util::test_support::write_new(&path, index);
         }
         let checkpoint = open(dir.path().to_str().unwrap(), &OpenOptions::default()).unwrap();
-        let total: usize = checkpoint.index_files.iter().map(|f| f.bytes.len()).sum();
-        assert_eq!((checkpoint.index_files.len(), total), (2, 96 << 20));
+        let variants: Vec<_> = checkpoint.others.iter().map(|o| o.variant.as_deref()).collect();
+        assert_eq!(variants, [Some("a"), Some("b")]);
+        let total: usize =
+            checkpoint.others.iter().flat_map(|o| &o.checkpoint.index_files).map(|f| f.bytes.len()).sum();
+        assert_eq!(total, 96 << 20);
         assert!(total <= super::super::index_file::MAX_DIRECTORY_INDEX_TOTAL);
     }
 

@@ -12,7 +12,7 @@ use super::listed::{self, Repository};
 use super::shard::{open_source, Checkpoint, OpenedShard};
 use super::OpenOptions;
 use crate::source::http::{HttpError, HttpSource};
-use crate::source::hub::{self, HubError, Sibling};
+use crate::source::hub::{self, Sibling};
 use crate::source::object::{self, ListLimits, Listed, Listing};
 use crate::source::Source;
 
@@ -33,18 +33,12 @@ pub(super) fn open_prefix(spec: &str, options: &OpenOptions) -> Result<Checkpoin
         listing.objects.iter().map(|o| Sibling { path: o.path.clone(), size: Some(o.size) }).collect();
     let has_folders = scoped.iter().any(|s| s.path.contains('/'));
     let repo = Objects { listing: &listing, options };
-    let choose = |folder: Option<&str>| {
-        let at = |folder: Option<&str>| folder.map_or_else(|| shown.clone(), |f| format!("{shown}{f}"));
-        hub::choose_checkpoint(&scoped, folder, "").map_err(|e| match e {
-            HubError::NoSafetensors { folder: None } if has_folders => {
-                OpenError::new(&shown, OpenProblem::NothingLoadable { depth: MAX_DEPTH })
-            }
-            HubError::NoSafetensors { folder: None } => OpenError::new(&shown, OpenProblem::NoShardFiles),
-            HubError::Ambiguous(indexes) => OpenError::new(at(folder), OpenProblem::Ambiguous(indexes)),
-            other => OpenError::new(at(folder), other),
-        })
+    let nothing = || {
+        let problem =
+            if has_folders { OpenProblem::NothingLoadable { depth: MAX_DEPTH } } else { OpenProblem::NoShardFiles };
+        OpenError::new(&shown, problem)
     };
-    listed::lay_out(&repo, "", &scoped, choose, options.repo_files)
+    listed::lay_out(&repo, "", &scoped, nothing, options.repo_files)
 }
 
 /// The objects of a listed prefix, each at the version listed.

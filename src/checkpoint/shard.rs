@@ -40,6 +40,25 @@ pub struct Checkpoint {
     /// `unet/`, a sentence-transformers model's `2_Dense/`), in folder order; empty for a file,
     /// an index or a URL. When there are some, `shards` may be empty (a pipeline's root).
     pub components: Vec<Component>,
+    /// Which checkpoint of its folder this is (`in_folder`'s rule): its name (`model`; empty for
+    /// a file, an index or a URL named, and for a folder's files taken as shards) and its variant.
+    pub name: String,
+    /// Its variant (`fp16`), when its name is a standard one's or another checkpoint's with one.
+    pub variant: Option<String>,
+    /// The other checkpoints of its folder (variants, `consolidated.safetensors`, any other
+    /// file), in name order: a mount serves their files beside this one's, their tensors in the
+    /// folder's [`OTHERS_DIR`](super::OTHERS_DIR).
+    pub others: Vec<OtherCheckpoint>,
+}
+
+/// Another checkpoint of a folder than the one a loader loads without `variant=`.
+pub struct OtherCheckpoint {
+    /// Its name, unique among the folder's other checkpoints (`model.fp16`, `consolidated`).
+    pub name: String,
+    /// Its variant (`fp16`), if it is one.
+    pub variant: Option<String>,
+    /// Its shards and index files (no small files, no components, no others of its own).
+    pub checkpoint: Checkpoint,
 }
 
 /// A folder of a model repository that holds a checkpoint of its own.
@@ -53,11 +72,19 @@ pub struct Component {
 impl Checkpoint {
     /// A checkpoint of `shards` alone.
     pub fn of(shards: Vec<OpenedShard>) -> Checkpoint {
-        Checkpoint { shards, index_files: Vec::new(), repo_files: Vec::new(), components: Vec::new() }
+        Checkpoint {
+            shards,
+            index_files: Vec::new(),
+            repo_files: Vec::new(),
+            components: Vec::new(),
+            name: String::new(),
+            variant: None,
+            others: Vec::new(),
+        }
     }
 
     /// The checkpoint of the named folder's own files, for a command that reads one checkpoint
-    /// (`inspect`, `extract`, `cat`): its components left aside; a folder with none of its own,
+    /// (`inspect`, `extract`, `cat`): its components and other checkpoints left aside; a folder with none of its own,
     /// only in folders below it, is [`OpenProblem::OnlyInFolders`] naming them (`shown`: the name
     /// as given).
     pub fn own(mut self, shown: &str) -> Result<Checkpoint, OpenError> {
@@ -66,6 +93,7 @@ impl Checkpoint {
             return Err(OpenError::new(shown, OpenProblem::OnlyInFolders(folders)));
         }
         self.components.clear();
+        self.others.clear();
         Ok(self)
     }
 
@@ -82,9 +110,11 @@ impl Checkpoint {
         }
     }
 
-    /// Every shard, the components' too.
-    pub fn all_shards(&self) -> impl Iterator<Item = &OpenedShard> {
-        self.shards.iter().chain(self.components.iter().flat_map(|c| c.checkpoint.shards.iter()))
+    /// Every shard, the other checkpoints' and the components' (and theirs) too.
+    pub fn all_shards(&self) -> Box<dyn Iterator<Item = &OpenedShard> + '_> {
+        let others = self.others.iter().flat_map(|o| o.checkpoint.all_shards());
+        let components = self.components.iter().flat_map(|c| c.checkpoint.all_shards());
+        Box::new(self.shards.iter().chain(others).chain(components))
     }
 }
 

@@ -10,7 +10,9 @@ use crate::engine::disk::DiskCache;
 use crate::engine::{Engine, EngineConfig};
 use crate::fs::Fs;
 use crate::stats::Stats;
-use crate::tree::namespace::{AttrBase, Component, Layout, NameClash, Namespace, RootFile, RootKind, Shard, Views};
+use crate::tree::namespace::{
+    AttrBase, Component, Layout, NameClash, Namespace, RootFile, RootKind, Shard, Views, Which,
+};
 
 /// Whose files they are: the owner and group every file and directory shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +55,8 @@ pub struct FsOptions {
 }
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`: its own shards and files in the
-/// root, each of its components in its folder. Files are readable by whom the backing shards are
+/// root, each of its components in its folder, each other checkpoint of a folder in that folder's
+/// `%checkpoints/NAME` (its files beside the folder's own). Files are readable by whom the backing shards are
 /// (the read bits common to all local shards, taken from the descriptor each was pinned by: one
 /// a mount serves is never readable by more than its target), `-o fmask`/`dmask`/`umask` narrowing
 /// them further and never widening them, and dated by the newest shard. A local small file (or
@@ -62,14 +65,25 @@ pub struct FsOptions {
 pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) -> Result<Arc<Fs>, NameClash> {
     let engine = Engine::with_disk_cache(options.engine.clone(), options.disk.clone(), stats);
     let mut newest = SystemTime::UNIX_EPOCH;
-    let Checkpoint { shards, index_files, repo_files, components } = checkpoint;
-    let root = crate::checkpoint::Checkpoint { shards, index_files, repo_files, components: Vec::new() };
-    let parts: Vec<_> = std::iter::once((String::new(), root))
-        .chain(components.into_iter().map(|c| (c.folder, c.checkpoint)))
-        .collect();
-    let read_bits = parts.iter().flat_map(|(_, part)| &part.shards).fold(0o444, |bits, s| bits & shard_mode(s));
+    let mut parts: Vec<(String, Which, crate::checkpoint::Checkpoint)> = Vec::new();
+    let mut root = checkpoint;
+    let components = std::mem::take(&mut root.components);
+    for (folder, mut part) in
+        std::iter::once((String::new(), root)).chain(components.into_iter().map(|c| (c.folder, c.checkpoint)))
+    {
+        let others = std::mem::take(&mut part.others);
+        let main = Which { other_of: None, name: std::mem::take(&mut part.name), variant: part.variant.take() };
+        parts.push((folder.clone(), main, part));
+        // Each other checkpoint of the folder in its folder of them (`in_folder`'s OTHERS_DIR).
+        for other in others {
+            let at = if folder.is_empty() { String::new() } else { format!("{folder}/") };
+            let which = Which { other_of: Some(folder.clone()), name: other.name.clone(), variant: other.variant };
+            parts.push((format!("{at}{}/{}", crate::checkpoint::OTHERS_DIR, other.name), which, other.checkpoint));
+        }
+    }
+    let read_bits = parts.iter().flat_map(|(_, _, part)| &part.shards).fold(0o444, |bits, s| bits & shard_mode(s));
     let mut laid_out = Vec::new();
-    for (folder, part) in parts {
+    for (folder, which, part) in parts {
         let mut shards = Vec::new();
         for s in part.shards {
             newest = newest.max(s.source.modified().unwrap_or(newest));
@@ -83,7 +97,7 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
             let index_files = readable_as_shards(part.index_files, read_bits, &folder);
             files = root_files(index_files, readable_as_shards(part.repo_files, read_bits, &folder));
         }
-        laid_out.push(Component { folder, shards, files });
+        laid_out.push(Component { folder, shards, files, checkpoint: which });
     }
     let ns = Namespace::build_components(laid_out, options.layout, options.views)?;
     let (file_perm, dir_perm) = AttrBase::perms_from_mode(read_bits);

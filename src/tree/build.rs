@@ -16,7 +16,8 @@ impl Namespace {
         layout: Layout,
         views: Views,
     ) -> Result<Namespace, NameClash> {
-        Namespace::build_components(vec![Component { folder: String::new(), shards, files: root_files }], layout, views)
+        let root = Component { folder: String::new(), shards, files: root_files, ..Component::default() };
+        Namespace::build_components(vec![root], layout, views)
     }
 
     /// Builds the tree of a model repository: each of `components` laid out in its folder (the

@@ -36,6 +36,7 @@ impl Namespace {
         components.sort_by(|a, b| a.folder.cmp(&b.folder));
         components.insert(0, root.unwrap_or_default());
         let folders = child_folders(&components);
+        let others_files = others_files(&components);
         let mut ns = Namespace {
             nodes: Vec::new(),
             tensors: Vec::new(),
@@ -57,29 +58,38 @@ impl Namespace {
                 };
                 (dir, ns.add_file(dir, METADATA_NAME.into(), Content::Bytes(Arc::from(&[][..])), 0))
             };
-            ns.lay_out_component(component, dir, metadata, &folders, layout, views)?;
+            // Another checkpoint's own files are served in its main one's folder, laid out before it.
+            let files_dir = match &component.checkpoint.other_of {
+                Some(owner) if !owner.is_empty() => ns.make_dirs(ROOT_INO, owner).unwrap_or(dir),
+                Some(_) => ROOT_INO,
+                None => dir,
+            };
+            let names = Reserved { folders: &folders, others_files: &others_files };
+            ns.lay_out_component(component, (dir, files_dir), metadata, &names, layout, views)?;
         }
         ns.sort_entries();
         Ok(ns)
     }
 
-    /// Lays out one component in `dir`: its checkpoint's files, its small files, then its tensors
-    /// (the names in `folders` under its folder reserved in `dir`).
+    /// Lays out one component in `dir`: its checkpoint's files (in `files_dir`: `dir`, or for
+    /// another checkpoint its main one's folder), its small files, then its tensors (the names
+    /// `names` reserves in its folder reserved in `dir`).
     fn lay_out_component(
         &mut self,
         component: Component,
-        dir: Ino,
+        (dir, files_dir): (Ino, Ino),
         metadata: Ino,
-        folders: &HashMap<String, Vec<String>>,
+        names: &Reserved<'_>,
         layout: Layout,
         views: Views,
     ) -> Result<(), NameClash> {
-        let Component { folder, mut shards, files } = component;
+        let Component { folder, mut shards, files, checkpoint } = component;
         let first_shard = self.shards.len();
         let first_tensor = self.tensors.len();
-        let (served, repo_served, reserved) = self.add_checkpoint_files(dir, first_shard, &mut shards, files);
+        let (served, repo_served, reserved) = self.add_checkpoint_files(files_dir, first_shard, &mut shards, files);
         let mut reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
-        reserved.extend(folders.get(&folder).into_iter().flatten().map(String::as_str));
+        reserved.extend(names.folders.get(&folder).into_iter().flatten().map(String::as_str));
+        reserved.extend(names.others_files.get(&folder).into_iter().flatten().map(String::as_str));
         let prefix = if folder.is_empty() { String::new() } else { format!("{folder}/") };
         for (local_index, shard) in shards.iter_mut().enumerate() {
             let shard_index = first_shard + local_index;
@@ -134,6 +144,7 @@ impl Namespace {
             tensors: first_tensor..self.tensors.len(),
             served,
             repo_served,
+            checkpoint,
         });
         Ok(())
     }
@@ -164,7 +175,12 @@ impl Namespace {
             None => false,
         };
         for (i, shard) in shards.iter_mut().enumerate() {
-            if !claim(&shard.file) {
+            // Another checkpoint's file in its main one's folder: that folder's own files came first.
+            let taken = shard.file.as_ref().is_some_and(|n| self.dir(dir).is_some_and(|d| d.get(n).is_some()));
+            if taken {
+                log::warn!("file {:?} is not served: the name is taken", shard.file.as_deref().unwrap_or_default());
+            }
+            if taken || !claim(&shard.file) {
                 shard.file = None;
                 continue;
             }
@@ -273,6 +289,27 @@ impl Namespace {
         }
         new_dir
     }
+}
+
+/// The names a component's tensors may not take in its folder, beside its own files': the folders
+/// the mount shows in it, and the files of its folder's other checkpoints served there.
+struct Reserved<'a> {
+    folders: &'a HashMap<String, Vec<String>>,
+    others_files: &'a HashMap<String, Vec<String>>,
+}
+
+/// For every folder with other checkpoints than its main one, the names of their files served in
+/// it (shards, index files).
+fn others_files(components: &[Component]) -> HashMap<String, Vec<String>> {
+    let mut names: HashMap<String, Vec<String>> = HashMap::new();
+    for c in components {
+        if let Some(owner) = &c.checkpoint.other_of {
+            let files = c.shards.iter().filter_map(|s| s.file.clone());
+            let index_files = c.files.iter().filter(|f| f.kind == RootKind::Index).map(|f| f.name.clone());
+            names.entry(owner.clone()).or_default().extend(files.chain(index_files));
+        }
+    }
+    names
 }
 
 /// Where and how [`Namespace::place`] lays a component's tensors out.

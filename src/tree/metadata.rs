@@ -19,8 +19,19 @@
 //!   "checkpoint_files": [ { "path": NAME, "size": N,      // the checkpoint's own files in the
 //!                           "shard": I } ],               // root; "shard" absent for an index
 //!   "repo_files": [ { "path": NAME, "size": N } ],        // small files beside the checkpoint
-//!   "components": [ { "path": FOLDER, "tensors": N, "shards": N } ] }  // root only; see below
+//!   "components": [ { "path": FOLDER, "tensors": N, "shards": N } ],  // root only; see below
+//!   "checkpoints": [ { "path": ".", "name": NAME, "variant": V | null,  // only in a folder with
+//!                      "tensors": N, "shards": N } ] }                // other checkpoints
 //! ```
+//!
+//! A folder with other checkpoints than its main one (`model.fp16.safetensors` beside
+//! `model.safetensors`, `consolidated.safetensors` beside shards) lists each in `checkpoints`,
+//! its own main one first (`"path": "."`), the others at `%checkpoints/NAME`, each of those a
+//! folder with its own `metadata.json` of this schema (its `checkpoint_files` are in the main
+//! one's folder: `../../model.fp16.safetensors`). Their files (shards, index files) are served in
+//! the folder beside the main one's and listed in its `checkpoint_files` with the `checkpoint`
+//! they are of (`"checkpoint": "model.fp16"`) and no `shard`: `files` still maps the folder's
+//! tensor files only, and a `checkpoint_files` entry with `shard` is still a shard of `shards`.
 //!
 //! A mount of a model repository (a diffusers pipeline, a sentence-transformers model) has a
 //! component in each folder that holds a checkpoint: that folder holds its own `metadata.json` of
@@ -53,6 +64,16 @@ struct Doc<'a> {
     checkpoint_files: Vec<ServedDoc<'a>>,
     repo_files: Vec<ServedDoc<'a>>,
     components: Vec<ComponentDoc<'a>>,
+    checkpoints: Vec<CheckpointDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct CheckpointDoc<'a> {
+    path: &'a str,
+    name: &'a str,
+    variant: Option<&'a str>,
+    tensors: usize,
+    shards: usize,
 }
 
 #[derive(Serialize)]
@@ -64,10 +85,12 @@ struct ComponentDoc<'a> {
 
 #[derive(Serialize)]
 struct ServedDoc<'a> {
-    path: &'a str,
+    path: std::borrow::Cow<'a, str>,
     size: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     shard: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -146,8 +169,35 @@ pub fn render_component(ns: &Namespace, index: usize) -> Vec<u8> {
         [only] => only.header.metadata.as_ref(),
         _ => None,
     };
-    let (checkpoint_files, repo_files) = (served(&c.served), served(&c.repo_served));
-    let components = if index == 0 { ns.components()[1..].iter().map(component_doc).collect() } else { Vec::new() };
+    let (mut checkpoint_files, repo_files) = (served(&c.served, ""), served(&c.repo_served, ""));
+    if let Some(owner) = &c.checkpoint.other_of {
+        // Its files are in its main one's folder: paths from its own go up to it.
+        let up = "../".repeat(relative_to(owner, &c.folder).split('/').count());
+        checkpoint_files = served(&c.served, &up);
+    }
+    let others: Vec<&ComponentInfo> = if c.checkpoint.other_of.is_some() {
+        Vec::new()
+    } else {
+        ns.components().iter().filter(|o| o.checkpoint.other_of.as_deref() == Some(c.folder.as_str())).collect()
+    };
+    let mut checkpoints = Vec::new();
+    for other in &others {
+        let name = other.checkpoint.name.as_str();
+        checkpoint_files.extend(served(&other.served, "").into_iter().map(|f| ServedDoc {
+            shard: None,
+            checkpoint: Some(name),
+            ..f
+        }));
+    }
+    if !others.is_empty() {
+        checkpoints.push(checkpoint_doc(c, "."));
+        checkpoints.extend(others.iter().map(|o| checkpoint_doc(o, relative_to(&c.folder, &o.folder))));
+    }
+    let components = if index == 0 {
+        ns.components()[1..].iter().filter(|c| c.checkpoint.other_of.is_none()).map(component_doc).collect()
+    } else {
+        Vec::new()
+    };
     let doc = Doc {
         stfs_metadata_version: METADATA_VERSION,
         shards,
@@ -157,8 +207,27 @@ pub fn render_component(ns: &Namespace, index: usize) -> Vec<u8> {
         checkpoint_files,
         repo_files,
         components,
+        checkpoints,
     };
     write_one_entry_per_line(&doc)
+}
+
+/// `path` (below `folder`, or the root's when it is `""`) relative to `folder`.
+fn relative_to<'a>(folder: &str, path: &'a str) -> &'a str {
+    if folder.is_empty() {
+        return path;
+    }
+    path.strip_prefix(folder).and_then(|p| p.strip_prefix('/')).unwrap_or(path)
+}
+
+fn checkpoint_doc<'a>(c: &'a ComponentInfo, path: &'a str) -> CheckpointDoc<'a> {
+    CheckpointDoc {
+        path,
+        name: &c.checkpoint.name,
+        variant: c.checkpoint.variant.as_deref(),
+        tensors: c.tensors.len(),
+        shards: c.shards.len(),
+    }
 }
 
 /// The document of a namespace with no such component (never asked for by `build`).
@@ -172,6 +241,7 @@ fn render_empty() -> Vec<u8> {
         checkpoint_files: Vec::new(),
         repo_files: Vec::new(),
         components: Vec::new(),
+        checkpoints: Vec::new(),
     };
     write_one_entry_per_line(&doc)
 }
@@ -180,9 +250,11 @@ fn component_doc(c: &ComponentInfo) -> ComponentDoc<'_> {
     ComponentDoc { path: &c.folder, tensors: c.tensors.len(), shards: c.shards.len() }
 }
 
-/// metadata.json's entries for files served in the root.
-fn served(files: &[ServedFile]) -> Vec<ServedDoc<'_>> {
-    files.iter().map(|f| ServedDoc { path: &f.name, size: f.size, shard: f.shard }).collect()
+/// metadata.json's entries for files served in a component's folder, each path after `up`
+/// (`../../` for another checkpoint's files, in its main one's folder).
+fn served<'a>(files: &'a [ServedFile], up: &str) -> Vec<ServedDoc<'a>> {
+    let path = |name: &'a str| if up.is_empty() { name.into() } else { format!("{up}{name}").into() };
+    files.iter().map(|f| ServedDoc { path: path(&f.name), size: f.size, shard: f.shard, checkpoint: None }).collect()
 }
 
 /// Writes the document with one line per shard, tensor and file (each entry compact): readable
@@ -229,6 +301,15 @@ fn write_one_entry_per_line(doc: &Doc<'_>) -> Vec<u8> {
         for (i, component) in doc.components.iter().enumerate() {
             out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
             compact(&mut out, component);
+        }
+        out.extend_from_slice(b"\n  ]");
+    }
+    // Only in a folder with other checkpoints than its main one.
+    if !doc.checkpoints.is_empty() {
+        out.extend_from_slice(b",\n  \"checkpoints\": [");
+        for (i, checkpoint) in doc.checkpoints.iter().enumerate() {
+            out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+            compact(&mut out, checkpoint);
         }
         out.extend_from_slice(b"\n  ]");
     }

@@ -100,6 +100,22 @@ pub struct Component {
     pub shards: Vec<Shard>,
     /// Its small files: index files, then the repository's files.
     pub files: Vec<RootFile>,
+    /// Which checkpoint of its folder it is.
+    pub checkpoint: Which,
+}
+
+/// Which checkpoint of a folder a component is: the main one (whose tensors are files in the
+/// folder), or another one, laid out in a folder of the main one's folder (`unet/%checkpoints/
+/// diffusion_pytorch_model.fp16`) with its checkpoint's own files (shards, index files) served
+/// in the main one's folder beside the main's, where loaders look for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Which {
+    /// For another checkpoint, the folder of the main one (the mount root's: `""`).
+    pub other_of: Option<String>,
+    /// The checkpoint's name (`model.fp16`; may be empty for a main one).
+    pub name: String,
+    /// Its variant (`fp16`).
+    pub variant: Option<String>,
 }
 
 /// A component as laid out: where it is and which shards, tensors and files are its.
@@ -119,6 +135,8 @@ pub struct ComponentInfo {
     pub served: Vec<ServedFile>,
     /// The repository's small files served in (or below) its folder, in name order.
     pub repo_served: Vec<ServedFile>,
+    /// Which checkpoint of its folder it is.
+    pub checkpoint: Which,
 }
 
 impl ComponentInfo {
@@ -131,7 +149,8 @@ impl ComponentInfo {
     }
 }
 
-/// A checkpoint or repository file served in a component's folder, for metadata.json.
+/// A checkpoint or repository file served in a component's folder (another checkpoint's: in its
+/// main one's folder), for metadata.json.
 #[derive(Debug, Clone)]
 pub struct ServedFile {
     /// Its path relative to the component's folder.

@@ -312,12 +312,14 @@ fn components_are_laid_out_in_their_folders() {
             folder: "unet".into(),
             shards: vec![unet],
             files: vec![repo("config.json", b"{}"), repo("metadata.json", b"theirs")],
+            ..Component::default()
         },
-        Component { folder: "vae".into(), shards: vec![shard(&["conv.weight"])], files: Vec::new() },
+        Component { folder: "vae".into(), shards: vec![shard(&["conv.weight"])], ..Component::default() },
         Component {
             folder: String::new(),
             shards: Vec::new(),
             files: vec![repo("model_index.json", b"{\"unet\": 1}"), repo("scheduler/scheduler_config.json", b"s")],
+            ..Component::default()
         },
     ];
     let ns = Namespace::build_components(components, Layout::Flat, Views::default()).unwrap();
@@ -380,8 +382,10 @@ fn a_tensor_named_like_a_folder_is_escaped() {
             folder: String::new(),
             shards: vec![shard(&["2_Dense", "1_Pooling", "1_Pooling.x", "w"])],
             files: vec![repo("1_Pooling/config.json"), repo("config.json")],
+            ..Component::default()
         };
-        let dense = Component { folder: "2_Dense".into(), shards: vec![shard(&["linear.weight"])], files: Vec::new() };
+        let dense =
+            Component { folder: "2_Dense".into(), shards: vec![shard(&["linear.weight"])], ..Component::default() };
         let ns = Namespace::build_components(vec![root, dense], layout, Views::default()).unwrap();
         let mut p = paths(&ns);
         p.sort();

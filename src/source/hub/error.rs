@@ -26,8 +26,6 @@ pub enum HubError {
         /// The folder looked in, if not the repository's root.
         folder: Option<String>,
     },
-    /// Several index files and no `model.safetensors.index.json` among them.
-    Ambiguous(Vec<String>),
     /// The named path is neither a file nor a folder at that commit.
     NoSuchPath {
         /// The path named.
@@ -62,9 +60,6 @@ impl fmt::Display for HubError {
             HubError::NoSafetensors { folder: None } => f.write_str("the repository holds no *.safetensors files"),
             HubError::NoSafetensors { folder: Some(folder) } => {
                 write!(f, "folder {folder} holds no *.safetensors files")
-            }
-            HubError::Ambiguous(files) => {
-                write!(f, "several checkpoints ({}): name one as hf://ORG/REPO/PATH", files.join(", "))
             }
             HubError::NoSuchPath { path, sha } => write!(f, "no file or folder {path} at commit {sha}"),
             HubError::Api(detail) => write!(f, "hub API: {detail}"),

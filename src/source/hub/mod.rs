@@ -8,7 +8,7 @@
 //! - `spec`: [`HubSpec`], the parsed name;
 //! - `token`: the token and the endpoint from the environment;
 //! - `api`: [`HubClient`], the revision API and small files fetched whole;
-//! - `select`: which files of a repository make its checkpoint, and which small files go beside it;
+//! - `select`: what a file named is, and which small files go beside a checkpoint;
 //! - `error`: [`HubError`].
 
 mod api;
@@ -19,6 +19,6 @@ mod token;
 
 pub use api::{HubClient, RepoInfo, Sibling, MAX_API_BYTES};
 pub use error::HubError;
-pub use select::{choose_checkpoint, small_files, small_files_in, Choice, SMALL_FILES_TOTAL, SMALL_FILE_LIMIT};
+pub use select::{file_choice, small_files, small_files_in, Choice, SMALL_FILES_TOTAL, SMALL_FILE_LIMIT};
 pub use spec::{encode_path, is_hub_spec, HubSpec, DEFAULT_REVISION, HUB_SCHEME};
 pub use token::{endpoint, find_token, process_env, token_file, Env, TokenOrigin, DEFAULT_ENDPOINT};

@@ -1,8 +1,7 @@
-//! Which files of a repository make its checkpoint ([`choose_checkpoint`]), and which small files
-//! (configs, tokenizers) a loader wants beside it ([`small_files`]).
+//! What a file of a repository named by its path is ([`file_choice`]), and which small files
+//! (configs, tokenizers) a loader wants beside a checkpoint ([`small_files`]).
 
 use super::api::Sibling;
-use super::error::HubError;
 
 /// What a repository (or a folder of it) holds as its checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,55 +14,14 @@ pub enum Choice {
     Shards(Vec<String>),
 }
 
-/// The names of the index transformers and diffusers write, in the order they are preferred.
-const STANDARD_INDEXES: [&str; 2] = ["model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json"];
-/// The names of the single file transformers and diffusers write (a folder that holds one beside
-/// variants such as `diffusion_pytorch_model.fp16.safetensors` is that one file).
-const STANDARD_FILES: [&str; 2] = ["model.safetensors", "diffusion_pytorch_model.safetensors"];
-
-/// The checkpoint at `path` (a file, or a folder; the repository's root when `None`). In a folder,
-/// among its own files (not its subfolders'): `model.safetensors.index.json` (or diffusers'
-/// `diffusion_pytorch_model.safetensors.index.json`), else `model.safetensors` (or
-/// `diffusion_pytorch_model.safetensors`), else the only `*.safetensors.index.json`, else the only
-/// `*.safetensors` file, else every `*.safetensors` file as shards.
-pub fn choose_checkpoint(siblings: &[Sibling], path: Option<&str>, sha: &str) -> Result<Choice, HubError> {
-    if let Some(path) = path {
-        if siblings.iter().any(|s| s.path == path) {
-            return Ok(if path.ends_with(".json") {
-                Choice::Index(path.to_string())
-            } else {
-                Choice::Single(path.to_string())
-            });
-        }
-        let prefix = format!("{path}/");
-        if !siblings.iter().any(|s| s.path.starts_with(&prefix)) {
-            return Err(HubError::NoSuchPath { path: path.to_string(), sha: sha.to_string() });
-        }
+/// The checkpoint a file of the repository named by its path is: an index (`*.json`) or one
+/// `.safetensors` file. A folder's checkpoints are chosen by `checkpoint::in_folder`'s rule.
+pub fn file_choice(path: &str) -> Choice {
+    if path.ends_with(".json") {
+        Choice::Index(path.to_string())
+    } else {
+        Choice::Single(path.to_string())
     }
-    let names = children(siblings, path);
-    let joined = |name: &str| path.map_or(name.to_string(), |p| format!("{p}/{name}"));
-    let indexes: Vec<&str> = names.iter().copied().filter(|n| n.ends_with(".safetensors.index.json")).collect();
-    let mut files: Vec<&str> = names.iter().copied().filter(|n| n.ends_with(".safetensors")).collect();
-    files.sort_unstable();
-    if let Some(index) = STANDARD_INDEXES.iter().find(|i| indexes.contains(i)) {
-        return Ok(Choice::Index(joined(index)));
-    }
-    if let Some(file) = STANDARD_FILES.iter().find(|f| files.contains(f)) {
-        return Ok(Choice::Single(joined(file)));
-    }
-    match (indexes.as_slice(), files.as_slice()) {
-        ([index], _) => Ok(Choice::Index(joined(index))),
-        ([_, _, ..], _) => Err(HubError::Ambiguous(indexes.iter().map(|i| joined(i)).collect())),
-        (_, []) => Err(HubError::NoSafetensors { folder: path.map(str::to_string) }),
-        (_, [file]) => Ok(Choice::Single(joined(file))),
-        (_, files) => Ok(Choice::Shards(files.iter().map(|f| joined(f)).collect())),
-    }
-}
-
-/// The names of the files directly in `folder` (the root when `None`), without the folder.
-fn children<'a>(siblings: &'a [Sibling], folder: Option<&str>) -> Vec<&'a str> {
-    let prefix = folder.map_or(String::new(), |f| format!("{f}/"));
-    siblings.iter().filter_map(|s| s.path.strip_prefix(prefix.as_str())).filter(|rest| !rest.contains('/')).collect()
 }
 
 /// Largest file served beside the tensors (configs and tokenizers are well under it; tokenizer.json
@@ -145,37 +103,13 @@ mod tests {
         files.iter().map(|f| Sibling { path: f.to_string(), size: Some(10) }).collect()
     }
 
-    fn choose(files: &[&str], path: Option<&str>) -> Result<Choice, HubError> {
-        choose_checkpoint(&repo(files), path, "abc")
-    }
-
     #[test]
-    fn the_checkpoint_is_chosen_by_the_documented_order() {
-        let single = |s: &str| Ok::<_, ()>(Choice::Single(s.to_string()));
-        let index = |s: &str| Ok::<_, ()>(Choice::Index(s.to_string()));
-        let sharded = ["config.json", "model.safetensors.index.json", "model-1.safetensors", "model-2.safetensors"];
-        assert_eq!(choose(&sharded, None).map_err(|_| ()), index("model.safetensors.index.json"));
-        assert_eq!(choose(&["model.safetensors", "x.safetensors"], None).map_err(|_| ()), single("model.safetensors"));
-        assert_eq!(choose(&["a.safetensors", "README.md"], None).map_err(|_| ()), single("a.safetensors"));
+    fn a_file_named_is_an_index_or_a_single_file() {
         assert_eq!(
-            choose(&["b.safetensors", "a.safetensors"], None).map_err(|_| ()),
-            Ok(Choice::Shards(vec!["a.safetensors".into(), "b.safetensors".into()]))
+            file_choice("m/model.safetensors.index.json"),
+            Choice::Index("m/model.safetensors.index.json".into())
         );
-        let diffusers = ["unet/config.json", "unet/diffusion_pytorch_model.safetensors", "vae/x.safetensors"];
-        assert_eq!(
-            choose(&diffusers, Some("unet")).map_err(|_| ()),
-            single("unet/diffusion_pytorch_model.safetensors")
-        );
-        assert_eq!(choose(&diffusers, Some("vae/x.safetensors")).map_err(|_| ()), single("vae/x.safetensors"));
-        assert!(matches!(choose(&diffusers, None), Err(HubError::NoSafetensors { folder: None })));
-        assert!(matches!(choose(&diffusers, Some("text")), Err(HubError::NoSuchPath { .. })));
-        // diffusers' own names win over its variants beside them.
-        let variants = ["unet/diffusion_pytorch_model.fp16.safetensors", "unet/diffusion_pytorch_model.safetensors"];
-        assert_eq!(choose(&variants, Some("unet")).map_err(|_| ()), single("unet/diffusion_pytorch_model.safetensors"));
-        let sharded = ["diffusion_pytorch_model.safetensors.index.json", "a.safetensors.index.json"];
-        assert_eq!(choose(&sharded, None).map_err(|_| ()), index("diffusion_pytorch_model.safetensors.index.json"));
-        let two = ["a.safetensors.index.json", "b.safetensors.index.json"];
-        assert!(matches!(choose(&two, None), Err(HubError::Ambiguous(v)) if v.len() == 2));
+        assert_eq!(file_choice("vae/x.safetensors"), Choice::Single("vae/x.safetensors".into()));
     }
 
     #[test]
