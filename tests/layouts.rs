@@ -55,7 +55,7 @@ fn pipeline() -> Pipeline {
     let unet = vec![T::new("conv_in.weight", Dtype::F32, &[32, 3, 3, 3]), T::new("conv_in.bias", Dtype::F16, &[32])];
     std::fs::create_dir_all(root.join("unet")).unwrap();
     write_checkpoint(&root.join("unet/diffusion_pytorch_model.safetensors"), &unet, None);
-    // A variant beside it is not part of it: the standard name wins.
+    // A variant beside it is another checkpoint: served beside it, its tensors in %checkpoints/.
     let fp16 = [T::new("conv_in.weight", Dtype::F16, &[32, 3, 3, 3])];
     write_checkpoint(&root.join("unet/diffusion_pytorch_model.fp16.safetensors"), &fp16, None);
     write(&root.join("unet/config.json"), br#"{"_class_name": "UNet2DModel"}"#);
@@ -93,9 +93,14 @@ fn a_diffusers_pipeline_mounts_with_a_component_in_each_folder() {
             "tokenizer/merges.txt",
             "tokenizer/vocab.json",
             "unet/",
+            "unet/%checkpoints/",
+            "unet/%checkpoints/diffusion_pytorch_model.fp16/",
+            "unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
+            "unet/%checkpoints/diffusion_pytorch_model.fp16/metadata.json",
             "unet/config.json",
             "unet/conv_in.bias",
             "unet/conv_in.weight",
+            "unet/diffusion_pytorch_model.fp16.safetensors",
             "unet/diffusion_pytorch_model.safetensors",
             "unet/metadata.json",
             "vae/",
@@ -121,11 +126,16 @@ fn a_diffusers_pipeline_mounts_with_a_component_in_each_folder() {
         "tokenizer/merges.txt",
         "unet/config.json",
         "unet/diffusion_pytorch_model.safetensors",
+        "unet/diffusion_pytorch_model.fp16.safetensors",
         "vae/diffusion_pytorch_model-00002-of-00002.safetensors",
         "vae/diffusion_pytorch_model.safetensors.index.json",
     ] {
         assert!(std::fs::read(m.file(file)).unwrap() == std::fs::read(root.join(file)).unwrap(), "{file} differs");
     }
+    let fp16 = T::new("conv_in.weight", Dtype::F16, &[32, 3, 3, 3]);
+    assert!(
+        std::fs::read(m.file("unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight")).unwrap() == fp16.data
+    );
     // The root's metadata.json lists the components and the other folders' small files; each
     // component's tells its tensor files from its other files, paths relative to its folder.
     let top = json(&m.file("metadata.json"));
@@ -158,6 +168,10 @@ fn a_diffusers_pipeline_mounts_with_a_component_in_each_folder() {
         [
             "metadata.json",
             "unet/",
+            "unet/%checkpoints/",
+            "unet/%checkpoints/diffusion_pytorch_model.fp16/",
+            "unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
+            "unet/%checkpoints/diffusion_pytorch_model.fp16/metadata.json",
             "unet/conv_in.bias",
             "unet/conv_in.weight",
             "unet/metadata.json",
@@ -274,15 +288,156 @@ fn folders_with_nothing_loadable_or_too_much_are_one_line_and_nothing_mounted() 
     std::fs::write(&broken, [0u8; 3]).unwrap();
     refused(p.dir.path(), &broken, "");
 
-    // Two indexes in one folder, neither the standard one: which is meant is not guessed.
+    // Two indexes in one folder, no standard name: which is meant is not guessed. (With shards
+    // of a standard name beside them, those are the main checkpoint and the indexes others.)
     let p = pipeline();
     let vae = p.dir.path().join("vae");
-    std::fs::rename(vae.join("diffusion_pytorch_model.safetensors.index.json"), vae.join("a.safetensors.index.json"))
-        .unwrap();
-    std::fs::copy(vae.join("a.safetensors.index.json"), vae.join("b.safetensors.index.json")).unwrap();
+    for (from, to) in
+        [("diffusion_pytorch_model-00001-of-00002", "s1"), ("diffusion_pytorch_model-00002-of-00002", "s2")]
+    {
+        std::fs::rename(vae.join(format!("{from}.safetensors")), vae.join(format!("{to}.safetensors"))).unwrap();
+    }
+    let index = serde_json::json!({"weight_map": {"encoder.w": "s1.safetensors", "decoder.w": "s2.safetensors"}});
+    std::fs::remove_file(vae.join("diffusion_pytorch_model.safetensors.index.json")).unwrap();
+    write(&vae.join("a.safetensors.index.json"), index.to_string().as_bytes());
+    write(&vae.join("b.safetensors.index.json"), index.to_string().as_bytes());
     refused(
         p.dir.path(),
         &vae,
         "several checkpoints in one folder (vae/a.safetensors.index.json, vae/b.safetensors.index.json)",
     );
+}
+
+/// A folder with variants beside its checkpoint, as transformers' `save_pretrained(dir,
+/// variant=...)` writes them (a file, and a sharded one with its index), and a
+/// `consolidated.safetensors` beside them: every file is served at its path, byte for byte; the
+/// main checkpoint's tensors are files in the folder, each other checkpoint's in
+/// `%checkpoints/NAME/` with its own metadata.json; the folder's metadata.json lists them all.
+/// (Before, such a folder was refused: "tensor "w" is in two shards".)
+#[test]
+fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
+    let dir = workdir();
+    let root = dir.path();
+    // A tensor named like a variant's file: the file keeps the name, the tensor is escaped.
+    let main = vec![T::new("w", Dtype::F32, &[8, 4]), T::new("model.fp16.safetensors", Dtype::F32, &[2])];
+    write_checkpoint(&root.join("model.safetensors"), &main, None);
+    let fp16 = vec![T::new("w", Dtype::F16, &[8, 4]), T::new("model.fp16.safetensors", Dtype::F16, &[2])];
+    write_checkpoint(&root.join("model.fp16.safetensors"), &fp16, None);
+    let bf16 = vec![T::new("w", Dtype::BF16, &[8, 4]), T::new("model.fp16.safetensors", Dtype::BF16, &[2])];
+    write_checkpoint(&root.join("model.bf16-00001-of-00002.safetensors"), &bf16[..1], None);
+    write_checkpoint(&root.join("model.bf16-00002-of-00002.safetensors"), &bf16[1..], None);
+    let index = serde_json::json!({"metadata": {}, "weight_map": {
+        "w": "model.bf16-00001-of-00002.safetensors",
+        "model.fp16.safetensors": "model.bf16-00002-of-00002.safetensors"}});
+    write(&root.join("model.safetensors.index.bf16.json"), index.to_string().as_bytes());
+    let consolidated = vec![T::new("layers.0.w", Dtype::F32, &[3])];
+    write_checkpoint(&root.join("consolidated.safetensors"), &consolidated, None);
+    write(&root.join("config.json"), br#"{"model_type": "llama"}"#);
+    let m = Mount::new(root, &[]);
+    assert_eq!(
+        tree(&m.path),
+        [
+            "%6Dodel.fp16.safetensors",
+            "%checkpoints/",
+            "%checkpoints/consolidated/",
+            "%checkpoints/consolidated/layers.0.w",
+            "%checkpoints/consolidated/metadata.json",
+            "%checkpoints/model.bf16/",
+            "%checkpoints/model.bf16/metadata.json",
+            "%checkpoints/model.bf16/model.fp16.safetensors",
+            "%checkpoints/model.bf16/w",
+            "%checkpoints/model.fp16/",
+            "%checkpoints/model.fp16/metadata.json",
+            "%checkpoints/model.fp16/model.fp16.safetensors",
+            "%checkpoints/model.fp16/w",
+            "config.json",
+            "consolidated.safetensors",
+            "metadata.json",
+            "model.bf16-00001-of-00002.safetensors",
+            "model.bf16-00002-of-00002.safetensors",
+            "model.fp16.safetensors",
+            "model.safetensors",
+            "model.safetensors.index.bf16.json",
+            "w",
+        ]
+    );
+    for file in [
+        "config.json",
+        "consolidated.safetensors",
+        "model.bf16-00001-of-00002.safetensors",
+        "model.bf16-00002-of-00002.safetensors",
+        "model.fp16.safetensors",
+        "model.safetensors",
+        "model.safetensors.index.bf16.json",
+    ] {
+        assert!(std::fs::read(m.file(file)).unwrap() == std::fs::read(root.join(file)).unwrap(), "{file} differs");
+    }
+    let read = |path: &str| std::fs::read(m.file(path)).unwrap();
+    assert!(read("w") == main[0].data && read("%6Dodel.fp16.safetensors") == main[1].data);
+    for (folder, tensors) in [("model.fp16", &fp16), ("model.bf16", &bf16)] {
+        for t in tensors.iter() {
+            assert!(read(&format!("%checkpoints/{folder}/{}", t.name)) == t.data, "{folder}/{}", t.name);
+        }
+    }
+    assert!(read("%checkpoints/consolidated/layers.0.w") == consolidated[0].data);
+    // The folder's metadata.json: its tensor files in `files` as ever, every checkpoint in
+    // `checkpoints`, the others' files in `checkpoint_files` with the checkpoint they are of.
+    let top = json(&m.file("metadata.json"));
+    assert_eq!(top["files"], serde_json::json!({"%6Dodel.fp16.safetensors": "model.fp16.safetensors", "w": "w"}));
+    assert_eq!(
+        top["checkpoints"],
+        serde_json::json!([
+            {"path": ".", "name": "model", "variant": null, "tensors": 2, "shards": 1},
+            {"path": "%checkpoints/consolidated", "name": "consolidated", "variant": null, "tensors": 1, "shards": 1},
+            {"path": "%checkpoints/model.bf16", "name": "model.bf16", "variant": "bf16", "tensors": 2, "shards": 2},
+            {"path": "%checkpoints/model.fp16", "name": "model.fp16", "variant": "fp16", "tensors": 2, "shards": 1},
+        ])
+    );
+    let size = |name: &str| std::fs::metadata(root.join(name)).unwrap().len();
+    let listed: Vec<(String, Option<u64>, Option<String>)> = top["checkpoint_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (f["path"].as_str().unwrap().to_string(), f["shard"].as_u64(), f["checkpoint"].as_str().map(str::to_string))
+        })
+        .collect();
+    let entry = |path: &str, shard: Option<u64>, of: Option<&str>| (path.to_string(), shard, of.map(str::to_string));
+    assert_eq!(
+        listed,
+        [
+            entry("model.safetensors", Some(0), None),
+            entry("consolidated.safetensors", None, Some("consolidated")),
+            entry("model.bf16-00001-of-00002.safetensors", None, Some("model.bf16")),
+            entry("model.bf16-00002-of-00002.safetensors", None, Some("model.bf16")),
+            entry("model.safetensors.index.bf16.json", None, Some("model.bf16")),
+            entry("model.fp16.safetensors", None, Some("model.fp16")),
+        ]
+    );
+    assert_eq!(top["checkpoint_files"][5]["size"], size("model.fp16.safetensors"));
+    assert!(top.get("components").is_none(), "another checkpoint is no component");
+    // Each other checkpoint's own metadata.json: its tensors, its files up in the folder.
+    let bf16_meta = json(&m.file("%checkpoints/model.bf16/metadata.json"));
+    assert_eq!(bf16_meta["tensors"]["w"]["dtype"], "BF16");
+    assert_eq!(bf16_meta["tensors"]["w"]["path"], "w");
+    assert_eq!(bf16_meta["checkpoint_files"][0]["path"], "../../model.bf16-00001-of-00002.safetensors");
+    assert_eq!(bf16_meta["checkpoint_files"][0]["shard"], 0);
+    let up = m.file("%checkpoints/model.bf16/../../model.bf16-00001-of-00002.safetensors");
+    assert!(std::fs::read(up).unwrap() == std::fs::read(root.join("model.bf16-00001-of-00002.safetensors")).unwrap());
+    drop(m);
+
+    // A command that reads one checkpoint reads the main one.
+    let out = stfs(&["inspect", root.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("F32") && !shown.contains("BF16"), "{shown}");
+
+    // A variant that cannot be opened leaves the folder served without it (loaders read it
+    // without that variant); the main one cannot.
+    std::fs::write(root.join("model.bf16-00002-of-00002.safetensors"), [0u8; 3]).unwrap();
+    let m = Mount::new(root, &[]);
+    assert!(!m.path.join("%checkpoints/model.bf16").exists() && m.path.join("%checkpoints/model.fp16/w").exists());
+    drop(m);
+    std::fs::write(root.join("model.safetensors"), [0u8; 3]).unwrap();
+    refused(root, &root.join("model.safetensors"), "");
 }

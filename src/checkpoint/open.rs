@@ -211,10 +211,17 @@ mod tests {
         assert_eq!(open(spec, &OpenOptions::default()).unwrap().shards.len(), 1);
         let second = path("b.safetensors");
         type Make<'a> = &'a dyn Fn(&Path) -> std::io::Result<()>;
+        // (A folder named `b.safetensors` is a folder of the walk, not a file of it.)
         let broken: [(Make, &str); 3] = [
             (&|p| std::os::unix::fs::symlink(p.with_extension("gone"), p), "no such file or directory"),
             (&|p| std::os::unix::fs::symlink(p, p), "too many levels of symbolic links"),
-            (&|p| std::fs::create_dir(p), "is a directory"),
+            (
+                &|p| {
+                    std::fs::create_dir_all(p.with_extension("d"))
+                        .and(std::os::unix::fs::symlink(p.with_extension("d"), p))
+                },
+                "is a directory",
+            ),
         ];
         for (make, problem) in broken {
             make(&second).unwrap();

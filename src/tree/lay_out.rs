@@ -86,7 +86,11 @@ impl Namespace {
         let Component { folder, mut shards, files, checkpoint } = component;
         let first_shard = self.shards.len();
         let first_tensor = self.tensors.len();
-        let (served, repo_served, reserved) = self.add_checkpoint_files(files_dir, first_shard, &mut shards, files);
+        let (served, repo_served, mut reserved) = self.add_checkpoint_files(files_dir, first_shard, &mut shards, files);
+        if files_dir != dir {
+            // Its files are not in its folder: only the mount's own names are taken there.
+            reserved = RESERVED.iter().map(|r| r.to_string()).collect();
+        }
         let mut reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
         reserved.extend(names.folders.get(&folder).into_iter().flatten().map(String::as_str));
         reserved.extend(names.others_files.get(&folder).into_iter().flatten().map(String::as_str));
