@@ -392,13 +392,15 @@ fn missing_repos_revisions_and_checkpoints_are_refused_with_one_line() {
 
 /// A diffusers pipeline and a sentence-transformers model by name: the repository listed once,
 /// at one commit, and laid out as a local folder is (a component in each folder with a checkpoint,
-/// the small files of the folders served, the others neither served nor fetched); a folder of the
+/// every checkpoint of a folder served, its variant's at its path and its tensors in
+/// `%checkpoints/`, the small files of the folders served, the others neither served nor
+/// fetched); a folder of the
 /// repository is laid out the same from it; a pipeline with nothing loadable is one line.
 #[test]
 fn a_pipeline_and_a_sentence_transformers_repo_mount_as_they_are_laid_out() {
     let hub = hub_or_skip!();
     let (unet, unet_tensors) = checkpoint(&["conv_in.weight"], 20);
-    let (fp16, _) = checkpoint(&["conv_in.weight"], 3);
+    let (fp16, fp16_tensors) = checkpoint(&["conv_in.weight"], 3);
     let (vae1, vae_a) = checkpoint(&["encoder.w"], 10);
     let (vae2, vae_b) = checkpoint(&["decoder.w"], 12);
     let vae_index = serde_json::json!({"weight_map": {
@@ -413,7 +415,7 @@ fn a_pipeline_and_a_sentence_transformers_repo_mount_as_they_are_laid_out() {
         ("README.md", small("a pipeline")),
         ("unet/config.json", small(r#"{"_class_name": "UNet2DModel"}"#)),
         ("unet/diffusion_pytorch_model.safetensors", unet.clone()),
-        ("unet/diffusion_pytorch_model.fp16.safetensors", fp16),
+        ("unet/diffusion_pytorch_model.fp16.safetensors", fp16.clone()),
         ("vae/config.json", small("{}")),
         ("vae/diffusion_pytorch_model.safetensors.index.json", vae_index.to_string().into_bytes()),
         ("vae/diffusion_pytorch_model-00001-of-00002.safetensors", vae1),
@@ -429,7 +431,11 @@ fn a_pipeline_and_a_sentence_transformers_repo_mount_as_they_are_laid_out() {
     assert_eq!(m.read("model_index.json"), model_index);
     assert_eq!(m.read("scheduler/scheduler_config.json"), small(r#"{"num_train_timesteps": 10}"#));
     assert_eq!(m.read("vae/config.json"), small("{}"));
-    assert!(!m.path.join("onnx").exists() && !m.path.join("unet/diffusion_pytorch_model.fp16.safetensors").exists());
+    assert!(!m.path.join("onnx").exists());
+    assert!(m.read("unet/diffusion_pytorch_model.fp16.safetensors") == fp16);
+    assert!(m.read("unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight") == fp16_tensors[0].data);
+    let unet_doc: serde_json::Value = serde_json::from_slice(&m.read("unet/metadata.json")).unwrap();
+    assert_eq!(unet_doc["checkpoints"][1]["variant"], "fp16");
     let doc: serde_json::Value = serde_json::from_slice(&m.read("metadata.json")).unwrap();
     assert_eq!(
         doc["components"],
@@ -437,14 +443,13 @@ fn a_pipeline_and_a_sentence_transformers_repo_mount_as_they_are_laid_out() {
     );
     let vae: serde_json::Value = serde_json::from_slice(&m.read("vae/metadata.json")).unwrap();
     assert_eq!(vae["files"], serde_json::json!({"decoder.w": "decoder.w", "encoder.w": "encoder.w"}));
-    // One listing, one commit: every file read is of the pinned commit; onnx/ and the variant
-    // are never asked for.
+    // One listing, one commit: every file read is of the pinned commit; onnx/ is never asked for.
     let log = hub.nginx.log();
     let api: Vec<_> = log.iter().filter(|l| l.request.contains("/api/models/")).collect();
     assert_eq!(api.len(), 1, "{log:?}");
     for l in log.iter().filter(|l| !l.request.contains("/api/models/")) {
         assert!(l.request.contains(&format!("/org/pipe/resolve/{SHA_A}/")), "{}", l.request);
-        assert!(!l.request.contains("/onnx/") && !l.request.contains("fp16"), "{}", l.request);
+        assert!(!l.request.contains("/onnx/"), "{}", l.request);
     }
     drop(m);
     // A folder of the repository is laid out from it: the vae alone.
