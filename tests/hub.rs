@@ -393,7 +393,7 @@ fn missing_repos_revisions_and_checkpoints_are_refused_with_one_line() {
 /// A diffusers pipeline and a sentence-transformers model by name: the repository listed once,
 /// at one commit, and laid out as a local folder is (a component in each folder with a checkpoint,
 /// every checkpoint of a folder served, its variant's at its path and its tensors in
-/// `%checkpoints/`, the small files of the folders served, the others neither served nor
+/// `%.checkpoints/`, the small files of the folders served, the others neither served nor
 /// fetched); a folder of the
 /// repository is laid out the same from it; a pipeline with nothing loadable is one line.
 #[test]
@@ -433,7 +433,7 @@ fn a_pipeline_and_a_sentence_transformers_repo_mount_as_they_are_laid_out() {
     assert_eq!(m.read("vae/config.json"), small("{}"));
     assert!(!m.path.join("onnx").exists());
     assert!(m.read("unet/diffusion_pytorch_model.fp16.safetensors") == fp16);
-    assert!(m.read("unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight") == fp16_tensors[0].data);
+    assert!(m.read("unet/%.checkpoints/diffusion_pytorch_model.fp16/conv_in.weight") == fp16_tensors[0].data);
     let unet_doc: serde_json::Value = serde_json::from_slice(&m.read("unet/metadata.json")).unwrap();
     assert_eq!(unet_doc["checkpoints"][1]["variant"], "fp16");
     let doc: serde_json::Value = serde_json::from_slice(&m.read("metadata.json")).unwrap();

@@ -55,7 +55,7 @@ fn pipeline() -> Pipeline {
     let unet = vec![T::new("conv_in.weight", Dtype::F32, &[32, 3, 3, 3]), T::new("conv_in.bias", Dtype::F16, &[32])];
     std::fs::create_dir_all(root.join("unet")).unwrap();
     write_checkpoint(&root.join("unet/diffusion_pytorch_model.safetensors"), &unet, None);
-    // A variant beside it is another checkpoint: served beside it, its tensors in %checkpoints/.
+    // A variant beside it is another checkpoint: served beside it, its tensors in %.checkpoints/.
     let fp16 = [T::new("conv_in.weight", Dtype::F16, &[32, 3, 3, 3])];
     write_checkpoint(&root.join("unet/diffusion_pytorch_model.fp16.safetensors"), &fp16, None);
     write(&root.join("unet/config.json"), br#"{"_class_name": "UNet2DModel"}"#);
@@ -93,10 +93,10 @@ fn a_diffusers_pipeline_mounts_with_a_component_in_each_folder() {
             "tokenizer/merges.txt",
             "tokenizer/vocab.json",
             "unet/",
-            "unet/%checkpoints/",
-            "unet/%checkpoints/diffusion_pytorch_model.fp16/",
-            "unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
-            "unet/%checkpoints/diffusion_pytorch_model.fp16/metadata.json",
+            "unet/%.checkpoints/",
+            "unet/%.checkpoints/diffusion_pytorch_model.fp16/",
+            "unet/%.checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
+            "unet/%.checkpoints/diffusion_pytorch_model.fp16/metadata.json",
             "unet/config.json",
             "unet/conv_in.bias",
             "unet/conv_in.weight",
@@ -134,7 +134,7 @@ fn a_diffusers_pipeline_mounts_with_a_component_in_each_folder() {
     }
     let fp16 = T::new("conv_in.weight", Dtype::F16, &[32, 3, 3, 3]);
     assert!(
-        std::fs::read(m.file("unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight")).unwrap() == fp16.data
+        std::fs::read(m.file("unet/%.checkpoints/diffusion_pytorch_model.fp16/conv_in.weight")).unwrap() == fp16.data
     );
     // The root's metadata.json lists the components and the other folders' small files; each
     // component's tells its tensor files from its other files, paths relative to its folder.
@@ -168,10 +168,10 @@ fn a_diffusers_pipeline_mounts_with_a_component_in_each_folder() {
         [
             "metadata.json",
             "unet/",
-            "unet/%checkpoints/",
-            "unet/%checkpoints/diffusion_pytorch_model.fp16/",
-            "unet/%checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
-            "unet/%checkpoints/diffusion_pytorch_model.fp16/metadata.json",
+            "unet/%.checkpoints/",
+            "unet/%.checkpoints/diffusion_pytorch_model.fp16/",
+            "unet/%.checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
+            "unet/%.checkpoints/diffusion_pytorch_model.fp16/metadata.json",
             "unet/conv_in.bias",
             "unet/conv_in.weight",
             "unet/metadata.json",
@@ -312,7 +312,7 @@ fn folders_with_nothing_loadable_or_too_much_are_one_line_and_nothing_mounted() 
 /// variant=...)` writes them (a file, and a sharded one with its index), and a
 /// `consolidated.safetensors` beside them: every file is served at its path, byte for byte; the
 /// main checkpoint's tensors are files in the folder, each other checkpoint's in
-/// `%checkpoints/NAME/` with its own metadata.json; the folder's metadata.json lists them all.
+/// `%.checkpoints/NAME/` with its own metadata.json; the folder's metadata.json lists them all.
 /// (Before, such a folder was refused: "tensor "w" is in two shards".)
 #[test]
 fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
@@ -338,18 +338,18 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
         tree(&m.path),
         [
             "%6Dodel.fp16.safetensors",
-            "%checkpoints/",
-            "%checkpoints/consolidated/",
-            "%checkpoints/consolidated/layers.0.w",
-            "%checkpoints/consolidated/metadata.json",
-            "%checkpoints/model.bf16/",
-            "%checkpoints/model.bf16/metadata.json",
-            "%checkpoints/model.bf16/model.fp16.safetensors",
-            "%checkpoints/model.bf16/w",
-            "%checkpoints/model.fp16/",
-            "%checkpoints/model.fp16/metadata.json",
-            "%checkpoints/model.fp16/model.fp16.safetensors",
-            "%checkpoints/model.fp16/w",
+            "%.checkpoints/",
+            "%.checkpoints/consolidated/",
+            "%.checkpoints/consolidated/layers.0.w",
+            "%.checkpoints/consolidated/metadata.json",
+            "%.checkpoints/model.bf16/",
+            "%.checkpoints/model.bf16/metadata.json",
+            "%.checkpoints/model.bf16/model.fp16.safetensors",
+            "%.checkpoints/model.bf16/w",
+            "%.checkpoints/model.fp16/",
+            "%.checkpoints/model.fp16/metadata.json",
+            "%.checkpoints/model.fp16/model.fp16.safetensors",
+            "%.checkpoints/model.fp16/w",
             "config.json",
             "consolidated.safetensors",
             "metadata.json",
@@ -376,10 +376,10 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
     assert!(read("w") == main[0].data && read("%6Dodel.fp16.safetensors") == main[1].data);
     for (folder, tensors) in [("model.fp16", &fp16), ("model.bf16", &bf16)] {
         for t in tensors.iter() {
-            assert!(read(&format!("%checkpoints/{folder}/{}", t.name)) == t.data, "{folder}/{}", t.name);
+            assert!(read(&format!("%.checkpoints/{folder}/{}", t.name)) == t.data, "{folder}/{}", t.name);
         }
     }
-    assert!(read("%checkpoints/consolidated/layers.0.w") == consolidated[0].data);
+    assert!(read("%.checkpoints/consolidated/layers.0.w") == consolidated[0].data);
     // The folder's metadata.json: its tensor files in `files` as ever, every checkpoint in
     // `checkpoints`, the others' files in `checkpoint_files` with the checkpoint they are of.
     let top = json(&m.file("metadata.json"));
@@ -388,9 +388,9 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
         top["checkpoints"],
         serde_json::json!([
             {"path": ".", "name": "model", "variant": null, "tensors": 2, "shards": 1},
-            {"path": "%checkpoints/consolidated", "name": "consolidated", "variant": null, "tensors": 1, "shards": 1},
-            {"path": "%checkpoints/model.bf16", "name": "model.bf16", "variant": "bf16", "tensors": 2, "shards": 2},
-            {"path": "%checkpoints/model.fp16", "name": "model.fp16", "variant": "fp16", "tensors": 2, "shards": 1},
+            {"path": "%.checkpoints/consolidated", "name": "consolidated", "variant": null, "tensors": 1, "shards": 1},
+            {"path": "%.checkpoints/model.bf16", "name": "model.bf16", "variant": "bf16", "tensors": 2, "shards": 2},
+            {"path": "%.checkpoints/model.fp16", "name": "model.fp16", "variant": "fp16", "tensors": 2, "shards": 1},
         ])
     );
     let size = |name: &str| std::fs::metadata(root.join(name)).unwrap().len();
@@ -417,12 +417,12 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
     assert_eq!(top["checkpoint_files"][5]["size"], size("model.fp16.safetensors"));
     assert!(top.get("components").is_none(), "another checkpoint is no component");
     // Each other checkpoint's own metadata.json: its tensors, its files up in the folder.
-    let bf16_meta = json(&m.file("%checkpoints/model.bf16/metadata.json"));
+    let bf16_meta = json(&m.file("%.checkpoints/model.bf16/metadata.json"));
     assert_eq!(bf16_meta["tensors"]["w"]["dtype"], "BF16");
     assert_eq!(bf16_meta["tensors"]["w"]["path"], "w");
     assert_eq!(bf16_meta["checkpoint_files"][0]["path"], "../../model.bf16-00001-of-00002.safetensors");
     assert_eq!(bf16_meta["checkpoint_files"][0]["shard"], 0);
-    let up = m.file("%checkpoints/model.bf16/../../model.bf16-00001-of-00002.safetensors");
+    let up = m.file("%.checkpoints/model.bf16/../../model.bf16-00001-of-00002.safetensors");
     assert!(std::fs::read(up).unwrap() == std::fs::read(root.join("model.bf16-00001-of-00002.safetensors")).unwrap());
     drop(m);
 
@@ -436,7 +436,7 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
     // without that variant); the main one cannot.
     std::fs::write(root.join("model.bf16-00002-of-00002.safetensors"), [0u8; 3]).unwrap();
     let m = Mount::new(root, &[]);
-    assert!(!m.path.join("%checkpoints/model.bf16").exists() && m.path.join("%checkpoints/model.fp16/w").exists());
+    assert!(!m.path.join("%.checkpoints/model.bf16").exists() && m.path.join("%.checkpoints/model.fp16/w").exists());
     drop(m);
     std::fs::write(root.join("model.safetensors"), [0u8; 3]).unwrap();
     refused(root, &root.join("model.safetensors"), "");

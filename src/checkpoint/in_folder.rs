@@ -24,8 +24,8 @@
 //! (it names them when it is read).
 //!
 //! A mount serves the main checkpoint's tensors in the folder, and each other checkpoint's in
-//! [`OTHERS_DIR`]`/NAME/` below it: a name escaping never makes (a tensor file's name starts with
-//! `%` only as `%25`, `%2F`, `%00`, `%` and two upper-case hex digits, `%~` or `%` alone), and
+//! [`OTHERS_DIR`]`/NAME/` below it: a name escaping never makes (in a tensor file's name a `%` is
+//! followed only by `25`, `2F`, `00`, two upper-case hex digits, `~`, or nothing), and
 //! a layout never looks into nor serves (`layout`, the small files' rule), so it is no tensor's,
 //! no folder's and no file's of the repository.
 
@@ -35,8 +35,10 @@ use super::error::OpenProblem;
 use crate::source::hub::{Choice, Sibling};
 
 /// The folder, in a folder with other checkpoints than its main one, that holds each of them as
-/// `NAME/`: its tensors, its own `metadata.json`.
-pub const OTHERS_DIR: &str = "%checkpoints";
+/// `NAME/`: its tensors, its own `metadata.json`. It has a dot, and nothing a variant's name starts
+/// with after it: diffusers' `from_pretrained(variant=V)` reads every name of a component's folder
+/// as `STEM.V...` (`p.split(".")[1].startswith(V)`), and fails on a name without a dot.
+pub const OTHERS_DIR: &str = "%.checkpoints";
 
 /// The names of the checkpoints loaders load without `variant=`, in the order they are looked for.
 const STANDARD_NAMES: [&str; 2] = ["model", "diffusion_pytorch_model"];

@@ -56,7 +56,7 @@ pub struct FsOptions {
 
 /// Builds the filesystem for `checkpoint`, counting into `stats`: its own shards and files in the
 /// root, each of its components in its folder, each other checkpoint of a folder in that folder's
-/// `%checkpoints/NAME` (its files beside the folder's own). Files are readable by whom the backing shards are
+/// `%.checkpoints/NAME` (its files beside the folder's own). Files are readable by whom the backing shards are
 /// (the read bits common to all local shards, taken from the descriptor each was pinned by: one
 /// a mount serves is never readable by more than its target), `-o fmask`/`dmask`/`umask` narrowing
 /// them further and never widening them, and dated by the newest shard. A local small file (or

@@ -26,7 +26,7 @@
 //!
 //! A folder with other checkpoints than its main one (`model.fp16.safetensors` beside
 //! `model.safetensors`, `consolidated.safetensors` beside shards) lists each in `checkpoints`,
-//! its own main one first (`"path": "."`), the others at `%checkpoints/NAME`, each of those a
+//! its own main one first (`"path": "."`), the others at `%.checkpoints/NAME`, each of those a
 //! folder with its own `metadata.json` of this schema (its `checkpoint_files` are in the main
 //! one's folder: `../../model.fp16.safetensors`). Their files (shards, index files) are served in
 //! the folder beside the main one's and listed in its `checkpoint_files` with the `checkpoint`

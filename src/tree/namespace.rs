@@ -105,7 +105,7 @@ pub struct Component {
 }
 
 /// Which checkpoint of a folder a component is: the main one (whose tensors are files in the
-/// folder), or another one, laid out in a folder of the main one's folder (`unet/%checkpoints/
+/// folder), or another one, laid out in a folder of the main one's folder (`unet/%.checkpoints/
 /// diffusion_pytorch_model.fp16`) with its checkpoint's own files (shards, index files) served
 /// in the main one's folder beside the main's, where loaders look for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
