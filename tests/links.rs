@@ -400,8 +400,8 @@ fn refused(source: &Path, shown: &Path, needle: &str) {
 }
 
 /// A shard that resolves outside the folder is refused, naming it (a checkpoint is never served
-/// without its tensors, nor with a file from elsewhere); an index beside the shards that does is
-/// left out of the re-served files, with a warning, and the mount is made.
+/// without its tensors, nor with a file from elsewhere); another checkpoint of the folder (an
+/// index, a file) that does is left out, with a warning, and the mount is made.
 #[test]
 fn a_shard_outside_the_folder_is_refused_and_an_index_outside_left_out() {
     let elsewhere = workdir();
@@ -411,8 +411,8 @@ fn a_shard_outside_the_folder_is_refused_and_an_index_outside_left_out() {
     for place in PLACES {
         let model = Model::new(place);
         let link = match place {
-            // Every `*.safetensors` entry of the root is a shard.
-            Place::Root => model.small("extra.safetensors"),
+            // The root's checkpoint itself.
+            Place::Root => model.small("model.safetensors"),
             // The component's checkpoint itself.
             Place::Component => model.small("diffusion_pytorch_model.safetensors"),
             // A shard the index names.
@@ -427,15 +427,23 @@ fn a_shard_outside_the_folder_is_refused_and_an_index_outside_left_out() {
         symlink(&outside, &link).unwrap();
         refused(&model.source(), &link, "resolves outside the model's folder");
     }
+    // Another checkpoint of the folder (an index beside the root's file, a file beside it) that
+    // resolves outside is left out with a warning, and the mount is made without it.
     let model = Model::new(Place::Root);
     let index = model.root().join("model.safetensors.index.json");
     symlink(elsewhere.path().join("other.safetensors.index.json"), &index).unwrap();
+    let extra = model.root().join("extra.safetensors");
+    symlink(&outside, &extra).unwrap();
     let log = model.dir.path().join("log");
     let m = model.mount(false, &log);
-    assert!(!listed(&m.path).contains(&"model.safetensors.index.json".to_string()), "{:?}", listed(&m.path));
+    for name in ["model.safetensors.index.json", "extra.safetensors", "%.checkpoints"] {
+        assert!(!listed(&m.path).contains(&name.to_string()), "{name}: {:?}", listed(&m.path));
+    }
     let log = std::fs::read_to_string(&log).unwrap_or_default();
-    let line = format!("{}: not re-served: resolves outside the model's folder", index.display());
-    assert!(log.contains(&line), "{line:?} not in the log:\n{log}");
+    for file in [&index, &extra] {
+        let line = format!("{}: not served: resolves outside the model's folder", file.display());
+        assert!(log.contains(&line), "{line:?} not in the log:\n{log}");
+    }
 }
 
 /// A FIFO at `path`, with a writer waiting in its open until something opens the FIFO for reading

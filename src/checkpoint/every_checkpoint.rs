@@ -9,6 +9,7 @@ use super::error::{OpenError, OpenProblem};
 use super::in_folder::InFolder;
 use super::index_file::MAX_DIRECTORY_INDEX_TOTAL;
 use super::shard::{file_name, Checkpoint, OtherCheckpoint};
+use crate::format::PrintablePath;
 use crate::source::hub::Choice;
 
 /// Opens `found` (file names already joined to the folder's path) with `open`, as the module doc
@@ -49,7 +50,12 @@ pub(super) fn open_every(
                 let (name, variant) = (other.name, other.variant);
                 checkpoint.others.push(OtherCheckpoint { name, variant, checkpoint: opened_other });
             }
-            Err(error) => log::warn!("{error}: not served (the folder's other checkpoint {})", other.name),
+            Err(error) => log::warn!(
+                "{}: not served: {} (another checkpoint of the folder, {})",
+                PrintablePath(&error.path),
+                error.problem,
+                PrintablePath(&other.name)
+            ),
         }
     }
     Ok(checkpoint)

@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn names_are_read_as_transformers_and_diffusers_write_them() {
-        let role = |n: &str| role_of(n).map(|(k, r)| (k, r));
+        let role = role_of;
         assert_eq!(role("model.safetensors"), Some(("model".into(), Role::Single)));
         assert_eq!(role("model.fp16.safetensors"), Some(("model.fp16".into(), Role::Single)));
         assert_eq!(role("model-00001-of-00002.safetensors"), Some(("model".into(), Role::Shard)));
