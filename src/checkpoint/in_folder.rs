@@ -139,6 +139,12 @@ fn shard_stem(stem: &str) -> Option<String> {
     Some(format!("{}.{variant}", numbered(numbered_part)?)).filter(|_| !variant.is_empty())
 }
 
+/// A checkpoint of a folder by its name, with its files.
+type Named = (String, Choice);
+
+/// Whether a checkpoint's files are of one kind (a file, an index, shards).
+type Kind = fn(&Choice) -> bool;
+
 /// The files of one checkpoint name in a folder.
 #[derive(Debug, Default)]
 struct Group<'a> {
@@ -165,7 +171,7 @@ pub fn checkpoints_in(names: &[&str]) -> Result<InFolder, OpenProblem> {
         }
     }
     // Every checkpoint of the folder, by name: an index each, the file, the shards no index takes.
-    let mut all: Vec<(String, Choice)> = Vec::new();
+    let mut all: Vec<Named> = Vec::new();
     for (key, group) in &groups {
         all.extend(group.indexes.iter().map(|i| (key.clone(), Choice::Index(i.to_string()))));
         all.extend(group.single.map(|f| (key.clone(), Choice::Single(f.to_string()))));
@@ -181,7 +187,7 @@ pub fn checkpoints_in(names: &[&str]) -> Result<InFolder, OpenProblem> {
         (STANDARD_NAMES.contains(&base) || groups.contains_key(base)).then(|| variant.to_string())
     };
     let main_at = main_position(&all, &variant_of)?;
-    let (main, rest): (Option<(String, Choice)>, Vec<(String, Choice)>) = match main_at {
+    let (main, rest): (Option<Named>, Vec<Named>) = match main_at {
         Main::At(at) => {
             let main = all.remove(at);
             (Some(main), all)
@@ -194,7 +200,7 @@ pub fn checkpoints_in(names: &[&str]) -> Result<InFolder, OpenProblem> {
         }
         Main::None => (None, all),
     };
-    let found = |(name, files): (String, Choice)| Found { variant: variant_of(&name), name, files };
+    let found = |(name, files): Named| Found { variant: variant_of(&name), name, files };
     let mut others: Vec<Found> = rest.into_iter().map(found).collect();
     // Each other checkpoint gets a name of its own, a plain file name: else its first file's.
     let mut taken: Vec<String> = Vec::new();
@@ -237,13 +243,13 @@ enum Main {
 }
 
 /// The main checkpoint among `all` (name and files, in name order), by the rule of the module doc.
-fn main_position(all: &[(String, Choice)], variant_of: &dyn Fn(&str) -> Option<String>) -> Result<Main, OpenProblem> {
-    let find = |key: &str, pick: fn(&Choice) -> bool| all.iter().position(|(k, c)| k == key && pick(c));
-    let single: fn(&Choice) -> bool = |c| matches!(c, Choice::Single(_));
-    let index: fn(&Choice) -> bool = |c| matches!(c, Choice::Index(_));
-    let shards: fn(&Choice) -> bool = |c| matches!(c, Choice::Shards(_));
+fn main_position(all: &[Named], variant_of: &dyn Fn(&str) -> Option<String>) -> Result<Main, OpenProblem> {
+    let find = |key: &str, pick: Kind| all.iter().position(|(k, c)| k == key && pick(c));
+    let single: Kind = |c| matches!(c, Choice::Single(_));
+    let index: Kind = |c| matches!(c, Choice::Index(_));
+    let shards: Kind = |c| matches!(c, Choice::Shards(_));
     // transformers looks for its file first, diffusers for its index.
-    let orders: [(&str, [fn(&Choice) -> bool; 3]); 2] =
+    let orders: [(&str, [Kind; 3]); 2] =
         [("model", [single, index, shards]), ("diffusion_pytorch_model", [index, single, shards])];
     for (key, order) in orders {
         if let Some(at) = order.iter().find_map(|pick| find(key, *pick)) {
@@ -289,14 +295,17 @@ mod tests {
         Choice::Shards(names.iter().map(|n| n.to_string()).collect())
     }
 
+    /// Another checkpoint's name, variant and files.
+    type Other = (String, Option<String>, Choice);
+
     /// The main checkpoint's files and, for each other one, its name, variant and files.
-    fn decided(names: &[&str]) -> (Option<Choice>, Vec<(String, Option<String>, Choice)>) {
+    fn decided(names: &[&str]) -> (Option<Choice>, Vec<Other>) {
         let found = checkpoints_in(names).unwrap();
         let others = found.others.into_iter().map(|f| (f.name, f.variant, f.files)).collect();
         (found.main.map(|m| m.files), others)
     }
 
-    fn other(name: &str, variant: Option<&str>, files: Choice) -> (String, Option<String>, Choice) {
+    fn other(name: &str, variant: Option<&str>, files: Choice) -> Other {
         (name.to_string(), variant.map(str::to_string), files)
     }
 
