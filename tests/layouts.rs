@@ -337,7 +337,6 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
     assert_eq!(
         tree(&m.path),
         [
-            "%6Dodel.fp16.safetensors",
             "%.checkpoints/",
             "%.checkpoints/consolidated/",
             "%.checkpoints/consolidated/layers.0.w",
@@ -350,6 +349,7 @@ fn a_folder_with_variants_serves_every_checkpoint_at_its_path() {
             "%.checkpoints/model.fp16/metadata.json",
             "%.checkpoints/model.fp16/model.fp16.safetensors",
             "%.checkpoints/model.fp16/w",
+            "%6Dodel.fp16.safetensors",
             "config.json",
             "consolidated.safetensors",
             "metadata.json",
