@@ -41,7 +41,13 @@ pub fn diffusers() -> Repo {
         ("README.md", b"# a pipeline\n"),
     ]);
     objects.push(("unet/diffusion_pytorch_model.safetensors".to_string(), checkpoint(&unet)));
-    let tensors = unet.iter().map(|t| (format!("unet/{}", t.name), t.data.clone())).collect();
+    // Its fp16 variant beside it: served at its path, its tensors in unet/%.checkpoints/.
+    let fp16 = vec![T::new("conv_in.weight", Dtype::F16, &[32, 3, 3, 3])];
+    objects.push(("unet/diffusion_pytorch_model.fp16.safetensors".to_string(), checkpoint(&fp16)));
+    let mut tensors: Vec<(String, Vec<u8>)> =
+        unet.iter().map(|t| (format!("unet/{}", t.name), t.data.clone())).collect();
+    let variant = "unet/%.checkpoints/diffusion_pytorch_model.fp16";
+    tensors.extend(fp16.iter().map(|t| (format!("{variant}/{}", t.name), t.data.clone())));
     let tree = vec![
         "README.md",
         "metadata.json",
@@ -49,9 +55,14 @@ pub fn diffusers() -> Repo {
         "scheduler/",
         "scheduler/scheduler_config.json",
         "unet/",
+        "unet/%.checkpoints/",
+        "unet/%.checkpoints/diffusion_pytorch_model.fp16/",
+        "unet/%.checkpoints/diffusion_pytorch_model.fp16/conv_in.weight",
+        "unet/%.checkpoints/diffusion_pytorch_model.fp16/metadata.json",
         "unet/config.json",
         "unet/conv_in.bias",
         "unet/conv_in.weight",
+        "unet/diffusion_pytorch_model.fp16.safetensors",
         "unet/diffusion_pytorch_model.safetensors",
         "unet/metadata.json",
     ];
