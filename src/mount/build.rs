@@ -94,8 +94,10 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
         }
         let mut files = Vec::new();
         if options.checkpoint_files {
-            let index_files = readable_as_shards(part.index_files, read_bits, &folder);
-            files = root_files(index_files, readable_as_shards(part.repo_files, read_bits, &folder));
+            // Another checkpoint's files are in its main one's folder: named from there.
+            let files_in = which.other_of.as_deref().unwrap_or(&folder);
+            let index_files = readable_as_shards(part.index_files, read_bits, files_in);
+            files = root_files(index_files, readable_as_shards(part.repo_files, read_bits, files_in));
         }
         laid_out.push(Component { folder, shards, files, checkpoint: which });
     }
