@@ -28,7 +28,9 @@ const HELPER_USAGE: &str = "\
 usage: mount.fuse.stfs SOURCE MOUNTPOINT [-s] [-f] [-n] [-v] [-o OPT[,OPT...]]
   the mount(8) helper of stfs: `mount -t fuse.stfs SOURCE MOUNTPOINT -o OPTS` runs it.
   -f only checks SOURCE, MOUNTPOINT and OPTS; -v says what is mounted; -s and -n are accepted.
-  Options are those of `stfs mount --help`; `rw`, which mount(8) adds by default, is ignored.";
+  Options are those of `stfs mount --help`; `rw`, which mount(8) adds by default, is ignored.
+  -o drop_privileges (mount.fuse3's): mount as root, serve with no capability and no_new_privs;
+  -o drop_privileges=USER serves as USER.";
 
 /// A helper call that cannot be understood.
 #[derive(Debug, Clone, PartialEq, Eq)]
