@@ -339,3 +339,26 @@ def test_ctrl_c_in_the_middle_of_a_load_leaves_no_thread_reading_and_no_descript
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_load_and_open_for_torch_without_a_mount(tmp_path, monkeypatch):
+    try:
+        import torch
+        from safetensors.torch import load_file as torch_load_file, save_file as torch_save_file
+    except ImportError:
+        tool_missing("torch", "scripts/torch_venv (scripts/test runs pytest with its python)")
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    path = tmp_path / "m.safetensors"
+    torch_save_file({"a": torch.randn(33, 65).to(torch.bfloat16), "b": torch.arange(10), "c": torch.randn(7).half(),
+                     "e": torch.zeros(0, 3)}, str(path))
+    ref = torch_load_file(str(path))
+    got = stfs.load(path, framework="torch")
+    for name, want in ref.items():
+        assert got[name].dtype == want.dtype and got[name].device.type == "cpu" and torch.equal(got[name], want), name
+    assert torch.equal(stfs.load(path, framework="torch", as_="f32")["a"], ref["a"].float())
+    with stfs.open(path, framework="torch") as f:
+        assert torch.equal(f.get_slice("a")[3:9, 2:5], ref["a"][3:9, 2:5])
+    buffer = torch.empty(33 * 65, dtype=torch.bfloat16)  # a torch tensor's memory, read into
+    with stfs.Checkpoint(path) as checkpoint:
+        checkpoint.read([(checkpoint.tensor("a"), 0, buffer)])
+    assert torch.equal(buffer.reshape(33, 65), ref["a"])

@@ -187,10 +187,10 @@ def test_the_installed_package_is_used():
     assert out.stdout.split()[-1] == stfs.__version__, (out.stdout, stfs.__version__)
     # One build, both faces: the extension module is the wheel's, and the `stfs` command is the console
     # script that runs the CLI inside it (pyproject.toml says why).
-    import stfs._engine
+    from stfs import _engine
 
-    assert stfs._engine.available()
-    assert os.path.realpath(stfs._engine._module().__file__).startswith(prefix + os.sep)
+    assert _engine.available()
+    assert os.path.realpath(_engine._module().__file__).startswith(prefix + os.sep)
     with open(binary, "rb") as f:
         script = f.read()
     assert script.startswith(b"#!") and b"stfs._command" in script, script[:200]
