@@ -5,6 +5,7 @@
 //! wheel's console script (`command`). `python/stfs` is the Python side built on it.
 
 mod command;
+mod error;
 mod opened;
 mod reads;
 
@@ -16,14 +17,4 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(command::main, module)?)?;
     module.add_class::<opened::Opened>()?;
     Ok(())
-}
-
-/// `stfs.StfsError(line)`: the package's one exception class (defined in `stfs._mount`, beside the
-/// mount's), so a failure here and one of the binary are caught alike.
-fn stfs_error(py: Python<'_>, line: String) -> PyErr {
-    let class = py.import("stfs._mount").and_then(|m| m.getattr("StfsError"));
-    match class.and_then(|c| c.call1((line,))) {
-        Ok(error) => PyErr::from_value(error),
-        Err(e) => e,
-    }
 }

@@ -38,7 +38,7 @@ impl Opened {
     fn new(py: Python<'_>, source: String, flags: Vec<String>, prefetch: bool) -> PyResult<Opened> {
         let fs = py
             .allow_threads(|| crate::cli::unmounted::open_unmounted(&source, &flags, prefetch))
-            .map_err(|line| super::stfs_error(py, line))?;
+            .map_err(|line| super::error::stfs_error(py, line))?;
         let inodes = fs.namespace().tensors().iter().map(|t| inode_of(&fs, &t.path)).collect();
         Ok(Opened { fs: RwLock::new(Some(fs)), inodes })
     }
@@ -126,7 +126,7 @@ impl Opened {
 
 impl Opened {
     fn fs(&self, py: Python<'_>) -> PyResult<Arc<Fs>> {
-        read(&self.fs).clone().ok_or_else(|| super::stfs_error(py, "stfs: the checkpoint is closed".into()))
+        read(&self.fs).clone().ok_or_else(|| super::error::stfs_error(py, "stfs: the checkpoint is closed".into()))
     }
 }
 

@@ -76,7 +76,7 @@ pub fn read_all(py: Python<'_>, fs: &Fs, reads: &[Read], threads: usize, block_s
         return Err(error);
     }
     let failure = lock(&shared.failure).take();
-    failure.map_or(Ok(()), |line| Err(super::stfs_error(py, line)))
+    failure.map_or(Ok(()), |line| Err(super::error::stfs_error(py, line)))
 }
 
 /// Waits until `threads` readers have ended; a pending signal whose handler raises (Ctrl-C's
