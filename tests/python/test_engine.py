@@ -39,11 +39,23 @@ TIMEOUT = 60
 
 @pytest.fixture(autouse=True)
 def native():
-    """The extension module, from NATIVE_DIR unless the package has one of its own."""
+    """The extension module, from NATIVE_DIR unless the package has one of its own; taken away again
+    after the test, so the other test files of the session (whose stfs.load mounts) are left as they were."""
+    added = None
     if not stfs._engine.available():
-        stfs.__path__.append(os.path.join(NATIVE_DIR, "stfs"))
-    if not stfs._engine.available():
-        tool_missing("the stfs._native extension", f"scripts/test builds it into {NATIVE_DIR}")
+        added = os.path.join(NATIVE_DIR, "stfs")
+        stfs.__path__.append(added)
+    try:
+        if not stfs._engine.available():
+            tool_missing("the stfs._native extension", f"scripts/test builds it into {NATIVE_DIR}")
+        yield
+    finally:
+        if added is not None:
+            stfs.__path__.remove(added)
+            stfs._engine._native = None
+            sys.modules.pop("stfs._native", None)
+            if hasattr(stfs, "_native"):
+                del stfs._native
 
 
 def tensor_bytes(checkpoint, name):
