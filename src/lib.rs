@@ -12,6 +12,7 @@
 //! - [`tree`]: the virtual tree of files, their names and `metadata.json`.
 //! - [`fs`]: filesystem operations on plain values, with `FsError`.
 //! - [`fuse`]: the fuser adapter. [`mount`]: a mount's lifetime. [`cli`]: the commands.
+//! - `python` (`--features python`): the Python extension module, the engine read with no mount.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -22,6 +23,8 @@ pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod mount;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod source;
 pub mod stats;
 pub mod tree;

@@ -24,6 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["fuse"],
     &["mount"],
     &["cli"],
+    &["python"],
 ];
 
 /// Module path (`engine::cache`) -> source text, for every file of a tree.

@@ -12,6 +12,7 @@ tensors as NumPy memmaps or torch tensors on the device you name.
 The `stfs` binary this package runs is the one pip installed beside it (or $STFS_BIN, or `stfs` on
 PATH). Mounting needs /dev/fuse and the right to mount (root, or fusermount3 for a user).
 """
+from ._engine import Checkpoint, SafeOpen, open
 from ._load import entries, is_mount_dir, load
 from ._mount import DEFAULT_TIMEOUT, StfsError, find_binary, is_mounted, mount, mount_flags, unmount
 
@@ -23,6 +24,6 @@ except PackageNotFoundError:  # imported from a source checkout, not installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "StfsError", "entries", "find_binary", "is_mount_dir", "is_mounted", "load", "mount",
-    "mount_flags", "unmount", "__version__",
+    "Checkpoint", "DEFAULT_TIMEOUT", "SafeOpen", "StfsError", "entries", "find_binary", "is_mount_dir", "is_mounted", "load", "mount",
+    "mount_flags", "open", "unmount", "__version__",
 ]

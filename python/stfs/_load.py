@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
+from . import _engine
 from ._mapping import mapped
 from ._whole import ReadAhead, read_ahead, torch_view, views as _whole_views
 from ._mount import DEFAULT_TIMEOUT, PathLike, StfsError, _mount, _path, _mount_info, _run, _utf8, is_mounted
@@ -614,7 +615,7 @@ FRAMEWORKS = {"numpy": "numpy", "np": "numpy", "torch": "torch", "pt": "torch", 
 
 
 def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeout: float = DEFAULT_TIMEOUT,
-         progress: Optional[bool] = None, **options) -> Dict[str, Any]:
+         progress: Optional[bool] = None, mount: Optional[bool] = None, **options) -> Dict[str, Any]:
     """Every tensor of a checkpoint, as a dict name -> array, in checkpoint order.
 
     `path` is either the root of an stfs mount, or a source stfs can mount (a .safetensors file, a
@@ -638,6 +639,15 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     event per buffer; all of it under torch.cuda.device(device), so no other GPU gets a context, and
     every copy has landed when load returns. F4 is float4_e2m1fn_x2 (pairs
     along the last dimension) where torch has it; dtypes this torch lacks raise TypeError.
+
+    Without a mount (the default for a source, where the extension module stfs._native is there, for
+    NumPy and for torch on the CPU): the engine runs in this process (no /dev/fuse, no root; `options`
+    as for a mount, `timeout` unused: the source's own timeouts apply), and the arrays are views of a
+    private mapping of each local shard (zero copy, as load_file; read into the page cache meanwhile
+    by read_ahead's threads where it is cold) or, for a remote source, memory of their own the engine
+    read into, all tensors at once on several threads. NumPy arrays are then plain read-only
+    ndarrays, not np.memmap's. ``mount=True`` mounts `path` as below instead; a CUDA device always
+    does (through the pinned ring).
 
     Lifetime, when load mounts `path` itself: the mount is detached lazily (``stfs umount --lazy``)
     before load returns. It leaves the filesystem at once, while the kernel keeps it alive for as long as
@@ -684,6 +694,8 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
         if options:
             raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")
         return read(path)
+    if not mount and _engine.available() and (kind == "numpy" or _torch_device(device).type == "cpu"):
+        return _load_unmounted(path, kind, device, progress, remote, options)
     binary, mp, made = _mount(path, None, timeout, options)
     try:
         result = read(mp)
@@ -692,6 +704,90 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
         raise
     _detach(binary, mp, made, timeout, quiet=False)
     return result
+
+
+def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool], remote: bool,
+                    options: Dict[str, Any]) -> Dict[str, Any]:
+    """load() of a source with no mount: the engine in this process (stfs._native) opens it as a mount
+    would (same options and errors). Tensors of a local shard are views of one private mapping of its
+    file (zero copy, as safetensors' load_file), read into the page cache meanwhile by read_ahead's
+    threads where it is cold; every other tensor (a remote shard's, a converted view's) is read by the
+    engine straight into its own memory, all of them at once on several threads, the GIL released. The
+    engine is closed before load returns (its threads joined, its descriptors closed); the arrays hold
+    nothing of it."""
+    ahead = ReadAhead()
+    try:
+        with _engine.Checkpoint(path, **options) as checkpoint:
+            items = [Entry(t.name, t.dtype, t.shape, t.byte_len, t.path) for t in checkpoint.tensors]
+            reads = sum(t.byte_len for t in checkpoint.tensors if not t.raw or not _is_local(t.shard, checkpoint))
+            bar = _bar(progress, reads, remote, f"stfs.load {os.path.basename(str(path).rstrip('/'))}")
+            try:
+                if kind == "numpy":
+                    import numpy as np
+
+                    flats = _engine.flat_bytes(checkpoint, lambda n: np.empty(n, np.uint8),
+                                               lambda m, at, n: np.frombuffer(m, np.uint8, n, at),
+                                               bar.tick if bar else None)
+                    read_ahead(_engine.mapped_paths(checkpoint), ahead)
+                    return _typed_numpy(np, items, flats)
+                import torch
+
+                flats = _engine.flat_bytes(checkpoint, lambda n: torch.empty(n, dtype=torch.uint8, device="cpu"),
+                                           lambda m, at, n: torch.frombuffer(m, dtype=torch.uint8, count=n, offset=at),
+                                           bar.tick if bar else None)
+                read_ahead(_engine.mapped_paths(checkpoint), ahead)
+                return _typed_torch(torch, items, flats)
+            finally:
+                if bar is not None:
+                    bar.close()
+    except BaseException:
+        ahead.stop()
+        raise
+
+
+def _is_local(shard: int, checkpoint) -> bool:
+    name = checkpoint.shards[shard][0]
+    return not name.startswith(REMOTE_PREFIXES)
+
+
+def _typed_numpy(np, items: List[Entry], flats: Dict[str, Any]) -> Dict[str, Any]:
+    """Every tensor's bytes as its NumPy dtype and shape, read-only, as the mount's memmaps are typed: F4
+    unpacked (one byte per element), F6 as its raw bytes with a warning."""
+    out: Dict[str, Any] = {}
+    raw: List[str] = []
+    for e in items:
+        flat, count = flats[e.name], math.prod(e.shape)
+        if e.dtype in F6:
+            _check_size(e, count, 0.75)
+            raw.append(e.name)
+            out[e.name] = _frozen(flat)
+            continue
+        dtype = _numpy_dtype(np, e)
+        if e.dtype == F4:
+            _check_size(e, count, 0.5)
+            nibbles = np.empty(2 * e.byte_len, dtype=np.uint8)
+            nibbles[0::2] = flat & 0x0F
+            nibbles[1::2] = flat >> 4
+            out[e.name] = _frozen(nibbles.view(dtype).reshape(e.shape))
+            continue
+        _check_size(e, count, dtype.itemsize)
+        out[e.name] = _frozen(flat.view(dtype).reshape(e.shape) if count else np.zeros(e.shape, dtype))
+    _warn_raw(raw, "NumPy")
+    return out
+
+
+def _typed_torch(torch, items: List[Entry], flats: Dict[str, Any]) -> Dict[str, Any]:
+    """Every tensor's bytes as its torch dtype and shape on the CPU (F4 as float4_e2m1fn_x2 pairs, packed
+    dtypes this torch lacks as raw bytes with a warning)."""
+    out: Dict[str, Any] = {}
+    raw: List[str] = []
+    for e in items:
+        dtype, shape = _torch_type(torch, e, raw)
+        count = math.prod(shape)
+        _check_size(e, count, dtype.itemsize)
+        out[e.name] = torch_view(flats[e.name], dtype, shape) if count else torch.empty(shape, dtype=dtype, device="cpu")
+    _warn_raw(raw, "torch")
+    return out
 
 
 #: umount2(2) flags: detach lazily, and never through a symbolic link.

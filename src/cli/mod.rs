@@ -21,6 +21,7 @@ mod report;
 pub mod scrub;
 mod stats;
 mod umount;
+pub mod unmounted;
 mod unprivileged;
 
 use std::ffi::OsString;

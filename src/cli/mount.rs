@@ -211,6 +211,18 @@ fn open(
     if premounted_descriptor(&config.mountpoint).is_none() && config.drop_privileges.is_none() {
         check_hiding(&config.mountpoint, &opened)?;
     }
+    build_opened(config, opened, fs_options, stats)
+}
+
+/// The filesystem over `opened` as `config` asks: its disk cache (a directory others could write
+/// to is refused in one line), then the tree. A mount and a reader in this process without one
+/// (`unmounted`) build it here alike.
+pub fn build_opened(
+    config: &MountConfig,
+    opened: checkpoint::Checkpoint,
+    fs_options: &mut FsOptions,
+    stats: &Arc<Stats>,
+) -> Result<Arc<Fs>, Failure> {
     if let Some(dir) = &config.cache_dir {
         let disk =
             DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;

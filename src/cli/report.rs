@@ -134,10 +134,16 @@ fn finish_with(result: Result<ExitCode, Failure>, failed: u8, usage: u8) -> Exit
     match result {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("stfs: {}", one_line(&failure.to_string()));
+            eprintln!("{}", line(&failure));
             ExitCode::from(if failure.usage { usage } else { failed })
         }
     }
+}
+
+/// The one line a command prints for `failure`: `stfs: PATH: problem`, escaped to one line (the
+/// Python module raises it as `StfsError`, word for word).
+pub fn line(failure: &Failure) -> String {
+    format!("stfs: {}", one_line(&failure.to_string()))
 }
 
 /// `text` with every character that does not print as itself escaped as `{:?}` escapes it (`\n`,

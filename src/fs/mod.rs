@@ -280,6 +280,14 @@ impl Fs {
         self.engine.pinned_file(source, size)
     }
 
+    /// Shard `shard`'s own local file, on a new descriptor checked against its pin now, for a reader
+    /// in this process to map whole (the Python module's zero-copy load); `None` for a remote
+    /// shard, or a file rewritten or replaced since it was opened.
+    pub fn shard_opened(&self, shard: usize) -> Option<std::fs::File> {
+        let shard = self.ns.shards().get(shard)?;
+        self.engine.pinned_file(shard.source, shard.header.file_len)
+    }
+
     /// Whether `ino` is a re-served checkpoint file of a local file, which
     /// [`Fs::checkpoint_opened`] may hand to the kernel. No system call.
     pub fn is_local_checkpoint_file(&self, ino: Ino) -> bool {

@@ -185,6 +185,15 @@ def test_the_installed_package_is_used():
     assert os.path.realpath(shutil.which("stfs")) == binary
     out = subprocess.run(["stfs", "--version"], capture_output=True, text=True, timeout=TIMEOUT, check=True)
     assert out.stdout.split()[-1] == stfs.__version__, (out.stdout, stfs.__version__)
+    # One build, both faces: the extension module is the wheel's, and the `stfs` command is the console
+    # script that runs the CLI inside it (pyproject.toml says why).
+    from stfs import _engine
+
+    assert _engine.available()
+    assert os.path.realpath(_engine._module().__file__).startswith(prefix + os.sep)
+    with open(binary, "rb") as f:
+        script = f.read()
+    assert script.startswith(b"#!") and b"stfs._command" in script, script[:200]
 
 
 # --- mount -------------------------------------------------------------------------------------------
@@ -490,7 +499,7 @@ def test_a_mount_given_up_on_does_not_come_up_later(tmp_path, monkeypatch):
         assert not wait_until(lambda: is_mounted(mp), 2), "the interrupted mount came up afterwards"
         assert not processes_naming(mp), "a process of the mount given up on is still there"
         with pytest.raises(stfs.StfsError, match="did not finish within 0.5 s"):
-            stfs.load(SAMPLE, timeout=0.5)
+            stfs.load(SAMPLE, timeout=0.5, mount=True)
         assert not wait_until(lambda: any("stfs-" in os.path.basename(p) for p in mounted_paths()
                                           if p.startswith(tempfile.gettempdir())), 2), "load's mount came up afterwards"
         assert not stfs_temp_dirs()
@@ -607,7 +616,7 @@ def test_load_a_source_mounts_it_for_as_long_as_the_arrays_live(tmp_path):
     ckpt = tmp_path / "model.safetensors"
     shutil.copyfile(SAMPLE, ckpt)
     reference = load_file(str(ckpt))
-    loaded = stfs.load(ckpt, cache_size="1M")
+    loaded = stfs.load(ckpt, cache_size="1M", mount=True)
     # Nothing is left in the filesystem: the mount was detached and its directory removed...
     assert not any(str(ckpt) in p or "stfs-" in os.path.basename(p) for p in mounted_paths() if p.startswith(tempfile.gettempdir()))
     assert not stfs_temp_dirs()

@@ -1,0 +1,348 @@
+"""The engine in this process (the extension module stfs._native): a source opened as `stfs mount` opens it
+(same options, credential chains, limits and one-line errors), with no mount, no /dev/fuse and no root;
+its tensors read into memory the caller owns. stfs.load uses it for every source that is not a mount, and
+stfs.open is built on it."""
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ._mount import PathLike, StfsError, _argument, _path, _utf8, mount_flags
+
+_native: Any = None
+
+
+def _module() -> Any:
+    """The extension module, imported when first needed (None where it is not built: a source checkout,
+    where stfs.load then mounts)."""
+    global _native
+    if _native is None:
+        try:
+            from . import _native as module
+        except ImportError:
+            return None
+        _native = module
+    return _native
+
+#: Threads that read at once, each taking whole tensors (or pieces of READ_PIECE bytes of a large one).
+READ_THREADS = 16
+#: A tensor larger than this is read as pieces of this size, on as many threads at once.
+READ_PIECE = 16 << 20
+
+
+def available() -> bool:
+    """Whether the extension module is there (an installed wheel has it; a checkout has it once built)."""
+    return _module() is not None
+
+
+class Tensor(NamedTuple):
+    """One tensor as the engine lists it: `dtype`/`byte_len` are what its file serves (F32 under
+    ``as_="f32"``), `stored_dtype`/`stored_len` what the checkpoint holds, `start` its first byte in
+    shard `shard`'s file, `path` its file's path in the tree a mount shows (component folder first)."""
+    index: int
+    name: str
+    dtype: str
+    shape: List[int]
+    byte_len: int
+    shard: int
+    start: int
+    stored_dtype: str
+    stored_len: int
+    path: str
+
+    @property
+    def raw(self) -> bool:
+        """Whether its file serves the stored bytes (so a mapping of the shard holds them)."""
+        return self.dtype == self.stored_dtype and self.byte_len == self.stored_len
+
+
+def writable(buffer: Any) -> Tuple[int, int, Any]:
+    """(address, length, keep) of a C-contiguous writable buffer: anything with the buffer protocol (a
+    NumPy array, a bytearray, a pinned buffer) or a contiguous CPU torch tensor (through its bytes).
+    `keep` holds the buffer exported: keep it until the read is done. ValueError for anything else."""
+    if hasattr(buffer, "data_ptr") and hasattr(buffer, "is_contiguous"):  # a torch tensor
+        if buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise ValueError("stfs: a torch tensor read into must be a contiguous CPU tensor")
+        import torch
+
+        buffer = buffer.reshape(-1).view(torch.uint8).numpy()
+    view = memoryview(buffer)
+    if view.readonly:
+        raise ValueError("stfs: the buffer to read into is read-only")
+    if not view.c_contiguous:
+        raise ValueError("stfs: the buffer to read into is not contiguous")
+    if view.nbytes == 0:
+        return 0, 0, view
+    keep = (ctypes.c_char * view.nbytes).from_buffer(view.cast("B"))
+    return ctypes.addressof(keep), view.nbytes, (view, keep)
+
+
+class Checkpoint:
+    """A source opened in this process. `tensors` lists them in shard and offset order; `read` fills
+    buffers the caller owns; `close()` (or the end of a ``with`` block) ends the engine, joining its
+    threads and closing its descriptors."""
+
+    def __init__(self, source: PathLike, *, prefetch: bool = True, **options: Any):
+        native = _module()
+        if native is None:
+            raise StfsError("stfs: the extension module stfs._native is not built (pip install . builds it)")
+        flags = mount_flags(options)
+        self.source = _path(source)
+        # UTF-8 only, as the binary takes its arguments: one that is not is refused naming it.
+        text = _utf8(_argument(self.source), "")
+        self._opened = native.Opened(text, [_utf8(f, "") if isinstance(f, str) else f for f in flags], prefetch)
+        listed = self._opened.tensors()
+        self.tensors: List[Tensor] = [
+            Tensor(i, name, served, list(shape), served_len, shard, start, dtype, length, path)
+            for i, (name, dtype, shape, shard, start, length, path, served, served_len) in enumerate(listed)
+        ]
+        self.by_name: Dict[str, Tensor] = {t.name: t for t in self.tensors}
+        self.shards: List[Tuple[str, Optional[Dict[str, str]]]] = self._opened.shards()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._opened.close()
+
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise KeyError(f"stfs: no tensor named {name!r} in {self.source}") from None
+
+    def stats(self) -> Dict[str, int]:
+        """A few of the engine's counters (stats.json's names): what was read, from where."""
+        return dict(self._opened.stats())
+
+    def shard_descriptor(self, shard: int) -> Optional[int]:
+        """A new descriptor on shard `shard`'s local file, checked to be the file opened; None if remote."""
+        return self._opened.shard_descriptor(shard)
+
+    def read(self, reads: Sequence[Tuple[Tensor, int, Any]], threads: int = READ_THREADS) -> None:
+        """Fills each `(tensor, offset, buffer)`'s buffer with the bytes of the tensor's file from
+        `offset`, all at once on up to `threads` threads, the GIL released; a tensor larger than
+        READ_PIECE is read as pieces on several. StfsError names a tensor whose read failed; Ctrl-C stops
+        every thread before KeyboardInterrupt is raised."""
+        planned, keep = [], []
+        for tensor, offset, buffer in reads:
+            address, length, held = writable(buffer)
+            keep.append(held)
+            if offset < 0 or offset + length > tensor.byte_len:
+                raise ValueError(f"stfs: {tensor.name}: bytes {offset}..{offset + length} are outside its "
+                                 f"{tensor.byte_len}")
+            for at in range(0, length, READ_PIECE):
+                planned.append((tensor.index, offset + at, address + at, min(READ_PIECE, length - at)))
+        if planned:
+            self._opened.read_into(planned, threads)
+        del keep
+
+
+# --- stfs.load without a mount ---------------------------------------------------------------------
+
+def _shard_maps(checkpoint: Checkpoint, writable_maps: bool) -> Dict[int, Any]:
+    """shard -> a private mapping of its local file (zero copy, as safetensors' load_file); remote
+    shards are left out. The descriptor is closed once mapped."""
+    maps: Dict[int, Any] = {}
+    for shard in sorted({t.shard for t in checkpoint.tensors if t.raw and t.byte_len}):
+        fd = checkpoint.shard_descriptor(shard)
+        if fd is None:
+            continue
+        try:
+            access = mmap.ACCESS_COPY if writable_maps else mmap.ACCESS_READ
+            maps[shard] = mmap.mmap(fd, 0, access=access)
+        finally:
+            os.close(fd)
+    return maps
+
+
+def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None) -> Dict[str, Any]:
+    """name -> the bytes of every tensor's file, 1-D: a view of its shard's mapping (`from_map(map,
+    start, length)`) where the shard is a local file and the tensor raw, else a buffer made by
+    `new_buffer(length)` and read into, all at once. The read-ahead of mapped shards is the caller's."""
+    maps = _shard_maps(checkpoint, writable_maps=True)
+    out: Dict[str, Any] = {}
+    reads = []
+    for t in checkpoint.tensors:
+        if t.shard in maps and t.raw and t.byte_len:
+            out[t.name] = from_map(maps[t.shard], t.start, t.byte_len)
+        else:
+            out[t.name] = new_buffer(t.byte_len)
+            if t.byte_len:
+                reads.append((t, 0, out[t.name]))
+    checkpoint.read(reads)
+    if tick is not None:
+        tick(sum(t.byte_len for t, _, _ in reads))
+    return out
+
+
+def mapped_paths(checkpoint: Checkpoint) -> List[str]:
+    """The local shard files the load maps, for read_ahead (in shard order)."""
+    local = []
+    for shard, (name, _) in enumerate(checkpoint.shards):
+        if not name.startswith(("http://", "https://", "s3://", "gs://", "hf://")) and os.path.isfile(name):
+            local.append(name)
+    return local
+
+
+# --- stfs.open -------------------------------------------------------------------------------------
+
+class _Slice:
+    """``get_slice(name)``: the tensor's dtype and shape, and ``[...]`` reading only the bytes the
+    selection covers (each contiguous run straight into the result)."""
+
+    def __init__(self, handle: "SafeOpen", tensor: Tensor):
+        self._handle, self._tensor = handle, tensor
+
+    def get_shape(self) -> List[int]:
+        return list(self._tensor.shape)
+
+    def get_dtype(self) -> str:
+        return self._tensor.dtype
+
+    def __getitem__(self, index: Any):
+        return self._handle._read_slice(self._tensor, index)
+
+
+def _normalized(index: Any, shape: List[int]) -> Tuple[List[Tuple[int, int, int]], List[bool]]:
+    """(start, stop, step) per dimension for a basic index (ints, slices, Ellipsis), and which
+    dimensions an int dropped."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if any(i is Ellipsis for i in index):
+        at = index.index(Ellipsis)
+        index = index[:at] + (slice(None),) * (len(shape) - len(index) + 1) + index[at + 1:]
+    if len(index) > len(shape):
+        raise IndexError(f"stfs: {len(index)} indices for a tensor of {len(shape)} dimensions")
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    ranges, dropped = [], []
+    for i, n in zip(index, shape):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if step < 1:
+                raise IndexError("stfs: get_slice takes steps of 1 or more")
+            ranges.append((start, max(start, stop), step))
+            dropped.append(False)
+        elif isinstance(i, int) or hasattr(i, "__index__"):
+            k = int(i)
+            k = k + n if k < 0 else k
+            if not 0 <= k < n:
+                raise IndexError(f"stfs: index {int(i)} is out of range for a dimension of {n}")
+            ranges.append((k, k + 1, 1))
+            dropped.append(True)
+        else:
+            raise TypeError(f"stfs: get_slice takes ints and slices, not {type(i).__name__}")
+    return ranges, dropped
+
+
+class SafeOpen:
+    """``stfs.open(source)``: shaped as safetensors' ``safe_open``: keys(), metadata(), get_tensor(name),
+    get_slice(name)[...]; every read goes through the engine, so a slice reads only the bytes it needs
+    (plus the rest of the engine's blocks at its ends)."""
+
+    def __init__(self, source: PathLike, framework: str = "numpy", device: Any = "cpu", **options: Any):
+        from ._load import FRAMEWORKS
+
+        kind = FRAMEWORKS.get(str(framework).lower())
+        if kind is None:
+            raise ValueError(f"stfs.open: framework must be 'numpy' or 'torch', not {framework!r}")
+        self._kind, self._device = kind, device
+        # A slice reads its own bytes: nothing is fetched ahead of them (its runs are read in parallel).
+        self._checkpoint = Checkpoint(source, prefetch=False, **options)
+
+    def __enter__(self) -> "SafeOpen":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._checkpoint.close()
+
+    def keys(self) -> List[str]:
+        return [t.name for t in self._checkpoint.tensors]
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The first shard's ``__metadata__`` (safe_open opens one file; of an index or a folder, the
+        first shard's)."""
+        shards = self._checkpoint.shards
+        return dict(shards[0][1]) if shards and shards[0][1] is not None else None
+
+    def stats(self) -> Dict[str, int]:
+        return self._checkpoint.stats()
+
+    def get_slice(self, name: str) -> _Slice:
+        return _Slice(self, self._checkpoint.tensor(name))
+
+    def get_tensor(self, name: str):
+        return self._read_slice(self._checkpoint.tensor(name), ())
+
+    def _read_slice(self, tensor: Tensor, index: Any):
+        import numpy as np
+
+        from ._load import F4, F6, _numpy_dtype, _torch_type
+
+        if tensor.dtype == F4 or tensor.dtype in F6:
+            raise TypeError(f"stfs.open: tensor {tensor.name!r} is {tensor.dtype}, packed below a byte: "
+                            "use stfs.load")
+        if self._kind == "torch":
+            import torch
+
+            dtype, _ = _torch_type(torch, tensor, [])
+            itemsize = dtype.itemsize
+        else:
+            dtype = _numpy_dtype(np, tensor)
+            itemsize = dtype.itemsize
+        shape = list(tensor.shape)
+        ranges, dropped = _normalized(index, shape)
+        cut, stepped = _run_start(ranges, shape)
+        # Dimensions before `cut` are walked index by index; from `cut` on, each run is contiguous.
+        covering = [r if d < cut else (r[0], r[1], 1) for d, r in enumerate(ranges)]
+        sizes = [len(range(*r)) for r in covering]
+        run = itemsize * math.prod(sizes[cut:])
+        strides = [itemsize * math.prod(shape[d + 1:]) for d in range(len(shape))]
+        runs = list(np.ndindex(*sizes[:cut])) if math.prod(sizes[:cut]) else []
+        flat = np.empty(run * len(runs), dtype=np.uint8)
+        reads = []
+        for k, outer in enumerate(runs):
+            offset = sum((covering[d][0] + outer[d] * covering[d][2]) * strides[d] for d in range(cut))
+            offset += covering[cut][0] * strides[cut] if cut < len(shape) else 0
+            reads.append((tensor, offset, flat[k * run:(k + 1) * run]))
+        self._checkpoint.read([r for r in reads if r[2].nbytes])
+        if self._kind == "torch":
+            out = torch.from_numpy(flat).view(dtype).reshape(sizes)
+        else:
+            out = flat.view(dtype).reshape(sizes)
+        if stepped:
+            out = out[(slice(None),) * (len(shape) - 1) + (slice(None, None, ranges[-1][2]),)]
+        out = out[tuple(0 if drop else slice(None) for drop in dropped)]
+        if self._kind == "torch":
+            return out.contiguous().to(self._device)
+        return np.ascontiguousarray(out) if stepped else out
+
+
+def _run_start(ranges: List[Tuple[int, int, int]], shape: List[int]) -> Tuple[int, bool]:
+    """(cut, stepped): the first dimension of the contiguous runs a selection is read as (every
+    dimension after it whole, it and they with step 1), and whether the last dimension's step had to
+    be read over (a stepped last dimension is read whole between its ends and picked after)."""
+    stepped = bool(shape) and ranges[-1][2] != 1
+    cut = len(shape) - 1 if stepped else len(shape)
+    while cut > 0:
+        start, stop, step = ranges[cut - 1]
+        inner_whole = all(ranges[d][:2] == (0, shape[d]) for d in range(cut, len(shape))) and not stepped
+        if step != 1 or (cut < len(shape) and not inner_whole):
+            break
+        cut -= 1
+    return cut, stepped
+
+
+def open(source: PathLike, framework: str = "numpy", device: Any = "cpu", **options: Any) -> SafeOpen:
+    """A ``safe_open``-shaped handle on `source` (any source stfs mounts; `options` as stfs.mount's), read
+    by the engine in this process: no mount. Use it in a ``with`` block, or close() it."""
+    return SafeOpen(source, framework, device, **options)

@@ -1,0 +1,376 @@
+"""The engine inside the Python process (the extension module stfs._native, src/python/): sources opened
+and read with no mount, checked against the reference `safetensors` package, over real servers on
+loopback (s3s-fs, nginx as the hub, a slow HTTP server of the test's own), in a process with no
+/dev/fuse and no root, interrupted by Ctrl-C, and against the CLI's error lines on the hostile corpus.
+
+scripts/test builds the extension (the crate's cdylib with `--features python`) into
+target/python-native/stfs/ ($STFS_NATIVE_DIR); it is added to the package from python/ here."""
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors
+from safetensors.numpy import load_file, save_file
+
+from conftest import ROOT, STFS, tool_missing, wait_until
+from test_hub import SHA, publish
+from test_reference import numpy_checkpoint, raw_checkpoint, reference_bytes  # noqa: F401 (fixtures)
+from test_remote import nginx  # noqa: F401 (a fixture)
+from test_s3 import KEY_ID, SECRET, s3  # noqa: F401 (a fixture)
+
+NATIVE_DIR = os.environ.get("STFS_NATIVE_DIR", os.path.join(ROOT, "target", "python-native"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import stfs  # noqa: E402
+import stfs._engine  # noqa: E402
+
+TIMEOUT = 60
+
+
+@pytest.fixture(autouse=True)
+def native():
+    """The extension module, from NATIVE_DIR unless the package has one of its own; taken away again
+    after the test, so the other test files of the session (whose stfs.load mounts) are left as they were."""
+    added = None
+    if not stfs._engine.available():
+        added = os.path.join(NATIVE_DIR, "stfs")
+        stfs.__path__.append(added)
+    try:
+        if not stfs._engine.available():
+            tool_missing("the stfs._native extension", f"scripts/test builds it into {NATIVE_DIR}")
+        yield
+    finally:
+        if added is not None:
+            stfs.__path__.remove(added)
+            stfs._engine._native = None
+            sys.modules.pop("stfs._native", None)
+            if hasattr(stfs, "_native"):
+                del stfs._native
+
+
+def tensor_bytes(checkpoint, name):
+    t = checkpoint.tensor(name)
+    out = bytearray(t.byte_len)
+    checkpoint.read([(t, 0, out)])
+    return bytes(out)
+
+
+# --- every dtype, against the reference ----------------------------------------------------------------
+
+def test_every_dtype_read_through_the_module_equals_the_reference(numpy_checkpoint, raw_checkpoint):  # noqa: F811
+    for path in (numpy_checkpoint, raw_checkpoint):
+        ref = reference_bytes(path)
+        # Small blocks and cache: tensors cross blocks, and the cache turns over.
+        with stfs.Checkpoint(path, block_size="4K", cache_size="16K") as checkpoint:
+            assert {t.name for t in checkpoint.tensors} == set(ref)
+            for t in checkpoint.tensors:
+                dtype, shape, data = ref[t.name]
+                assert (t.dtype, t.shape, t.byte_len) == (dtype, shape, len(data)), t.name
+                assert tensor_bytes(checkpoint, t.name) == data, t.name
+            # A byte range into a NumPy array of another dtype, and many at once on several threads.
+            big = checkpoint.tensor("big.weight") if "big.weight" in ref else checkpoint.tensors[0]
+            part = np.zeros(1000, dtype=np.float32)[: big.byte_len // 4 - 1]
+            checkpoint.read([(big, 4, part)])
+            assert part.tobytes() == ref[big.name][2][4:4 + part.nbytes]
+            outs = [(t, 0, bytearray(t.byte_len)) for t in checkpoint.tensors]
+            checkpoint.read(outs, threads=8)
+            assert all(bytes(b) == ref[t.name][2] for t, _, b in outs)
+
+
+def test_load_without_a_mount_equals_load_file_on_every_dtype(numpy_checkpoint, raw_checkpoint, monkeypatch):  # noqa: F811
+    # No mount may be made: the binary is not there.
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    expected = load_file(str(numpy_checkpoint))
+    got = stfs.load(numpy_checkpoint)
+    assert set(got) == set(expected)
+    for name, a in expected.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape, name
+        assert got[name].tobytes() == a.tobytes(), name
+        assert not got[name].flags.writeable, name
+    raw = reference_bytes(raw_checkpoint)
+    got = stfs.load(raw_checkpoint)
+    types = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+             "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz, "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz,
+             "F8_E8M0": ml_dtypes.float8_e8m0fnu}
+    for name, (dtype, shape, data) in raw.items():
+        if dtype == "F4":
+            packed = np.frombuffer(data, np.uint8)
+            nibbles = np.empty(2 * len(data), np.uint8)
+            nibbles[0::2], nibbles[1::2] = packed & 0xF, packed >> 4
+            assert got[name].dtype == ml_dtypes.float4_e2m1fn and got[name].tobytes() == nibbles.tobytes()
+            continue
+        assert got[name].dtype == np.dtype(types[dtype]) and list(got[name].shape) == shape, name
+        assert got[name].tobytes() == data, name
+    # A served view (as_="f32") is read by the engine, not mapped: the same numbers as F32.
+    got = stfs.load(raw_checkpoint, as_="f32")
+    assert got["bf16"].dtype == np.float32
+    assert np.array_equal(got["bf16"], np.frombuffer(raw["bf16"][2], ml_dtypes.bfloat16).astype(np.float32).reshape(33, 65))
+
+
+def test_a_failing_source_is_the_clis_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    missing = tmp_path / "gone.safetensors"
+    with pytest.raises(stfs.StfsError) as e:
+        stfs.load(missing)
+    assert str(e.value) == f"stfs: {missing}: no such file or directory"
+    with pytest.raises(stfs.StfsError, match="^error: unexpected argument '--nope' found$"):
+        stfs.Checkpoint(missing, nope=True)
+
+
+def test_the_module_and_the_cli_agree_on_every_corpus_error(tmp_path):
+    """Every file of the hostile-input corpus: the module raises exactly the line `stfs mount` prints."""
+    corpus = os.path.join(ROOT, "tests", "corpus", "bad")
+    names = sorted(os.listdir(corpus))
+    assert len(names) >= 45
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    for name in names:
+        path = os.path.join(corpus, name)
+        out = subprocess.run([STFS, "mount", path, str(mp)], capture_output=True, text=True, timeout=TIMEOUT)
+        if out.returncode == 0:  # never expected: take it down before failing
+            subprocess.run([STFS, "umount", "--lazy", str(mp)], timeout=TIMEOUT)
+        assert out.returncode == 1, (name, out.stderr)
+        line = out.stderr.strip().splitlines()[0]
+        with pytest.raises(stfs.StfsError) as e:
+            stfs.Checkpoint(path)
+        assert str(e.value) == line, name
+
+
+# --- stfs.open ---------------------------------------------------------------------------------------
+
+INDEXES = [(slice(1, 3),), (slice(None), slice(2, 40)), (slice(None, None, 3), slice(5, None, 4)), (7,),
+           (-1, slice(1, 5)), (Ellipsis, 1), (slice(5, 2),), (), (slice(None), -1), (3, 4)]
+
+
+def test_open_is_shaped_as_safe_open_and_slices_equal_numpys(tmp_path):
+    rng = np.random.default_rng(47)
+    tensors = {"w": rng.standard_normal((64, 96)).astype(np.float32),
+               "b": rng.integers(-9, 9, (5, 6, 7), dtype=np.int16), "s": np.array(2.5, np.float64)}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path), metadata={"format": "np"})
+    with safetensors.safe_open(str(path), framework="numpy") as ref, stfs.open(path, block_size="4K") as f:
+        assert f.keys() == sorted(ref.keys(), key=f.keys().index) and set(f.keys()) == set(ref.keys())
+        assert f.metadata() == ref.metadata() == {"format": "np"}
+        for name in ref.keys():
+            assert np.array_equal(f.get_tensor(name), ref.get_tensor(name)), name
+            assert f.get_slice(name).get_shape() == list(tensors[name].shape)
+        for index in INDEXES:
+            assert np.array_equal(f.get_slice("w")[index], tensors["w"][index]), index
+            assert f.get_slice("w")[index].shape == tensors["w"][index].shape, index
+        assert np.array_equal(f.get_slice("b")[1:3, :, 2:5], tensors["b"][1:3, :, 2:5])
+        assert f.get_slice("s")[()] == 2.5
+
+
+def test_get_slice_reads_no_more_than_its_bytes_and_one_block_per_boundary(tmp_path):
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((1024, 1031)).astype(np.float32)  # 4 MiB, rows not aligned to blocks
+    path = tmp_path / "m.safetensors"
+    save_file({"w": w}, str(path))
+    block = 64 << 10
+    with stfs.open(path, block_size="64K", no_map=True) as f:
+        for lo, hi in [(0, 128), (300, 429), (896, 1024)]:
+            before = f.stats()["backing_read_bytes"]
+            part = f.get_slice("w")[lo:hi]
+            read = f.stats()["backing_read_bytes"] - before
+            assert np.array_equal(part, w[lo:hi])
+            assert part.nbytes <= read <= part.nbytes + 2 * block, (lo, hi, read)
+
+
+def test_eight_ranks_slicing_every_tensor_from_s3_fetch_the_file_about_once(s3):  # noqa: F811
+    rng = np.random.default_rng(5)
+    # Tensors of 8 MiB, so a rank's eighth (1 MiB) is large beside the 64 KiB block at each of its ends.
+    tensors = {f"layer.{i}.weight": rng.standard_normal((2048, 1024 + i)).astype(np.float32) for i in range(4)}
+    save_file(tensors, str(s3 / "model.safetensors"))
+    size = (s3 / "model.safetensors").stat().st_size
+    fetched = 0
+    for rank in range(8):
+        with stfs.open("s3://models/model.safetensors", block_size="64K") as f:
+            for name, w in tensors.items():
+                rows = w.shape[0] // 8
+                assert np.array_equal(f.get_slice(name)[rank * rows:(rank + 1) * rows], w[rank * rows:(rank + 1) * rows])
+            fetched += f.stats()["http_bytes"]
+    assert fetched <= 1.1 * size, (fetched, size)
+
+
+# --- no mount, no /dev/fuse, no root -----------------------------------------------------------------
+
+CHILD = r"""
+import hashlib, json, os, sys
+sys.path.insert(0, sys.argv[1])
+import stfs
+assert os.geteuid() != 0 and not os.path.exists("/dev/fuse")
+assert "NoNewPrivs:\t1" in open("/proc/self/status").read()
+out = {}
+for source in sys.argv[2:]:
+    with stfs.Checkpoint(source, block_size="64K") as c:
+        bufs = [(t, 0, bytearray(t.byte_len)) for t in c.tensors]
+        c.read(bufs)
+        out[source] = {t.name: hashlib.sha256(b).hexdigest() for t, _, b in bufs}
+print(json.dumps(out))
+"""
+
+
+def test_a_process_with_no_dev_fuse_and_no_root_loads_from_s3_and_the_hub(s3, nginx, monkeypatch):  # noqa: F811
+    python = "/usr/bin/python3"
+    for tool in ("unshare", "setpriv"):
+        if shutil.which(tool) is None:
+            tool_missing(tool, "apt-get install util-linux")
+    if not os.path.exists(python):
+        tool_missing(python, "apt-get install python3 (a Python outside /root, which `nobody` can run)")
+    root, base, _ = nginx
+    monkeypatch.setenv("HF_ENDPOINT", base)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    rng = np.random.default_rng(3)
+    group = {f"t.{i}": rng.standard_normal((33 + i, 65)).astype(np.float32) for i in range(4)}
+    save_file(group, str(s3 / "model.safetensors"))
+    repo = publish(root, "org/nofuse", {"model.safetensors": lambda p: save_file(group, str(p))})
+    expected = {name: hashlib.sha256(data).hexdigest() for name, (_, _, data) in reference_bytes(repo / "model.safetensors").items()}
+    # The package and the extension where `nobody` can read them (not under /root or pytest's 0700 dirs).
+    shared = tempfile.mkdtemp(prefix="stfs-nofuse-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o755)
+        shutil.copytree(os.path.join(ROOT, "python", "stfs"), os.path.join(shared, "stfs"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        native = [f for f in os.listdir(os.path.dirname(stfs._engine._module().__file__)) if f.startswith("_native")]
+        shutil.copy(stfs._engine._module().__file__, os.path.join(shared, "stfs", native[0]))
+        subprocess.run(["chmod", "-R", "a+rX", shared], check=True)
+        monkeypatch.setenv("HOME", shared)
+        # A mount namespace of its own whose /dev is a tmpfs holding null, zero and urandom: no /dev/fuse.
+        setup = ("mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && mknod -m 666 /dev/zero c 1 5 "
+                 "&& mknod -m 666 /dev/urandom c 1 9 && exec setpriv --reuid=nobody --regid=nogroup --clear-groups "
+                 f"--no-new-privs {python} -c \"$0\" \"$@\"")
+        out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", setup, CHILD, shared,
+                              "s3://models/model.safetensors", "hf://org/nofuse"],
+                             capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got == {"s3://models/model.safetensors": expected, "hf://org/nofuse": expected}
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+# --- Ctrl-C in the middle of a load ------------------------------------------------------------------
+
+class SlowRanges(http.server.BaseHTTPRequestHandler):
+    """Serves one file with ranged GETs, 64 KiB at a time with a pause between: a load takes seconds."""
+    path_served = None
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(os.path.getsize(self.path_served)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+
+    def do_GET(self):
+        size = os.path.getsize(self.path_served)
+        lo, hi = 0, size - 1
+        if self.headers.get("Range", "").startswith("bytes="):
+            a, b = self.headers["Range"][6:].split("-")
+            lo, hi = int(a), min(int(b) if b else size - 1, size - 1)
+        self.send_response(206 if "Range" in self.headers else 200)
+        self.send_header("Content-Length", str(hi - lo + 1))
+        self.send_header("Content-Range", f"bytes {lo}-{hi}/{size}")
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        with open(self.path_served, "rb") as f:
+            f.seek(lo)
+            left = hi - lo + 1
+            try:
+                while left > 0:
+                    chunk = f.read(min(64 << 10, left))
+                    self.wfile.write(chunk)
+                    left -= len(chunk)
+                    if lo > 0:
+                        time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+
+INTERRUPTED = r"""
+import json, os, sys, time
+sys.path[:0] = sys.argv[1:3]
+import numpy  # before the counts: its BLAS starts threads of its own when imported
+import stfs, stfs._engine
+if not stfs._engine.available():
+    stfs.__path__.append(sys.argv[3])
+def counts():
+    names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    return names, sorted(os.listdir("/proc/self/fd"))
+before = counts()
+print("loading", flush=True)
+try:
+    stfs.load(sys.argv[4], block_size="64K")
+    print("finished")
+except KeyboardInterrupt:
+    # A thread that is ending may still be listed for a moment: waited for, 5 s at most.
+    deadline = time.monotonic() + 5
+    while counts() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = counts()
+    print("interrupted " + json.dumps({"before": before, "after": after}), flush=True)
+"""
+
+
+def test_ctrl_c_in_the_middle_of_a_load_leaves_no_thread_reading_and_no_descriptor_open(tmp_path):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "m.safetensors"
+    save_file({f"t.{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(8)}, str(path))
+    SlowRanges.path_served = str(path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowRanges)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/m.safetensors"
+        child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, os.path.join(ROOT, "python"),
+                                  os.path.dirname(__file__), os.path.join(NATIVE_DIR, "stfs"), url],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "loading"
+            time.sleep(2)  # the header is in; the tensors are being read
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(timeout=TIMEOUT)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert out.startswith("interrupted "), (out, err)
+        counts = json.loads(out[len("interrupted "):])
+        assert counts["after"] == counts["before"], counts  # [thread names, descriptors]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_load_and_open_for_torch_without_a_mount(tmp_path, monkeypatch):
+    try:
+        import torch
+        from safetensors.torch import load_file as torch_load_file, save_file as torch_save_file
+    except ImportError:
+        tool_missing("torch", "scripts/torch_venv (scripts/test runs pytest with its python)")
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    path = tmp_path / "m.safetensors"
+    torch_save_file({"a": torch.randn(33, 65).to(torch.bfloat16), "b": torch.arange(10), "c": torch.randn(7).half(),
+                     "e": torch.zeros(0, 3)}, str(path))
+    ref = torch_load_file(str(path))
+    got = stfs.load(path, framework="torch")
+    for name, want in ref.items():
+        assert got[name].dtype == want.dtype and got[name].device.type == "cpu" and torch.equal(got[name], want), name
+    assert torch.equal(stfs.load(path, framework="torch", as_="f32")["a"], ref["a"].float())
+    with stfs.open(path, framework="torch") as f:
+        assert torch.equal(f.get_slice("a")[3:9, 2:5], ref["a"][3:9, 2:5])
+    buffer = torch.empty(33 * 65, dtype=torch.bfloat16)  # a torch tensor's memory, read into
+    with stfs.Checkpoint(path) as checkpoint:
+        checkpoint.read([(checkpoint.tensor("a"), 0, buffer)])
+    assert torch.equal(buffer.reshape(33, 65), ref["a"])
