@@ -134,7 +134,13 @@ impl Volumes {
             None => {}
         }
         let volume = self.state.volume(&name);
-        self.serve(&name, &volume, spec, secrets)?;
+        if let Err(e) = self.serve(&name, &volume, spec, secrets) {
+            // A volume that never served anyone leaves nothing behind (its key file included).
+            if volume.user_count().is_ok_and(|n| n == 0) {
+                let _ = self.tear_down(&name, &volume);
+            }
+            return Err(e);
+        }
         match std::fs::create_dir(target) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(doing(target.display())(e)),
             _ => {}
