@@ -7,6 +7,8 @@
 //! of the target; three pods sharing one daemon with the origin serving each byte once; the plugin
 //! SIGKILLed while a pod reads, then a new plugin unpublishing; a killed daemon recovered by the
 //! next publish; and secrets on no command line, in no log and in no error.
+// The client's calls answer tonic::Status by value, as tonic does.
+#![allow(clippy::result_large_err)]
 
 mod common;
 #[macro_use]

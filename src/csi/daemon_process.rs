@@ -41,10 +41,10 @@ impl DaemonProcess {
                 continue;
             }
             match state_and_start(pid) {
-                Some((state, start_time)) if !matches!(state, 'Z' | 'X') => {
-                    if found.is_none_or(|f| f.start_time <= start_time) {
-                        found = Some(DaemonProcess { pid, start_time });
-                    }
+                Some((state, start_time))
+                    if !matches!(state, 'Z' | 'X') && found.is_none_or(|f| f.start_time <= start_time) =>
+                {
+                    found = Some(DaemonProcess { pid, start_time });
                 }
                 _ => {}
             }
