@@ -182,17 +182,23 @@ struct Client {
 impl Client {
     fn connect(plugin: &Plugin) -> Client {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let socket = plugin.socket.clone();
-        let channel = runtime
-            .block_on(async {
+        // The socket's file appears at bind(2), a moment before listen(2): refused until then.
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        let channel = loop {
+            let socket = plugin.socket.clone();
+            let connected = runtime.block_on(async {
                 let endpoint = tonic::transport::Endpoint::try_from("http://[::]:50051").unwrap();
                 let connect = endpoint.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                     tokio::net::UnixStream::connect(socket.clone())
                 }));
                 tokio::time::timeout(TIMEOUT, connect).await
-            })
-            .expect("connected in time")
-            .expect("connect to the plugin");
+            });
+            match connected {
+                Ok(Ok(channel)) => break channel,
+                _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                other => panic!("connect to the plugin: {other:?}"),
+            }
+        };
         Client { runtime, identity: IdentityClient::new(channel.clone()), node: NodeClient::new(channel) }
     }
 
