@@ -11,12 +11,14 @@
 //! - [`checkpoint`]: what the user named, opened and validated into shards.
 //! - [`tree`]: the virtual tree of files, their names and `metadata.json`.
 //! - [`fs`]: filesystem operations on plain values, with `FsError`.
-//! - [`fuse`]: the fuser adapter. [`mount`]: a mount's lifetime. [`cli`]: the commands.
+//! - [`fuse`]: the fuser adapter. [`mount`]: a mount's lifetime. [`csi`]: the Kubernetes node
+//!   plugin. [`cli`]: the commands.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod checkpoint;
 pub mod cli;
+pub mod csi;
 pub mod engine;
 pub mod format;
 pub mod fs;

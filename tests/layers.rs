@@ -23,6 +23,7 @@ const LAYERS: &[&[&str]] = &[
     &["fs"],
     &["fuse"],
     &["mount"],
+    &["csi"],
     &["cli"],
 ];
 

@@ -66,6 +66,10 @@ pub enum Command {
     /// Link /sbin/mount.fuse.stfs to this binary, so `mount -t fuse.stfs` and fstab lines work.
     #[command(after_help = INSTALL_HELPER_HELP, display_name = "stfs")]
     InstallHelper(InstallHelperArgs),
+    /// Serve a CSI v1 node plugin on a unix socket: Kubernetes pods get checkpoints as read-only
+    /// volumes, served by unprivileged daemons (see docs/kubernetes.md). Runs as root.
+    #[command(after_help = CSI_HELP, display_name = "stfs")]
+    Csi(CsiArgs),
     /// What is mounted at a path, from /proc/self/mountinfo without touching it, as one JSON line
     /// (for the Python package and scripts: one reading of mountinfo for every caller).
     #[command(name = "mount-info", hide = true, display_name = "stfs")]
@@ -293,6 +297,34 @@ pub struct UmountArgs {
     #[arg(short = 'l', long)]
     pub lazy: bool,
 }
+
+/// Arguments of `stfs csi`.
+#[derive(Args, Debug)]
+pub struct CsiArgs {
+    /// The socket kubelet calls: unix:///PATH.
+    #[arg(long, value_name = "unix:///PATH")]
+    pub endpoint: String,
+    /// This node's name (NodeGetInfo's answer).
+    #[arg(long, value_name = "NAME")]
+    pub node_id: String,
+    /// Where shared mounts and their users are recorded; keep it across plugin restarts (a hostPath).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/stfs-csi")]
+    pub state_dir: PathBuf,
+    /// A node-level disk cache for every daemon (made mode 0700, owned by --daemon-user) [default: off].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// The user the mount daemons run as: a name or a number (nobody's uid by default).
+    #[arg(long, value_name = "USER", default_value = "65534")]
+    pub daemon_user: String,
+}
+
+const CSI_HELP: &str = "\
+Volume attributes (source, cacheSize, layout, uid, gid, ...) and secrets (HF_TOKEN, AWS_*,
+GOOGLE_APPLICATION_CREDENTIALS_JSON): see docs/kubernetes.md. Logs go to stderr
+(RUST_LOG=stfs=debug for more); each daemon logs to STATE/volumes/*/private/daemon.log.
+
+Example:
+  stfs csi --endpoint unix:///csi/csi.sock --node-id \"$NODE_NAME\" --cache-dir /var/cache/stfs";
 
 /// Arguments of `stfs mount-info`.
 #[derive(Args, Debug)]

@@ -7,6 +7,7 @@
 
 mod args;
 mod cache;
+mod csi;
 mod defaults;
 mod extract;
 mod headers;
@@ -28,7 +29,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 pub use args::{
-    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, ExtractArgs, InspectArgs, InstallHelperArgs,
+    BadDuration, CacheAction, CacheArgs, CatArgs, Cli, Command, CsiArgs, ExtractArgs, InspectArgs, InstallHelperArgs,
     MetricsArgs, MountArgs, MountInfoArgs, RemoteArgs, StatsArgs, UmountArgs,
 };
 pub use options::{ConfigError, MountConfig};
@@ -48,6 +49,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Cat(args) => extract::run_cat(args),
         Command::InstallHelper(args) => helper::install(args),
         Command::MountInfo(args) => mount_info::run(args),
+        Command::Csi(args) => csi::run(args),
     };
     report::finish(result)
 }

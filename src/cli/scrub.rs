@@ -52,7 +52,8 @@ impl Secrets {
             | Command::Stats(_)
             | Command::Cache(_)
             | Command::InstallHelper(_)
-            | Command::MountInfo(_) => {}
+            | Command::MountInfo(_)
+            | Command::Csi(_) => {}
         }
         secrets
     }

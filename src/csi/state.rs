@@ -1,0 +1,275 @@
+//! The plugin's state directory: what survives the plugin process, so that a restarted plugin (or
+//! its successor) knows every shared mount and who uses it. One lock serialises the plugins'
+//! changes to it; every file in it is created exclusively, never through a link.
+//!
+//! ```text
+//! STATE/lock                       flock(2)ed while a publish or an unpublish changes anything
+//! STATE/targets/HASH               a published target: "VOLUME\nTARGET\n" (HASH: of the target path)
+//! STATE/volumes/VOLUME/mount/      the shared stfs mount (VOLUME: digest of source, flags, secrets)
+//! STATE/volumes/VOLUME/users/HASH  one per target bound to it: the reference count
+//! STATE/volumes/VOLUME/daemon      its daemon process: "PID START_TIME"
+//! STATE/volumes/VOLUME/private/    the daemon user's own folder: its log, a Google key
+//! ```
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The plugin's state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+/// The lock on a [`StateDir`], held until dropped.
+#[derive(Debug)]
+pub struct StateLock {
+    _file: File,
+}
+
+/// Hex digest (128 bits of SHA-256) of `parts`, each ended by a NUL.
+pub fn digest_of(parts: &[&[u8]]) -> String {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in parts {
+        context.update(part);
+        context.update(b"\0");
+    }
+    hex(&context.finish().as_ref()[..16])
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Creates `path` as a directory with `mode` (an existing directory is kept as it is).
+fn make_dir(path: &Path, mode: u32) -> io::Result<()> {
+    match fs::DirBuilder::new().mode(mode).create(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs::symlink_metadata(path)?.is_dir() => Ok(()),
+        result => result,
+    }
+}
+
+/// Writes `text` to a new file at `path`: created exclusively (an existing one is replaced by
+/// removing it first), never through a link, mode 0600.
+pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
+/// Removes the file at `path`; a missing one is not an error.
+pub fn remove_record(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl StateDir {
+    /// Opens (creating, mode 0711) the state directory at `root` and its two folders.
+    pub fn open(root: &Path) -> io::Result<StateDir> {
+        fs::create_dir_all(root)?;
+        make_dir(root, 0o711)?;
+        let state = StateDir { root: root.to_path_buf() };
+        make_dir(&state.root.join("targets"), 0o700)?;
+        make_dir(&state.root.join("volumes"), 0o711)?;
+        Ok(state)
+    }
+
+    /// Takes the state lock (waiting for another plugin process that holds it).
+    pub fn lock(&self) -> io::Result<StateLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.root.join("lock"))?;
+        // SAFETY: flock on an open descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(StateLock { _file: file })
+    }
+
+    /// The record of a published target.
+    pub fn target_record(&self, target: &Path) -> PathBuf {
+        self.root.join("targets").join(target_hash(target))
+    }
+
+    /// The volume a target was published from, by its record (None: no record).
+    pub fn volume_of_target(&self, target: &Path) -> io::Result<Option<String>> {
+        match fs::read_to_string(self.target_record(target)) {
+            Ok(text) => Ok(text.lines().next().map(str::to_string).filter(|v| is_volume_name(v))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The folder of a shared volume.
+    pub fn volume(&self, volume: &str) -> VolumeDir {
+        VolumeDir { root: self.root.join("volumes").join(volume) }
+    }
+
+    /// Every shared volume's name.
+    pub fn volumes(&self) -> io::Result<Vec<String>> {
+        let mut names: Vec<String> = fs::read_dir(self.root.join("volumes"))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| is_volume_name(n))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+/// A volume name is a digest: 32 lower-case hex digits (nothing a record could smuggle in).
+fn is_volume_name(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The name of a target's records.
+fn target_hash(target: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    digest_of(&[target.as_os_str().as_bytes()])
+}
+
+/// The folder of one shared volume in the state directory.
+#[derive(Debug, Clone)]
+pub struct VolumeDir {
+    root: PathBuf,
+}
+
+impl VolumeDir {
+    /// Creates its folders: itself and `mount/` (0711), `users/` (0700), and `private/` (0700,
+    /// owned by `owner`, the daemon's user).
+    pub fn create(&self, owner: (u32, u32)) -> io::Result<()> {
+        make_dir(&self.root, 0o711)?;
+        make_dir(&self.mount_point(), 0o711)?;
+        make_dir(&self.root.join("users"), 0o700)?;
+        let private = self.private();
+        make_dir(&private, 0o700)?;
+        std::os::unix::fs::lchown(&private, Some(owner.0), Some(owner.1))
+    }
+
+    /// Where the shared mount is.
+    pub fn mount_point(&self) -> PathBuf {
+        self.root.join("mount")
+    }
+
+    /// The daemon user's folder (its log, a Google key).
+    pub fn private(&self) -> PathBuf {
+        self.root.join("private")
+    }
+
+    /// The record of the daemon process.
+    pub fn daemon_record(&self) -> PathBuf {
+        self.root.join("daemon")
+    }
+
+    /// The record saying that `target` uses this volume.
+    pub fn user_record(&self, target: &Path) -> PathBuf {
+        self.root.join("users").join(target_hash(target))
+    }
+
+    /// How many targets use this volume (its user records).
+    pub fn user_count(&self) -> io::Result<usize> {
+        match fs::read_dir(self.root.join("users")) {
+            Ok(entries) => Ok(entries.flatten().count()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every target recorded as a user.
+    pub fn users(&self) -> io::Result<Vec<PathBuf>> {
+        let Ok(entries) = fs::read_dir(self.root.join("users")) else { return Ok(Vec::new()) };
+        Ok(entries.flatten().filter_map(|e| fs::read_to_string(e.path()).ok()).map(PathBuf::from).collect())
+    }
+
+    /// Removes the folder: the files it made (records, the daemon's log and key) and its empty
+    /// folders, each by name; a mount point still mounted is refused by rmdir (EBUSY), never
+    /// entered.
+    pub fn remove(&self) -> io::Result<()> {
+        for folder in [self.private(), self.root.join("users")] {
+            if let Ok(entries) = fs::read_dir(&folder) {
+                for entry in entries.flatten() {
+                    remove_record(&entry.path())?;
+                }
+            }
+            remove_empty_dir(&folder)?;
+        }
+        remove_record(&self.daemon_record())?;
+        remove_empty_dir(&self.mount_point())?;
+        remove_empty_dir(&self.root)
+    }
+}
+
+/// Removes the empty directory `path`; a missing one is not an error.
+fn remove_empty_dir(path: &Path) -> io::Result<()> {
+    match fs::remove_dir(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner of `path` (this test's user, for a folder it made).
+    fn owner_of(path: &Path) -> (u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).unwrap();
+        (meta.uid(), meta.gid())
+    }
+
+    #[test]
+    fn records_are_created_anew_and_never_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(&dir.path().join("state")).unwrap();
+        let target = Path::new("/var/lib/kubelet/pods/p/volumes/v/mount");
+        let record = state.target_record(target);
+        write_record(&record, "0123456789abcdef0123456789abcdef\n/t\n").unwrap();
+        assert_eq!(state.volume_of_target(target).unwrap().as_deref(), Some("0123456789abcdef0123456789abcdef"));
+        // A link planted at a record's place is replaced, its target left alone.
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "keep").unwrap();
+        fs::remove_file(&record).unwrap();
+        std::os::unix::fs::symlink(&victim, &record).unwrap();
+        write_record(&record, "x\n").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(state.volume_of_target(target).unwrap(), None, "not a volume name");
+        remove_record(&record).unwrap();
+        remove_record(&record).unwrap();
+    }
+
+    #[test]
+    fn users_are_counted_from_the_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let volume = state.volume(&digest_of(&[b"v"]));
+        let owner = owner_of(dir.path());
+        volume.create(owner).unwrap();
+        assert_eq!(volume.user_count().unwrap(), 0);
+        for t in ["/a", "/b"] {
+            write_record(&volume.user_record(Path::new(t)), t).unwrap();
+        }
+        assert_eq!(volume.user_count().unwrap(), 2);
+        let _lock = state.lock().unwrap();
+        assert_eq!(state.volumes().unwrap().len(), 1);
+        volume.remove().unwrap();
+        assert_eq!(volume.user_count().unwrap(), 0);
+    }
+}

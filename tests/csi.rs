@@ -1,0 +1,641 @@
+//! `stfs csi` driven as kubelet drives it (there is no kubelet here, as csi-sanity has none): a
+//! real gRPC client on the plugin's unix socket. The node conformance checks (missing fields,
+//! unsupported capabilities, idempotent publish and unpublish, the target made and removed, the
+//! capabilities declared); bytes read through a published target against the reference reader
+//! (Python safetensors) for a local file and `s3://` on the test S3 server; a "pod" (its own mount
+//! namespace, nobody, no capability, `no_new_privs`, no /dev/fuse) reading every tensor of a bind
+//! of the target; three pods sharing one daemon with the origin serving each byte once; the plugin
+//! SIGKILLed while a pod reads, then a new plugin unpublishing; a killed daemon recovered by the
+//! next publish; and secrets on no command line, in no log and in no error.
+
+mod common;
+#[path = "common/s3server.rs"]
+mod s3server;
+#[path = "common/tinyhttp.rs"]
+mod tinyhttp;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bpfman_csi::v1 as csi;
+use csi::identity_client::IdentityClient;
+use csi::node_client::NodeClient;
+use csi::volume_capability::access_mode::Mode;
+use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use common::*;
+use s3server::{S3Gate, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
+use stfs::csi::daemon_process::DaemonProcess;
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// Longest a publish may take (a daemon opening its checkpoint included).
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A test's folder: readable by nobody (the daemons and the pods run as nobody), and on drop every
+/// mount below it detached (found in mountinfo alone) and every daemon of its volumes stopped.
+struct Node {
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = workdir();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        Node { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn state(&self) -> PathBuf {
+        self.path().join("state")
+    }
+
+    /// A pod's target path (its parent made, as kubelet does; the target itself is the plugin's).
+    fn target(&self, pod: &str) -> PathBuf {
+        let parent = self.path().join("pods").join(pod);
+        std::fs::create_dir_all(&parent).unwrap();
+        std::fs::set_permissions(self.path().join("pods"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        parent.join("mount")
+    }
+
+    /// The shared volumes in the state directory.
+    fn volumes(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.state().join("volumes")) else { return Vec::new() };
+        entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    /// The daemon serving volume `name`.
+    fn daemon(&self, name: &str) -> Option<DaemonProcess> {
+        DaemonProcess::find(name)
+    }
+
+    /// Every mount below this node's folder.
+    fn mounts(&self) -> Vec<PathBuf> {
+        stfs::mount::mountinfo::mounts()
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|p| p.starts_with(self.path()))
+            .collect()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let volumes = self.volumes();
+        for _ in 0..4 {
+            let mounts = self.mounts();
+            if mounts.is_empty() {
+                break;
+            }
+            drop(DetachAll(mounts.into_iter().rev().collect()));
+        }
+        for name in volumes {
+            if let Some(daemon) = DaemonProcess::find(&name) {
+                daemon.stop(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// A running `stfs csi`, killed on drop; its stderr goes to a file.
+struct Plugin {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Plugin {
+    fn start(node: &Node, extra_env: &[(&str, &str)]) -> Plugin {
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        let n = STARTS.fetch_add(1, Ordering::Relaxed);
+        let socket = node.path().join(format!("csi-{n}.sock"));
+        let log = node.path().join(format!("plugin-{n}.log"));
+        let mut command = Command::new(STFS);
+        command
+            .args(["csi", "--endpoint", &format!("unix://{}", socket.display()), "--node-id", "node-1"])
+            .arg("--state-dir")
+            .arg(node.state())
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("RUST_LOG")
+            .env_remove("HF_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (name, _) in std::env::vars() {
+            if name.starts_with("AWS_") && name != "AWS_EC2_METADATA_DISABLED" {
+                command.env_remove(name);
+            }
+        }
+        command.envs(extra_env.iter().copied());
+        let child = command.spawn().expect("start stfs csi");
+        let mut plugin = Plugin { child, socket, log };
+        let ready = wait_until(TIMEOUT, || plugin.socket.exists());
+        if !ready {
+            let _ = plugin.child.kill();
+            panic!("the plugin did not listen: {}", plugin.log_text());
+        }
+        plugin
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A CSI client on a plugin's socket (kubelet's side).
+struct Client {
+    runtime: tokio::runtime::Runtime,
+    identity: IdentityClient<Channel>,
+    node: NodeClient<Channel>,
+}
+
+impl Client {
+    fn connect(plugin: &Plugin) -> Client {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let socket = plugin.socket.clone();
+        let channel = runtime
+            .block_on(async {
+                let connect = tonic::transport::Endpoint::try_from("http://[::]:50051")
+                    .unwrap()
+                    .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                        tokio::net::UnixStream::connect(socket.clone())
+                    }));
+                tokio::time::timeout(TIMEOUT, connect).await
+            })
+            .expect("connected in time")
+            .expect("connect to the plugin");
+        Client { runtime, identity: IdentityClient::new(channel.clone()), node: NodeClient::new(channel) }
+    }
+
+    fn call<T>(&self, call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, tonic::Status> {
+        self.runtime
+            .block_on(tokio::time::timeout(PUBLISH_TIMEOUT, call))
+            .expect("the plugin answered in time")
+            .map(tonic::Response::into_inner)
+    }
+
+    fn publish(&mut self, request: csi::NodePublishVolumeRequest) -> Result<(), tonic::Status> {
+        let mut node = self.node.clone();
+        self.call(node.node_publish_volume(request)).map(|_| ())
+    }
+
+    fn unpublish(&mut self, volume_id: &str, target: &Path) -> Result<(), tonic::Status> {
+        let request = csi::NodeUnpublishVolumeRequest {
+            volume_id: volume_id.to_string(),
+            target_path: target.display().to_string(),
+        };
+        let mut node = self.node.clone();
+        self.call(node.node_unpublish_volume(request)).map(|_| ())
+    }
+}
+
+/// A publish request as kubelet makes one for a read-only volume.
+fn publish_request(
+    volume_id: &str,
+    target: &Path,
+    attributes: &[(&str, &str)],
+    secrets: &[(&str, &str)],
+) -> csi::NodePublishVolumeRequest {
+    let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: Some(AccessMode { mode: Mode::SingleNodeReaderOnly as i32 }),
+        }),
+        readonly: true,
+        secrets: map(secrets),
+        volume_context: map(attributes),
+        ..Default::default()
+    }
+}
+
+/// A checkpoint of [`mixed_tensors`] in `node`'s folder, readable by nobody.
+fn local_checkpoint(node: &Node) -> (PathBuf, Vec<T>) {
+    let path = node.path().join("model.safetensors");
+    let tensors = mixed_tensors();
+    write_checkpoint(&path, &tensors, None);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    (path, tensors)
+}
+
+/// The file name a mount gives tensor `name`.
+fn file_name(name: &str) -> String {
+    stfs::tree::names::escape(name, stfs::tree::namespace::RESERVED)
+}
+
+/// The reference reader's tensors of the safetensors file at `path`: name -> bytes (Python's
+/// safetensors.deserialize).
+fn reference(path: &Path) -> HashMap<String, Vec<u8>> {
+    let script = "import sys, safetensors\n\
+                  for name, t in safetensors.deserialize(open(sys.argv[1], 'rb').read()):\n\
+                  \x20   sys.stdout.write(name.encode().hex() + ' ' + bytes(t['data']).hex() + '\\n')\n";
+    let out = match Command::new("python3").args(["-c", script]).arg(path).output() {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => panic!("the reference reader failed: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => panic!("python3 with safetensors (tests/python/requirements.txt): {e}"),
+    };
+    let hex = |s: &str| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect::<Vec<u8>>();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (name, data) = line.split_once(' ').unwrap();
+            (String::from_utf8(hex(name)).unwrap(), hex(data))
+        })
+        .collect()
+}
+
+/// Asserts that every tensor read under `dir` equals the reference reader's bytes.
+fn assert_reads_reference(dir: &Path, reference: &HashMap<String, Vec<u8>>) {
+    assert!(!reference.is_empty());
+    for (name, bytes) in reference {
+        let got = std::fs::read(dir.join(file_name(name))).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(&got == bytes, "{name}: the bytes read differ from the reference reader's");
+    }
+}
+
+/// The status code of a refused call.
+fn refused(result: Result<(), tonic::Status>) -> tonic::Status {
+    result.expect_err("the call was refused")
+}
+
+/// Waits until nothing is mounted at `path`.
+fn wait_unmounted(path: &Path) -> bool {
+    wait_until(TIMEOUT, || !is_mounted(path))
+}
+
+#[test]
+fn conformance_of_the_identity_and_node_services() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+
+    let mut identity = client.identity.clone();
+    let info = client.call(identity.get_plugin_info(csi::GetPluginInfoRequest {})).unwrap();
+    assert_eq!(info.name, "stfs.csi.stfs.dev");
+    assert!(!info.vendor_version.is_empty());
+    let capabilities = client.call(identity.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})).unwrap();
+    assert!(capabilities.capabilities.is_empty(), "a node-only plugin: no controller service");
+    assert_eq!(client.call(identity.probe(csi::ProbeRequest {})).unwrap().ready, Some(true));
+    let mut node_client = client.node.clone();
+    assert_eq!(client.call(node_client.node_get_info(csi::NodeGetInfoRequest {})).unwrap().node_id, "node-1");
+    let declared = client.call(node_client.node_get_capabilities(csi::NodeGetCapabilitiesRequest {})).unwrap();
+    use csi::node_service_capability::{rpc::Type, Rpc, Type as Kind};
+    assert_eq!(
+        declared.capabilities,
+        [csi::NodeServiceCapability { r#type: Some(Kind::Rpc(Rpc { r#type: Type::VolumeMountGroup as i32 })) }]
+    );
+    // Not declared, so not served.
+    let staged = client.call(node_client.node_stage_volume(csi::NodeStageVolumeRequest::default()));
+    assert_eq!(staged.unwrap_err().code(), Code::Unimplemented);
+
+    let target = node.target("pod-a");
+    let source = checkpoint.display().to_string();
+    let good = || publish_request("vol-a", &target, &[("source", &source)], &[]);
+    // Missing fields and unsupported capabilities: INVALID_ARGUMENT, nothing made.
+    let mut cases: Vec<(&str, csi::NodePublishVolumeRequest)> = Vec::new();
+    cases.push(("no volume id", csi::NodePublishVolumeRequest { volume_id: String::new(), ..good() }));
+    cases.push(("no target", csi::NodePublishVolumeRequest { target_path: String::new(), ..good() }));
+    cases.push(("no capability", csi::NodePublishVolumeRequest { volume_capability: None, ..good() }));
+    let mut block = good();
+    block.volume_capability.as_mut().unwrap().access_type = Some(AccessType::Block(BlockVolume {}));
+    cases.push(("block", block));
+    let mut writer = good();
+    writer.volume_capability.as_mut().unwrap().access_mode = Some(AccessMode { mode: Mode::SingleNodeWriter as i32 });
+    writer.readonly = false;
+    cases.push(("writable", writer));
+    cases.push(("no source", publish_request("vol-a", &target, &[], &[])));
+    cases.push(("unknown attribute", publish_request("vol-a", &target, &[("source", &source), ("cacheDir", "/etc")], &[])));
+    cases.push(("unknown secret", publish_request("vol-a", &target, &[("source", &source)], &[("password", "hunter2-secret")])));
+    for (case, request) in cases {
+        let status = refused(client.publish(request));
+        assert_eq!(status.code(), Code::InvalidArgument, "{case}: {status:?}");
+        assert!(!status.message().contains("hunter2-secret"), "{case}: {status:?}");
+        assert!(!target.exists(), "{case}: the target was made");
+    }
+    assert_eq!(refused(client.unpublish("", &target)).code(), Code::InvalidArgument);
+    assert_eq!(refused(client.unpublish("vol-a", Path::new(""))).code(), Code::InvalidArgument);
+
+    // A writer mode published read-only is what kubelet asks for an inline volume: taken.
+    let mut inline = good();
+    inline.volume_capability.as_mut().unwrap().access_mode = Some(AccessMode { mode: Mode::SingleNodeWriter as i32 });
+    client.publish(inline).expect("publish");
+    assert!(is_mounted(&target), "the target was not mounted");
+    client.publish(good()).expect("a second publish of the same volume is a success");
+    assert_reads_reference(&target, &reference(&checkpoint));
+    assert!(std::fs::write(target.join("new"), b"x").is_err(), "the target is read-only");
+    assert_eq!(node.volumes().len(), 1);
+    let volume = node.volumes().remove(0);
+    let daemon = node.daemon(&volume).expect("the volume's daemon runs");
+    // Another source at a published target: ALREADY_EXISTS (the spec's "incompatible").
+    let other = publish_request("vol-a", &target, &[("source", &source), ("npy", "true")], &[]);
+    assert_eq!(refused(client.publish(other)).code(), Code::AlreadyExists);
+
+    client.unpublish("vol-a", &target).expect("unpublish");
+    assert!(!is_mounted(&target) && !target.exists(), "the target was not removed");
+    assert!(node.volumes().is_empty(), "the shared mount outlived its last target");
+    assert!(wait_until(TIMEOUT, || !daemon.is_alive()), "the daemon outlived its mount");
+    client.unpublish("vol-a", &target).expect("a second unpublish is a success");
+    assert!(node.mounts().is_empty());
+}
+
+#[test]
+fn a_pod_with_no_fuse_and_no_privilege_reads_every_tensor() {
+    if not_root("stfs csi mounts as root") || !users::nonroot_tools() {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    let mut request = publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[]);
+    if let Some(AccessType::Mount(mount)) = &mut request.volume_capability.as_mut().unwrap().access_type {
+        mount.volume_mount_group = "4321".into();
+    }
+    client.publish(request).expect("publish");
+    let expected = reference(&checkpoint);
+    let names: Vec<String> = expected.keys().map(|n| file_name(n)).collect();
+    // The pod: a mount namespace of its own with a /dev that has no fuse, the target bound into
+    // it, then nobody with no capability and no_new_privs, hashing every tensor file.
+    let inside = node.path().join("pod-root");
+    std::fs::create_dir(&inside).unwrap();
+    let script = format!(
+        "set -e
+         mount -t tmpfs -o mode=0755 pod-dev /dev
+         mount --bind -o ro {target} {inside}
+         cd {inside}
+         exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all \
+           --no-new-privs sh -c 'test ! -e /dev/fuse && echo no-fuse; grep -E \"^(CapEff|NoNewPrivs)\" /proc/self/status; \
+           stat -c \"group %g\" \"$1\"; shift; sha256sum -- \"$@\"' pod \"$@\"",
+        target = target.display(),
+        inside = inside.display()
+    );
+    let first = names[0].clone();
+    let child = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script, "pod", &first])
+        .args(&names)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    let out = wait_output(child, TIMEOUT);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "the pod failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("no-fuse\n"), "{text}");
+    assert!(text.contains("CapEff:\t0000000000000000") && text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("group 4321"), "the pod's fsGroup is not the files' group: {text}");
+    for (name, bytes) in &expected {
+        let digest = stfs::csi::state::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+        let line = format!("{digest}  {}", file_name(name));
+        assert!(text.lines().any(|l| l == line), "{name}: not read whole by the pod: {text}");
+    }
+    client.unpublish("vol-a", &target).expect("unpublish");
+    assert!(wait_unmounted(&target));
+}
+
+/// The test S3 server with a gate in front counting the body bytes it serves.
+struct CountingS3 {
+    server: S3Server,
+    gate: S3Gate,
+    served: Arc<AtomicU64>,
+}
+
+impl CountingS3 {
+    fn start() -> Option<CountingS3> {
+        let server = S3Server::start()?;
+        let served = Arc::new(AtomicU64::new(0));
+        let (port, count) = (server.port, served.clone());
+        let gate = S3Gate::start(port, move |request| {
+            let response = s3server::forward(port, request);
+            if request.method == "GET" {
+                count.fetch_add(response.body.len() as u64, Ordering::Relaxed);
+            }
+            Some(response)
+        });
+        Some(CountingS3 { server, gate, served })
+    }
+
+    /// Puts a checkpoint of `tensors` at `key`; returns its reference file (a local copy).
+    fn put(&self, key: &str, tensors: &[T], node: &Node) -> PathBuf {
+        let copy = node.path().join(key.replace('/', "_"));
+        write_checkpoint(&copy, tensors, None);
+        std::fs::copy(&copy, self.server.object(key)).unwrap();
+        copy
+    }
+
+    fn attributes(&self, key: &str) -> Vec<(String, String)> {
+        vec![
+            ("source".into(), format!("s3://{BUCKET}/{key}")),
+            ("endpointUrl".into(), self.gate.endpoint()),
+            ("region".into(), "us-east-1".into()),
+            ("blockSize".into(), "64K".into()),
+        ]
+    }
+}
+
+fn pairs(owned: &[(String, String)]) -> Vec<(&str, &str)> {
+    owned.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+#[test]
+fn three_pods_share_one_daemon_and_the_origin_serves_each_byte_once() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let Some(s3) = CountingS3::start() else {
+        return tool_missing("s3s-fs", "cargo install s3s-fs@0.14.1 --features binary --locked");
+    };
+    let node = Node::new();
+    let checkpoint = s3.put("shared.safetensors", &s3server::fixture(), &node);
+    let size = std::fs::metadata(&checkpoint).unwrap().len();
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let attributes = s3.attributes("shared.safetensors");
+    let secrets = [("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)];
+    let expected = reference(&checkpoint);
+    let targets: Vec<PathBuf> = ["pod-a", "pod-b", "pod-c"].iter().map(|p| node.target(p)).collect();
+    for (i, target) in targets.iter().enumerate() {
+        client.publish(publish_request(&format!("vol-{i}"), target, &pairs(&attributes), &secrets)).expect("publish");
+    }
+    assert_eq!(node.volumes().len(), 1, "three pods of one source and options share one mount");
+    let volume = node.volumes().remove(0);
+    let daemon = node.daemon(&volume).expect("its daemon");
+    let threads: Vec<_> = targets
+        .iter()
+        .map(|target| {
+            let (target, expected) = (target.clone(), expected.clone());
+            std::thread::spawn(move || assert_reads_reference(&target, &expected))
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a pod's reads");
+    }
+    let served = s3.served.load(Ordering::Relaxed);
+    assert!(served >= size - 4096, "the origin served {served} bytes of {size}: not everything was read through it");
+    assert!(served <= size + 128 * 1024, "the origin served {served} bytes for a {size}-byte checkpoint read by 3 pods");
+    // Each unpublish but the last leaves the mount to the others.
+    for (i, target) in targets.iter().enumerate() {
+        client.unpublish(&format!("vol-{i}"), target).expect("unpublish");
+        assert!(!target.exists());
+        let last = i == targets.len() - 1;
+        assert_eq!(node.volumes().len(), if last { 0 } else { 1 });
+        if !last {
+            assert!(daemon.is_alive());
+            assert_reads_reference(&targets[2], &expected);
+        }
+    }
+    assert!(wait_until(TIMEOUT, || !daemon.is_alive()), "the daemon outlived its last pod");
+}
+
+#[test]
+fn a_killed_plugin_leaves_pods_reading_and_a_new_plugin_unpublishes_them() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = Arc::new(reference(&checkpoint));
+    let mut plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
+    let volume = node.volumes().remove(0);
+    let daemon = node.daemon(&volume).unwrap();
+    // A pod reading in a loop while the plugin is SIGKILLed.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (target, expected, stop) = (target.clone(), expected.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut passes = 0;
+            while !stop.load(Ordering::Relaxed) || passes < 2 {
+                assert_reads_reference(&target, &expected);
+                passes += 1;
+            }
+            passes
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    plugin.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().expect("the pod's reads went on") >= 2);
+    assert!(daemon.is_alive(), "the daemon died with the plugin");
+    assert!(is_mounted(&target));
+
+    let successor = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&successor);
+    client.unpublish("vol-a", &target).expect("the new plugin unpublishes");
+    assert!(!target.exists() && node.volumes().is_empty());
+    assert!(wait_until(TIMEOUT, || !daemon.is_alive()), "the daemon outlived its last pod");
+    assert!(node.mounts().is_empty(), "left mounted: {:?}", node.mounts());
+}
+
+#[test]
+fn a_killed_daemon_is_recovered_by_the_next_publish() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = reference(&checkpoint);
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let source = checkpoint.display().to_string();
+    let (first, second) = (node.target("pod-a"), node.target("pod-b"));
+    client.publish(publish_request("vol-a", &first, &[("source", &source)], &[])).unwrap();
+    let volume = node.volumes().remove(0);
+    let dead = node.daemon(&volume).unwrap();
+    // SAFETY: kill with a pid and a signal number.
+    unsafe { libc::kill(dead.pid, libc::SIGKILL) };
+    assert!(wait_until(TIMEOUT, || !dead.is_alive()));
+    client.publish(publish_request("vol-b", &second, &[("source", &source)], &[])).expect("the publish recovers");
+    let revived = node.daemon(&volume).expect("a new daemon");
+    assert_ne!(revived.pid, dead.pid);
+    assert_reads_reference(&second, &expected);
+    assert!(plugin.log_text().contains("daemon is gone"), "{}", plugin.log_text());
+    // The dead daemon's target is detached without being asked anything (it would answer ENOTCONN).
+    client.unpublish("vol-a", &first).expect("unpublish the dead target");
+    assert!(!first.exists());
+    assert_reads_reference(&second, &expected);
+    client.unpublish("vol-b", &second).expect("unpublish");
+    assert!(node.volumes().is_empty() && node.mounts().is_empty(), "left: {:?}", node.mounts());
+    assert!(wait_until(TIMEOUT, || !revived.is_alive()));
+}
+
+#[test]
+fn secrets_are_on_no_command_line_in_no_log_and_in_no_error() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let Some(s3) = CountingS3::start() else {
+        return tool_missing("s3s-fs", "cargo install s3s-fs@0.14.1 --features binary --locked");
+    };
+    let node = Node::new();
+    let checkpoint = s3.put("private.safetensors", &s3server::fixture(), &node);
+    // Debug logging everywhere: the daemons inherit RUST_LOG.
+    let plugin = Plugin::start(&node, &[("RUST_LOG", "stfs=debug")]);
+    let mut client = Client::connect(&plugin);
+    let attributes = s3.attributes("private.safetensors");
+    let good = [("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)];
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &pairs(&attributes), &good)).expect("publish");
+    assert_reads_reference(&target, &reference(&checkpoint));
+    // A wrong secret: refused by the store, the error names no value.
+    let wrong_secret = "wrong-secret-Zq81/never+shown";
+    let wrong = [("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", wrong_secret)];
+    let other = node.target("pod-b");
+    let status = refused(client.publish(publish_request("vol-b", &other, &pairs(&attributes), &wrong)));
+    assert!(!status.message().contains(wrong_secret), "{status:?}");
+    assert!(status.message().contains("private.safetensors"), "the error names the object: {status:?}");
+    for secret in [SECRET_KEY, wrong_secret] {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            assert!(
+                !cmdline.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "a secret on the command line of {:?}",
+                entry.file_name()
+            );
+        }
+        let mut logs = vec![plugin.log.clone()];
+        for volume in node.volumes() {
+            logs.push(node.state().join("volumes").join(volume).join("private/daemon.log"));
+        }
+        assert!(logs.len() >= 2, "no daemon log: {logs:?}");
+        for log in &logs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(!text.contains(secret), "a secret in {}", log.display());
+        }
+    }
+    client.unpublish("vol-a", &target).expect("unpublish");
+    client.unpublish("vol-b", &other).expect("unpublish a failed publish");
+    assert!(node.volumes().is_empty() && node.mounts().is_empty());
+}
