@@ -41,7 +41,7 @@ pub struct Cli {
 pub enum Command {
     /// Mount a checkpoint; returns once the mount answers (the daemon stays in the background).
     #[command(after_help = MOUNT_HELP, display_name = "stfs")]
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
     /// Unmount an stfs mount; also clears a stale mount left by a killed daemon.
     #[command(alias = "unmount", after_help = UMOUNT_HELP, display_name = "stfs")]
     Umount(UmountArgs),
@@ -94,7 +94,11 @@ pub struct MountArgs {
     /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index, or a hub
     /// repository hf://ORG/REPO[@REVISION][/PATH].
     pub source: String,
-    /// An existing directory to mount on.
+    /// An existing directory to mount on; or `/dev/fd/N` (also `/proc/self/fd/N`): serve the
+    /// `/dev/fuse` descriptor N, which the caller opened and mounted (libfuse's convention), with no
+    /// mount or unmount call, so no privilege is needed; options that need the mount point
+    /// (--auto-unmount, --kernel-readahead-kb) do not apply, and the mount ends when its mounter
+    /// unmounts it.
     pub mountpoint: PathBuf,
     /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
     #[arg(short, long)]
@@ -144,6 +148,12 @@ pub struct MountArgs {
     /// [default: off, a stale mount stays until `stfs umount`].
     #[arg(long)]
     pub auto_unmount: bool,
+    /// As root: mount, then serve as USER (a name or a uid) with no capability and no_new_privs
+    /// (`-o drop_privileges` alone, as mount.fuse3: root's uid without its capabilities). USER
+    /// must be able to read the checkpoint (and --cache-dir); without allow_other only USER may
+    /// enter the mount. Not with -f or --auto-unmount.
+    #[arg(long, value_name = "USER")]
+    pub drop_privileges: Option<String>,
     /// Threads answering FUSE requests [default: twice the CPUs, 4 to 16, for a local file; 16 for a
     /// URL or a file on a network or FUSE filesystem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -468,6 +478,7 @@ Mount options (-o, comma-separated, a comma inside a value written \\,; each lon
   no_checkpoint_file, cache_dir=DIR, cache_dir_size=SIZE, no_passthrough,
   uid=N, gid=N (owner of every file), umask=M, fmask=M, dmask=M (octal: mode
   bits removed from files, directories), allow_root, auto_unmount,
+  drop_privileges[=USER],
   endpoint_url=URL, region=REGION, no_sign_request, no_map, no_splice, io_uring
   metrics_file=PATH, metrics_addr=ADDR
   ro, nosuid, nodev, noatime, _netdev, x-* and other generic mount(8) options
@@ -478,13 +489,20 @@ whole bytes). Durations: 30s, 500ms.
 Nothing may be mounted on the mount point, and no file of the checkpoint may be
 under it. A user who is not root needs read-write access to /dev/fuse and
 fusermount3 (package fuse3); when either is missing, the error says which and
-what to do.
+what to do. Without /dev/fuse at all, a fusermount3 on PATH (a proxy that mounts
+for a container) mounts instead.
+
+MOUNTPOINT /dev/fd/N (libfuse's convention): serve descriptor N, a /dev/fuse
+that the caller opened and mounted; no privilege needed. Not applicable there:
+--auto-unmount (refused), kernel_readahead_kb (the mounter sets it), `stfs
+umount` (the mounter unmounts; the daemon exits when the connection ends).
 
 Examples:
   stfs mount model.safetensors /mnt/model
   stfs mount -o cache_size=2G,allow_other model.safetensors /mnt/model
   stfs mount --cache-dir /var/cache/stfs https://host/model.safetensors /mnt/model
   stfs mount -f model.safetensors /mnt/model     # foreground; Ctrl-C unmounts
+  stfs mount --drop-privileges nobody -o allow_other model.safetensors /mnt/m
   stfs mount s3://bucket/model.safetensors.index.json /mnt/m  # AWS chain
   stfs mount gs://bucket/model.safetensors /mnt/m             # Google ADC";
 

@@ -22,6 +22,7 @@ mod report;
 pub mod scrub;
 mod stats;
 mod umount;
+mod unprivileged;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -38,7 +39,7 @@ pub use report::{Failure, EXIT_FAILURE, EXIT_HELPER_FAILURE, EXIT_HELPER_USAGE, 
 /// Runs the parsed command line; errors are printed as one line prefixed with `stfs: `.
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Mount(args) => option_list::with_env_lists(args, std::env::vars_os())
+        Command::Mount(args) => option_list::with_env_lists(*args, std::env::vars_os())
             .map_err(|name| Failure::from(ConfigError::EnvOptionsNotUtf8(name)))
             .and_then(mount::run),
         Command::Umount(args) => umount::run(args),

@@ -1,7 +1,7 @@
 //! `stfs mount`: check what needs no opening in the foreground, go to the background, then open
 //! the checkpoint and serve; an error of the opening travels back to the foreground as one line.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use crate::checkpoint::{self, OpenOptions};
 use crate::cli::args::MountArgs;
 use crate::cli::options::MountConfig;
 use crate::cli::report::{Failure, EXIT_FAILURE};
+use crate::cli::unprivileged::{dropping_to, premount_for, UnprivilegedError, PREMOUNTED_WAIT};
 use crate::engine::disk::DiskCache;
 use crate::fs::Fs;
 use crate::mount::access::check_can_mount;
@@ -17,6 +18,8 @@ use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
 use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
+use crate::mount::premounted::{check_premounted, premounted_descriptor};
+use crate::mount::privileges::last_capability;
 use crate::mount::session::{mount_source, serve, ServeError};
 use crate::mount::signals::{block_signals, exit_saying, interruptible, signal_name};
 use crate::mount::watcher::{spawn_watcher, AutoUnmount};
@@ -35,10 +38,19 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     // The daemon leaves the working directory, so every path it keeps must be absolute.
     config.mountpoint =
         std::path::absolute(&config.mountpoint).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
+    let dropping = dropping_to(&config)?;
     let stats = Arc::new(Stats::default());
     let open_options = config.open_options(stats.clone())?;
-    check_place(&config.mountpoint)?;
-    let (mut fs_options, serve_options) = (config.fs_options(), config.serve_options());
+    let (mut fs_options, mut serve_options) = (config.fs_options(), config.serve_options());
+    match serve_options.premounted {
+        Some(fd) => {
+            if config.auto_unmount {
+                return Err(Failure::usage(UnprivilegedError::NoMountPointToWatch));
+            }
+            check_premounted(fd, PREMOUNTED_WAIT).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
+        }
+        None => check_place(&config.mountpoint)?,
+    }
     let fsname = if checkpoint::is_url(&config.source) {
         crate::source::http::display_name(&config.source)
     } else {
@@ -46,8 +58,11 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     };
     let exports = metrics_targets(&mut config)?;
     // The mount point as mountinfo will list it (parents resolved), so that `stfs stats
-    // --prometheus` labels this mount's samples the same.
-    let place = crate::mount::mountinfo::locate(&config.mountpoint).map_or(config.mountpoint.clone(), |(p, _)| p);
+    // --prometheus` labels this mount's samples the same (a descriptor is labelled as named).
+    let place = match serve_options.premounted {
+        Some(_) => config.mountpoint.clone(),
+        None => crate::mount::mountinfo::locate(&config.mountpoint).map_or(config.mountpoint.clone(), |(p, _)| p),
+    };
     let labels = metrics::labels(&place, &mount_source(&fsname));
     // Before any shard is opened: a checkpoint of hundreds of shards needs more than a soft 1,024.
     crate::mount::limits::raise_open_files_limit();
@@ -73,11 +88,38 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
     // The foreground waits for the opening too: within its timeout (credentials, then the
     // checkpoint's one deadline), then the usual time for the mount to answer.
     let wait = daemon::READY_TIMEOUT + 2 * open_options.http.timeout;
-    let readiness = match daemon::daemonize(config.log_file.as_deref(), wait)? {
-        // The child reported that the mount answers.
-        Role::Parent => return Ok(ExitCode::SUCCESS),
-        Role::Child(readiness) => readiness,
+    // With --drop-privileges, root mounts here, and the daemon serves the descriptor as the user.
+    let premount = match &dropping {
+        Some(identity) => Some(premount_for(&config, &fsname, identity)?),
+        None => None,
     };
+    if let Some(premount) = &premount {
+        serve_options.premounted = Some(premount.device.as_raw_fd());
+    }
+    let readiness = match daemon::daemonize(config.log_file.as_deref(), wait) {
+        // The child reported that the mount answers.
+        Ok(Role::Parent) => {
+            if let Some(premount) = premount {
+                premount.served(config.kernel_readahead_kb);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Ok(Role::Child(readiness)) => readiness,
+        Err(e) => {
+            if let Some(premount) = premount {
+                premount.withdraw();
+            }
+            return Err(e.into());
+        }
+    };
+    if let (Some(identity), Some(premount)) = (&dropping, premount) {
+        // The daemon owns the descriptor now; the session takes it over.
+        let _ = premount.device.into_raw_fd();
+        if let Err(e) = identity.become_it(last_capability()) {
+            readiness.failed(&e);
+            return Err(Failure::new(e));
+        }
+    }
     // From here on we are the daemon: errors go to the parent through the readiness pipe.
     let init = || if config.log_file.is_some() { init_logging(config.log_file.as_deref()) } else { init_syslog() };
     let watcher = watch(&config, init);
@@ -164,7 +206,11 @@ fn open(
     stats: &Arc<Stats>,
 ) -> Result<Arc<Fs>, Failure> {
     let opened = checkpoint::open(&config.source, open_options)?;
-    check_hiding(&config.mountpoint, &opened)?;
+    // A premounted descriptor's mount is wherever its mounter put it (checked there, for
+    // --drop-privileges, before mounting).
+    if premounted_descriptor(&config.mountpoint).is_none() && config.drop_privileges.is_none() {
+        check_hiding(&config.mountpoint, &opened)?;
+    }
     if let Some(dir) = &config.cache_dir {
         let disk =
             DiskCache::open(dir, config.cache_dir_size, stats.clone()).map_err(|e| Failure::at(dir.display(), e))?;

@@ -44,6 +44,7 @@ pub const KNOWN_OPTIONS: &[&str] = &[
     "cache_dir_size",
     "no_passthrough",
     "auto_unmount",
+    "drop_privileges",
     "no_map",
     "no_splice",
     "io_uring",

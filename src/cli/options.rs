@@ -248,6 +248,9 @@ pub struct MountConfig {
     pub no_passthrough: bool,
     /// `--auto-unmount`: a watcher detaches the mount if the daemon dies.
     pub auto_unmount: bool,
+    /// `--drop-privileges USER` (`-o drop_privileges[=USER]`): mount as root, then serve as USER
+    /// without capabilities; an empty name keeps root's uid (mount.fuse3's `drop_privileges`).
+    pub drop_privileges: Option<String>,
     /// `--metrics-file`, `--metrics-addr`: where the counters go in the Prometheus text format.
     pub metrics: Box<MetricsArgs>,
 }
@@ -297,6 +300,7 @@ impl MountConfig {
         a.no_checkpoint_file |= o.no_checkpoint_file.unwrap_or(false);
         a.debug |= o.debug.unwrap_or(false);
         a.auto_unmount |= o.auto_unmount.unwrap_or(false);
+        a.drop_privileges = a.drop_privileges.or(o.drop_privileges);
         let mut owner = Owner::of_process();
         owner.uid = o.uid.unwrap_or(owner.uid);
         owner.gid = o.gid.unwrap_or(owner.gid);
@@ -350,6 +354,7 @@ impl MountConfig {
             foreground: a.foreground || a.debug,
             debug: a.debug,
             auto_unmount: a.auto_unmount,
+            drop_privileges: a.drop_privileges,
             metrics: a.metrics,
             owner,
             perms: (fmask.or(umask).map(|m| 0o444 & !m), dmask.or(umask).map(|m| 0o555 & !m)),
@@ -391,6 +396,7 @@ impl MountConfig {
             splice: self.splice,
             passthrough: !self.no_passthrough,
             io_uring: self.io_uring,
+            premounted: crate::mount::premounted::premounted_descriptor(&self.mountpoint),
         }
     }
 }
@@ -465,6 +471,7 @@ struct DashO {
     cache_dir_size: Option<u64>,
     no_passthrough: Option<bool>,
     auto_unmount: Option<bool>,
+    drop_privileges: Option<String>,
     no_map: Option<bool>,
     no_splice: Option<bool>,
     io_uring: Option<bool>,
@@ -531,6 +538,7 @@ impl DashO {
                 "dmask" => o.dmask = need().and_then(|v| parse_mask(key, v)).map(Some)?,
                 "allow_root" => o.allow_root = switch()?,
                 "auto_unmount" => o.auto_unmount = switch()?,
+                "drop_privileges" => o.drop_privileges = Some(value.unwrap_or_default().to_string()),
                 "no_map" => o.no_map = switch()?,
                 "no_splice" => o.no_splice = switch()?,
                 "io_uring" => o.io_uring = switch()?,

@@ -4,7 +4,9 @@
 //! log goes ([`logging`], [`syslog`]) and the `auto_unmount` watcher ([`watcher`]), its counters
 //! for Prometheus ([`metrics`], [`metrics_http`]); what a user needs to mount ([`access`]), what is mounted
 //! where ([`mountinfo`]), and `stfs umount` ([`unmount`]), whose system calls have deadlines
-//! ([`bounded`]). The soft limit on open descriptors is raised at start ([`limits`]).
+//! ([`bounded`]). Serving without privilege: a descriptor mounted by someone else
+//! ([`premounted`]), mounting for such a daemon and starting it ([`premount`]), and becoming an
+//! unprivileged user ([`privileges`]). The soft limit on open descriptors is raised at start ([`limits`]).
 //!
 //! Nothing here prints: every failure is a typed error that `cli` reports as one line.
 
@@ -19,6 +21,9 @@ pub mod metrics_http;
 pub mod mountinfo;
 pub mod mountpoint;
 pub mod own_mount;
+pub mod premount;
+pub mod premounted;
+pub mod privileges;
 pub mod session;
 pub mod signals;
 pub mod syslog;

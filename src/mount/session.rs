@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
@@ -48,6 +48,10 @@ pub struct ServeOptions {
     pub passthrough: bool,
     /// Ask for FUSE over io_uring (`--io-uring`); without the kernel's consent, `/dev/fuse`.
     pub io_uring: bool,
+    /// A `/dev/fuse` descriptor that was mounted already, checked by
+    /// [`crate::mount::premounted::check_premounted`] (the mount point `/dev/fd/N`): it is served
+    /// and nothing is mounted or unmounted; the session takes it over.
+    pub premounted: Option<std::os::fd::RawFd>,
 }
 
 /// Why serving a mount failed.
@@ -185,12 +189,17 @@ pub fn serve(
             return Err(not_ready(on_ready, ServeError::Thread { purpose: "session", error }));
         }
     };
-    if let Err(e) = wait_until_answering(&mp) {
-        mounted.give_up();
-        return Err(not_ready(on_ready, e));
+    // A premounted descriptor has no path here to look at: its INIT answered is its readiness.
+    if options.premounted.is_none() {
+        if let Err(e) = wait_until_answering(&mp) {
+            mounted.give_up();
+            return Err(not_ready(on_ready, e));
+        }
     }
     let readahead_kb = kernel_readahead_kb(options.kernel_readahead_kb, &fs, splice);
-    if readahead_kb > 0 {
+    if options.premounted.is_some() {
+        info!("kernel readahead left to whoever mounted {}: stfs does not know where the mount is", mp.display());
+    } else if readahead_kb > 0 {
         if let Err(e) = mountpoint::set_kernel_readahead(&mp, readahead_kb) {
             info!("kernel readahead left at its default: {e}");
         }
@@ -202,7 +211,7 @@ pub fn serve(
         _ => {}
     }
     info!("mounted {} on {}", fsname, mp.display());
-    if !on_ready(Ok(())) {
+    if !on_ready(Ok(())) && options.premounted.is_none() {
         warn!("{}: whoever mounted it is gone before hearing it was ready: withdrawing the mount", mp.display());
         match own.as_ref().map(|own| own.unmount(true)) {
             Some(Ok(Whereabouts::Top(_) | Whereabouts::Gone)) => {}
@@ -212,11 +221,15 @@ pub fn serve(
         }
     }
     let signal_mp = mp.clone();
+    let premounted = options.premounted.is_some();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             let signal = wait_for_signal();
-            if !unmount_on_signal(signal, own.as_ref(), &signal_mp) {
+            if premounted {
+                info!("signal {signal}: stopping; the premounted {} ends with its connection", signal_mp.display());
+                let _ = stop.send(Stop::Abandoned);
+            } else if !unmount_on_signal(signal, own.as_ref(), &signal_mp) {
                 let _ = stop.send(Stop::Abandoned);
             }
         })
@@ -317,6 +330,8 @@ enum Mounted {
     /// fuser mounted it through fusermount, for a user who may not mount; its ID is read from
     /// mountinfo once it answers.
     Fuser(fuser::SessionUnmounter),
+    /// Someone else mounted it and handed over its descriptor: stfs never unmounts it.
+    Premounted,
 }
 
 impl Mounted {
@@ -330,6 +345,7 @@ impl Mounted {
             Mounted::Fuser(mut unmounter) => {
                 let _ = unmounter.unmount();
             }
+            Mounted::Premounted => {}
         }
     }
 
@@ -337,6 +353,7 @@ impl Mounted {
     fn own_mount(self, mp: &Path) -> Option<OwnMount> {
         match self {
             Mounted::Own(own) => Some(own),
+            Mounted::Premounted => None,
             Mounted::Fuser(_) => {
                 let top = mountinfo::locate(mp).ok().and_then(|(_, top)| top).filter(|m| m.is_stfs());
                 top.map(|m| OwnMount::new(m.id))
@@ -366,6 +383,14 @@ fn open_session(
         .io_uring(options.io_uring, options.threads);
     let target = adapter.splice_target();
     let uring = adapter.uring_target();
+    if let Some(fd) = options.premounted {
+        // SAFETY: the caller checked that `fd` is an open /dev/fuse descriptor that nothing else in
+        // this process owns (inherited, named by the mount point `/dev/fd/N`): the session takes it.
+        let device = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let session = fuser::Session::from_fd(adapter, device, config.acl, config.clone()).map_err(failed)?;
+        connect_splice(splice, &target, &session);
+        return Ok((session, Mounted::Premounted, uring));
+    }
     let Some((device, pending)) =
         mountpoint::mount_fuse(mp, &mount_source(fsname), options.allow_other || options.allow_root).map_err(failed)?
     else {
