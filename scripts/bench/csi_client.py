@@ -51,7 +51,10 @@ class Client:
 
         self.pb, grpc_modules = modules()
         self.grpc = grpc
-        self.channel = grpc.insecure_channel(endpoint)
+        # `:authority` is "localhost", as kubelet (1.26+, kubernetes#112597) and the CSI sidecars send
+        # it: grpc-core would send the socket's path, which the plugin's HTTP/2 server (h2) refuses as
+        # a malformed authority (RST_STREAM, PROTOCOL_ERROR).
+        self.channel = grpc.insecure_channel(endpoint, options=[("grpc.default_authority", "localhost")])
         grpc.channel_ready_future(self.channel).result(timeout=TIMEOUT_S)
         self.identity = grpc_modules.IdentityStub(self.channel)
         self.node = grpc_modules.NodeStub(self.channel)
