@@ -91,8 +91,10 @@ class Plugin:
         self.socket = os.path.join(workdir, "csi.sock")
         state = os.path.join(workdir, "state")
         os.makedirs(state)
-        self.proc = subprocess.Popen([stfs, "csi", "--endpoint", f"unix://{self.socket}", "--node-id", "bench",
-                                      "--state-dir", state])
+        self.log = os.path.join(workdir, "plugin.log")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([stfs, "csi", "--endpoint", f"unix://{self.socket}", "--node-id", "bench",
+                                          "--state-dir", state], stderr=log)
         deadline = time.monotonic() + PLUGIN_START_S
         while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -100,6 +102,10 @@ class Plugin:
                 sys.exit(f"kubernetes.py: stfs csi did not make {self.socket} within {PLUGIN_START_S} s")
             time.sleep(0.01)
         self.client = csi_client.Client(f"unix://{self.socket}")
+
+    def log_tail(self, lines=20):
+        with open(self.log) as f:
+            return "".join(f.readlines()[-lines:])
 
     def stop(self):
         if getattr(self, "client", None) is not None:
@@ -206,13 +212,13 @@ class Bench:
         return volume, path
 
     def unpublish(self, volume, path):
-        self.plugin.client.unpublish(volume, path)
-        os.rmdir(path)
+        self.plugin.client.unpublish(volume, path)  # removes the target, as the spec has it
 
     def csi(self):
         first = []
         started = time.perf_counter()
         volume, path = self.publish()
+        self.published = time.perf_counter() - started
         try:
             read_tensors(path, self.tensors, lambda: first.append(time.perf_counter() - started))
             return first[0], time.perf_counter() - started
@@ -288,6 +294,7 @@ def main():
     server = s3.server_command("bench")
     args.stfs = os.path.abspath(args.stfs)
     with tempfile.TemporaryDirectory(prefix="stfs-bench-kube-") as workdir:
+        os.chmod(workdir, 0o755)  # the mount daemons run as nobody and reach their state folder through it
         root = os.path.join(workdir, "store")
         os.makedirs(os.path.join(root, BUCKET))
         header = os.path.join(workdir, "model.safetensors")
@@ -310,10 +317,11 @@ def main():
             print(f"checkpoint {size / 2**20:.0f} MiB, {len(tensors)} tensors of ~{args.tensor_mb} MiB on the bench S3 "
                   f"server; the proxy adds {args.latency_ms:g} ms per request, {args.conn_mib_s:g} MiB/s per connection; "
                   f"{args.reps} repetitions, interleaved; plugin {plugin.client.plugin_info()}", flush=True)
-            runs = {name: [] for name in ("csi first", "csi all", "init+load first", "init+load all", "download",
+            runs = {name: [] for name in ("csi publish", "csi first", "csi all", "init+load first", "init+load all", "download",
                                           "4 pods", "4 pods origin")}
             for rep in range(args.reps):
                 first, every = bench.csi()
+                runs["csi publish"].append(bench.published)
                 runs["csi first"].append(first)
                 runs["csi all"].append(every)
                 first, every = bench.init_and_load()
@@ -326,6 +334,10 @@ def main():
                 print(f"  rep {rep + 1}: csi {runs['csi first'][-1]:.3f} s to the first tensor, {runs['csi all'][-1]:.3f} s "
                       f"to every byte; init+load {runs['init+load first'][-1]:.3f} s, {runs['init+load all'][-1]:.3f} s; "
                       f"4 pods {took:.3f} s, origin {origin:.3f}x", flush=True)
+        except BaseException:
+            if plugin is not None:
+                print(f"the plugin's last log lines:\n{plugin.log_tail()}", file=sys.stderr)
+            raise
         finally:
             if plugin is not None:
                 plugin.stop()
