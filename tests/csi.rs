@@ -9,8 +9,11 @@
 //! next publish; and secrets on no command line, in no log and in no error.
 
 mod common;
+#[macro_use]
 #[path = "common/s3server.rs"]
 mod s3server;
+#[path = "common/nginx.rs"]
+mod nginx;
 #[path = "common/tinyhttp.rs"]
 mod tinyhttp;
 
@@ -23,11 +26,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bpfman_csi::v1 as csi;
+use common::*;
 use csi::identity_client::IdentityClient;
 use csi::node_client::NodeClient;
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
-use common::*;
 use s3server::{S3Gate, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 use stfs::csi::daemon_process::DaemonProcess;
 use tonic::transport::Channel;
@@ -114,6 +117,11 @@ struct Plugin {
 
 impl Plugin {
     fn start(node: &Node, extra_env: &[(&str, &str)]) -> Plugin {
+        Plugin::start_with(node, extra_env, &[])
+    }
+
+    /// [`Plugin::start`] with more flags (`--cache-dir DIR`).
+    fn start_with(node: &Node, extra_env: &[(&str, &str)], extra_args: &[&str]) -> Plugin {
         static STARTS: AtomicU64 = AtomicU64::new(0);
         let n = STARTS.fetch_add(1, Ordering::Relaxed);
         let socket = node.path().join(format!("csi-{n}.sock"));
@@ -123,6 +131,7 @@ impl Plugin {
             .args(["csi", "--endpoint", &format!("unix://{}", socket.display()), "--node-id", "node-1"])
             .arg("--state-dir")
             .arg(node.state())
+            .args(extra_args)
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env_remove("RUST_LOG")
             .env_remove("HF_TOKEN")
@@ -174,11 +183,10 @@ impl Client {
         let socket = plugin.socket.clone();
         let channel = runtime
             .block_on(async {
-                let connect = tonic::transport::Endpoint::try_from("http://[::]:50051")
-                    .unwrap()
-                    .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                        tokio::net::UnixStream::connect(socket.clone())
-                    }));
+                let endpoint = tonic::transport::Endpoint::try_from("http://[::]:50051").unwrap();
+                let connect = endpoint.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    tokio::net::UnixStream::connect(socket.clone())
+                }));
                 tokio::time::timeout(TIMEOUT, connect).await
             })
             .expect("connected in time")
@@ -186,9 +194,12 @@ impl Client {
         Client { runtime, identity: IdentityClient::new(channel.clone()), node: NodeClient::new(channel) }
     }
 
-    fn call<T>(&self, call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, tonic::Status> {
+    fn call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, tonic::Status> {
         self.runtime
-            .block_on(tokio::time::timeout(PUBLISH_TIMEOUT, call))
+            .block_on(async { tokio::time::timeout(PUBLISH_TIMEOUT, call).await })
             .expect("the plugin answered in time")
             .map(tonic::Response::into_inner)
     }
@@ -257,7 +268,8 @@ fn reference(path: &Path) -> HashMap<String, Vec<u8>> {
         Ok(out) => panic!("the reference reader failed: {}", String::from_utf8_lossy(&out.stderr)),
         Err(e) => panic!("python3 with safetensors (tests/python/requirements.txt): {e}"),
     };
-    let hex = |s: &str| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect::<Vec<u8>>();
+    let hex =
+        |s: &str| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect::<Vec<u8>>();
     String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -332,8 +344,14 @@ fn conformance_of_the_identity_and_node_services() {
     writer.readonly = false;
     cases.push(("writable", writer));
     cases.push(("no source", publish_request("vol-a", &target, &[], &[])));
-    cases.push(("unknown attribute", publish_request("vol-a", &target, &[("source", &source), ("cacheDir", "/etc")], &[])));
-    cases.push(("unknown secret", publish_request("vol-a", &target, &[("source", &source)], &[("password", "hunter2-secret")])));
+    cases.push((
+        "unknown attribute",
+        publish_request("vol-a", &target, &[("source", &source), ("cacheDir", "/etc")], &[]),
+    ));
+    cases.push((
+        "unknown secret",
+        publish_request("vol-a", &target, &[("source", &source)], &[("password", "hunter2-secret")]),
+    ));
     for (case, request) in cases {
         let status = refused(client.publish(request));
         assert_eq!(status.code(), Code::InvalidArgument, "{case}: {status:?}");
@@ -430,8 +448,7 @@ struct CountingS3 {
 }
 
 impl CountingS3 {
-    fn start() -> Option<CountingS3> {
-        let server = S3Server::start()?;
+    fn start(server: S3Server) -> CountingS3 {
         let served = Arc::new(AtomicU64::new(0));
         let (port, count) = (server.port, served.clone());
         let gate = S3Gate::start(port, move |request| {
@@ -441,7 +458,7 @@ impl CountingS3 {
             }
             Some(response)
         });
-        Some(CountingS3 { server, gate, served })
+        CountingS3 { server, gate, served }
     }
 
     /// Puts a checkpoint of `tensors` at `key`; returns its reference file (a local copy).
@@ -471,13 +488,12 @@ fn three_pods_share_one_daemon_and_the_origin_serves_each_byte_once() {
     if not_root("stfs csi mounts as root") {
         return;
     }
-    let Some(s3) = CountingS3::start() else {
-        return tool_missing("s3s-fs", "cargo install s3s-fs@0.14.1 --features binary --locked");
-    };
+    let s3 = CountingS3::start(s3_or_skip!());
     let node = Node::new();
     let checkpoint = s3.put("shared.safetensors", &s3server::fixture(), &node);
     let size = std::fs::metadata(&checkpoint).unwrap().len();
-    let plugin = Plugin::start(&node, &[]);
+    let cache = node.path().join("node-cache");
+    let plugin = Plugin::start_with(&node, &[], &["--cache-dir", cache.to_str().unwrap()]);
     let mut client = Client::connect(&plugin);
     let attributes = s3.attributes("shared.safetensors");
     let secrets = [("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)];
@@ -501,7 +517,10 @@ fn three_pods_share_one_daemon_and_the_origin_serves_each_byte_once() {
     }
     let served = s3.served.load(Ordering::Relaxed);
     assert!(served >= size - 4096, "the origin served {served} bytes of {size}: not everything was read through it");
-    assert!(served <= size + 128 * 1024, "the origin served {served} bytes for a {size}-byte checkpoint read by 3 pods");
+    assert!(
+        served <= size + 128 * 1024,
+        "the origin served {served} bytes for a {size}-byte checkpoint read by 3 pods"
+    );
     // Each unpublish but the last leaves the mount to the others.
     for (i, target) in targets.iter().enumerate() {
         client.unpublish(&format!("vol-{i}"), target).expect("unpublish");
@@ -514,6 +533,48 @@ fn three_pods_share_one_daemon_and_the_origin_serves_each_byte_once() {
         }
     }
     assert!(wait_until(TIMEOUT, || !daemon.is_alive()), "the daemon outlived its last pod");
+    // A new pod after the churn: a new daemon, its blocks from the node's cache folder.
+    let before = s3.served.load(Ordering::Relaxed);
+    let target = node.target("pod-d");
+    client.publish(publish_request("vol-d", &target, &pairs(&attributes), &secrets)).expect("publish");
+    assert_reads_reference(&target, &expected);
+    let again = s3.served.load(Ordering::Relaxed) - before;
+    assert!(again <= 128 * 1024, "the origin served {again} bytes again despite the node cache");
+    client.unpublish("vol-d", &target).expect("unpublish");
+}
+
+#[test]
+fn an_hf_volume_reads_as_the_reference_reader() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    // The hub's layout on nginx: the revision API and the resolve URLs of one public repository.
+    let Some(hub) = nginx::Nginx::start_with_directives("default_type application/json;") else {
+        return tool_missing("nginx", "apt-get install nginx");
+    };
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let (repo, sha) = ("org/model", "0123456789abcdef0123456789abcdef01234567");
+    let bytes = std::fs::read(&checkpoint).unwrap();
+    let file = hub.root.join(format!("{repo}/resolve/{sha}/model.safetensors"));
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, &bytes).unwrap();
+    let siblings = serde_json::json!([{"rfilename": "model.safetensors", "size": bytes.len()}]);
+    let info = serde_json::json!({"id": repo, "sha": sha, "siblings": siblings}).to_string();
+    let api = hub.root.join(format!("api/models/{repo}/revision"));
+    std::fs::create_dir_all(&api).unwrap();
+    for revision in ["main", sha] {
+        std::fs::write(api.join(revision), &info).unwrap();
+    }
+    let endpoint = format!("http://127.0.0.1:{}", hub.port);
+    let plugin = Plugin::start(&node, &[("HF_ENDPOINT", &endpoint)]);
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    let attributes = [("source", "hf://org/model@main"), ("csi.storage.k8s.io/ephemeral", "true")];
+    client.publish(publish_request("vol-a", &target, &attributes, &[])).expect("publish");
+    assert_reads_reference(&target, &reference(&checkpoint));
+    client.unpublish("vol-a", &target).expect("unpublish");
+    assert!(!target.exists() && node.volumes().is_empty());
 }
 
 #[test]
@@ -596,9 +657,7 @@ fn secrets_are_on_no_command_line_in_no_log_and_in_no_error() {
     if not_root("stfs csi mounts as root") {
         return;
     }
-    let Some(s3) = CountingS3::start() else {
-        return tool_missing("s3s-fs", "cargo install s3s-fs@0.14.1 --features binary --locked");
-    };
+    let s3 = CountingS3::start(s3_or_skip!());
     let node = Node::new();
     let checkpoint = s3.put("private.safetensors", &s3server::fixture(), &node);
     // Debug logging everywhere: the daemons inherit RUST_LOG.
@@ -619,6 +678,10 @@ fn secrets_are_on_no_command_line_in_no_log_and_in_no_error() {
     for secret in [SECRET_KEY, wrong_secret] {
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
             let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            // The test's own S3 server is given the right key on its command line.
+            if cmdline.split(|&b| b == 0).next().is_some_and(|program| program.ends_with(b"s3s-fs")) {
+                continue;
+            }
             assert!(
                 !cmdline.windows(secret.len()).any(|w| w == secret.as_bytes()),
                 "a secret on the command line of {:?}",

@@ -170,7 +170,8 @@ pub fn parse(
 fn check_source(source: &str) -> Result<(), AttributeError> {
     let invalid = AttributeError::Invalid {
         name: "source",
-        expected: "an absolute path on the node, hf://ORG/REPO[@REVISION], s3://BUCKET/KEY, gs://BUCKET/OBJECT or https://URL",
+        expected:
+            "an absolute path on the node, hf://ORG/REPO[@REVISION], s3://BUCKET/KEY, gs://BUCKET/OBJECT or https://URL",
     };
     let is_url = URL_SCHEMES.iter().any(|s| source.starts_with(s) && source.len() > s.len());
     let is_path = source.starts_with('/');
@@ -234,14 +235,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.source, "hf://org/repo@main");
-        assert_eq!(spec.flags, ["--cache-size", "1G", "--npy", "--no-checkpoint-file", "-o", "uid=1000", "-o", "gid=2000"]);
+        assert_eq!(
+            spec.flags,
+            ["--cache-size", "1G", "--npy", "--no-checkpoint-file", "-o", "uid=1000", "-o", "gid=2000"]
+        );
         assert!(spec.node_cache);
     }
 
     #[test]
     fn a_gid_attribute_wins_over_the_fs_group_and_no_cache_folder_means_no_node_cache() {
-        let spec = parse(&attributes(&[("source", "/models/m.safetensors"), ("gid", "7"), ("nodeCache", "true")]), "9", false)
-            .unwrap();
+        let spec =
+            parse(&attributes(&[("source", "/models/m.safetensors"), ("gid", "7"), ("nodeCache", "true")]), "9", false)
+                .unwrap();
         assert_eq!(spec.flags, ["-o", "gid=7"]);
         assert!(!spec.node_cache);
     }
@@ -264,6 +269,9 @@ mod tests {
         assert!(refused(&[("source", "/m"), ("umask", "0999")]).contains("`umask`"));
         assert!(refused(&[("source", "/m"), ("region", "--x")]).contains("`region`"));
         assert!(refused(&[("source", "/m"), ("endpointUrl", "file:///etc")]).contains("`endpointUrl`"));
-        assert!(parse(&attributes(&[("source", "/m")]), "not-a-number", false).unwrap_err().to_string().contains("`gid`"));
+        assert!(parse(&attributes(&[("source", "/m")]), "not-a-number", false)
+            .unwrap_err()
+            .to_string()
+            .contains("`gid`"));
     }
 }

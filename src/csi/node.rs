@@ -145,9 +145,8 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         use csi::node_service_capability::{rpc::Type, Rpc, Type as Kind};
         // VOLUME_MOUNT_GROUP: kubelet passes the pod's fsGroup, the files' group.
-        let capability = csi::NodeServiceCapability {
-            r#type: Some(Kind::Rpc(Rpc { r#type: Type::VolumeMountGroup as i32 })),
-        };
+        let capability =
+            csi::NodeServiceCapability { r#type: Some(Kind::Rpc(Rpc { r#type: Type::VolumeMountGroup as i32 })) };
         Ok(Response::new(csi::NodeGetCapabilitiesResponse { capabilities: vec![capability] }))
     }
 

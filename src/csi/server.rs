@@ -39,8 +39,12 @@ pub enum ServerError {
 impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ServerError::Endpoint(text) => write!(f, "endpoint `{text}`: expected unix:///PATH (an absolute socket path)"),
-            ServerError::NotASocket(path) => write!(f, "{}: exists and is not a socket; not replacing it", path.display()),
+            ServerError::Endpoint(text) => {
+                write!(f, "endpoint `{text}`: expected unix:///PATH (an absolute socket path)")
+            }
+            ServerError::NotASocket(path) => {
+                write!(f, "{}: exists and is not a socket; not replacing it", path.display())
+            }
             ServerError::Io { doing, error } => write!(f, "{doing}: {}", crate::util::describe_io(error)),
             ServerError::Transport(e) => write!(f, "gRPC server: {e}"),
         }

@@ -156,7 +156,11 @@ impl VolumeDir {
     /// owned by `owner`, the daemon's user).
     pub fn create(&self, owner: (u32, u32)) -> io::Result<()> {
         make_dir(&self.root, 0o711)?;
-        make_dir(&self.mount_point(), 0o711)?;
+        // Not looked at if it is there: a dead daemon's mount may be on it.
+        match fs::DirBuilder::new().mode(0o711).create(self.mount_point()) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
         make_dir(&self.root.join("users"), 0o700)?;
         let private = self.private();
         make_dir(&private, 0o700)?;

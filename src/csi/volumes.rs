@@ -134,7 +134,13 @@ impl Volumes {
             None => {}
         }
         let volume = self.state.volume(&name);
-        self.serve(&name, &volume, spec, secrets)?;
+        if let Err(e) = self.serve(&name, &volume, spec, secrets) {
+            // A volume that never served anyone leaves nothing behind (its key file included).
+            if volume.user_count().is_ok_and(|n| n == 0) {
+                let _ = self.tear_down(&name, &volume);
+            }
+            return Err(e);
+        }
         match std::fs::create_dir(target) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(doing(target.display())(e)),
             _ => {}
@@ -208,10 +214,17 @@ impl Volumes {
 
     /// Makes sure volume `name` is mounted with a live daemon: kept as it is if so; otherwise a
     /// dead daemon's mount is detached (without a look at it) and the volume mounted anew.
-    fn serve(&self, name: &str, volume: &VolumeDir, spec: &VolumeSpec, secrets: &PublishSecrets) -> Result<(), VolumeError> {
+    fn serve(
+        &self,
+        name: &str,
+        volume: &VolumeDir,
+        spec: &VolumeSpec,
+        secrets: &PublishSecrets,
+    ) -> Result<(), VolumeError> {
         let owner = (self.daemon_user.uid, self.daemon_user.gid);
         volume.create(owner).map_err(doing(format!("creating volume {name}'s folder")))?;
-        let process = DaemonProcess::read_record(&volume.daemon_record()).map_err(doing("reading the daemon's record"))?;
+        let process =
+            DaemonProcess::read_record(&volume.daemon_record()).map_err(doing("reading the daemon's record"))?;
         let mount_point = volume.mount_point();
         let mounted = binds::is_mounted(&mount_point).map_err(doing(mount_point.display()))?;
         if mounted && process.is_some_and(|p| p.is_alive()) {
@@ -271,13 +284,12 @@ impl Volumes {
         volume: &VolumeDir,
         secrets: &PublishSecrets,
     ) -> Result<Vec<(OsString, OsString)>, VolumeError> {
-        let mut environment: Vec<(OsString, OsString)> = PASSED_ENVIRONMENT
-            .iter()
-            .filter_map(|&k| std::env::var_os(k).map(|v| (OsString::from(k), v)))
-            .collect();
+        let mut environment: Vec<(OsString, OsString)> =
+            PASSED_ENVIRONMENT.iter().filter_map(|&k| std::env::var_os(k).map(|v| (OsString::from(k), v))).collect();
         let owner = (self.daemon_user.uid, self.daemon_user.gid);
-        let private =
-            secrets.environment(&volume.private(), owner).map_err(doing(format!("writing volume {name}'s key file")))?;
+        let private = secrets
+            .environment(&volume.private(), owner)
+            .map_err(doing(format!("writing volume {name}'s key file")))?;
         environment.extend(private.into_iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
         environment.push((OsString::from(MARKER), OsString::from(name)));
         Ok(environment)
