@@ -1,13 +1,14 @@
 //! Serving without privilege (issue 46, item 1): a `/dev/fuse` descriptor mounted by root and served
 //! as `stfs mount SOURCE /dev/fd/N` by nobody with no capability and `no_new_privs` (the library's
 //! `premount` and `spawn_server`, as a CSI plugin calls them); `stfs mount --drop-privileges USER`
-//! and mount(8)'s `-o drop_privileges`; and bad descriptors refused in one line. Every mount is real,
-//! and the serving process's /proc/PID/status is read to show what it may do.
+//! and mount(8)'s `-o drop_privileges`; a "pod" (its own mount namespace, no /dev/fuse, nobody with
+//! no capability) mounting through a fusermount3 proxy; and bad descriptors refused in one line.
+//! Every mount is real, and the serving process's /proc/PID/status is read to show what it may do.
 
 mod common;
 
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -82,6 +83,9 @@ fn assert_unprivileged(pid: i32, uid: u32) {
 
 #[test]
 fn root_mounts_and_nobody_serves_the_descriptor_without_any_capability() {
+    if not_root("mounting for another user") {
+        return;
+    }
     let t = tensors();
     let fixture = NobodyFixture::new(&t);
     let mp = fixture.mount_point.clone();
@@ -121,6 +125,9 @@ fn root_mounts_and_nobody_serves_the_descriptor_without_any_capability() {
 /// A failing server gives its own one line back; nothing is left waiting.
 #[test]
 fn a_server_that_cannot_read_the_checkpoint_says_why() {
+    if not_root("mounting for another user") {
+        return;
+    }
     let t = tensors();
     let fixture = NobodyFixture::new(&t);
     std::fs::set_permissions(&fixture.file, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -161,6 +168,9 @@ fn run_stfs(args: &[&str]) -> Output {
 
 #[test]
 fn drop_privileges_mounts_as_root_and_serves_as_the_user() {
+    if not_root("mounting for another user") {
+        return;
+    }
     let t = tensors();
     let fixture = NobodyFixture::new(&t);
     let mp = fixture.mount_point.clone();
@@ -183,6 +193,9 @@ fn drop_privileges_mounts_as_root_and_serves_as_the_user() {
 /// is kept, every capability goes, as mount.fuse3's own `drop_privileges` does.
 #[test]
 fn the_mount_helper_drop_privileges_option_keeps_root_without_capabilities() {
+    if not_root("mounting for another user") {
+        return;
+    }
     let t = tensors();
     let fixture = NobodyFixture::new(&t);
     let mp = fixture.mount_point.clone();
@@ -195,6 +208,9 @@ fn the_mount_helper_drop_privileges_option_keeps_root_without_capabilities() {
 
 #[test]
 fn a_failed_drop_privileges_leaves_nothing_mounted() {
+    if not_root("mounting for another user") {
+        return;
+    }
     let t = tensors();
     let fixture = NobodyFixture::new(&t);
     std::fs::set_permissions(&fixture.file, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -249,4 +265,161 @@ fn a_descriptor_that_cannot_be_served_is_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--auto-unmount does not apply"), "{err}");
+}
+
+/// Stops what a pod test started, whatever happened: the daemons serving `source` (their mount
+/// namespace, and the mount in it, go with the last of its processes), the pod, the proxy server.
+struct PodGuard {
+    source: PathBuf,
+    children: Vec<std::process::Child>,
+}
+
+impl Drop for PodGuard {
+    fn drop(&mut self) {
+        for pid in daemon_pids(&self.source) {
+            // SAFETY: signalling a daemon this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs as root in the pod's new mount namespace: /dev becomes a tmpfs with null, zero and
+/// urandom but no fuse, then the rest runs as nobody with no capability (bounding set empty),
+/// no_new_privs and the shim's directory first on PATH. `$1`: the shim directory, `$2`: the proxy's
+/// socket, `$3`: the script nobody runs, then its arguments.
+const POD_SCRIPT: &str = r#"
+bin=$1 sock=$2 inner=$3
+shift 3
+mount -t tmpfs -o mode=0755 pod-dev /dev || exit 99
+for node in "null 1 3" "zero 1 5" "urandom 1 9"; do
+  mknod -m 666 /dev/${node%% *} c ${node#* } || exit 99
+done
+exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \
+  env -i PATH="$bin:/usr/bin:/bin" FUSE_PROXY_SOCKET="$sock" sh -c "$inner" "$@"
+"#;
+
+/// What nobody does in the pod: `$0` stfs, `$1` the checkpoint, `$2` the mount point, `$3` a
+/// directory for what it reads, `$4` a FIFO the test writes to once it has looked at the daemon.
+const IN_POD: &str = r#"
+stfs=$0 file=$1 mp=$2 out=$3 go=$4
+[ -e /dev/fuse ] && { echo "the pod has a /dev/fuse" >&2; exit 90; }
+grep -E '^(Uid|CapEff|CapBnd|NoNewPrivs):' /proc/self/status > "$out/pod-status"
+"$stfs" mount --log-file "$out/log" "$file" "$mp" || exit 91
+for t in w b i model.safetensors; do cat "$mp/$t" > "$out/$t" || exit 92; done
+: > "$out/read"
+timeout 30 sh -c 'read x < "$0"' "$go" || exit 93
+"$stfs" umount "$mp" || exit 94
+"#;
+
+#[test]
+fn a_pod_without_dev_fuse_or_privilege_mounts_through_a_fusermount3_proxy() {
+    if not_root("a mount namespace and a proxy server") {
+        return;
+    }
+    for (tool, install) in [
+        ("unshare", "apt-get install util-linux"),
+        ("setpriv", "apt-get install util-linux"),
+        ("python3", "apt-get install python3"),
+    ] {
+        if !Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success()) {
+            return tool_missing(tool, install);
+        }
+    }
+    let t = tensors();
+    let fixture = NobodyFixture::new(&t);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let (bin, out) = (fixture.dir.path().join("bin"), fixture.dir.path().join("out"));
+    for dir in [&bin, &out] {
+        std::fs::create_dir(dir).unwrap();
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let shim = bin.join("fusermount3");
+    std::fs::copy(data.join("fusermount3_shim.py"), &shim).unwrap();
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let go = out.join("go");
+    let c_go = std::ffi::CString::new(go.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_go.as_ptr(), 0o666) }, 0);
+    std::fs::set_permissions(&go, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let socket = fixture.dir.path().join("proxy.sock");
+    let mut guard = PodGuard { source: fixture.file.clone(), children: Vec::new() };
+    let mut server = Command::new("python3")
+        .arg(data.join("fuse_proxy_server.py"))
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the proxy server starts");
+    let said = server.stdout.take().unwrap();
+    guard.children.push(server);
+    let (ready, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(said), &mut line);
+        let _ = ready.send(line);
+    });
+    assert_eq!(heard.recv_timeout(TIMEOUT).expect("the proxy server says ready").trim(), "ready");
+    let pod = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", POD_SCRIPT, "pod"])
+        .args([&bin, &socket].map(|p| p.as_os_str().to_owned()))
+        .arg(IN_POD)
+        .arg(STFS)
+        .args([&fixture.file, &fixture.mount_point, &out, &go].map(|p| p.as_os_str().to_owned()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    guard.children.push(pod);
+    let read_all =
+        wait_until(TIMEOUT, || out.join("read").exists() || guard.children[1].try_wait().ok().flatten().is_some());
+    let log = || std::fs::read_to_string(out.join("log")).unwrap_or_default();
+    if !out.join("read").exists() {
+        let pod = guard.children.remove(1);
+        let said = wait_output(pod, TIMEOUT);
+        panic!(
+            "the pod did not read the mount (waited: {read_all}): {}; log: {}",
+            String::from_utf8_lossy(&said.stderr),
+            log()
+        );
+    }
+    for t in &t {
+        assert_eq!(std::fs::read(out.join(&t.name)).unwrap(), t.data, "tensor {} read in the pod", t.name);
+    }
+    let original = std::fs::read(&fixture.file).unwrap();
+    assert_eq!(std::fs::read(out.join("model.safetensors")).unwrap(), original, "the checkpoint file read in the pod");
+    let pod_status = std::fs::read_to_string(out.join("pod-status")).unwrap();
+    for line in
+        ["Uid:\t65534\t65534\t65534\t65534", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1"]
+    {
+        assert!(pod_status.lines().any(|l| l == line), "{line:?} in the pod's status: {pod_status}");
+    }
+    let pid = the_daemon(&fixture.file);
+    assert_unprivileged(pid, NOBODY);
+    // The pod goes on: it unmounts through the proxy (`fusermount3 -u`), and the daemon exits.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&go) {
+            Ok(mut fifo) => break std::io::Write::write_all(&mut fifo, b"go\n").unwrap(),
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("the pod is not waiting on {}: {e}", go.display()),
+        }
+    }
+    let pod = guard.children.remove(1);
+    let done = wait_output(pod, TIMEOUT);
+    assert!(
+        done.status.success(),
+        "the pod: {:?}: {}; log: {}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr),
+        log()
+    );
+    assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit after the pod unmounted");
 }

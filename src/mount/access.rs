@@ -1,6 +1,8 @@
 //! What a user needs to mount FUSE: read-write access to /dev/fuse, and, unless root, the setuid
-//! helper fusermount3 (package fuse3) that mounts and unmounts for them. Checked before mounting,
-//! so that a mount that cannot work fails with one line saying what is missing and what to do.
+//! helper fusermount3 (package fuse3) that mounts and unmounts for them; without any /dev/fuse (a
+//! container), a fusermount3 alone (a proxy that mounts from outside, as SkyPilot's fuse-proxy).
+//! Checked before mounting, so that a mount that cannot work fails with one line saying what is
+//! missing and what to do.
 
 use std::fmt;
 use std::fs;
@@ -33,8 +35,8 @@ impl fmt::Display for AccessError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AccessError::NoDevice => f.write_str(
-                "no /dev/fuse: load the FUSE module (`modprobe fuse` as root), or start the container with \
-                 `--device /dev/fuse`",
+                "no /dev/fuse and no fusermount3 to mount through: load the FUSE module (`modprobe fuse` as \
+                 root), or start the container with `--device /dev/fuse` (or with a fusermount3 proxy on PATH)",
             ),
             AccessError::NoDeviceAccess { mode, owner } => write!(
                 f,
@@ -88,11 +90,15 @@ pub fn find_fusermount() -> Option<PathBuf> {
 }
 
 /// Checks that this user can mount FUSE: /dev/fuse opens for reading and writing, and a user who
-/// is not root has fusermount3.
+/// is not root has fusermount3. Where there is no /dev/fuse at all, a fusermount3 (or fusermount)
+/// found as fuser finds it is enough, for root too: it mounts and hands the descriptor over
+/// (`_FUSE_COMMFD`), which a proxy does from outside a container.
 pub fn check_can_mount() -> Result<(), AccessError> {
     match fs::OpenOptions::new().read(true).write(true).open(DEV_FUSE) {
         Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(AccessError::NoDevice),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return find_fusermount().map(|_| ()).ok_or(AccessError::NoDevice);
+        }
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
             let meta = fs::metadata(DEV_FUSE).map_err(AccessError::Device)?;
             return Err(AccessError::NoDeviceAccess { mode: meta.mode() & 0o7777, owner: meta.uid() });

@@ -282,12 +282,13 @@ fn owned_fd(rc: libc::c_long) -> io::Result<OwnedFd> {
 /// there with its INIT request) with the mount, which the caller attaches at `path` once it has
 /// answered INIT ([`PendingMount::attach`]). Made detached with fsmount(2) where the kernel has
 /// it (Linux 5.4), else with mount(2). `Ok(None)` when /dev/fuse or mounting is not permitted (not
-/// root): the caller then lets fuser mount through fusermount. fuser 0.18's own mount(2) call
+/// root), or there is no /dev/fuse (a container; [`crate::mount::access::check_can_mount`] saw a
+/// fusermount3, maybe a proxy): the caller then lets fuser mount through fusermount. fuser 0.18's own mount(2) call
 /// always says `fuse` and drops the subtype, so stfs mounts could not be told apart.
 pub fn mount_fuse(path: &Path, fsname: &str, allow_other: bool) -> io::Result<Option<(OwnedFd, PendingMount)>> {
     let device = match fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
         Ok(device) => device,
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Ok(None),
+        Err(e) if matches!(e.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound) => return Ok(None),
         Err(e) => return Err(e),
     };
     // The mount point is a directory (checked before forking), and so is the root: it is not
