@@ -14,11 +14,10 @@ import re
 import signal
 import subprocess
 import tempfile
-import time
 
 import pytest
 
-from conftest import ROOT, STFS, wait_until
+from conftest import ROOT, wait_until
 
 DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
 KUBERNETES_VERSION = "1.37.0"
