@@ -7,11 +7,14 @@
 //! HEAD, 204 and 304). The Python proxy cost ~0.7 CPU-seconds per GiB relayed on the bench
 //! machine, a fifth of everything the S3 benchmark's chain spent on 2 vCPUs.
 //!
-//! `stfs-bench-proxy UPSTREAM_PORT LATENCY_MS CONN_MIB_S` prints the port it listens on.
+//! `stfs-bench-proxy UPSTREAM_PORT LATENCY_MS CONN_MIB_S [--count]` prints the port it listens on.
+//! With `--count`, each line it then reads on stdin is answered on stdout with the response body
+//! bytes relayed from the server so far: the origin's bytes (`scripts/bench/kubernetes.py`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bytes relayed per step of a body (then paced).
@@ -20,16 +23,36 @@ const PIECE: usize = 1 << 20;
 /// The buffer a response head is read through (a body's first bytes may come along in it).
 const HEAD_BUFFER: usize = 16 << 10;
 
+/// Response body bytes relayed from the server, over every connection.
+static RELAYED: AtomicU64 = AtomicU64::new(0);
+
+/// Answers each line on stdin with [`RELAYED`] on stdout, until stdin ends.
+fn report_relayed() {
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+        line.clear();
+        println!("{}", RELAYED.load(Ordering::Relaxed));
+        std::io::stdout().flush().ok();
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: stfs-bench-proxy UPSTREAM_PORT LATENCY_MS CONN_MIB_S";
-    let [upstream, latency, rate] = args.as_slice() else { panic!("{usage}") };
+    let usage = "usage: stfs-bench-proxy UPSTREAM_PORT LATENCY_MS CONN_MIB_S [--count]";
+    let (upstream, latency, rate, count) = match args.as_slice() {
+        [upstream, latency, rate] => (upstream, latency, rate, false),
+        [upstream, latency, rate, flag] if flag == "--count" => (upstream, latency, rate, true),
+        _ => panic!("{usage}"),
+    };
     let upstream: u16 = upstream.parse().expect(usage);
     let latency = Duration::from_secs_f64(latency.parse::<f64>().expect(usage) / 1000.0);
     let rate = rate.parse::<f64>().expect(usage) * (1 << 20) as f64;
     let listener = TcpListener::bind(("127.0.0.1", 0)).expect("a loopback port");
     println!("{}", listener.local_addr().expect("the port").port());
     std::io::stdout().flush().ok();
+    if count {
+        std::thread::spawn(report_relayed);
+    }
     for client in listener.incoming().flatten() {
         std::thread::spawn(move || {
             let _ = serve(client, upstream, latency, rate);
@@ -104,6 +127,7 @@ fn serve(client: TcpStream, upstream_port: u16, latency: Duration, rate: f64) ->
             }
             left -= n as u64;
             sent += n as u64;
+            RELAYED.fetch_add(n as u64, Ordering::Relaxed);
             if rate > 0.0 {
                 let due = Duration::from_secs_f64(sent as f64 / rate);
                 if let Some(ahead) = due.checked_sub(started.elapsed()) {
