@@ -23,6 +23,14 @@
 //! Blocks the cursor has left [`DROP_BEHIND_SLACK`] behind are reported consumed, for the cache
 //! to reuse their memory.
 //!
+//! Both jump-starts (the file-start prefetch and the window over the rest of the file) take a
+//! read as a promise that the reader goes on through the file; an [`Extent`] says whether its
+//! reads are that (a tensor file: a reader opens one to read it) or not (a tensor's bytes in the
+//! re-served checkpoint file: loaders map that file and fault in a page here and there, and every
+//! fault's read-around, two kernel requests back to back, takes in a tensor's start). A stream
+//! reading the latter opens its window from [`INITIAL_WINDOW_BYTES`] and widens it as the reader
+//! goes on.
+//!
 //! When the engine cannot carry out a prefetch (its queue is full, or the cache has no room that is
 //! not holding unread data), it calls [`Readahead::refused`]: the window halves and the refused
 //! blocks become eligible again, like mountpoint-s3 scaling down under memory pressure.
@@ -93,6 +101,38 @@ impl ReadaheadConfig {
     }
 }
 
+/// The file a read is of, within its source; see the module doc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    /// The file's bytes, in source offsets.
+    pub bytes: Range<u64>,
+    /// Whether the read is of the re-served checkpoint file (`bytes` is then the tensor or
+    /// header it is in), which loaders map: no read of it jump-starts a stream, and the engine
+    /// remembers what the kernel was given of it (`engine::delivered`). False for a tensor file
+    /// (a read from its first byte, or a second read right after the first, says the reader goes
+    /// on to its end) or the whole source.
+    pub in_checkpoint_file: bool,
+}
+
+impl Extent {
+    /// A tensor's (or the header's) bytes in the re-served checkpoint file.
+    pub fn in_checkpoint_file(bytes: Range<u64>) -> Extent {
+        Extent { bytes, in_checkpoint_file: true }
+    }
+
+    /// The extent cut to a source of `len` bytes.
+    pub fn clipped(self, len: u64) -> Extent {
+        Extent { bytes: self.bytes.start.min(len)..self.bytes.end.min(len), ..self }
+    }
+}
+
+impl From<Range<u64>> for Extent {
+    /// A file read to its end once read from its start (a tensor file), or the whole source.
+    fn from(bytes: Range<u64>) -> Extent {
+        Extent { bytes, in_checkpoint_file: false }
+    }
+}
+
 /// What to do about one read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -127,6 +167,10 @@ pub struct Readahead {
     confirmed: bool,
     window_blocks: u64,
     next_prefetch: u64,
+    /// Bytes the recent reads asked for, and how far they moved the cursor, each decaying by an
+    /// eighth per read: their ratio is how much of what the stream passes it reads.
+    recent_read: u64,
+    recent_moved: u64,
 }
 
 impl Readahead {
@@ -139,13 +183,15 @@ impl Readahead {
         offset: u64,
         len: u64,
         source_len: u64,
-        extent: Range<u64>,
+        extent: impl Into<Extent>,
     ) -> (Readahead, Decision) {
+        let Extent { bytes: extent, in_checkpoint_file } = extent.into();
+        let reads_on = !in_checkpoint_file;
         let bs = config.block_size;
         let end = offset.saturating_add(len.max(1));
         let last_block = (end - 1) / bs;
         let is_file = extent.start > 0 || extent.end < source_len;
-        let prefetch_end = if is_file && offset == extent.start {
+        let prefetch_end = if is_file && reads_on && offset == extent.start {
             let window = config.file_start_window_blocks.min(config.max_window_blocks);
             (last_block + 1 + window).min(extent.end.min(source_len).div_ceil(bs))
         } else {
@@ -160,6 +206,8 @@ impl Readahead {
             confirmed: false,
             window_blocks: 0,
             next_prefetch: (last_block + 1).max(prefetch.end),
+            recent_read: len.max(1),
+            recent_moved: len.max(1),
         };
         let decision =
             Decision { sequential: false, window_blocks: prefetch.end - prefetch.start, prefetch, consumed: 0..0 };
@@ -185,8 +233,10 @@ impl Readahead {
         offset: u64,
         len: u64,
         source_len: u64,
-        extent: Range<u64>,
+        extent: impl Into<Extent>,
     ) -> Decision {
+        let Extent { bytes: extent, in_checkpoint_file } = extent.into();
+        let reads_on = !in_checkpoint_file;
         let bs = config.block_size;
         let extent_end = extent.end;
         let read_end = offset.saturating_add(len.max(1));
@@ -210,6 +260,13 @@ impl Readahead {
             && offset > extent.start
             && read_end >= extent_end;
         let end = if tail_first { self.cursor } else { read_end };
+        // A reader of the checkpoint file that skips more than it reads (a loader faulting in the
+        // pages around each tensor's start, one fault's read-around every few MiB) is not
+        // streaming through it: its window stays at the initial size instead of growing, so its
+        // prefetch does not run ahead through the tensors it skips.
+        self.recent_read = self.recent_read - self.recent_read / 8 + len.max(1);
+        self.recent_moved = self.recent_moved - self.recent_moved / 8 + end.saturating_sub(self.cursor);
+        let skipping = in_checkpoint_file && self.recent_moved / 2 > self.recent_read;
         let last_block = (end - 1) / bs;
         let max_window = config.max_window_blocks;
         let entered_new_block = last_block > (self.cursor - 1) / bs;
@@ -220,10 +277,12 @@ impl Readahead {
             // tensors in any order streams each one (within the usual cap). Only for a read that
             // continues the first one exactly, as a sequential reader's do: a random reader that
             // happens to land a little after another's read gets the small window.
-            let exact = offset == self.cursor;
+            let exact = reads_on && offset == self.cursor;
             let rest_of_file =
                 if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
             self.window_blocks = rest_of_file.max(config.initial_window_blocks).min(max_window);
+        } else if skipping {
+            self.window_blocks = config.initial_window_blocks.min(max_window);
         } else if entered_new_block && max_window > 0 {
             self.window_blocks = self.window_blocks.saturating_mul(2).clamp(1, max_window);
         }
@@ -308,7 +367,7 @@ mod tests {
             One { config: config(max_window_blocks), stream: None }
         }
 
-        fn read_in(&mut self, offset: u64, len: u64, extent: Range<u64>) -> Decision {
+        fn read_in(&mut self, offset: u64, len: u64, extent: impl Into<Extent>) -> Decision {
             match &mut self.stream {
                 None => {
                     let (stream, decision) = Readahead::start(&self.config, offset, len, SOURCE, extent);
@@ -518,6 +577,36 @@ mod tests {
         // A read inside a file, or from the start of a source that is not a file, prefetches nothing.
         assert!(One::new(8).read_in(80 * BS + 7, 100, 80 * BS..90 * BS).prefetch.is_empty());
         assert!(One::new(8).read(0, 100).prefetch.is_empty());
+    }
+
+    #[test]
+    fn no_read_of_the_checkpoint_file_jump_starts_a_stream() {
+        // As `a_read_from_a_files_first_byte_prefetches_its_start_at_once`, through the checkpoint
+        // file: a read taking in a tensor's start (every page fault's read-around does) prefetches
+        // nothing, and its exact continuation opens the initial window, not the rest of the tensor.
+        let tensor = || Extent::in_checkpoint_file(5000..30 * BS);
+        let mut stream = One::new(8);
+        let d = stream.read_in(5000, 100, tensor());
+        assert_eq!((d.sequential, d.prefetch), (false, 0..0));
+        let d = stream.read_in(5100, 900, tensor());
+        assert_eq!((d.sequential, d.prefetch), (true, 6..7));
+    }
+
+    #[test]
+    fn a_reader_skipping_through_the_checkpoint_file_keeps_the_initial_window() {
+        // A loader's faults: two reads back to back around a tensor's start every 6 blocks.
+        let faults = |extent: fn(Range<u64>) -> Extent| {
+            let mut stream = One::new(8);
+            stream.config.forward_slack = 10 * BS;
+            for k in 1..12 {
+                let at = k * 6 * BS;
+                stream.read_in(at - 500, 500, extent(at - 6 * BS..at));
+                stream.read_in(at, 500, extent(at..at + 6 * BS));
+            }
+            stream.window_blocks()
+        };
+        assert_eq!(faults(Extent::in_checkpoint_file), 1);
+        assert_eq!(faults(Extent::from), 8, "the same reads of tensor files open the window");
     }
 
     #[test]
