@@ -518,8 +518,14 @@ fn reads_at_a_tensor_start_in_the_reserved_file_fetch_their_blocks_not_the_tenso
     use std::os::unix::fs::FileExt;
     let dir = workdir();
     let file = dir.path().join("model.safetensors");
-    let tensors =
-        [T::new("a", Dtype::U8, &[100_000]), T::new("b", Dtype::U8, &[16 << 20]), T::new("c", Dtype::U8, &[16 << 20])];
+    // `middle` (the writer orders tensors by name) puts `z` past the forward slack of the stream the
+    // reads of `b` start.
+    let tensors = [
+        T::new("a", Dtype::U8, &[100_000]),
+        T::new("b", Dtype::U8, &[16 << 20]),
+        T::new("middle", Dtype::U8, &[20 << 20]),
+        T::new("z", Dtype::U8, &[16 << 20]),
+    ];
     let starts = tensor_starts(&write_checkpoint(&file, &tensors, None));
     // The block path (no mapping, no passthrough), so every byte from the file is a backing read.
     let m = Mount::new(&file, &["--block-size", "64K", "--no-passthrough", "--no-map"]);
@@ -530,7 +536,7 @@ fn reads_at_a_tensor_start_in_the_reserved_file_fetch_their_blocks_not_the_tenso
     served.read_exact_at(&mut buf, page + 4096).unwrap();
     let fetched = settled_count(&m, "backing_read_bytes");
     assert!(fetched <= 512 << 10, "two pages at tensor b's start fetched {fetched} bytes");
-    open_random(&m.file("c")).read_exact_at(&mut buf, 0).unwrap();
+    open_random(&m.file("z")).read_exact_at(&mut buf, 0).unwrap();
     let more = settled_count(&m, "backing_read_bytes") - fetched;
     assert!(more >= 4 << 20, "a tensor file read from its first byte prefetched only {more} bytes");
 }
@@ -562,5 +568,5 @@ fn prefetch_skips_bytes_the_kernel_was_given_through_the_reserved_file() {
     let before = settled_count(&m, "backing_read_bytes");
     read(b, 14 * mib);
     let fetched = settled_count(&m, "backing_read_bytes") - before;
-    assert!(fetched < 14 * mib, "reading b's first 14 MiB, 4 MiB of which the kernel holds, fetched {fetched} bytes");
+    assert!(fetched < 12 * mib, "reading b's first 14 MiB, 4 MiB of which the kernel holds, fetched {fetched} bytes");
 }
