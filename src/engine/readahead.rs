@@ -167,10 +167,6 @@ pub struct Readahead {
     confirmed: bool,
     window_blocks: u64,
     next_prefetch: u64,
-    /// Bytes the recent reads asked for, and how far they moved the cursor, each decaying by an
-    /// eighth per read: their ratio is how much of what the stream passes it reads.
-    recent_read: u64,
-    recent_moved: u64,
 }
 
 impl Readahead {
@@ -206,8 +202,6 @@ impl Readahead {
             confirmed: false,
             window_blocks: 0,
             next_prefetch: (last_block + 1).max(prefetch.end),
-            recent_read: len.max(1),
-            recent_moved: len.max(1),
         };
         let decision =
             Decision { sequential: false, window_blocks: prefetch.end - prefetch.start, prefetch, consumed: 0..0 };
@@ -260,13 +254,6 @@ impl Readahead {
             && offset > extent.start
             && read_end >= extent_end;
         let end = if tail_first { self.cursor } else { read_end };
-        // A reader of the checkpoint file that skips more than it reads (a loader faulting in the
-        // pages around each tensor's start, one fault's read-around every few MiB) is not
-        // streaming through it: its window stays at the initial size instead of growing, so its
-        // prefetch does not run ahead through the tensors it skips.
-        self.recent_read = self.recent_read - self.recent_read / 8 + len.max(1);
-        self.recent_moved = self.recent_moved - self.recent_moved / 8 + end.saturating_sub(self.cursor);
-        let skipping = in_checkpoint_file && self.recent_moved / 2 > self.recent_read;
         let last_block = (end - 1) / bs;
         let max_window = config.max_window_blocks;
         let entered_new_block = last_block > (self.cursor - 1) / bs;
@@ -281,8 +268,6 @@ impl Readahead {
             let rest_of_file =
                 if exact && extent_end < source_len { extent_end.saturating_sub(end).div_ceil(bs) } else { 0 };
             self.window_blocks = rest_of_file.max(config.initial_window_blocks).min(max_window);
-        } else if skipping {
-            self.window_blocks = config.initial_window_blocks.min(max_window);
         } else if entered_new_block && max_window > 0 {
             self.window_blocks = self.window_blocks.saturating_mul(2).clamp(1, max_window);
         }

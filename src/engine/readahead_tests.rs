@@ -259,23 +259,6 @@ fn no_read_of_the_checkpoint_file_jump_starts_a_stream() {
 }
 
 #[test]
-fn a_reader_skipping_through_the_checkpoint_file_keeps_the_initial_window() {
-    // A loader's faults: two reads back to back around a tensor's start every 6 blocks.
-    let faults = |extent: fn(Range<u64>) -> Extent| {
-        let mut stream = One::new(8);
-        stream.config.forward_slack = 10 * BS;
-        for k in 1..12 {
-            let at = k * 6 * BS;
-            stream.read_in(at - 500, 500, extent(at - 6 * BS..at));
-            stream.read_in(at, 500, extent(at..at + 6 * BS));
-        }
-        stream.window_blocks()
-    };
-    assert_eq!(faults(Extent::in_checkpoint_file), 1);
-    assert_eq!(faults(Extent::from), 8, "the same reads of tensor files open the window");
-}
-
-#[test]
 fn file_start_window_is_eight_mib_and_at_least_a_block_per_lane() {
     let small = ReadaheadConfig::new(64 << 10, 512 << 20);
     assert_eq!(small.file_start_window_blocks * (64 << 10), FILE_START_WINDOW_BYTES);
