@@ -474,3 +474,99 @@ fn a_remote_shard_cached_whole_is_passed_through_until_its_object_changes() {
     assert!(read_whole(&m.file("model.safetensors")).unwrap() == new_bytes, "old bytes served after a change");
     assert_eq!(count(&m, "passthrough_checkpoint_opens"), 0, "the old object's file was handed over");
 }
+
+/// Where each tensor's bytes start in the safetensors file `bytes`, by name.
+fn tensor_starts(bytes: &[u8]) -> BTreeMap<String, u64> {
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len as usize]).unwrap();
+    let tensors = header.as_object().unwrap().iter().filter(|(name, _)| *name != "__metadata__");
+    tensors.map(|(name, t)| (name.clone(), 8 + header_len + t["data_offsets"][0].as_u64().unwrap())).collect()
+}
+
+/// `key` of the mount's stats.json once the prefetch the reads so far started has landed: the
+/// same value for 300 ms running (within 10 s).
+fn settled_count(m: &Mount, key: &str) -> u64 {
+    let (mut last, mut since) = (count(m, key), std::time::Instant::now());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while since.elapsed() < std::time::Duration::from_millis(300) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let now = count(m, key);
+        if now != last {
+            (last, since) = (now, std::time::Instant::now());
+        }
+    }
+    last
+}
+
+/// `file` opened for reads of exactly the pages asked for (no kernel readahead).
+fn open_random(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: advice on a descriptor this function owns.
+    assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) }, 0);
+    file
+}
+
+/// A loader that maps the re-served file faults in a page at each tensor's start, and every
+/// fault's read-around (two kernel requests back to back) takes one in: those reads cost the
+/// blocks they cover and a small window, not the tensor's first 8 MiB or the rest of it (issue 45:
+/// a diffusers pipeline's `from_pretrained` had the mount fetch 769 MB from a slow store where the
+/// kernel asked for 212 MB, and return later than from the folder). A tensor file read from its
+/// first byte still has its start prefetched at once.
+#[test]
+fn reads_at_a_tensor_start_in_the_reserved_file_fetch_their_blocks_not_the_tensor() {
+    use std::os::unix::fs::FileExt;
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    // `middle` (the writer orders tensors by name) puts `z` past the forward slack of the stream the
+    // reads of `b` start.
+    let tensors = [
+        T::new("a", Dtype::U8, &[100_000]),
+        T::new("b", Dtype::U8, &[16 << 20]),
+        T::new("middle", Dtype::U8, &[20 << 20]),
+        T::new("z", Dtype::U8, &[16 << 20]),
+    ];
+    let starts = tensor_starts(&write_checkpoint(&file, &tensors, None));
+    // The block path (no mapping, no passthrough), so every byte from the file is a backing read.
+    let m = Mount::new(&file, &["--block-size", "64K", "--no-passthrough", "--no-map"]);
+    let served = open_random(&m.file("model.safetensors"));
+    let page = starts["b"] / 4096 * 4096;
+    let mut buf = [0u8; 4096];
+    served.read_exact_at(&mut buf, page).unwrap();
+    served.read_exact_at(&mut buf, page + 4096).unwrap();
+    let fetched = settled_count(&m, "backing_read_bytes");
+    assert!(fetched <= 512 << 10, "two pages at tensor b's start fetched {fetched} bytes");
+    open_random(&m.file("z")).read_exact_at(&mut buf, 0).unwrap();
+    let more = settled_count(&m, "backing_read_bytes") - fetched;
+    assert!(more >= 4 << 20, "a tensor file read from its first byte prefetched only {more} bytes");
+}
+
+/// Bytes the kernel was given through the re-served file are not fetched again by prefetch: it
+/// keeps them, and never asks for them again (issue 45: a loader that faults in each tensor's
+/// first pages and later reads every tensor had the mount fetch those pages twice). Here a range
+/// inside tensor `b` is read first and leaves the (small) cache; reading `b` from its start then
+/// costs the rest of `b`, not that range again.
+#[test]
+fn prefetch_skips_bytes_the_kernel_was_given_through_the_reserved_file() {
+    use std::os::unix::fs::FileExt;
+    let dir = workdir();
+    let file = dir.path().join("model.safetensors");
+    let mib = 1u64 << 20;
+    let tensors = [T::new("b", Dtype::U8, &[16 * mib]), T::new("c", Dtype::U8, &[16 * mib])];
+    let starts = tensor_starts(&write_checkpoint(&file, &tensors, None));
+    let m = Mount::new(&file, &["--block-size", "64K", "--cache-size", "8M", "--no-passthrough", "--no-map"]);
+    let served = open_random(&m.file("model.safetensors"));
+    let read = |from: u64, len: u64| {
+        let mut buf = vec![0u8; 256 << 10];
+        for at in (from..from + len).step_by(buf.len()) {
+            served.read_exact_at(&mut buf, at).unwrap();
+        }
+    };
+    let b = starts["b"].div_ceil(4096) * 4096;
+    read(b + 6 * mib, 4 * mib);
+    read(starts["c"].div_ceil(4096) * 4096, 12 * mib);
+    let before = settled_count(&m, "backing_read_bytes");
+    read(b, 14 * mib);
+    let fetched = settled_count(&m, "backing_read_bytes") - before;
+    assert!(fetched < 12 * mib, "reading b's first 14 MiB, 4 MiB of which the kernel holds, fetched {fetched} bytes");
+}

@@ -15,7 +15,7 @@ use super::descriptors::Budget;
 use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
 use super::prefetch::{read_into_page_cache, Prefetcher};
-use super::readahead::ReadaheadConfig;
+use super::readahead::{Extent, ReadaheadConfig};
 use super::shared::{Shared, SourceEntry};
 use super::tuning::{
     mapped_resident_bytes, EngineConfig, IDLE_DESCRIPTORS_AFTER, IDLE_SWEEP_EVERY, MAX_BLOCK_SIZE, PREFETCH_CHUNK_BYTES,
@@ -147,7 +147,7 @@ impl Engine {
     pub fn read_in<R>(
         &self,
         source: SourceId,
-        extent: Range<u64>,
+        extent: impl Into<Extent>,
         offset: u64,
         len: usize,
         consume: impl FnOnce(&[u8]) -> R,
@@ -162,8 +162,11 @@ impl Engine {
             return Ok(consume(&[]));
         }
         self.on_read(&entry);
-        let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
+        let extent = Into::<Extent>::into(extent).clipped(entry.len);
         let shared = &*self.shared;
+        if extent.in_checkpoint_file && !entry.mapped {
+            entry.delivered.read(offset..end);
+        }
         // A mapped source's stream reads ahead into the page cache, not the block cache: this read
         // loads its own run of cold blocks in one backing read, as a read outside any stream does.
         // A source whose mapping failed is served as any block source: its lanes load blocks,
@@ -209,7 +212,7 @@ impl Engine {
     pub fn read_for_kernel<R>(
         &self,
         source: SourceId,
-        extent: Range<u64>,
+        extent: impl Into<Extent>,
         offset: u64,
         len: usize,
         to_kernel: impl FnOnce(KernelBytes<'_>) -> R,
@@ -225,7 +228,7 @@ impl Engine {
             return Ok(to_kernel(KernelBytes::default()));
         }
         self.on_read(&entry);
-        let extent = extent.start.min(entry.len)..extent.end.min(entry.len);
+        let extent = Into::<Extent>::into(extent).clipped(entry.len);
         let shared = &*self.shared;
         self.read_ahead_mapped(&entry, &mapping, offset..end, extent);
         let stats = &shared.stats;
@@ -258,7 +261,7 @@ impl Engine {
     /// chunk, so the chunks are read into the page cache at once on several I/O threads. A chunk
     /// the queue has no room for is only advised from this thread (the reads start, nothing waits
     /// for them), so a read never waits for bytes ahead of its reader.
-    fn read_ahead_mapped(&self, entry: &Arc<SourceEntry>, mapping: &Mapping, range: Range<u64>, extent: Range<u64>) {
+    fn read_ahead_mapped(&self, entry: &Arc<SourceEntry>, mapping: &Mapping, range: Range<u64>, extent: Extent) {
         let shared = &*self.shared;
         let Some((stream, blocks)) = entry.streams.on_mapped_read(range, extent, &entry.spares, &shared.stats) else {
             return;

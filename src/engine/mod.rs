@@ -17,7 +17,8 @@
 //!    the cached block; one spanning blocks is joined once in a per-thread buffer.
 //! 4. `prefetch`: meanwhile, on the I/O threads of the `pool`, each lane of the stream claims
 //!    chunks of its pending blocks in order and loads each run of missing ones in one backing read
-//!    on its own descriptor, publishing each block as it lands.
+//!    on its own descriptor, publishing each block as it lands. A stream reading the re-served
+//!    checkpoint file skips the blocks the kernel was already given whole through it (`delivered`).
 //!
 //! The mapped path ([`Engine::read_for_kernel`], `core`): a read whose reply only goes to the
 //! kernel (a raw tensor through FUSE) of a source with a [`Mapping`](crate::source::Mapping) (a
@@ -47,6 +48,7 @@
 mod backing;
 pub mod cache;
 mod core;
+mod delivered;
 mod demand;
 mod descriptors;
 pub mod disk;

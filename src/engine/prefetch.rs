@@ -6,7 +6,8 @@
 //! descriptor, publishing each block as soon as it lands, so a reader waiting at the front of a
 //! chunk does not wait for all of it. A block the cache has no room for ends the lane's work (the
 //! stream halves its window at its next read); so does the engine stopping. A lane never loads a
-//! block its stream has left behind.
+//! block its stream has left behind, nor, for a stream reading the re-served checkpoint file, one
+//! the kernel was given whole through that file (`delivered`).
 
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
@@ -132,8 +133,11 @@ fn load_lane(shared: &Shared, job: &LaneJob) {
         let mut run: Vec<LoadTicket<'_>> = Vec::new();
         let mut run_start = chunk.start;
         let mut refused = None;
+        let reading_checkpoint_file = job.stream.reading_checkpoint_file.load(Relaxed);
         for block in chunk {
-            if job.stream.is_behind(block) {
+            let start = block.saturating_mul(bs);
+            let held = || job.source.delivered.covers(start..start + job.source.block_len(block, bs));
+            if job.stream.is_behind(block) || (reading_checkpoint_file && held()) {
                 load_run(shared, job, lane, run_start, std::mem::take(&mut run));
                 continue;
             }

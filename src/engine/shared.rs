@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::cache::BlockCache;
+use super::delivered::Delivered;
 use super::descriptors::{Activity, Budget};
 use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
@@ -57,6 +58,8 @@ pub(crate) struct SourceEntry {
     pub(crate) mapped_since_release: AtomicU64,
     /// Its part of the descriptor budget: when it was last read, whether it may hold descriptors.
     pub(crate) activity: Activity,
+    /// What the kernel was given of its re-served checkpoint file (block path only).
+    pub(crate) delivered: Delivered,
 }
 
 impl SourceEntry {
@@ -87,6 +90,7 @@ impl SourceEntry {
             mapped,
             mapped_since_release: AtomicU64::new(0),
             activity: Activity::default(),
+            delivered: Delivered::default(),
         }
     }
 

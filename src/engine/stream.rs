@@ -17,11 +17,11 @@
 //! [`LANES`] jobs, each on its own descriptor, so every descriptor only moves forward in big steps.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use super::cache::BlockCache;
-use super::readahead::{self, Decision, Readahead, ReadaheadConfig};
+use super::readahead::{self, Decision, Extent, Readahead, ReadaheadConfig};
 use super::spares::Spares;
 use super::tuning::{MAX_LANES, PREFETCH_CHUNK_BYTES};
 use crate::source::{SourceId, SourceReader};
@@ -71,7 +71,7 @@ impl Streams {
     pub(crate) fn on_read(
         &self,
         range: Range<u64>,
-        extent: Range<u64>,
+        extent: Extent,
         cache: &BlockCache,
         spares: &Spares,
         stats: &Stats,
@@ -79,7 +79,9 @@ impl Streams {
     ) -> Option<Arc<StreamIo>> {
         let bs = self.config.block_size;
         let last = self.len.div_ceil(bs);
+        let in_checkpoint_file = extent.in_checkpoint_file;
         let (io, sequential) = self.with_stream(range, extent, spares, stats, |stream, decision| {
+            stream.io.reading_checkpoint_file.store(in_checkpoint_file, Relaxed);
             if !decision.prefetch.is_empty() {
                 let lanes = self.config.lanes.clamp(1, MAX_LANES);
                 let chunk_blocks = readahead::chunk_blocks(decision.window_blocks, bs, lanes);
@@ -105,7 +107,7 @@ impl Streams {
     pub(crate) fn on_mapped_read(
         &self,
         range: Range<u64>,
-        extent: Range<u64>,
+        extent: Extent,
         spares: &Spares,
         stats: &Stats,
     ) -> Option<(Arc<StreamIo>, Range<u64>)> {
@@ -142,7 +144,7 @@ impl Streams {
     fn with_stream(
         &self,
         range: Range<u64>,
-        extent: Range<u64>,
+        extent: Extent,
         spares: &Spares,
         stats: &Stats,
         prefetch: impl FnOnce(&mut Stream, &Decision),
@@ -187,7 +189,7 @@ impl Table {
         offset: u64,
         len: u64,
         source_len: u64,
-        extent: Range<u64>,
+        extent: Extent,
     ) -> (usize, Decision, Option<Stream>) {
         self.clock += 1;
         let closest = self
@@ -237,6 +239,9 @@ pub(crate) struct StreamIo {
     /// Blocks below this one the stream has left behind (and recycled): a lagging prefetch must
     /// not load them again.
     behind: AtomicU64,
+    /// The stream's last read was of the re-served checkpoint file: its prefetch skips the blocks
+    /// the kernel was given whole through that file (`delivered`).
+    pub(crate) reading_checkpoint_file: AtomicBool,
 }
 
 impl Default for StreamIo {
@@ -247,6 +252,7 @@ impl Default for StreamIo {
             pending: Mutex::new(Pending::default()),
             refused_at: AtomicU64::new(0),
             behind: AtomicU64::new(0),
+            reading_checkpoint_file: AtomicBool::new(false),
         }
     }
 }

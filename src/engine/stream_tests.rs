@@ -36,7 +36,7 @@ fn classify(streams: &Streams, reads: &[(u64, u64)]) -> Vec<Outcome> {
     reads
         .iter()
         .map(|&(offset, len)| {
-            let (index, d, _) = table.classify(&streams.config, offset, len, 100 * BS, 0..100 * BS);
+            let (index, d, _) = table.classify(&streams.config, offset, len, 100 * BS, (0..100 * BS).into());
             (index, d.sequential, d.prefetch)
         })
         .collect()
@@ -99,7 +99,7 @@ fn least_recently_used_stream_is_replaced() {
     let streams = streams(8, 2);
     classify(&streams, &[(0, 10), (20_000, 10), (20_010, 10)]);
     let mut table = lock(&streams.table);
-    let (index, _, replaced) = table.classify(&streams.config, 60_000, 10, 100 * BS, 0..100 * BS);
+    let (index, _, replaced) = table.classify(&streams.config, 60_000, 10, 100 * BS, (0..100 * BS).into());
     assert_eq!((index, replaced.map(|s| s.last_used)), (0, Some(1)));
     assert_eq!(table.streams.len(), 2);
     drop(table);
@@ -111,7 +111,7 @@ fn least_recently_used_stream_is_replaced() {
 /// accepted or not; whether the read's stream is sequential.
 fn read(streams: &Streams, cache: &BlockCache, spares: &Spares, stats: &Stats, at: (u64, u64), accept: bool) -> bool {
     let (offset, len) = at;
-    streams.on_read(offset..offset + len, 0..100 * BS, cache, spares, stats, |_, _| accept).is_some()
+    streams.on_read(offset..offset + len, (0..100 * BS).into(), cache, spares, stats, |_, _| accept).is_some()
 }
 
 #[test]

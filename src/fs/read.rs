@@ -7,8 +7,7 @@
 //! straight to the kernel may be served from the source's mapping; the views read their bytes in
 //! user space, so they always go through the engine's blocks.
 
-use std::ops::Range;
-
+use crate::engine::readahead::Extent;
 use crate::engine::Engine;
 use crate::fs::control::StatsFile;
 use crate::fs::error::FsError;
@@ -73,7 +72,7 @@ fn read_source<R>(
     engine: &Engine,
     to_kernel: bool,
     source: SourceId,
-    extent: Range<u64>,
+    extent: impl Into<Extent>,
     offset: u64,
     len: usize,
     reply: impl FnOnce(KernelBytes<'_>) -> R,
@@ -87,9 +86,11 @@ fn read_source<R>(
 }
 
 /// Bytes `[offset, offset+size)` of shard `shard`'s whole file, handed to `reply`. The engine is
-/// told which tensor (or the header) the read is in, so readahead treats it as it treats a read of
-/// that tensor's file, and both share blocks and streams; a reply to the kernel may come from the
-/// source's mapping, as a tensor file's does.
+/// told which tensor (or the header) the read is in, so readahead stops at its end as for a read
+/// of that tensor's file, and both share blocks and streams; but as a file loaders map, whose
+/// every page fault's read-around takes in tensor starts ([`Extent::in_checkpoint_file`]): no read of it
+/// jump-starts a tensor's prefetch. A reply to the kernel may come from the source's mapping, as a
+/// tensor file's does.
 fn read_checkpoint<R>(
     ns: &Namespace,
     engine: &Engine,
@@ -105,7 +106,7 @@ fn read_checkpoint<R>(
         return Ok(reply(KernelBytes::default()));
     }
     let n = (len - offset).min(u64::from(size));
-    let extent = ns.checkpoint_extent(shard, offset..offset + n);
+    let extent = Extent::in_checkpoint_file(ns.checkpoint_extent(shard, offset..offset + n));
     read_source(engine, to_kernel, s.source, extent, offset, n as usize, reply)
 }
 
