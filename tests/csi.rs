@@ -11,6 +11,8 @@
 #![allow(clippy::result_large_err)]
 
 mod common;
+#[path = "common/hub_repo.rs"]
+mod hub_repo;
 #[macro_use]
 #[path = "common/s3server.rs"]
 mod s3server;
@@ -425,15 +427,9 @@ fn a_pod_with_no_fuse_and_no_privilege_reads_every_tensor() {
         inside = inside.display()
     );
     let first = names[0].clone();
-    let child = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "sh", "-c", &script, "pod", &first])
-        .args(&names)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("unshare");
-    let out = wait_output(child, TIMEOUT);
+    let mut pod = Command::new("unshare");
+    pod.args(["-m", "--propagation", "private", "sh", "-c", &script, "pod", &first]).args(&names);
+    let out = output_within(&mut pod, TIMEOUT);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "the pod failed: {text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("no-fuse\n"), "{text}");
@@ -564,16 +560,7 @@ fn an_hf_volume_reads_as_the_reference_reader() {
     let (checkpoint, _) = local_checkpoint(&node);
     let (repo, sha) = ("org/model", "0123456789abcdef0123456789abcdef01234567");
     let bytes = std::fs::read(&checkpoint).unwrap();
-    let file = hub.root.join(format!("{repo}/resolve/{sha}/model.safetensors"));
-    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-    std::fs::write(&file, &bytes).unwrap();
-    let siblings = serde_json::json!([{"rfilename": "model.safetensors", "size": bytes.len()}]);
-    let info = serde_json::json!({"id": repo, "sha": sha, "siblings": siblings}).to_string();
-    let api = hub.root.join(format!("api/models/{repo}/revision"));
-    std::fs::create_dir_all(&api).unwrap();
-    for revision in ["main", sha] {
-        std::fs::write(api.join(revision), &info).unwrap();
-    }
+    hub_repo::publish(&hub.root, repo, sha, &["main"], &[("model.safetensors", bytes)]);
     let endpoint = format!("http://127.0.0.1:{}", hub.port);
     let plugin = Plugin::start(&node, &[("HF_ENDPOINT", &endpoint)]);
     let mut client = Client::connect(&plugin);

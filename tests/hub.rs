@@ -7,6 +7,8 @@
 //! as a model directory. Skips when nginx is missing (fails under `CI=true`).
 
 mod common;
+#[path = "common/hub_repo.rs"]
+mod hub_repo;
 #[path = "common/nginx.rs"]
 mod nginx;
 
@@ -51,22 +53,7 @@ impl Hub {
 
     /// Publishes commit `sha` of `repo` with `files`, and points each of `revisions` at it.
     fn publish(&self, repo: &str, sha: &str, revisions: &[&str], files: &[(&str, Vec<u8>)]) {
-        let cdn = if repo.starts_with("redir/") { "cdn/" } else { "" };
-        let base = self.nginx.root.join(format!("{cdn}{repo}/resolve/{sha}"));
-        let mut siblings = Vec::new();
-        for (path, bytes) in files {
-            let file = base.join(path);
-            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-            std::fs::write(&file, bytes).unwrap();
-            siblings.push(serde_json::json!({"rfilename": path, "size": bytes.len()}));
-        }
-        let api = self.nginx.root.join(format!("api/models/{repo}"));
-        std::fs::create_dir_all(api.join("revision")).unwrap();
-        let info = serde_json::json!({"id": repo, "sha": sha, "siblings": siblings});
-        std::fs::write(api.join("info.json"), info.to_string()).unwrap();
-        for revision in revisions.iter().chain([&sha]) {
-            std::fs::write(api.join("revision").join(revision), info.to_string()).unwrap();
-        }
+        hub_repo::publish(&self.nginx.root, repo, sha, revisions, files);
     }
 
     /// `stfs ARGS` with `HF_ENDPOINT` set, `HF_HOME` empty, and `extra` variables.

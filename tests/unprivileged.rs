@@ -10,26 +10,62 @@ mod common;
 use std::ffi::OsString;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use common::users::{NobodyFixture, NOBODY};
 use common::wedge::process_gone;
 use common::*;
 use stfs::format::Dtype;
-use stfs::mount::premount::{premount, spawn_server, PremountOptions, ServerSpawn};
+use stfs::mount::premount::{premount, spawn_server, PremountOptions, ServerSpawn, SpawnError};
 use stfs::mount::privileges::Identity;
 
 fn tensors() -> Vec<T> {
     vec![T::new("w", Dtype::F32, &[5000]), T::new("b", Dtype::BF16, &[333]), T::new("i", Dtype::I64, &[77])]
 }
 
-/// Unmounts the mount point when dropped (umount2, then a lazy detach), whatever the test did.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        force_unmount(&self.0);
+/// The tests' checkpoint, laid out for nobody, and its tensors; `None` (the test returns) when this
+/// is not root, who alone can mount for another user.
+fn root_and_nobody_fixture() -> Option<(Vec<T>, NobodyFixture)> {
+    if not_root("mounting for another user") {
+        return None;
     }
+    let t = tensors();
+    let fixture = NobodyFixture::new(&t);
+    Some((t, fixture))
+}
+
+/// The fixture's checkpoint made unreadable to nobody (mode 0600, owned by root).
+fn hide_checkpoint_from_nobody(fixture: &NobodyFixture) {
+    std::fs::set_permissions(&fixture.file, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// `premount` of the fixture's mount point for nobody, with a guard that unmounts it.
+fn premount_for_nobody(
+    fixture: &NobodyFixture,
+    fsname: String,
+    allow_other: bool,
+) -> (std::os::fd::OwnedFd, UnmountOnDrop) {
+    let options = PremountOptions { fsname, uid: NOBODY, gid: NOBODY, allow_other, default_permissions: allow_other };
+    let device = premount(&fixture.mount_point, &options).expect("premount");
+    (device, UnmountOnDrop(fixture.mount_point.clone()))
+}
+
+/// `spawn_server` of the fixture's checkpoint on `device`, served by nobody.
+fn serve_as_nobody(
+    fixture: &NobodyFixture,
+    device: &std::os::fd::OwnedFd,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+) -> Result<(), SpawnError> {
+    spawn_server(&ServerSpawn {
+        program: STFS.into(),
+        source: fixture.file.clone().into(),
+        args,
+        device,
+        identity: Identity { uid: NOBODY, gid: NOBODY, groups: Vec::new() },
+        env,
+        timeout: TIMEOUT,
+    })
 }
 
 /// Every tensor file and the re-served checkpoint file read through `mp` equal the fixture's bytes.
@@ -83,36 +119,16 @@ fn assert_unprivileged(pid: i32, uid: u32) {
 
 #[test]
 fn root_mounts_and_nobody_serves_the_descriptor_without_any_capability() {
-    if not_root("mounting for another user") {
-        return;
-    }
-    let t = tensors();
-    let fixture = NobodyFixture::new(&t);
+    let Some((t, fixture)) = root_and_nobody_fixture() else { return };
     let mp = fixture.mount_point.clone();
-    let options = PremountOptions {
-        fsname: fixture.file.display().to_string(),
-        uid: NOBODY,
-        gid: NOBODY,
-        allow_other: true,
-        default_permissions: true,
-    };
-    let device = premount(&mp, &options).expect("premount");
-    let _guard = Unmount(mp.clone());
+    let (device, _guard) = premount_for_nobody(&fixture, fixture.file.display().to_string(), true);
     let entry = common::wedge::mount_entry(&mp).expect("the premount is listed");
     assert_eq!(entry.fs_type, "fuse.stfs");
     for option in ["user_id=65534", "group_id=65534", "allow_other", "default_permissions"] {
         assert!(entry.options.split(',').any(|o| o == option), "{option} in {entry:?}");
     }
-    let spawn = ServerSpawn {
-        program: STFS.into(),
-        source: fixture.file.clone().into(),
-        args: vec!["-o".into(), "allow_other".into()],
-        device: &device,
-        identity: Identity { uid: NOBODY, gid: NOBODY, groups: Vec::new() },
-        env: vec![(OsString::from("PATH"), OsString::from("/usr/bin:/bin"))],
-        timeout: TIMEOUT,
-    };
-    spawn_server(&spawn).expect("the server starts");
+    let path = vec![(OsString::from("PATH"), OsString::from("/usr/bin:/bin"))];
+    serve_as_nobody(&fixture, &device, vec!["-o".into(), "allow_other".into()], path).expect("the server starts");
     drop(device);
     assert_bytes_equal(&mp, &fixture, &t);
     let pid = the_daemon(&fixture.file);
@@ -125,58 +141,21 @@ fn root_mounts_and_nobody_serves_the_descriptor_without_any_capability() {
 /// A failing server gives its own one line back; nothing is left waiting.
 #[test]
 fn a_server_that_cannot_read_the_checkpoint_says_why() {
-    if not_root("mounting for another user") {
-        return;
-    }
-    let t = tensors();
-    let fixture = NobodyFixture::new(&t);
-    std::fs::set_permissions(&fixture.file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let mp = fixture.mount_point.clone();
-    let options = PremountOptions {
-        fsname: "m".into(),
-        uid: NOBODY,
-        gid: NOBODY,
-        allow_other: false,
-        default_permissions: false,
-    };
-    let device = premount(&mp, &options).expect("premount");
-    let _guard = Unmount(mp.clone());
-    let spawn = ServerSpawn {
-        program: STFS.into(),
-        source: fixture.file.clone().into(),
-        args: Vec::new(),
-        device: &device,
-        identity: Identity { uid: NOBODY, gid: NOBODY, groups: Vec::new() },
-        env: Vec::new(),
-        timeout: TIMEOUT,
-    };
-    let e = spawn_server(&spawn).unwrap_err().to_string();
+    let Some((_, fixture)) = root_and_nobody_fixture() else { return };
+    hide_checkpoint_from_nobody(&fixture);
+    let (device, _guard) = premount_for_nobody(&fixture, "m".into(), false);
+    let e = serve_as_nobody(&fixture, &device, Vec::new(), Vec::new()).unwrap_err().to_string();
     assert!(e.contains(fixture.file.to_str().unwrap()) && e.contains("permission denied"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
 }
 
-fn run_stfs(args: &[&str]) -> Output {
-    let child = Command::new(STFS)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn stfs");
-    wait_output(child, TIMEOUT)
-}
-
 #[test]
 fn drop_privileges_mounts_as_root_and_serves_as_the_user() {
-    if not_root("mounting for another user") {
-        return;
-    }
-    let t = tensors();
-    let fixture = NobodyFixture::new(&t);
+    let Some((t, fixture)) = root_and_nobody_fixture() else { return };
     let mp = fixture.mount_point.clone();
     let (file, at) = (fixture.file.to_str().unwrap(), mp.to_str().unwrap());
-    let out = run_stfs(&["mount", "--drop-privileges", "nobody", "-o", "allow_other", file, at]);
-    let _guard = Unmount(mp.clone());
+    let out = stfs(&["mount", "--drop-privileges", "nobody", "-o", "allow_other", file, at]);
+    let _guard = UnmountOnDrop(mp.clone());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_bytes_equal(&mp, &fixture, &t);
     let pid = the_daemon(&mp);
@@ -184,7 +163,7 @@ fn drop_privileges_mounts_as_root_and_serves_as_the_user() {
     let entry = common::wedge::mount_entry(&mp).unwrap();
     assert!(entry.options.split(',').any(|o| o == "user_id=65534"), "{entry:?}");
     // Root unmounts it as any stfs mount; the daemon exits with its connection.
-    let out = run_stfs(&["umount", at]);
+    let out = stfs(&["umount", at]);
     assert!(out.status.success(), "stfs umount: {}", String::from_utf8_lossy(&out.stderr));
     assert!(wait_until(TIMEOUT, || process_gone(pid)), "the daemon did not exit after the unmount");
 }
@@ -193,14 +172,10 @@ fn drop_privileges_mounts_as_root_and_serves_as_the_user() {
 /// is kept, every capability goes, as mount.fuse3's own `drop_privileges` does.
 #[test]
 fn the_mount_helper_drop_privileges_option_keeps_root_without_capabilities() {
-    if not_root("mounting for another user") {
-        return;
-    }
-    let t = tensors();
-    let fixture = NobodyFixture::new(&t);
+    let Some((t, fixture)) = root_and_nobody_fixture() else { return };
     let mp = fixture.mount_point.clone();
-    let out = run_stfs(&[fixture.file.to_str().unwrap(), mp.to_str().unwrap(), "-o", "rw,drop_privileges"]);
-    let _guard = Unmount(mp.clone());
+    let out = stfs(&[fixture.file.to_str().unwrap(), mp.to_str().unwrap(), "-o", "rw,drop_privileges"]);
+    let _guard = UnmountOnDrop(mp.clone());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_bytes_equal(&mp, &fixture, &t);
     assert_unprivileged(the_daemon(&mp), 0);
@@ -208,15 +183,11 @@ fn the_mount_helper_drop_privileges_option_keeps_root_without_capabilities() {
 
 #[test]
 fn a_failed_drop_privileges_leaves_nothing_mounted() {
-    if not_root("mounting for another user") {
-        return;
-    }
-    let t = tensors();
-    let fixture = NobodyFixture::new(&t);
-    std::fs::set_permissions(&fixture.file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let Some((_, fixture)) = root_and_nobody_fixture() else { return };
+    hide_checkpoint_from_nobody(&fixture);
     let mp = fixture.mount_point.clone();
-    let out = run_stfs(&["mount", "--drop-privileges", "nobody", fixture.file.to_str().unwrap(), mp.to_str().unwrap()]);
-    let _guard = Unmount(mp.clone());
+    let out = stfs(&["mount", "--drop-privileges", "nobody", fixture.file.to_str().unwrap(), mp.to_str().unwrap()]);
+    let _guard = UnmountOnDrop(mp.clone());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -230,7 +201,7 @@ fn a_failed_drop_privileges_leaves_nothing_mounted() {
         let mut all = vec!["mount"];
         all.extend(args);
         all.extend([fixture.file.to_str().unwrap(), mp.to_str().unwrap()]);
-        let out = run_stfs(&all);
+        let out = stfs(&all);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.lines().count() == 1 && err.contains(needle), "{args:?}: {err}");
         assert!(!common::wedge::listed(&mp), "{args:?} left a mount");
@@ -248,20 +219,13 @@ fn a_descriptor_that_cannot_be_served_is_one_line() {
         ("exec 7<>/dev/fuse;", "/proc/self/fd/7", "descriptor 7 is /dev/fuse but not mounted"),
     ] {
         let script = format!("{open} exec \"$0\" mount \"$1\" {mountpoint}");
-        let child = Command::new("sh")
-            .args(["-c", &script, STFS, file])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = wait_output(child, TIMEOUT);
+        let out = output_within(Command::new("sh").args(["-c", &script, STFS, file]), TIMEOUT);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{mountpoint}: {err}");
         assert_eq!(err.lines().count(), 1, "{mountpoint}: {err}");
         assert!(err.starts_with(&format!("stfs: {mountpoint}: {needle}")), "{mountpoint}: {err}");
     }
-    let out = run_stfs(&["mount", "--auto-unmount", file, "/dev/fd/1"]);
+    let out = stfs(&["mount", "--auto-unmount", file, "/dev/fd/1"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--auto-unmount does not apply"), "{err}");

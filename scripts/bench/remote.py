@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 
-import cargo_paths  # scripts/bench/, this file's folder
+from remote_options import add_remote_options  # scripts/bench/, this file's folder
 
 CHUNK = 1 << 20
 
@@ -287,14 +287,8 @@ def summary(values):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stfs", default=cargo_paths.binary("stfs"), help="the stfs binary")
-    p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size in MiB [1024]")
-    p.add_argument("--tensor-mb", type=int, default=16, help="approximate size of each tensor in MiB [16]")
-    p.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds per request [20]")
-    p.add_argument("--conn-mib-s", type=float, default=0,
-                   help="cap each connection's response rate, in MiB/s, as object stores do [0: no cap]")
-    p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
-    p.add_argument("--quick", action="store_true", help="64 MiB, 3 repetitions: a smoke run")
+    no_cap = (0, "cap each connection's response rate, in MiB/s, as object stores do [0: no cap]")
+    add_remote_options(p, reps=5, quick="64 MiB, 3 repetitions: a smoke run", conn_mib_s=no_cap)
     p.add_argument("--mount-arg", action="append", default=[], help="extra `stfs mount` argument (repeatable)")
     p.add_argument("--no-disk-cache", action="store_true", help="skip the --cache-dir rows")
     p.add_argument("--disk-only", action="store_true",

@@ -65,6 +65,7 @@ sys.path.insert(0, HERE)
 import cargo_paths  # noqa: E402
 from mounts import is_mounted, wait_mounted  # noqa: E402
 import remote  # noqa: E402
+from remote_options import add_remote_options  # noqa: E402
 from remote import LatencyProxy, free_port, summary, wait_port, write_checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -383,13 +384,7 @@ class RustProxy:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stfs", default=cargo_paths.binary("stfs"), help="the stfs binary")
-    p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size in MiB [1024]")
-    p.add_argument("--tensor-mb", type=int, default=16, help="approximate size of each tensor in MiB [16]")
-    p.add_argument("--latency-ms", type=float, default=20.0, help="latency the proxy adds per request [20]")
-    p.add_argument("--conn-mib-s", type=float, default=100.0, help="pace each connection to this rate [100]")
-    p.add_argument("--reps", type=int, default=5, help="repetitions of each measurement [5]")
-    p.add_argument("--quick", action="store_true", help="32 MiB, 1 repetition: a smoke run")
+    add_remote_options(p, reps=5, quick="32 MiB, 1 repetition: a smoke run")
     p.add_argument("--stfs-opts", default="", metavar="ARGS",
                    help="extra arguments for every stfs mount, e.g. \"--io-threads 16\" (default: none)")
     p.add_argument("--skip", action="append", default=[],

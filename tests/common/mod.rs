@@ -98,14 +98,19 @@ pub fn one_tensor_checkpoint() -> (tempfile::TempDir, PathBuf, T) {
 
 /// Runs `stfs ARGS...` to completion (with a timeout) and returns its output.
 pub fn stfs(args: &[&str]) -> Output {
-    let child = Command::new(STFS)
-        .args(args)
+    output_within(Command::new(STFS).args(args), TIMEOUT)
+}
+
+/// Runs `command` with no stdin and its output captured, to completion within `timeout` (killed and
+/// the test failed past it), and returns its output.
+pub fn output_within(command: &mut Command, timeout: Duration) -> Output {
+    let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn stfs");
-    wait_output(child, TIMEOUT)
+        .unwrap_or_else(|e| panic!("spawn {:?}: {e}", command.get_program()));
+    wait_output(child, timeout)
 }
 
 /// Waits for a child with a deadline; kills it and panics if it overruns.
@@ -186,6 +191,15 @@ pub fn refused_mount(source: &Path) -> String {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     err
+}
+
+/// Unmounts a mount point when dropped ([`force_unmount`]), whatever the test did.
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        force_unmount(&self.0);
+    }
 }
 
 /// Unmounts with umount2(2), falling back to MNT_DETACH; waits (bounded) until it is gone.

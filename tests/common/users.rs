@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
-use super::{force_unmount, tool_missing, wait_output, workdir, write_checkpoint, STFS, T, TIMEOUT};
+use super::{force_unmount, output_within, tool_missing, wait_output, workdir, write_checkpoint, STFS, T, TIMEOUT};
 
 /// The uid and gid of `nobody`.
 pub const NOBODY: u32 = 65534;
@@ -42,14 +42,7 @@ pub fn as_nobody(program: &str) -> Command {
 
 /// `stfs ARGS` run as nobody to completion (with [`TIMEOUT`]).
 pub fn stfs_as_nobody(args: &[&str]) -> Output {
-    let child = as_nobody(STFS)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn setpriv");
-    wait_output(child, TIMEOUT)
+    output_within(as_nobody(STFS).args(args), TIMEOUT)
 }
 
 /// How many [`DevFuseOpen`] guards live, and the mode /dev/fuse had before the first.
@@ -167,16 +160,12 @@ pub fn stfs_as_nobody_without(missing: Missing, args: &[&str]) -> Output {
         Missing::DevFuseAccess => ("0600", "0"),
         Missing::Fusermount => ("0666", "1"),
     };
-    let child = Command::new("unshare")
+    let mut command = Command::new("unshare");
+    command
         .args(["--mount", "--propagation", "private", "sh", "-c", NAMESPACE_SCRIPT, "sh"])
         .args([scratch.path().to_str().unwrap(), mode, hide, &major, &minor, STFS])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn unshare");
-    let out = wait_output(child, TIMEOUT);
+        .args(args);
+    let out = output_within(&mut command, TIMEOUT);
     assert_ne!(
         out.status.code(),
         Some(99),

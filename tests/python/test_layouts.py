@@ -43,9 +43,9 @@ def files_under(root):
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
 
-@pytest.fixture
-def pipeline_dir(tmp_path):
-    """A DDPMPipeline with a tiny random UNet2DModel, saved as diffusers saves it."""
+def save_tiny_pipeline(saved):
+    """A DDPMPipeline with a tiny UNet2DModel, its random weights from a fixed seed, saved at `saved` with
+    save_pretrained; returns the pipeline."""
     torch = need("torch")
     diffusers = need("diffusers")
     torch.manual_seed(1234)
@@ -54,8 +54,15 @@ def pipeline_dir(tmp_path):
         down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
         norm_num_groups=4)
     pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=10))
-    saved = tmp_path / "pipe"
     pipe.save_pretrained(saved)
+    return pipe
+
+
+@pytest.fixture
+def pipeline_dir(tmp_path):
+    """A DDPMPipeline with a tiny random UNet2DModel, saved as diffusers saves it."""
+    saved = tmp_path / "pipe"
+    save_tiny_pipeline(saved)
     assert files_under(saved) == ["model_index.json", "scheduler/scheduler_config.json", "unet/config.json",
                                   "unet/diffusion_pytorch_model.safetensors"], files_under(saved)
     return saved

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from conftest import mounted
-from test_layouts import files_under, need, offline, publish_folder  # noqa: F401 (a fixture)
+from test_layouts import files_under, need, offline, publish_folder, save_tiny_pipeline  # noqa: F401 (a fixture)
 from test_remote import nginx  # noqa: F401 (a fixture)
 
 FP16_SHARDS = ["unet/diffusion_pytorch_model.fp16-00001-of-00003.safetensors",
@@ -30,15 +30,8 @@ def variant_pipeline_dir(tmp_path):
     """A DDPMPipeline with a tiny random UNet2DModel saved as diffusers saves it, and its UNet in fp16
     saved beside it as the fp16 variant, in three shards."""
     torch = need("torch")
-    diffusers = need("diffusers")
-    torch.manual_seed(1234)
-    unet = diffusers.UNet2DModel(
-        sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
-        norm_num_groups=4)
-    pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=10))
     saved = tmp_path / "pipe"
-    pipe.save_pretrained(saved)
+    pipe = save_tiny_pipeline(saved)
     pipe.unet.to(torch.float16).save_pretrained(saved / "unet", variant="fp16", max_shard_size="30KB")
     assert files_under(saved) == sorted([
         "model_index.json", "scheduler/scheduler_config.json", "unet/config.json",
@@ -98,16 +91,22 @@ def test_a_pipeline_with_a_sharded_fp16_variant_loads_from_a_mount(variant_pipel
         check_variant_pipeline(mp, variant_pipeline_dir)
 
 
+def tiny_gpt2(seed):
+    """A tiny GPT-2 (its config made here), its random weights from `seed`."""
+    torch = need("torch")
+    transformers = need("transformers")
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
 @pytest.fixture
 def variant_transformers_dir(tmp_path):
     """A tiny random GPT-2 (its config made here) saved plain, as the fp16 variant, and as the bf16 variant
     in shards."""
     torch = need("torch")
-    transformers = need("transformers")
-    torch.manual_seed(5)
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16,
-                                     bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(config)
+    model = tiny_gpt2(seed=5)
     saved = tmp_path / "gpt2"
     model.save_pretrained(saved)
     model.to(torch.float16).save_pretrained(saved, variant="fp16")
@@ -158,13 +157,8 @@ def test_transformers_variants_load_from_a_mount(variant_transformers_dir):
 def consolidated_dir(tmp_path):
     """A repository as Mistral's ship: the transformers checkpoint in shards with its index, and
     consolidated.safetensors (the same weights under other names) beside them."""
-    torch = need("torch")
-    transformers = need("transformers")
     safetensors_torch = need("safetensors.torch")
-    torch.manual_seed(6)
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16,
-                                     bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(config)
+    model = tiny_gpt2(seed=6)
     saved = tmp_path / "mistralish"
     model.save_pretrained(saved, max_shard_size="8KB")
     consolidated = {f"layers.{name}": t.clone().contiguous() for name, t in model.state_dict().items()
