@@ -117,6 +117,26 @@ fn assert_unprivileged(pid: i32, uid: u32) {
     assert_eq!(p.no_new_privs, "1", "the server's no_new_privs");
 }
 
+/// Every descriptor on /dev/fuse that process `pid` holds is close-on-exec: no helper the daemon
+/// runs (gcloud, a credential process) inherits the FUSE connection.
+fn assert_fuse_descriptors_close_on_exec(pid: i32) {
+    let mut fuse_fds = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let entry = entry.unwrap();
+        let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+        if target != Path::new("/dev/fuse") {
+            continue;
+        }
+        fuse_fds += 1;
+        let fd = entry.file_name().into_string().unwrap();
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap();
+        let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).expect("flags in fdinfo").trim();
+        let flags = u32::from_str_radix(flags, 8).unwrap();
+        assert_ne!(flags & libc::O_CLOEXEC as u32, 0, "descriptor {fd} of the daemon on /dev/fuse: {info}");
+    }
+    assert!(fuse_fds > 0, "the daemon holds /dev/fuse");
+}
+
 #[test]
 fn root_mounts_and_nobody_serves_the_descriptor_without_any_capability() {
     let Some((t, fixture)) = root_and_nobody_fixture() else { return };
@@ -133,6 +153,7 @@ fn root_mounts_and_nobody_serves_the_descriptor_without_any_capability() {
     assert_bytes_equal(&mp, &fixture, &t);
     let pid = the_daemon(&fixture.file);
     assert_unprivileged(pid, NOBODY);
+    assert_fuse_descriptors_close_on_exec(pid);
     // The server ends with its connection: root unmounts, and it exits.
     force_unmount(&mp);
     assert!(wait_until(TIMEOUT, || process_gone(pid)), "the server did not exit after the unmount");

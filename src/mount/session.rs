@@ -367,6 +367,18 @@ impl Mounted {
 /// attached at the mount point once the session has answered the kernel's INIT; one that lands on
 /// another mount made there since `stfs mount` checked the mount point (a race between two
 /// mounts) withdraws, and the mount point is reported as already mounted on.
+/// Sets FD_CLOEXEC on `fd`.
+fn close_on_exec(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this process owns; F_GETFD/F_SETFD touch only its flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn open_session(
     fs: Arc<Fs>,
     fsname: &str,
@@ -387,6 +399,9 @@ fn open_session(
         // SAFETY: the caller checked that `fd` is an open /dev/fuse descriptor that nothing else in
         // this process owns (inherited, named by the mount point `/dev/fd/N`): the session takes it.
         let device = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // It came in inheritable (the parent cleared close-on-exec to pass it): set it back, so
+        // that no helper the daemon runs (gcloud, a credential process) holds the connection.
+        close_on_exec(&device).map_err(failed)?;
         let session = fuser::Session::from_fd(adapter, device, config.acl, config.clone()).map_err(failed)?;
         connect_splice(splice, &target, &session);
         return Ok((session, Mounted::Premounted, uring));
