@@ -47,9 +47,9 @@ pub(super) fn open_folder(dir: &Path, repo_files: bool) -> Result<Checkpoint, Op
 fn open_checkpoints(dir: &Path, files: &[Sibling], folder: &str, rule: &Confinement) -> Result<Checkpoint, OpenError> {
     let shown = if folder.is_empty() { dir.display().to_string() } else { dir.join(folder).display().to_string() };
     let found = in_folder::checkpoints_of(files, folder).map_err(|e| OpenError::new(&shown, e))?;
-    open_every(found, &shown, |choice| match choice {
+    open_every(found, &shown, |choice, limit| match choice {
         Choice::Single(path) => Ok(Checkpoint::of(vec![open_confined(&dir.join(path), rule)?])),
-        Choice::Index(path) => open_index(&dir.join(path), rule),
+        Choice::Index(path) => open_index(&dir.join(path), rule, limit),
         Choice::Shards(paths) => {
             let paths: Vec<PathBuf> = paths.iter().map(|p| dir.join(p)).collect();
             let opened = open_all(&paths, |p| open_confined(p, rule))?;

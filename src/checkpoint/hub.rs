@@ -53,7 +53,7 @@ pub fn open_hub_with(spec: &str, options: &OpenOptions, env: Env<'_>) -> Result<
     if let Some(file) = path.as_deref().filter(|p| repo.info.siblings.iter().any(|s| s.path == *p)) {
         let choice = hub::file_choice(file);
         log::info!("{shown}: checkpoint {choice:?}");
-        let mut checkpoint = listed::open_choice(&files, choice)?;
+        let mut checkpoint = listed::open_choice(&files, choice, MAX_INDEX_SIZE as usize)?;
         if options.repo_files {
             checkpoint.repo_files = fetch_small_files(&repo, listed::folder_of(file))?;
         }
@@ -91,8 +91,8 @@ impl listed::Repository for HubFiles<'_> {
         open_file(self.repo, path, &self.http)
     }
 
-    fn fetch_index(&self, path: &str) -> Result<Vec<u8>, OpenError> {
-        fetch_index(self.repo, path, &self.http)
+    fn fetch_index(&self, path: &str, limit: usize) -> Result<Vec<u8>, OpenError> {
+        fetch_index(self.repo, path, &self.http, limit)
     }
 
     fn fetch_small(&self, path: &str) -> Result<Vec<u8>, OpenError> {
@@ -159,12 +159,13 @@ fn open_file(repo: &HubRepo, path: &str, http: &HttpOptions) -> Result<OpenedSha
 }
 
 /// The bytes of an index file at the pinned commit.
-fn fetch_index(repo: &HubRepo, path: &str, http: &HttpOptions) -> Result<Vec<u8>, OpenError> {
+fn fetch_index(repo: &HubRepo, path: &str, http: &HttpOptions, limit: usize) -> Result<Vec<u8>, OpenError> {
     let url = repo.client.resolve_url(&repo.spec.repo, &repo.info.sha, path);
     let shown = format!("{}/{path}", repo.spec.shown());
     let source = HttpSource::open(&url, http.clone()).map_err(|e| OpenError::new(&shown, e))?;
-    if source.len() > MAX_INDEX_SIZE {
-        let (len, limit) = (source.len() as usize, MAX_INDEX_SIZE as usize);
+    let limit = limit.min(MAX_INDEX_SIZE as usize);
+    if source.len() > limit as u64 {
+        let len = source.len() as usize;
         return Err(OpenError::new(&shown, OpenProblem::IndexTooLarge { len, limit }));
     }
     let mut bytes = vec![0; source.len() as usize];

@@ -22,14 +22,14 @@ pub(super) trait Repository: Sync {
     fn shown(&self) -> String;
     /// The file at `path` opened as a shard, its header read, its opening ended.
     fn open_shard(&self, path: &str) -> Result<OpenedShard, OpenError>;
-    /// The bytes of the index at `path` (bounded as any index).
-    fn fetch_index(&self, path: &str) -> Result<Vec<u8>, OpenError>;
+    /// The bytes of the index at `path`, refused past `limit` bytes (at most any index's bound).
+    fn fetch_index(&self, path: &str, limit: usize) -> Result<Vec<u8>, OpenError>;
     /// The bytes of the small file at `path` (within [`hub::SMALL_FILE_LIMIT`]).
     fn fetch_small(&self, path: &str) -> Result<Vec<u8>, OpenError>;
 }
 
 /// The checkpoint `choice` names, every shard opened (an index's shards beside it).
-pub(super) fn open_choice(repo: &dyn Repository, choice: Choice) -> Result<Checkpoint, OpenError> {
+pub(super) fn open_choice(repo: &dyn Repository, choice: Choice, index_limit: usize) -> Result<Checkpoint, OpenError> {
     let shown = repo.shown();
     let open_one = |path: &String| repo.open_shard(path);
     match choice {
@@ -39,7 +39,7 @@ pub(super) fn open_choice(repo: &dyn Repository, choice: Choice) -> Result<Check
             checked(&shown, opened, None, Vec::new())
         }
         Choice::Index(path) => {
-            let bytes = repo.fetch_index(&path)?;
+            let bytes = repo.fetch_index(&path, index_limit)?;
             let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(format!("{shown}/{path}"), e))?;
             index.merge_spellings(index::without_dot_segments);
             let folder = folder_of(&path);
@@ -73,7 +73,7 @@ pub(super) fn lay_out(
     let open_folder = |folder: &str| -> Result<Checkpoint, OpenError> {
         let found = in_folder::checkpoints_of(scoped, folder).map_err(|e| OpenError::new(&shown, e))?.joined(prefix);
         log::info!("{shown}: folder {folder:?}: checkpoints {found:?}");
-        open_every(found, &shown, |choice| open_choice(repo, choice.clone()))
+        open_every(found, &shown, |choice, limit| open_choice(repo, choice.clone(), limit))
     };
     let mut checkpoint = if root_has { open_folder("")? } else { Checkpoint::of(Vec::new()) };
     for folder in &folders {

@@ -10,10 +10,11 @@ use super::shard::{checked, file_name, open_all, open_confined, Checkpoint, Root
 use crate::format::index;
 
 /// The shards named by a local index file; the index and every shard are opened by `rule` (the
-/// folder they must resolve inside), so either resolving outside is an error naming it.
-pub(super) fn open_index(path: &Path, rule: &Confinement) -> Result<Checkpoint, OpenError> {
+/// folder they must resolve inside), so either resolving outside is an error naming it; an index
+/// past `limit` bytes is refused before it is read.
+pub(super) fn open_index(path: &Path, rule: &Confinement, limit: usize) -> Result<Checkpoint, OpenError> {
     let name = path.display().to_string();
-    let index_file = read_index_file(path, MAX_INDEX_SIZE, rule).map_err(|e| OpenError::new(&name, e))?;
+    let index_file = read_index_file(path, limit.min(MAX_INDEX_SIZE), rule).map_err(|e| OpenError::new(&name, e))?;
     let (bytes, local_mode) = (index_file.bytes, Some(index_file.mode));
     let mut index = index::parse_index(&bytes).map_err(|e| OpenError::new(&name, e))?;
     let dir = path.parent().unwrap_or(Path::new("."));

@@ -85,7 +85,7 @@ pub fn open(spec: &str, options: &OpenOptions) -> Result<Checkpoint, OpenError> 
     // folder.
     let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let rule = Confinement::of(folder).map_err(|e| OpenError::new(folder.display().to_string(), e))?;
-    let mut checkpoint = open_index(path, &rule)?;
+    let mut checkpoint = open_index(path, &rule, MAX_INDEX_SIZE)?;
     if options.repo_files {
         checkpoint.repo_files = super::beside::small_files_beside(&rule, folder);
     }

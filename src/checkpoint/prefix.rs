@@ -84,11 +84,12 @@ impl Repository for Objects<'_> {
         Ok(shard)
     }
 
-    fn fetch_index(&self, path: &str) -> Result<Vec<u8>, OpenError> {
+    fn fetch_index(&self, path: &str, limit: usize) -> Result<Vec<u8>, OpenError> {
+        let limit = limit.min(MAX_INDEX_SIZE);
         // The object is opened at its listed size: checked here, before it is read.
         let len = self.listing.objects.iter().find(|o| o.path == path).map_or(0, |o| o.size);
-        if len > MAX_INDEX_SIZE as u64 {
-            let problem = OpenProblem::IndexTooLarge { len: len as usize, limit: MAX_INDEX_SIZE };
+        if len > limit as u64 {
+            let problem = OpenProblem::IndexTooLarge { len: len as usize, limit };
             return Err(OpenError::new(self.listing.prefix.child(path).shown(), problem));
         }
         self.read_whole(path)
