@@ -385,6 +385,14 @@ fn a_pod_without_dev_fuse_or_privilege_mounts_through_a_fusermount3_proxy() {
     }
     let pid = the_daemon(&fixture.file);
     assert_unprivileged(pid, NOBODY);
+    // The descriptor the proxy passed back is close-on-exec, and the extra one the shim sends after
+    // it (its own file) was closed.
+    assert_fuse_descriptors_close_on_exec(pid);
+    let held: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .collect();
+    assert!(!held.contains(&shim), "the daemon holds the extra descriptor the shim sent: {held:?}");
     // The pod goes on: it unmounts through the proxy (`fusermount3 -u`), and the daemon exits.
     let deadline = std::time::Instant::now() + TIMEOUT;
     loop {

@@ -186,17 +186,24 @@ fn detect_fusermount_bin() -> String {
     FUSERMOUNT3_BIN.to_string()
 }
 
+// stfs patch (part of patch 3): the fusermount that answers may be a proxy outside this container.
+// Descriptors are received close-on-exec (no helper the daemon runs inherits the connection), every
+// one passed is owned at once (so any beyond the first is closed, not leaked), and the one kept must
+// be the FUSE device (char 10:229), else the mount fails with a line saying so.
 fn receive_fusermount_message(socket: &UnixStream) -> Result<DevFuse, Error> {
+    use std::os::fd::OwnedFd;
+
     let mut io_vec_buf = [0u8];
     let mut iov = [IoSliceMut::new(&mut io_vec_buf)];
-    let mut cmsg_buffer = nix::cmsg_space!(RawFd);
+    // Room for a few: descriptors past the room are closed by the kernel (MSG_CTRUNC).
+    let mut cmsg_buffer = nix::cmsg_space!([RawFd; 8]);
 
     let msg = loop {
         match recvmsg::<SockaddrStorage>(
             socket.as_raw_fd(),
             &mut iov,
             Some(&mut cmsg_buffer),
-            MsgFlags::empty(),
+            MsgFlags::MSG_CMSG_CLOEXEC,
         ) {
             Ok(msg) => break msg,
             Err(nix::errno::Errno::EINTR) => continue,
@@ -204,39 +211,55 @@ fn receive_fusermount_message(socket: &UnixStream) -> Result<DevFuse, Error> {
         }
     };
 
-    if msg.bytes == 0 {
-        return Err(Error::new(
-            ErrorKind::UnexpectedEof,
-            "Unexpected EOF reading from fusermount",
-        ));
-    }
-
+    let mut received: Vec<OwnedFd> = Vec::new();
+    let mut unknown = None;
     for cmsg in msg
         .cmsgs()
         .map_err(|e| Error::new(ErrorKind::InvalidData, e.to_string()))?
     {
         match cmsg {
             ControlMessageOwned::ScmRights(fds) => {
-                if let Some(&fd) = fds.first() {
-                    if fd < 0 {
-                        return Err(ErrorKind::InvalidData.into());
-                    }
-                    return Ok(DevFuse(unsafe { File::from_raw_fd(fd) }));
-                }
+                // SAFETY: SCM_RIGHTS installed each descriptor in this process, owned by nothing
+                // else: each is owned here once, and closed when dropped.
+                received.extend(fds.into_iter().filter(|&fd| fd >= 0).map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
             }
-            other => {
-                return Err(Error::new(
-                    ErrorKind::InvalidData,
-                    format!("Unknown control message from fusermount: {:?}", other),
-                ));
-            }
+            other => unknown = Some(other),
         }
     }
-
-    Err(Error::new(
-        ErrorKind::InvalidData,
-        "No SCM_RIGHTS message received from fusermount",
-    ))
+    if msg.bytes == 0 {
+        return Err(Error::new(
+            ErrorKind::UnexpectedEof,
+            "Unexpected EOF reading from fusermount",
+        ));
+    }
+    if let Some(other) = unknown {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("Unknown control message from fusermount: {:?}", other),
+        ));
+    }
+    let mut received = received.into_iter();
+    let Some(device) = received.next() else {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            "No SCM_RIGHTS message received from fusermount",
+        ));
+    };
+    if received.len() > 0 {
+        debug!("fusermount passed {} more descriptors: closed", received.len());
+    }
+    drop(received);
+    let stat = nix::sys::stat::fstat(&device)?;
+    let is_fuse = stat.st_mode & nix::libc::S_IFMT == nix::libc::S_IFCHR
+        && nix::libc::major(stat.st_rdev) == 10
+        && nix::libc::minor(stat.st_rdev) == 229;
+    if !is_fuse {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            "fusermount passed a descriptor that is not /dev/fuse",
+        ));
+    }
+    Ok(DevFuse(File::from(device)))
 }
 
 /// Clear `FD_CLOEXEC` after fork before exec.
