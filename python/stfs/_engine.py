@@ -4,7 +4,6 @@ its tensors read into memory the caller owns. stfs.load uses it for every source
 stfs.open is built on it."""
 from __future__ import annotations
 
-import ctypes
 import math
 import mmap
 import os
@@ -27,10 +26,8 @@ def _module() -> Any:
         _native = module
     return _native
 
-#: Threads that read at once, each taking whole tensors (or pieces of READ_PIECE bytes of a large one).
+#: Threads that read at once, each taking whole tensors (or 16 MiB pieces of a large one: the native read).
 READ_THREADS = 16
-#: A tensor larger than this is read as pieces of this size, on as many threads at once.
-READ_PIECE = 16 << 20
 
 
 def available() -> bool:
@@ -59,25 +56,18 @@ class Tensor(NamedTuple):
         return self.dtype == self.stored_dtype and self.byte_len == self.stored_len
 
 
-def writable(buffer: Any) -> Tuple[int, int, Any]:
-    """(address, length, keep) of a C-contiguous writable buffer: anything with the buffer protocol (a
-    NumPy array, a bytearray, a pinned buffer) or a contiguous CPU torch tensor (through its bytes).
-    `keep` holds the buffer exported: keep it until the read is done. ValueError for anything else."""
+def writable(buffer: Any) -> Any:
+    """An object with the buffer protocol over `buffer`: itself (a NumPy array, a bytearray, a pinned
+    buffer) or, for a contiguous CPU torch tensor, a view of its bytes. The native read checks it
+    (writable, contiguous, large enough, not overlapping another) and holds it for the read.
+    ValueError for a torch tensor it cannot read into."""
     if hasattr(buffer, "data_ptr") and hasattr(buffer, "is_contiguous"):  # a torch tensor
         if buffer.device.type != "cpu" or not buffer.is_contiguous():
             raise ValueError("stfs: a torch tensor read into must be a contiguous CPU tensor")
         import torch
 
         buffer = buffer.reshape(-1).view(torch.uint8).numpy()
-    view = memoryview(buffer)
-    if view.readonly:
-        raise ValueError("stfs: the buffer to read into is read-only")
-    if not view.c_contiguous:
-        raise ValueError("stfs: the buffer to read into is not contiguous")
-    if view.nbytes == 0:
-        return 0, 0, view
-    keep = (ctypes.c_char * view.nbytes).from_buffer(view.cast("B"))
-    return ctypes.addressof(keep), view.nbytes, (view, keep)
+    return buffer
 
 
 class Checkpoint:
@@ -128,20 +118,18 @@ class Checkpoint:
     def read(self, reads: Sequence[Tuple[Tensor, int, Any]], threads: int = READ_THREADS) -> None:
         """Fills each `(tensor, offset, buffer)`'s buffer with the bytes of the tensor's file from
         `offset`, all at once on up to `threads` threads, the GIL released; a tensor larger than
-        READ_PIECE is read as pieces on several. StfsError names a tensor whose read failed; Ctrl-C stops
+        16 MiB is read as pieces on several. StfsError names a tensor whose read failed; Ctrl-C stops
         every thread before KeyboardInterrupt is raised."""
-        planned, keep = [], []
+        planned = []
         for tensor, offset, buffer in reads:
-            address, length, held = writable(buffer)
-            keep.append(held)
+            buffer = writable(buffer)
+            length = memoryview(buffer).nbytes
             if offset < 0 or offset + length > tensor.byte_len:
                 raise ValueError(f"stfs: {tensor.name}: bytes {offset}..{offset + length} are outside its "
                                  f"{tensor.byte_len}")
-            for at in range(0, length, READ_PIECE):
-                planned.append((tensor.index, offset + at, address + at, min(READ_PIECE, length - at)))
+            planned.append((tensor.index, offset, buffer, length))
         if planned:
             self._opened.read_into(planned, threads)
-        del keep
 
 
 # --- stfs.load without a mount ---------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //! buffers the caller owns, in this process, with no mount; and it runs the `stfs` command for the
 //! wheel's console script (`command`). `python/stfs` is the Python side built on it.
 
+mod buffers;
 mod command;
 mod error;
 mod opened;

@@ -8,7 +8,11 @@ use std::sync::{Arc, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::buffers::held_buffers;
 use super::reads::{read_all, Read};
+
+/// The most bytes one thread reads of a range at a time: a larger range is read on several.
+const READ_PIECE: usize = 16 << 20;
 use crate::fs::Fs;
 use crate::tree::namespace::{Ino, NodeKind, ROOT_INO};
 use crate::util::read;
@@ -81,21 +85,40 @@ impl Opened {
         Ok(self.fs(py)?.shard_opened(shard).map(IntoRawFd::into_raw_fd))
     }
 
-    /// Reads each `(tensor, offset, address, length)`: `length` bytes of tensor `tensor`'s file (as
-    /// a mount serves it) from `offset`, into the memory at `address`, on up to `threads` threads,
-    /// the GIL released; a signal (Ctrl-C) stops every thread at its next chunk, and its exception
-    /// is raised once they all have. The caller keeps each buffer alive and writable meanwhile
-    /// (`stfs._engine` takes them from objects with the writable buffer protocol).
-    fn read_into(&self, py: Python<'_>, reads: Vec<(usize, u64, usize, usize)>, threads: usize) -> PyResult<()> {
+    /// Reads each `(tensor, offset, buffer, length)`: `length` bytes of tensor `tensor`'s file (as a
+    /// mount serves it) from `offset`, into the start of `buffer` (an object with the writable
+    /// buffer protocol, held exported for the call: ValueError if it is read-only, not contiguous,
+    /// too small, or overlaps another of the call), on up to `threads` threads, the GIL released; a
+    /// range past [`READ_PIECE`] bytes is read as pieces on several. A signal (Ctrl-C) stops every
+    /// thread at its next chunk, and its exception is raised once they all have.
+    fn read_into<'py>(
+        &self,
+        py: Python<'py>,
+        reads: Vec<(usize, u64, Bound<'py, PyAny>, usize)>,
+        threads: usize,
+    ) -> PyResult<()> {
         let fs = self.fs(py)?;
+        let buffers: Vec<(Bound<'py, PyAny>, usize)> = reads.iter().map(|(_, _, b, len)| (b.clone(), *len)).collect();
+        let held = held_buffers(py, &buffers)?;
         let mut planned = Vec::with_capacity(reads.len());
-        for (tensor, offset, address, len) in reads {
-            let Some(&Some(ino)) = self.inodes.get(tensor) else {
+        for ((tensor, offset, _, len), &address) in reads.iter().zip(&held.addresses) {
+            let Some(&Some(ino)) = self.inodes.get(*tensor) else {
                 return Err(pyo3::exceptions::PyIndexError::new_err(format!("no tensor file #{tensor}")));
             };
-            planned.push(Read { ino, tensor, offset, address, len });
+            for at in (0..*len).step_by(READ_PIECE) {
+                let piece = READ_PIECE.min(len - at);
+                planned.push(Read {
+                    ino,
+                    tensor: *tensor,
+                    offset: offset + at as u64,
+                    address: address + at,
+                    len: piece,
+                });
+            }
         }
-        read_all(py, &fs, &planned, threads, block_size(&fs))
+        let result = read_all(py, &fs, &planned, threads, block_size(&fs));
+        drop(held);
+        result
     }
 
     /// The engine's counters, by the names stats.json gives them (a few: what a test of how much

@@ -116,9 +116,9 @@ fn read_some(shared: &Shared<'_>) {
 
 /// Reads `read` chunk by chunk, each ending at a block's end (or [`CHUNK`]'s).
 fn read_one(shared: &Shared<'_>, read: &Read) -> Result<(), String> {
-    // SAFETY: the caller (`Opened::read_into`, from `stfs._engine`) passes the address and length of
-    // a writable buffer it holds exported (so alive and unmoved) until this call returns, and the
-    // reads of one call do not overlap (each tensor's range goes to its own memory).
+    // SAFETY: `Opened::read_into` took the address from a buffer it checked writable, C-contiguous
+    // and at least `len` bytes long, and holds exported (alive, unmoved) until this call returns;
+    // it refused buffers of one call that overlap (`buffers::held_buffers`).
     let out = unsafe { std::slice::from_raw_parts_mut(read.address as *mut u8, read.len) };
     let step = if shared.block_size >= CHUNK { shared.block_size } else { CHUNK };
     let mut done = 0usize;

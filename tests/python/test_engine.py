@@ -65,6 +65,35 @@ def tensor_bytes(checkpoint, name):
     return bytes(out)
 
 
+def test_the_native_read_refuses_a_read_only_a_too_small_and_an_overlapping_buffer(tmp_path):
+    """stfs._native.Opened.read_into takes buffer objects, never an address: it checks each itself
+    (defect: it took raw `(address, length)` and wrote there, every check only in stfs._engine)."""
+    path = tmp_path / "m.safetensors"
+    save_file({"a": np.arange(64, dtype=np.float32), "b": np.arange(64, dtype=np.float32)}, str(path))
+    with stfs._engine.Checkpoint(path) as checkpoint:
+        a, b = checkpoint.tensor("a"), checkpoint.tensor("b")
+        opened = checkpoint._opened
+        with pytest.raises(ValueError, match="read-only"):
+            opened.read_into([(a.index, 0, bytes(a.byte_len), a.byte_len)], 2)
+        with pytest.raises(ValueError, match="holds 255 bytes, fewer than the 256 to read"):
+            opened.read_into([(a.index, 0, bytearray(255), a.byte_len)], 2)
+        shared = bytearray(a.byte_len)
+        with pytest.raises(ValueError, match="two buffers of one read overlap"):
+            opened.read_into([(a.index, 0, shared, a.byte_len), (b.index, 0, shared, b.byte_len)], 2)
+        with pytest.raises(ValueError, match="overlap"):
+            view = memoryview(bytearray(2 * a.byte_len))
+            opened.read_into([(a.index, 0, view[: a.byte_len], a.byte_len), (b.index, 0, view[a.byte_len - 4:], 4)], 2)
+        with pytest.raises(ValueError, match="not contiguous"):
+            opened.read_into([(a.index, 0, memoryview(bytearray(2 * a.byte_len))[::2], a.byte_len)], 2)
+        with pytest.raises(TypeError):
+            opened.read_into([(a.index, 0, 12345, a.byte_len)], 2)
+        # Two buffers side by side, and the engine's own read, still fill what they are given.
+        both = memoryview(bytearray(2 * a.byte_len))
+        opened.read_into([(a.index, 0, both[: a.byte_len], a.byte_len), (b.index, 0, both[a.byte_len:], b.byte_len)], 2)
+        assert bytes(both) == np.arange(64, dtype=np.float32).tobytes() * 2
+        assert tensor_bytes(checkpoint, "b") == np.arange(64, dtype=np.float32).tobytes()
+
+
 # --- every dtype, against the reference ----------------------------------------------------------------
 
 def test_every_dtype_read_through_the_module_equals_the_reference(numpy_checkpoint, raw_checkpoint):  # noqa: F811
