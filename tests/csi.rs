@@ -697,3 +697,51 @@ fn secrets_are_on_no_command_line_in_no_log_and_in_no_error() {
     client.unpublish("vol-b", &other).expect("unpublish a failed publish");
     assert!(node.volumes().is_empty() && node.mounts().is_empty());
 }
+
+/// A loopback TCP server that accepts connections and never answers: a source that never opens.
+/// Counts the connections; they are kept open until the process ends.
+fn silent_server() -> (String, Arc<AtomicU64>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/never.safetensors", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().flatten() {
+            counter.fetch_add(1, Ordering::Relaxed);
+            open.push(stream);
+        }
+    });
+    (url, accepted)
+}
+
+#[test]
+fn a_source_that_never_answers_holds_up_no_other_volume() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = reference(&checkpoint);
+    let plugin = Plugin::start(&node, &[]);
+    let (url, accepted) = silent_server();
+    let stuck_target = node.target("pod-stuck");
+    let stuck = {
+        let mut client = Client::connect(&plugin);
+        let request = publish_request("vol-stuck", &stuck_target, &[("source", &url), ("timeout", "40s")], &[]);
+        std::thread::spawn(move || client.publish(request).is_ok())
+    };
+    assert!(wait_until(TIMEOUT, || accepted.load(Ordering::Relaxed) > 0), "the daemon never connected");
+    let mut client = Client::connect(&plugin);
+    let started = std::time::Instant::now();
+    let target = node.target("pod-a");
+    let source = checkpoint.display().to_string();
+    client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])).expect("publish");
+    assert_reads_reference(&target, &expected);
+    client.unpublish("vol-a", &target).expect("unpublish");
+    let took = started.elapsed();
+    assert!(!stuck.is_finished(), "the silent source's publish ended already: the test proves nothing");
+    assert!(took < Duration::from_secs(20), "another volume waited {took:?} behind a source that never answers");
+    assert!(!stuck.join().unwrap_or(false), "a source that never answers was published");
+    client.unpublish("vol-stuck", &stuck_target).expect("unpublish the failed publish");
+}
