@@ -745,3 +745,34 @@ fn a_source_that_never_answers_holds_up_no_other_volume() {
     assert!(!stuck.join().unwrap_or(false), "a source that never answers was published");
     client.unpublish("vol-stuck", &stuck_target).expect("unpublish the failed publish");
 }
+
+/// The environment of process `pid`: its `NAME=VALUE` entries.
+fn environment_of(pid: i32) -> Vec<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    bytes.split(|&b| b == 0).map(|e| String::from_utf8_lossy(e).into_owned()).collect()
+}
+
+#[test]
+fn daemons_use_the_nodes_cloud_identity_only_when_the_plugin_allows_it() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let switches = ["AWS_EC2_METADATA_DISABLED=true", "STFS_NO_AMBIENT_CREDENTIALS=1"];
+    for allowed in [false, true] {
+        let node = Node::new();
+        let (checkpoint, _) = local_checkpoint(&node);
+        let flags: &[&str] = if allowed { &["--allow-node-credentials"] } else { &[] };
+        // The plugin's own environment says the metadata server may be asked.
+        let plugin = Plugin::start_with(&node, &[("AWS_EC2_METADATA_DISABLED", "false")], flags);
+        let mut client = Client::connect(&plugin);
+        let target = node.target("pod-a");
+        let source = checkpoint.display().to_string();
+        client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])).expect("publish");
+        let daemon = node.daemon(&node.volumes()[0]).expect("a daemon");
+        let environment = environment_of(daemon.pid);
+        for switch in switches {
+            assert_eq!(environment.iter().any(|e| e == switch), !allowed, "{switch} (allowed: {allowed})");
+        }
+        client.unpublish("vol-a", &target).expect("unpublish");
+    }
+}

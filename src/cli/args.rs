@@ -326,6 +326,10 @@ pub struct CsiArgs {
     /// The user the mount daemons run as: a name or a number (nobody's uid by default).
     #[arg(long, value_name = "USER", default_value = "65534")]
     pub daemon_user: String,
+    /// Let a volume with no secret use the node's own cloud identity (EC2 instance metadata, the
+    /// GCE metadata server, gcloud): any pod author could read what the node may. Off by default.
+    #[arg(long)]
+    pub allow_node_credentials: bool,
 }
 
 const CSI_HELP: &str = "\

@@ -62,6 +62,9 @@ pub struct Volumes {
     pub cache_dir: Option<PathBuf>,
     /// Who the daemons run as.
     pub daemon_user: Identity,
+    /// Whether a volume with no secret may use the node's own cloud identity
+    /// (`--allow-node-credentials`); off, its daemon is told to ask no metadata server.
+    pub node_credentials: bool,
 }
 
 /// Why a publish or an unpublish failed; no variant holds a secret.
@@ -357,7 +360,8 @@ impl Volumes {
     }
 
     /// The daemon's whole environment: the plugin's [`PASSED_ENVIRONMENT`], the volume's secrets,
-    /// and the marker that finds it.
+    /// the switches that keep it off the node's own cloud identity (unless
+    /// `--allow-node-credentials`), and the marker that finds it.
     fn environment(
         &self,
         name: &str,
@@ -371,6 +375,12 @@ impl Volumes {
             .environment(&volume.private(), owner)
             .map_err(doing(format!("writing volume {name}'s key file")))?;
         environment.extend(private.into_iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+        if !self.node_credentials {
+            // Only the volume's own secrets: never the node's identity (a confused deputy).
+            environment.retain(|(k, _)| k != "AWS_EC2_METADATA_DISABLED");
+            environment.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+            environment.push((crate::source::object::NO_AMBIENT_CREDENTIALS.into(), "1".into()));
+        }
         environment.push((OsString::from(MARKER), OsString::from(name)));
         Ok(environment)
     }
