@@ -776,3 +776,38 @@ fn daemons_use_the_nodes_cloud_identity_only_when_the_plugin_allows_it() {
         client.unpublish("vol-a", &target).expect("unpublish");
     }
 }
+
+#[test]
+fn a_signed_urls_query_is_on_no_command_line() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = reference(&checkpoint);
+    let bytes = std::fs::read(&checkpoint).unwrap();
+    let server = tinyhttp::TinyHttp::start(move |request| {
+        let Some((first, last)) = tinyhttp::parse_range(request.headers.get("range"), bytes.len()) else {
+            return tinyhttp::Response::new(200, bytes.clone());
+        };
+        tinyhttp::Response::new(206, bytes[first..=last].to_vec())
+            .header("Content-Range", format!("bytes {first}-{last}/{}", bytes.len()))
+            .header("ETag", "\"fixed\"")
+    });
+    let signature = "X-Amz-Signature=secret-Qz71never-shown";
+    let url = format!("{}/model.safetensors?{signature}", server.url());
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &[("source", &url)], &[])).expect("publish");
+    assert_reads_reference(&target, &expected);
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        assert!(
+            !cmdline.windows(signature.len()).any(|w| w == signature.as_bytes()),
+            "the signature on the command line of {:?}",
+            entry.file_name()
+        );
+    }
+    client.unpublish("vol-a", &target).expect("unpublish");
+}

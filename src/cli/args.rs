@@ -92,7 +92,9 @@ Examples:
 pub struct MountArgs {
     /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, an
     /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index, or a hub
-    /// repository hf://ORG/REPO[@REVISION][/PATH].
+    /// repository hf://ORG/REPO[@REVISION][/PATH]. `-`: the source is in the variable
+    /// STFS_SOURCE, so that a signed URL or a `user:pass@` stays off the command line (a file
+    /// named `-` is `./-`).
     pub source: String,
     /// An existing directory to mount on; or `/dev/fd/N` (also `/proc/self/fd/N`): serve the
     /// `/dev/fuse` descriptor N, which the caller opened and mounted (libfuse's convention), with no
