@@ -811,3 +811,27 @@ fn a_signed_urls_query_is_on_no_command_line() {
     }
     client.unpublish("vol-a", &target).expect("unpublish");
 }
+
+#[test]
+fn a_folder_the_daemon_user_planted_does_not_stop_the_plugin_from_starting() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    // A volume left without users, whose daemon's user made folders in its private folder.
+    let volume = node.state().join("volumes").join("0123456789abcdef0123456789abcdef");
+    let planted = volume.join("private/planted/deeper");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(planted.join("file"), b"x").unwrap();
+    std::fs::create_dir_all(volume.join("mount")).unwrap();
+    std::fs::create_dir_all(volume.join("users")).unwrap();
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    assert!(wait_until(TIMEOUT, || !volume.exists()), "the unused volume was not ended: {}", plugin.log_text());
+    let (checkpoint, _) = local_checkpoint(&node);
+    let target = node.target("pod-a");
+    let source = checkpoint.display().to_string();
+    client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])).expect("publish");
+    assert_reads_reference(&target, &reference(&checkpoint));
+    client.unpublish("vol-a", &target).expect("unpublish");
+}

@@ -221,14 +221,18 @@ impl VolumeDir {
     /// folders, each by name; a mount point still mounted is refused by rmdir (EBUSY), never
     /// entered.
     pub fn remove(&self) -> io::Result<()> {
-        for folder in [self.private(), self.root.join("users")] {
-            if let Ok(entries) = fs::read_dir(&folder) {
-                for entry in entries.flatten() {
-                    remove_record(&entry.path())?;
-                }
-            }
-            remove_empty_dir(&folder)?;
+        // The daemon's user may have made anything in its folder: removed whole (links not followed).
+        match fs::remove_dir_all(self.private()) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
+        let users = self.root.join("users");
+        if let Ok(entries) = fs::read_dir(&users) {
+            for entry in entries.flatten() {
+                remove_record(&entry.path())?;
+            }
+        }
+        remove_empty_dir(&users)?;
         remove_record(&self.daemon_record())?;
         remove_empty_dir(&self.mount_point())?;
         remove_empty_dir(&self.root)

@@ -235,9 +235,12 @@ impl Volumes {
     /// Ends every shared mount that no target uses (left by a plugin killed between mounting and
     /// recording its first target); called at start.
     pub fn sweep(&self) -> Result<(), VolumeError> {
+        // One volume that cannot be ended is logged and left: the plugin still starts.
         for name in self.state.volumes().map_err(doing("listing the state directory"))? {
-            let _volume_lock = self.lock_volume(&name)?;
-            self.end_if_unused(&name, &self.state.volume(&name))?;
+            let ended = self.lock_volume(&name).and_then(|_lock| self.end_if_unused(&name, &self.state.volume(&name)));
+            if let Err(e) = ended {
+                log::error!("volume {name}: not ended at start: {e}");
+            }
         }
         Ok(())
     }
