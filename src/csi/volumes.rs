@@ -174,8 +174,10 @@ impl Volumes {
         }
         // The records first: a plugin killed after the bind leaves a target its successor knows.
         let text = format!("{name}\n{}\n", target.display());
-        write_record(&volume.user_record(target), &target.display().to_string())
-            .and_then(|()| write_record(&self.state.target_record(target), &text))
+        // The target's record before the volume's user record: a plugin killed between the two
+        // leaves a record an unpublish clears, never a reference that keeps the volume for ever.
+        write_record(&self.state.target_record(target), &text)
+            .and_then(|()| write_record(&volume.user_record(target), &target.display().to_string()))
             .map_err(doing("recording the target"))?;
         if let Err(error) = binds::bind_read_only(&volume.mount_point(), target) {
             self.forget_records(name, target)?;
