@@ -835,3 +835,27 @@ fn a_folder_the_daemon_user_planted_does_not_stop_the_plugin_from_starting() {
     assert_reads_reference(&target, &reference(&checkpoint));
     client.unpublish("vol-a", &target).expect("unpublish");
 }
+
+#[test]
+fn a_target_that_is_a_symbolic_link_is_refused_and_removed_unfollowed() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let elsewhere = node.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("kept"), b"x").unwrap();
+    let target = node.target("pod-a");
+    std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
+    let source = checkpoint.display().to_string();
+    let status = refused(client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])));
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(!is_mounted(&elsewhere), "the link was followed");
+    client.unpublish("vol-a", &target).expect("unpublish");
+    assert!(std::fs::symlink_metadata(&target).is_err(), "the link is left");
+    assert!(elsewhere.join("kept").exists(), "the link's destination was touched");
+    assert!(node.mounts().is_empty(), "left: {:?}", node.mounts());
+}

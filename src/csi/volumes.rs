@@ -75,6 +75,11 @@ pub enum VolumeError {
         /// The target.
         target: PathBuf,
     },
+    /// The target path is a symbolic link (never followed: it could point anywhere on the node).
+    LinkedTarget {
+        /// The target.
+        target: PathBuf,
+    },
     /// A step on the node failed.
     Io {
         /// What was being done, and where.
@@ -96,6 +101,9 @@ impl fmt::Display for VolumeError {
         match self {
             VolumeError::Incompatible { target } => {
                 write!(f, "{}: another volume (or another source) is published there", target.display())
+            }
+            VolumeError::LinkedTarget { target } => {
+                write!(f, "{}: is a symbolic link; a target must be a folder or missing", target.display())
             }
             VolumeError::Io { doing, error } => write!(f, "{doing}: {}", crate::util::describe_io(error)),
             VolumeError::Serve { source, error } => write!(f, "{source}: {error}"),
@@ -131,6 +139,7 @@ impl Volumes {
     /// it is mounted and its daemon starts; the state lock only while records are read or written,
     /// so a slow source holds up no other volume.
     pub fn publish(&self, target: &Path, spec: &VolumeSpec, secrets: &PublishSecrets) -> Result<(), VolumeError> {
+        refuse_link(target)?;
         let name = Self::volume_name(spec, secrets);
         let recorded = {
             let _state = self.lock_state()?;
@@ -163,6 +172,7 @@ impl Volumes {
     /// publish did to the target meanwhile is looked at again first.
     fn bind_target(&self, name: &str, volume: &VolumeDir, target: &Path) -> Result<(), VolumeError> {
         let _state = self.lock_state()?;
+        refuse_link(target)?;
         match self.target_state(target, name)? {
             TargetState::Published => return Ok(()),
             TargetState::Recorded(v) => self.forget_records(&v, target)?,
@@ -218,7 +228,10 @@ impl Volumes {
                 recorded = now;
                 continue;
             }
-            if recorded.is_some() || is_stfs_mount(target) {
+            if is_link(target) {
+                // Removed, never followed (nothing of ours is mounted on a link).
+                remove_record(target).map_err(doing(format!("removing the link {}", target.display())))?;
+            } else if recorded.is_some() || is_stfs_mount(target) {
                 binds::detach(target).map_err(doing(format!("detaching {}", target.display())))?;
             }
             binds::remove_target(target).map_err(doing(format!("removing {}", target.display())))?;
@@ -422,6 +435,19 @@ fn display_source(source: &str) -> String {
     } else {
         source.to_string()
     }
+}
+
+/// Whether `path` is a symbolic link (not followed).
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// [`VolumeError::LinkedTarget`] if `target` is a symbolic link.
+fn refuse_link(target: &Path) -> Result<(), VolumeError> {
+    if is_link(target) {
+        return Err(VolumeError::LinkedTarget { target: target.to_path_buf() });
+    }
+    Ok(())
 }
 
 /// Whether the topmost mount at `target` is an stfs mount (a bind of one shows its type too).
