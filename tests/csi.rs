@@ -697,3 +697,165 @@ fn secrets_are_on_no_command_line_in_no_log_and_in_no_error() {
     client.unpublish("vol-b", &other).expect("unpublish a failed publish");
     assert!(node.volumes().is_empty() && node.mounts().is_empty());
 }
+
+/// A loopback TCP server that accepts connections and never answers: a source that never opens.
+/// Counts the connections; they are kept open until the process ends.
+fn silent_server() -> (String, Arc<AtomicU64>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/never.safetensors", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().flatten() {
+            counter.fetch_add(1, Ordering::Relaxed);
+            open.push(stream);
+        }
+    });
+    (url, accepted)
+}
+
+#[test]
+fn a_source_that_never_answers_holds_up_no_other_volume() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = reference(&checkpoint);
+    let plugin = Plugin::start(&node, &[]);
+    let (url, accepted) = silent_server();
+    let stuck_target = node.target("pod-stuck");
+    let stuck = {
+        let mut client = Client::connect(&plugin);
+        let request = publish_request("vol-stuck", &stuck_target, &[("source", &url), ("timeout", "40s")], &[]);
+        std::thread::spawn(move || client.publish(request).is_ok())
+    };
+    assert!(wait_until(TIMEOUT, || accepted.load(Ordering::Relaxed) > 0), "the daemon never connected");
+    let mut client = Client::connect(&plugin);
+    let started = std::time::Instant::now();
+    let target = node.target("pod-a");
+    let source = checkpoint.display().to_string();
+    client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])).expect("publish");
+    assert_reads_reference(&target, &expected);
+    client.unpublish("vol-a", &target).expect("unpublish");
+    let took = started.elapsed();
+    assert!(!stuck.is_finished(), "the silent source's publish ended already: the test proves nothing");
+    assert!(took < Duration::from_secs(20), "another volume waited {took:?} behind a source that never answers");
+    assert!(!stuck.join().unwrap_or(false), "a source that never answers was published");
+    client.unpublish("vol-stuck", &stuck_target).expect("unpublish the failed publish");
+}
+
+/// The environment of process `pid`: its `NAME=VALUE` entries.
+fn environment_of(pid: i32) -> Vec<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    bytes.split(|&b| b == 0).map(|e| String::from_utf8_lossy(e).into_owned()).collect()
+}
+
+#[test]
+fn daemons_use_the_nodes_cloud_identity_only_when_the_plugin_allows_it() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let switches = ["AWS_EC2_METADATA_DISABLED=true", "STFS_NO_AMBIENT_CREDENTIALS=1"];
+    for allowed in [false, true] {
+        let node = Node::new();
+        let (checkpoint, _) = local_checkpoint(&node);
+        let flags: &[&str] = if allowed { &["--allow-node-credentials"] } else { &[] };
+        // The plugin's own environment says the metadata server may be asked.
+        let plugin = Plugin::start_with(&node, &[("AWS_EC2_METADATA_DISABLED", "false")], flags);
+        let mut client = Client::connect(&plugin);
+        let target = node.target("pod-a");
+        let source = checkpoint.display().to_string();
+        client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])).expect("publish");
+        let daemon = node.daemon(&node.volumes()[0]).expect("a daemon");
+        let environment = environment_of(daemon.pid);
+        for switch in switches {
+            assert_eq!(environment.iter().any(|e| e == switch), !allowed, "{switch} (allowed: {allowed})");
+        }
+        client.unpublish("vol-a", &target).expect("unpublish");
+    }
+}
+
+#[test]
+fn a_signed_urls_query_is_on_no_command_line() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = reference(&checkpoint);
+    let bytes = std::fs::read(&checkpoint).unwrap();
+    let server = tinyhttp::TinyHttp::start(move |request| {
+        let Some((first, last)) = tinyhttp::parse_range(request.headers.get("range"), bytes.len()) else {
+            return tinyhttp::Response::new(200, bytes.clone());
+        };
+        tinyhttp::Response::new(206, bytes[first..=last].to_vec())
+            .header("Content-Range", format!("bytes {first}-{last}/{}", bytes.len()))
+            .header("ETag", "\"fixed\"")
+    });
+    let signature = "X-Amz-Signature=secret-Qz71never-shown";
+    let url = format!("{}/model.safetensors?{signature}", server.url());
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &[("source", &url)], &[])).expect("publish");
+    assert_reads_reference(&target, &expected);
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        assert!(
+            !cmdline.windows(signature.len()).any(|w| w == signature.as_bytes()),
+            "the signature on the command line of {:?}",
+            entry.file_name()
+        );
+    }
+    client.unpublish("vol-a", &target).expect("unpublish");
+}
+
+#[test]
+fn a_folder_the_daemon_user_planted_does_not_stop_the_plugin_from_starting() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    // A volume left without users, whose daemon's user made folders in its private folder.
+    let volume = node.state().join("volumes").join("0123456789abcdef0123456789abcdef");
+    let planted = volume.join("private/planted/deeper");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(planted.join("file"), b"x").unwrap();
+    std::fs::create_dir_all(volume.join("mount")).unwrap();
+    std::fs::create_dir_all(volume.join("users")).unwrap();
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    assert!(wait_until(TIMEOUT, || !volume.exists()), "the unused volume was not ended: {}", plugin.log_text());
+    let (checkpoint, _) = local_checkpoint(&node);
+    let target = node.target("pod-a");
+    let source = checkpoint.display().to_string();
+    client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])).expect("publish");
+    assert_reads_reference(&target, &reference(&checkpoint));
+    client.unpublish("vol-a", &target).expect("unpublish");
+}
+
+#[test]
+fn a_target_that_is_a_symbolic_link_is_refused_and_removed_unfollowed() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let elsewhere = node.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("kept"), b"x").unwrap();
+    let target = node.target("pod-a");
+    std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
+    let source = checkpoint.display().to_string();
+    let status = refused(client.publish(publish_request("vol-a", &target, &[("source", &source)], &[])));
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(!is_mounted(&elsewhere), "the link was followed");
+    client.unpublish("vol-a", &target).expect("unpublish");
+    assert!(std::fs::symlink_metadata(&target).is_err(), "the link is left");
+    assert!(elsewhere.join("kept").exists(), "the link's destination was touched");
+    assert!(node.mounts().is_empty(), "left: {:?}", node.mounts());
+}

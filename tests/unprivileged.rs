@@ -99,11 +99,24 @@ fn privileges_of(pid: i32) -> Privileges {
     }
 }
 
-/// The one stfs daemon whose command line names `named`.
+/// The one stfs daemon whose command line names `named` (a mount point, or a source given on it),
+/// or whose `STFS_SOURCE` is `named` (spawn_server keeps the source off the command line).
 fn the_daemon(named: &Path) -> i32 {
+    let want = format!("STFS_SOURCE={}", named.display()).into_bytes();
+    let serving = || -> Vec<i32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == want))
+            })
+            .collect()
+    };
     let mut pids = Vec::new();
     assert!(wait_until(TIMEOUT, || {
-        pids = daemon_pids(named);
+        let by_command_line = daemon_pids(named);
+        pids = serving().into_iter().filter(|p| !by_command_line.contains(p)).collect();
+        pids.extend(by_command_line);
         pids.len() == 1
     }));
     pids[0]

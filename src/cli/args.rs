@@ -92,7 +92,9 @@ Examples:
 pub struct MountArgs {
     /// The checkpoint: a .safetensors file, a *.index.json of shards, a directory of shards, an
     /// http(s)://, s3://BUCKET/KEY or gs://BUCKET/OBJECT name of a file or an index, or a hub
-    /// repository hf://ORG/REPO[@REVISION][/PATH].
+    /// repository hf://ORG/REPO[@REVISION][/PATH]. `-`: the source is in the variable
+    /// STFS_SOURCE, so that a signed URL or a `user:pass@` stays off the command line (a file
+    /// named `-` is `./-`).
     pub source: String,
     /// An existing directory to mount on; or `/dev/fd/N` (also `/proc/self/fd/N`): serve the
     /// `/dev/fuse` descriptor N, which the caller opened and mounted (libfuse's convention), with no
@@ -326,6 +328,10 @@ pub struct CsiArgs {
     /// The user the mount daemons run as: a name or a number (nobody's uid by default).
     #[arg(long, value_name = "USER", default_value = "65534")]
     pub daemon_user: String,
+    /// Let a volume with no secret use the node's own cloud identity (EC2 instance metadata, the
+    /// GCE metadata server, gcloud): any pod author could read what the node may. Off by default.
+    #[arg(long)]
+    pub allow_node_credentials: bool,
 }
 
 const CSI_HELP: &str = "\

@@ -41,7 +41,8 @@ pub fn run(args: CsiArgs) -> Result<ExitCode, Failure> {
         Some(dir) => Some(std::path::absolute(dir).map_err(|e| Failure::at(dir.display(), e))?),
         None => None,
     };
-    let volumes = Volumes { state, program, cache_dir, daemon_user: identity };
+    let volumes =
+        Volumes { state, program, cache_dir, daemon_user: identity, node_credentials: args.allow_node_credentials };
     volumes.sweep().map_err(Failure::new)?;
     serve(&socket, args.node_id, volumes).map_err(Failure::new)?;
     Ok(ExitCode::SUCCESS)

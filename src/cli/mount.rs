@@ -18,6 +18,7 @@ use crate::mount::daemon::{self, Role};
 use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
 use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
+use crate::mount::premount::{SOURCE_FROM_ENV, SOURCE_VAR};
 use crate::mount::premounted::{check_premounted, premounted_descriptor};
 use crate::mount::privileges::last_capability;
 use crate::mount::session::{mount_source, serve, ServeError};
@@ -33,7 +34,10 @@ use crate::stats::Stats;
 /// checked not to hide one of its files, the disk cache opened and the tree built. So no thread
 /// of a source (a credential refresh, a lookup's runtime) ever crosses a fork, and an error of
 /// the opening reaches the foreground as the one line it always was, nothing half-mounted.
-pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
+pub fn run(mut args: MountArgs) -> Result<ExitCode, Failure> {
+    if args.source == SOURCE_FROM_ENV {
+        args.source = source_from_env()?;
+    }
     let mut config = MountConfig::from_args(args)?;
     // The daemon leaves the working directory, so every path it keeps must be absolute.
     config.mountpoint =
@@ -186,6 +190,19 @@ pub fn run(args: MountArgs) -> Result<ExitCode, Failure> {
             Err(e.into())
         }
     }
+}
+
+/// The source [`SOURCE_VAR`] holds, the variable then removed (no child of the daemon sees it).
+fn source_from_env() -> Result<String, Failure> {
+    let source = match std::env::var(SOURCE_VAR) {
+        Ok(source) if !source.is_empty() => source,
+        Ok(_) | Err(std::env::VarError::NotPresent) => {
+            return Err(Failure::usage(format!("SOURCE is `-` but {SOURCE_VAR} is not set (it holds the source)")))
+        }
+        Err(std::env::VarError::NotUnicode(_)) => return Err(Failure::usage(format!("{SOURCE_VAR}: not UTF-8"))),
+    };
+    std::env::remove_var(SOURCE_VAR);
+    Ok(source)
 }
 
 /// The one line saying that `signal` stopped the opening of `source` for `mountpoint`.

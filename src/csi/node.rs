@@ -69,6 +69,7 @@ fn required_path(text: &str, field: &str) -> Result<PathBuf, Status> {
 fn status_of(error: VolumeError) -> Status {
     match error {
         VolumeError::Incompatible { .. } => Status::already_exists(error.to_string()),
+        VolumeError::LinkedTarget { .. } => Status::invalid_argument(error.to_string()),
         _ => Status::internal(error.to_string()),
     }
 }

@@ -3,7 +3,8 @@
 //! changes to it; every file in it is created exclusively, never through a link.
 //!
 //! ```text
-//! STATE/lock                       flock(2)ed while a publish or an unpublish changes anything
+//! STATE/lock                       flock(2)ed while target records are read or changed
+//! STATE/locks/VOLUME               flock(2)ed while that volume is mounted, served or ended
 //! STATE/targets/HASH               a published target: "VOLUME\nTARGET\n" (HASH: of the target path)
 //! STATE/volumes/VOLUME/mount/      the shared stfs mount (VOLUME: digest of source, flags, secrets)
 //! STATE/volumes/VOLUME/users/HASH  one per target bound to it: the reference count
@@ -23,7 +24,7 @@ pub struct StateDir {
     root: PathBuf,
 }
 
-/// The lock on a [`StateDir`], held until dropped.
+/// A lock on a [`StateDir`] or on one of its volumes, held until dropped.
 #[derive(Debug)]
 pub struct StateLock {
     _file: File,
@@ -68,6 +69,22 @@ pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
     file.write_all(text.as_bytes())
 }
 
+/// Opens (creating, mode 0600, never through a link) the lock file at `path` and flocks it.
+fn lock_file(path: &Path) -> io::Result<StateLock> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    // SAFETY: flock on an open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(StateLock { _file: file })
+}
+
 /// Removes the file at `path`; a missing one is not an error.
 pub fn remove_record(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
@@ -84,23 +101,21 @@ impl StateDir {
         let state = StateDir { root: root.to_path_buf() };
         make_dir(&state.root.join("targets"), 0o700)?;
         make_dir(&state.root.join("volumes"), 0o711)?;
+        make_dir(&state.root.join("locks"), 0o700)?;
         Ok(state)
     }
 
-    /// Takes the state lock (waiting for another plugin process that holds it).
+    /// Takes the state lock, which guards the target records (waiting for another plugin process
+    /// that holds it). Held only while records are read or written, never while mounting.
     pub fn lock(&self) -> io::Result<StateLock> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(self.root.join("lock"))?;
-        // SAFETY: flock on an open descriptor.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(StateLock { _file: file })
+        lock_file(&self.root.join("lock"))
+    }
+
+    /// Takes volume `volume`'s own lock, held while it is mounted, served or ended (a slow source
+    /// blocks only its own volume). Taken before the state lock, never after. Its file is kept
+    /// when the volume ends (removing a file others may wait on would let two holders in).
+    pub fn lock_volume(&self, volume: &str) -> io::Result<StateLock> {
+        lock_file(&self.root.join("locks").join(volume))
     }
 
     /// The record of a published target.
@@ -206,14 +221,18 @@ impl VolumeDir {
     /// folders, each by name; a mount point still mounted is refused by rmdir (EBUSY), never
     /// entered.
     pub fn remove(&self) -> io::Result<()> {
-        for folder in [self.private(), self.root.join("users")] {
-            if let Ok(entries) = fs::read_dir(&folder) {
-                for entry in entries.flatten() {
-                    remove_record(&entry.path())?;
-                }
-            }
-            remove_empty_dir(&folder)?;
+        // The daemon's user may have made anything in its folder: removed whole (links not followed).
+        match fs::remove_dir_all(self.private()) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
+        let users = self.root.join("users");
+        if let Ok(entries) = fs::read_dir(&users) {
+            for entry in entries.flatten() {
+                remove_record(&entry.path())?;
+            }
+        }
+        remove_empty_dir(&users)?;
         remove_record(&self.daemon_record())?;
         remove_empty_dir(&self.mount_point())?;
         remove_empty_dir(&self.root)

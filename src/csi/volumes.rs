@@ -2,8 +2,9 @@
 //! volume's shared mount, one per node for a source, flags and secret; the mount is made (as root)
 //! and handed to an unprivileged daemon when its first target is published, made again when its
 //! daemon is found dead, and ended with its last target. Every fact is read from the state
-//! directory and mountinfo under the state lock, none kept in memory, so a plugin restarted at any
-//! point carries on.
+//! directory and mountinfo under the locks (a volume's own lock for its mount and daemon, the
+//! state lock for the target records), none kept in memory, so a plugin restarted at any point
+//! carries on.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -15,7 +16,7 @@ use crate::csi::attributes::VolumeSpec;
 use crate::csi::binds;
 use crate::csi::daemon_process::{DaemonProcess, MARKER};
 use crate::csi::secrets::PublishSecrets;
-use crate::csi::state::{digest_of, remove_record, write_record, StateDir, VolumeDir};
+use crate::csi::state::{digest_of, remove_record, write_record, StateDir, StateLock, VolumeDir};
 use crate::mount::premount::{premount, spawn_server, PremountOptions, ServerSpawn, SpawnError};
 use crate::mount::privileges::Identity;
 
@@ -44,6 +45,9 @@ const PASSED_ENVIRONMENT: &[&str] = &[
 /// How long a daemon has to open its checkpoint and answer.
 const SERVE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How often an unpublish reads its target's record again when a publish changed it meanwhile.
+const UNPUBLISH_TRIES: usize = 3;
+
 /// How long a daemon is given to exit on SIGTERM (then SIGKILL) once its mount is gone.
 const STOP_PATIENCE: Duration = Duration::from_secs(2);
 
@@ -58,6 +62,9 @@ pub struct Volumes {
     pub cache_dir: Option<PathBuf>,
     /// Who the daemons run as.
     pub daemon_user: Identity,
+    /// Whether a volume with no secret may use the node's own cloud identity
+    /// (`--allow-node-credentials`); off, its daemon is told to ask no metadata server.
+    pub node_credentials: bool,
 }
 
 /// Why a publish or an unpublish failed; no variant holds a secret.
@@ -65,6 +72,11 @@ pub struct Volumes {
 pub enum VolumeError {
     /// Something other than this volume is mounted at the target.
     Incompatible {
+        /// The target.
+        target: PathBuf,
+    },
+    /// The target path is a symbolic link (never followed: it could point anywhere on the node).
+    LinkedTarget {
         /// The target.
         target: PathBuf,
     },
@@ -89,6 +101,9 @@ impl fmt::Display for VolumeError {
         match self {
             VolumeError::Incompatible { target } => {
                 write!(f, "{}: another volume (or another source) is published there", target.display())
+            }
+            VolumeError::LinkedTarget { target } => {
+                write!(f, "{}: is a symbolic link; a target must be a folder or missing", target.display())
             }
             VolumeError::Io { doing, error } => write!(f, "{doing}: {}", crate::util::describe_io(error)),
             VolumeError::Serve { source, error } => write!(f, "{source}: {error}"),
@@ -120,26 +135,48 @@ impl Volumes {
 
     /// Publishes `spec` at `target` (created if missing): the volume's shared mount made or
     /// recovered, then bound read-only there. Publishing the same again is a success; another
-    /// volume at the target is [`VolumeError::Incompatible`].
+    /// volume at the target is [`VolumeError::Incompatible`]. The volume's own lock is held while
+    /// it is mounted and its daemon starts; the state lock only while records are read or written,
+    /// so a slow source holds up no other volume.
     pub fn publish(&self, target: &Path, spec: &VolumeSpec, secrets: &PublishSecrets) -> Result<(), VolumeError> {
-        let _lock = self.state.lock().map_err(doing("locking the state directory"))?;
+        refuse_link(target)?;
         let name = Self::volume_name(spec, secrets);
-        let recorded = self.state.volume_of_target(target).map_err(doing("reading the target's record"))?;
-        let mounted = binds::is_mounted(target).map_err(doing(target.display()))?;
-        match recorded {
-            Some(v) if v == name && mounted => return Ok(()),
-            Some(_) | None if mounted => return Err(VolumeError::Incompatible { target: target.to_path_buf() }),
-            // A record without a mount: a publish cut short, or a bind someone took away.
-            Some(v) => self.forget_target(&v, target)?,
-            None => {}
+        let recorded = {
+            let _state = self.lock_state()?;
+            match self.target_state(target, &name)? {
+                TargetState::Published => return Ok(()),
+                TargetState::Recorded(v) => Some(v),
+                TargetState::Free => None,
+            }
+        };
+        // A record without a mount: a publish cut short, or a bind someone took away.
+        if let Some(stale) = recorded.filter(|v| *v != name) {
+            let _volume = self.lock_volume(&stale)?;
+            self.forget_target(&stale, target)?;
         }
+        let _volume_lock = self.lock_volume(&name)?;
         let volume = self.state.volume(&name);
         if let Err(e) = self.serve(&name, &volume, spec, secrets) {
             // A volume that never served anyone leaves nothing behind (its key file included).
-            if volume.user_count().is_ok_and(|n| n == 0) {
-                let _ = self.tear_down(&name, &volume);
-            }
+            let _ = self.end_if_unused(&name, &volume);
             return Err(e);
+        }
+        let bound = self.bind_target(&name, &volume, target);
+        if bound.is_err() {
+            let _ = self.end_if_unused(&name, &volume);
+        }
+        bound
+    }
+
+    /// Records and binds `target` to volume `name` (served), under the state lock: what another
+    /// publish did to the target meanwhile is looked at again first.
+    fn bind_target(&self, name: &str, volume: &VolumeDir, target: &Path) -> Result<(), VolumeError> {
+        let _state = self.lock_state()?;
+        refuse_link(target)?;
+        match self.target_state(target, name)? {
+            TargetState::Published => return Ok(()),
+            TargetState::Recorded(v) => self.forget_records(&v, target)?,
+            TargetState::Free => {}
         }
         match std::fs::create_dir(target) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(doing(target.display())(e)),
@@ -147,55 +184,119 @@ impl Volumes {
         }
         // The records first: a plugin killed after the bind leaves a target its successor knows.
         let text = format!("{name}\n{}\n", target.display());
-        write_record(&volume.user_record(target), &target.display().to_string())
-            .and_then(|()| write_record(&self.state.target_record(target), &text))
+        // The target's record before the volume's user record: a plugin killed between the two
+        // leaves a record an unpublish clears, never a reference that keeps the volume for ever.
+        write_record(&self.state.target_record(target), &text)
+            .and_then(|()| write_record(&volume.user_record(target), &target.display().to_string()))
             .map_err(doing("recording the target"))?;
         if let Err(error) = binds::bind_read_only(&volume.mount_point(), target) {
-            self.forget_target(&name, target)?;
+            self.forget_records(name, target)?;
             return Err(VolumeError::Io { doing: format!("binding {}", target.display()), error });
         }
         log::info!("published volume {name} at {}", target.display());
         Ok(())
     }
 
+    /// What is at `target` for a publish of volume `name` (under the state lock): published
+    /// already, recorded without a mount, or free; a mount of anything else is
+    /// [`VolumeError::Incompatible`].
+    fn target_state(&self, target: &Path, name: &str) -> Result<TargetState, VolumeError> {
+        let recorded = self.state.volume_of_target(target).map_err(doing("reading the target's record"))?;
+        let mounted = binds::is_mounted(target).map_err(doing(target.display()))?;
+        match recorded {
+            Some(v) if v == name && mounted => Ok(TargetState::Published),
+            Some(_) | None if mounted => Err(VolumeError::Incompatible { target: target.to_path_buf() }),
+            Some(v) => Ok(TargetState::Recorded(v)),
+            None => Ok(TargetState::Free),
+        }
+    }
+
     /// Unpublishes `target`: its bind detached (never asking the daemon anything), the folder
     /// removed, and its volume's mount ended if no other target uses it. A target that is not
     /// published is a success.
     pub fn unpublish(&self, target: &Path) -> Result<(), VolumeError> {
-        let _lock = self.state.lock().map_err(doing("locking the state directory"))?;
-        let recorded = self.state.volume_of_target(target).map_err(doing("reading the target's record"))?;
-        if recorded.is_some() || is_stfs_mount(target) {
-            binds::detach(target).map_err(doing(format!("detaching {}", target.display())))?;
-        }
-        binds::remove_target(target).map_err(doing(format!("removing {}", target.display())))?;
-        if let Some(name) = recorded {
-            self.forget_target(&name, target)?;
+        let mut recorded = {
+            let _state = self.lock_state()?;
+            self.state.volume_of_target(target).map_err(doing("reading the target's record"))?
+        };
+        // The volume's lock comes before the state lock: the record is read again under both.
+        for _ in 0..UNPUBLISH_TRIES {
+            let _volume_lock = recorded.as_deref().map(|name| self.lock_volume(name)).transpose()?;
+            let state = self.lock_state()?;
+            let now = self.state.volume_of_target(target).map_err(doing("reading the target's record"))?;
+            if now != recorded {
+                recorded = now;
+                continue;
+            }
+            if is_link(target) {
+                // Removed, never followed (nothing of ours is mounted on a link).
+                remove_record(target).map_err(doing(format!("removing the link {}", target.display())))?;
+            } else if recorded.is_some() || is_stfs_mount(target) {
+                binds::detach(target).map_err(doing(format!("detaching {}", target.display())))?;
+            }
+            binds::remove_target(target).map_err(doing(format!("removing {}", target.display())))?;
+            let Some(name) = recorded else { return Ok(()) };
+            self.forget_records(&name, target)?;
+            drop(state);
+            self.end_if_unused(&name, &self.state.volume(&name))?;
             log::info!("unpublished volume {name} at {}", target.display());
+            return Ok(());
         }
-        Ok(())
+        Err(doing(format!("unpublishing {}", target.display()))(io::Error::other(
+            "its record kept changing (publishes racing on the target); try again",
+        )))
     }
 
     /// Ends every shared mount that no target uses (left by a plugin killed between mounting and
     /// recording its first target); called at start.
     pub fn sweep(&self) -> Result<(), VolumeError> {
-        let _lock = self.state.lock().map_err(doing("locking the state directory"))?;
+        // One volume that cannot be ended is logged and left: the plugin still starts.
         for name in self.state.volumes().map_err(doing("listing the state directory"))? {
-            let volume = self.state.volume(&name);
-            if volume.user_count().map_err(doing("counting a volume's users"))? == 0 {
-                self.tear_down(&name, &volume)?;
+            let ended = self.lock_volume(&name).and_then(|_lock| self.end_if_unused(&name, &self.state.volume(&name)));
+            if let Err(e) = ended {
+                log::error!("volume {name}: not ended at start: {e}");
             }
         }
         Ok(())
     }
 
-    /// Drops `target`'s records; the volume's mount ends with its last user.
+    /// Takes the state lock (target records).
+    fn lock_state(&self) -> Result<StateLock, VolumeError> {
+        self.state.lock().map_err(doing("locking the state directory"))
+    }
+
+    /// Takes volume `name`'s lock (its mount and daemon).
+    fn lock_volume(&self, name: &str) -> Result<StateLock, VolumeError> {
+        self.state.lock_volume(name).map_err(doing(format!("locking volume {name}")))
+    }
+
+    /// Drops `target`'s records and, with its last user, the volume's mount (the volume's lock
+    /// held).
     fn forget_target(&self, name: &str, target: &Path) -> Result<(), VolumeError> {
-        let volume = self.state.volume(name);
-        remove_record(&volume.user_record(target))
+        {
+            let _state = self.lock_state()?;
+            if self.state.volume_of_target(target).map_err(doing("reading the target's record"))?.as_deref()
+                == Some(name)
+                && !binds::is_mounted(target).map_err(doing(target.display()))?
+            {
+                self.forget_records(name, target)?;
+            }
+        }
+        self.end_if_unused(name, &self.state.volume(name))
+    }
+
+    /// Drops `target`'s records of volume `name` (the state lock held): its user record first, so
+    /// that a plugin killed between the two leaves no reference behind.
+    fn forget_records(&self, name: &str, target: &Path) -> Result<(), VolumeError> {
+        remove_record(&self.state.volume(name).user_record(target))
             .and_then(|()| remove_record(&self.state.target_record(target)))
-            .map_err(doing("removing the target's records"))?;
+            .map_err(doing("removing the target's records"))
+    }
+
+    /// Ends volume `name`'s mount if no target uses it (the volume's lock held).
+    fn end_if_unused(&self, name: &str, volume: &VolumeDir) -> Result<(), VolumeError> {
         if volume.user_count().map_err(doing("counting a volume's users"))? == 0 {
-            self.tear_down(name, &volume)?;
+            self.tear_down(name, volume)?;
         }
         Ok(())
     }
@@ -277,7 +378,8 @@ impl Volumes {
     }
 
     /// The daemon's whole environment: the plugin's [`PASSED_ENVIRONMENT`], the volume's secrets,
-    /// and the marker that finds it.
+    /// the switches that keep it off the node's own cloud identity (unless
+    /// `--allow-node-credentials`), and the marker that finds it.
     fn environment(
         &self,
         name: &str,
@@ -291,6 +393,12 @@ impl Volumes {
             .environment(&volume.private(), owner)
             .map_err(doing(format!("writing volume {name}'s key file")))?;
         environment.extend(private.into_iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+        if !self.node_credentials {
+            // Only the volume's own secrets: never the node's identity (a confused deputy).
+            environment.retain(|(k, _)| k != "AWS_EC2_METADATA_DISABLED");
+            environment.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+            environment.push((crate::source::object::NO_AMBIENT_CREDENTIALS.into(), "1".into()));
+        }
         environment.push((OsString::from(MARKER), OsString::from(name)));
         Ok(environment)
     }
@@ -310,6 +418,16 @@ impl Volumes {
     }
 }
 
+/// What a publish finds at its target.
+enum TargetState {
+    /// The volume is bound there already.
+    Published,
+    /// A record of this volume, or of another, without a mount.
+    Recorded(String),
+    /// Nothing.
+    Free,
+}
+
 /// The source as logs and errors show it: a URL without its query (a signed URL's signature).
 fn display_source(source: &str) -> String {
     if crate::checkpoint::is_url(source) {
@@ -317,6 +435,19 @@ fn display_source(source: &str) -> String {
     } else {
         source.to_string()
     }
+}
+
+/// Whether `path` is a symbolic link (not followed).
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// [`VolumeError::LinkedTarget`] if `target` is a symbolic link.
+fn refuse_link(target: &Path) -> Result<(), VolumeError> {
+    if is_link(target) {
+        return Err(VolumeError::LinkedTarget { target: target.to_path_buf() });
+    }
+    Ok(())
 }
 
 /// Whether the topmost mount at `target` is an stfs mount (a bind of one shows its type too).

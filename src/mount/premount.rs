@@ -137,7 +137,14 @@ impl std::error::Error for SpawnError {
     }
 }
 
-/// Starts `stfs mount ARGS SOURCE /dev/fd/N` as [`ServerSpawn::identity`], with the capability
+/// The variable `stfs mount -` reads its source from (kept off the command line: a signed URL's
+/// query, a `user:pass@`).
+pub const SOURCE_VAR: &str = "STFS_SOURCE";
+
+/// The SOURCE argument of `stfs mount` that means "the source is in [`SOURCE_VAR`]".
+pub const SOURCE_FROM_ENV: &str = "-";
+
+/// Starts `stfs mount ARGS - /dev/fd/N` (the source in [`SOURCE_VAR`]) as [`ServerSpawn::identity`], with the capability
 /// bounding set emptied, no capability, `no_new_privs` (see [`Identity::become_it`]), stdin on
 /// /dev/null, and descriptor N inherited (its close-on-exec cleared in the child only), and waits
 /// until it returns: `Ok` once the mount answers. The server then runs in the background in a
@@ -152,10 +159,12 @@ pub fn spawn_server(spawn: &ServerSpawn<'_>) -> Result<(), SpawnError> {
         .arg("mount")
         .args(&spawn.args)
         .arg("--")
-        .arg(&spawn.source)
+        .arg(SOURCE_FROM_ENV)
         .arg(format!("/dev/fd/{fd}"))
         .env_clear()
         .envs(spawn.env.iter().map(|(k, v)| (k, v)))
+        // Off the command line (a signed URL's query, a `user:pass@`): `stfs mount -` reads it.
+        .env(SOURCE_VAR, &spawn.source)
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

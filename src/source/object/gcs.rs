@@ -82,6 +82,35 @@ impl RequestAuth for GcsAuth {
     }
 }
 
+/// Set (to anything not empty), the only Google credentials are a key file named by
+/// `GOOGLE_APPLICATION_CREDENTIALS`: never the gcloud user file, the metadata server or gcloud
+/// (the CSI plugin sets it on its daemons, so a volume never borrows the node's identity).
+pub const NO_AMBIENT_CREDENTIALS: &str = "STFS_NO_AMBIENT_CREDENTIALS";
+
+/// Whether [`NO_AMBIENT_CREDENTIALS`] is set.
+fn ambient_credentials_off() -> bool {
+    std::env::var_os(NO_AMBIENT_CREDENTIALS).is_some_and(|v| !v.is_empty())
+}
+
+/// The key file's provider alone ([`NO_AMBIENT_CREDENTIALS`]).
+fn key_file_provider() -> Result<std::sync::Arc<dyn gcp_auth::TokenProvider>, String> {
+    let Some(file) = std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS").filter(|p| !p.is_empty()) else {
+        return Err(format!(
+            "no Google credentials: the volume has no key (GOOGLE_APPLICATION_CREDENTIALS_JSON) and the node's own \
+             identity is off ({NO_AMBIENT_CREDENTIALS}; the CSI plugin's --allow-node-credentials); for a public \
+             object use --no-sign-request"
+        ));
+    };
+    let account = gcp_auth::CustomServiceAccount::from_file(&file).map_err(|e| {
+        format!(
+            "Google credentials could not be loaded from {} (GOOGLE_APPLICATION_CREDENTIALS): {}",
+            std::path::Path::new(&file).display(),
+            one_line(&e)
+        )
+    })?;
+    Ok(std::sync::Arc::new(account))
+}
+
 fn auth_error(shown: &str, detail: String) -> HttpError {
     HttpError::Auth { name: shown.to_string(), detail }
 }
@@ -89,7 +118,19 @@ fn auth_error(shown: &str, detail: String) -> HttpError {
 /// One token from Application Default Credentials, within `timeout`, on the lookup runtime.
 fn fetch_token(timeout: Duration) -> Result<Token, String> {
     lookup(timeout, async {
-        let provider = gcp_auth::provider().await.map_err(|e| match e {
+        let provider = if ambient_credentials_off() { key_file_provider() } else { ambient_provider().await }?;
+        let token =
+            provider.token(&[SCOPE]).await.map_err(|e| format!("getting a Google token failed: {}", one_line(&e)))?;
+        let expires = UNIX_EPOCH + Duration::from_secs(u64::try_from(token.expires_at().timestamp()).unwrap_or(0));
+        Ok(Token { value: token.as_str().to_string(), expires })
+    })?
+}
+
+/// Application Default Credentials: the first of the key file, the gcloud user file, the
+/// metadata server and gcloud that answers.
+async fn ambient_provider() -> Result<std::sync::Arc<dyn gcp_auth::TokenProvider>, String> {
+    {
+        gcp_auth::provider().await.map_err(|e| match e {
             // Each source's own failure, in the order tried (gcp_auth names no file or host).
             gcp_auth::Error::NoAuthMethod(gcloud, metadata, user_file) => format!(
                 "no Google credentials found (tried: GOOGLE_APPLICATION_CREDENTIALS, not set; \
@@ -108,12 +149,8 @@ fn fetch_token(timeout: Duration) -> Result<Token, String> {
                 ),
                 None => format!("Google credentials could not be loaded: {}", one_line(&other)),
             },
-        })?;
-        let token =
-            provider.token(&[SCOPE]).await.map_err(|e| format!("getting a Google token failed: {}", one_line(&e)))?;
-        let expires = UNIX_EPOCH + Duration::from_secs(u64::try_from(token.expires_at().timestamp()).unwrap_or(0));
-        Ok(Token { value: token.as_str().to_string(), expires })
-    })?
+        })
+    }
 }
 
 /// An error and its causes on one line.

@@ -20,6 +20,7 @@ mod names;
 mod refresh;
 mod s3;
 
+pub use gcs::NO_AMBIENT_CREDENTIALS;
 pub use list::{ListLimits, Listed, Listing};
 pub use names::{ObjectName, Store};
 
