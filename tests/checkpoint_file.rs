@@ -342,7 +342,16 @@ fn check_change_while_handed_over(change: Change) {
     let error = std::fs::File::open(&served).expect_err("a changed file opened while handed over");
     assert_eq!(error.raw_os_error(), Some(libc::EIO), "{change:?}: {error}");
     drop(held);
-    let again = std::fs::File::open(&served).unwrap();
+    // The kernel sends RELEASE after close(2) returns (in the background), so the daemon may still
+    // count the dropped reader for a moment: an open refused (EIO) until it has seen that RELEASE.
+    let mut reopened = None;
+    let released = eventually(|| match std::fs::File::open(&served) {
+        Ok(file) => reopened.replace(file).is_none(),
+        Err(error) if error.raw_os_error() == Some(libc::EIO) => false,
+        Err(error) => panic!("{change:?}: reopening after the reader closed: {error}"),
+    });
+    assert!(released, "{change:?}: still refused 20 s after the reader closed it");
+    let again = reopened.expect("opened once released");
     assert_eq!(passthrough_xattr(&again), "0", "{change:?}: handed over after the change");
     let error = (&again).read_to_end(&mut Vec::new()).expect_err("a changed file read through the mount");
     assert_eq!(error.raw_os_error(), Some(libc::EIO), "{change:?}: {error}");
