@@ -116,7 +116,15 @@ mod tests {
         let volume = format!("test-{}", std::process::id());
         let mut child =
             std::process::Command::new("sleep").arg("30").env(MARKER, &volume).spawn().expect("spawn sleep");
-        let found = DaemonProcess::find(&volume).expect("found by its marker");
+        // Until the child has exec'd, its environment is still this process's: look until then.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let found = loop {
+            match DaemonProcess::find(&volume) {
+                Some(found) => break found,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                None => panic!("not found by its marker within 5 s"),
+            }
+        };
         assert_eq!(found.pid, child.id() as i32);
         assert!(found.is_alive());
         let record = tempfile::NamedTempFile::new().unwrap();
