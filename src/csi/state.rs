@@ -15,7 +15,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The plugin's state directory.
@@ -69,15 +69,28 @@ pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
     file.write_all(text.as_bytes())
 }
 
-/// Opens (creating, mode 0600, never through a link) the lock file at `path` and flocks it.
+/// Opens the lock file at `path` and flocks it: created exclusively (mode 0600) when missing, else
+/// the existing one (lock files are never removed: a waiter may hold it), never through a link,
+/// and only a regular file this process owns.
 fn lock_file(path: &Path) -> io::Result<StateLock> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
+    let open = |create: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(create)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    };
+    let file = match open(true) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false)?,
+        opened => opened?,
+    };
+    let meta = file.metadata()?;
+    // SAFETY: geteuid has no preconditions.
+    if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } {
+        return Err(io::Error::other(format!("{}: not a lock file this plugin made", path.display())));
+    }
     // SAFETY: flock on an open descriptor.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(io::Error::last_os_error());
