@@ -22,7 +22,7 @@ mod nginx;
 mod tinyhttp;
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,6 +126,11 @@ impl Plugin {
 
     /// [`Plugin::start`] with more flags (`--cache-dir DIR`).
     fn start_with(node: &Node, extra_env: &[(&str, &str)], extra_args: &[&str]) -> Plugin {
+        Plugin::start_in(node, extra_env, extra_args, None)
+    }
+
+    /// [`Plugin::start_with`] with the plugin's process in `container`'s cgroup from its start.
+    fn start_in(node: &Node, extra_env: &[(&str, &str)], extra_args: &[&str], container: Option<&Cgroup>) -> Plugin {
         static STARTS: AtomicU64 = AtomicU64::new(0);
         let n = STARTS.fetch_add(1, Ordering::Relaxed);
         let socket = node.path().join(format!("csi-{n}.sock"));
@@ -148,7 +153,23 @@ impl Plugin {
             }
         }
         command.envs(extra_env.iter().copied());
+        let procs =
+            container.map(|c| std::fs::OpenOptions::new().write(true).open(c.path.join("cgroup.procs")).unwrap());
+        if let Some(procs) = &procs {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(procs);
+            // SAFETY: the closure makes one system call (a write from a static buffer), as the
+            // child of a multi-threaded test must.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = command.spawn().expect("start stfs csi");
+        drop(procs);
         let mut plugin = Plugin { child, socket, log };
         let ready = wait_until(TIMEOUT, || plugin.socket.exists());
         if !ready {
@@ -171,6 +192,51 @@ impl Plugin {
 impl Drop for Plugin {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A cgroup v2 folder of the test's own, in this machine's cgroup2 hierarchy: a container's (the
+/// plugin runs in one, and a runtime stopping the container kills every process in it), or the one
+/// the daemons are told to join. On drop, whatever is left in it is killed and it is removed.
+struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    /// Where cgroup v2 is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid
+    /// machine), or None.
+    fn hierarchy() -> Option<PathBuf> {
+        stfs::mount::mountinfo::mounts().into_iter().find(|m| m.fs_type == "cgroup2").map(|m| m.mount_point)
+    }
+
+    fn new(path: PathBuf) -> Cgroup {
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Cgroup { path }
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        let text = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
+        text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    }
+
+    /// Ends every process in it, as a container runtime stopping the container does, and waits
+    /// until none is left (false: some still are after [`TIMEOUT`]).
+    fn kill_all(&self) -> bool {
+        if std::fs::write(self.path.join("cgroup.kill"), "1").is_err() {
+            for pid in self.pids() {
+                // SAFETY: kill with a pid and a signal number.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        wait_until(TIMEOUT, || self.pids().is_empty())
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        if self.path.exists() {
+            let _ = self.kill_all() && std::fs::remove_dir(&self.path).is_ok();
+        }
     }
 }
 
@@ -616,6 +682,108 @@ fn a_killed_plugin_leaves_pods_reading_and_a_new_plugin_unpublishes_them() {
 }
 
 #[test]
+fn a_restarted_plugin_container_leaves_the_daemons_serving() {
+    if not_root("stfs csi mounts as root") {
+        return;
+    }
+    let Some(hierarchy) = Cgroup::hierarchy() else {
+        tool_missing("a cgroup v2 hierarchy", "mount -t cgroup2 none /sys/fs/cgroup");
+        return;
+    };
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let expected = Arc::new(reference(&checkpoint));
+    let name = |what: &str| hierarchy.join(format!("stfs-test-{}-{what}", std::process::id()));
+    // Dropped last: the daemons' cgroup outlives both containers.
+    let daemons_cgroup = name("daemons");
+    let flags = ["--daemon-cgroup", daemons_cgroup.to_str().unwrap()];
+    let first_container = Cgroup::new(name("container-1"));
+    let plugin = Plugin::start_in(&node, &[], &flags, Some(&first_container));
+    let daemons = Cgroup { path: daemons_cgroup.clone() };
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
+    let volume = node.volumes().remove(0);
+    let daemon = node.daemon(&volume).unwrap();
+    assert_eq!(daemons.pids(), vec![daemon.pid], "the daemon is not in --daemon-cgroup alone");
+    assert_eq!(first_container.pids(), vec![plugin.child.id() as i32], "the plugin is not in its container");
+    // The container stops (an upgrade, a failed liveness probe) while a pod reads.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (target, expected, stop) = (target.clone(), expected.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut passes = 0;
+            while !stop.load(Ordering::Relaxed) || passes < 2 {
+                assert_reads_reference(&target, &expected);
+                passes += 1;
+            }
+            passes
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(first_container.kill_all(), "the container's processes outlived cgroup.kill");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().expect("the pod's reads went on") >= 2);
+    assert!(daemon.is_alive(), "the daemon died with the plugin's container");
+    // The new container's plugin finds the volume, shares the running daemon with a new pod, and
+    // ends it with the last pod.
+    let second_container = Cgroup::new(name("container-2"));
+    let successor = Plugin::start_in(&node, &[], &flags, Some(&second_container));
+    let mut client = Client::connect(&successor);
+    let second = node.target("pod-b");
+    client.publish(publish_request("vol-b", &second, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
+    assert_eq!(node.daemon(&volume), Some(daemon), "a second daemon for the same volume");
+    assert_reads_reference(&second, &expected);
+    client.unpublish("vol-a", &target).expect("the new plugin unpublishes the old pod");
+    client.unpublish("vol-b", &second).expect("unpublish");
+    assert!(node.volumes().is_empty() && node.mounts().is_empty(), "left: {:?}", node.mounts());
+    assert!(wait_until(TIMEOUT, || !daemon.is_alive()), "the daemon outlived its last pod");
+}
+
+#[test]
+fn a_host_user_reaches_no_volume_through_the_state_directory_nor_the_daemons_memory() {
+    if not_root("stfs csi mounts as root") || !users::nonroot_tools() {
+        return;
+    }
+    let node = Node::new();
+    let (checkpoint, _) = local_checkpoint(&node);
+    let plugin = Plugin::start(&node, &[]);
+    let mut client = Client::connect(&plugin);
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
+    let volume = node.volumes().remove(0);
+    let daemon = node.daemon(&volume).unwrap();
+    let shared = node.state().join("volumes").join(&volume).join("mount");
+    let log = node.state().join("private").join(&volume).join("daemon.log");
+    // As the daemons' own user (nobody: also a pod's here), and as another host user.
+    for uid in ["65534", "4242"] {
+        let as_user = |args: &[&str]| {
+            let mut command = Command::new("setpriv");
+            command.args(["--reuid", uid, "--regid", uid, "--clear-groups", "--"]).args(args);
+            output_within(&mut command, TIMEOUT)
+        };
+        let listed = as_user(&["ls", shared.to_str().unwrap()]);
+        assert!(
+            !listed.status.success(),
+            "uid {uid} lists the shared mount: {}",
+            String::from_utf8_lossy(&listed.stdout)
+        );
+        let environ = format!("/proc/{}/environ", daemon.pid);
+        let read = as_user(&["cat", &environ]);
+        assert!(!read.status.success(), "uid {uid} reads the daemon's environment");
+        let through_target = as_user(&["ls", target.to_str().unwrap()]);
+        assert!(through_target.status.success(), "a pod's user no longer reads its target");
+    }
+    // The daemon still writes its log in its own folder, which only it and root enter.
+    assert!(log.exists(), "no daemon log at {}", log.display());
+    let private = std::fs::metadata(log.parent().unwrap()).unwrap();
+    assert_eq!((private.uid(), private.mode() & 0o777), (65534, 0o700));
+    client.unpublish("vol-a", &target).expect("unpublish");
+    assert!(!log.parent().unwrap().exists(), "the daemon's folder outlived the volume");
+}
+
+#[test]
 fn a_killed_daemon_is_recovered_by_the_next_publish() {
     if not_root("stfs csi mounts as root") {
         return;
@@ -820,7 +988,8 @@ fn a_folder_the_daemon_user_planted_does_not_stop_the_plugin_from_starting() {
     let node = Node::new();
     // A volume left without users, whose daemon's user made folders in its private folder.
     let volume = node.state().join("volumes").join("0123456789abcdef0123456789abcdef");
-    let planted = volume.join("private/planted/deeper");
+    let private = node.state().join("private").join("0123456789abcdef0123456789abcdef");
+    let planted = private.join("planted/deeper");
     std::fs::create_dir_all(&planted).unwrap();
     std::fs::write(planted.join("file"), b"x").unwrap();
     std::fs::create_dir_all(volume.join("mount")).unwrap();
@@ -828,6 +997,7 @@ fn a_folder_the_daemon_user_planted_does_not_stop_the_plugin_from_starting() {
     let plugin = Plugin::start(&node, &[]);
     let mut client = Client::connect(&plugin);
     assert!(wait_until(TIMEOUT, || !volume.exists()), "the unused volume was not ended: {}", plugin.log_text());
+    assert!(!private.exists(), "its daemon's folder was left");
     let (checkpoint, _) = local_checkpoint(&node);
     let target = node.target("pod-a");
     let source = checkpoint.display().to_string();

@@ -65,6 +65,7 @@ fn serve_as_nobody(
         identity: Identity { uid: NOBODY, gid: NOBODY, groups: Vec::new() },
         env,
         timeout: TIMEOUT,
+        cgroup: None,
     })
 }
 

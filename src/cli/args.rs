@@ -332,6 +332,11 @@ pub struct CsiArgs {
     /// GCE metadata server, gcloud): any pod author could read what the node may. Off by default.
     #[arg(long)]
     pub allow_node_credentials: bool,
+    /// A cgroup (v2) the mount daemons join, created if missing, so that they outlive this
+    /// plugin's container: a container runtime ends every process in a stopped container's cgroup.
+    /// In a DaemonSet: the host's /sys/fs/cgroup mounted in, and hostPID [default: the plugin's own].
+    #[arg(long, value_name = "DIR")]
+    pub daemon_cgroup: Option<PathBuf>,
 }
 
 const CSI_HELP: &str = "\
@@ -340,7 +345,8 @@ GOOGLE_APPLICATION_CREDENTIALS_JSON): see docs/kubernetes.md. Logs go to stderr
 (RUST_LOG=stfs=debug for more); each daemon logs to STATE/volumes/*/private/daemon.log.
 
 Example:
-  stfs csi --endpoint unix:///csi/csi.sock --node-id \"$NODE_NAME\" --cache-dir /var/cache/stfs";
+  stfs csi --endpoint unix:///csi/csi.sock --node-id \"$NODE_NAME\" --cache-dir /var/cache/stfs \\
+    --daemon-cgroup /host/sys/fs/cgroup/stfs-csi-daemons";
 
 /// Arguments of `stfs mount-info`.
 #[derive(Args, Debug)]

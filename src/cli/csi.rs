@@ -4,12 +4,14 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use crate::cli::args::CsiArgs;
 use crate::cli::report::Failure;
 use crate::csi::server::{serve, socket_path};
 use crate::csi::state::StateDir;
 use crate::csi::volumes::Volumes;
+use crate::mount::cgroup::ServerCgroup;
 use crate::mount::privileges::Identity;
 
 /// Runs `stfs csi` until killed.
@@ -41,8 +43,18 @@ pub fn run(args: CsiArgs) -> Result<ExitCode, Failure> {
         Some(dir) => Some(std::path::absolute(dir).map_err(|e| Failure::at(dir.display(), e))?),
         None => None,
     };
-    let volumes =
-        Volumes { state, program, cache_dir, daemon_user: identity, node_credentials: args.allow_node_credentials };
+    let daemon_cgroup = match &args.daemon_cgroup {
+        Some(dir) => Some(Arc::new(ServerCgroup::open(dir).map_err(|e| Failure::new(format!("--daemon-cgroup {e}")))?)),
+        None => None,
+    };
+    let volumes = Volumes {
+        state,
+        program,
+        cache_dir,
+        daemon_user: identity,
+        node_credentials: args.allow_node_credentials,
+        daemon_cgroup,
+    };
     volumes.sweep().map_err(Failure::new)?;
     serve(&socket, args.node_id, volumes).map_err(Failure::new)?;
     Ok(ExitCode::SUCCESS)

@@ -19,7 +19,7 @@ use crate::mount::logging::{init_debug_logging, init_logging, init_syslog};
 use crate::mount::metrics::{self, Exporter, MetricsError, MetricsTargets};
 use crate::mount::mountpoint::{check_mount_point, check_not_hiding};
 use crate::mount::premount::{SOURCE_FROM_ENV, SOURCE_VAR};
-use crate::mount::premounted::{check_premounted, premounted_descriptor};
+use crate::mount::premounted::{check_premounted, keep_from_its_users_other_processes, premounted_descriptor};
 use crate::mount::privileges::last_capability;
 use crate::mount::session::{mount_source, serve, ServeError};
 use crate::mount::signals::{block_signals, exit_saying, interruptible, signal_name};
@@ -52,6 +52,7 @@ pub fn run(mut args: MountArgs) -> Result<ExitCode, Failure> {
                 return Err(Failure::usage(UnprivilegedError::NoMountPointToWatch));
             }
             check_premounted(fd, PREMOUNTED_WAIT).map_err(|e| Failure::at(config.mountpoint.display(), e))?;
+            keep_from_its_users_other_processes();
         }
         None => check_place(&config.mountpoint)?,
     }

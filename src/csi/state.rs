@@ -9,13 +9,18 @@
 //! STATE/volumes/VOLUME/mount/      the shared stfs mount (VOLUME: digest of source, flags, secrets)
 //! STATE/volumes/VOLUME/users/HASH  one per target bound to it: the reference count
 //! STATE/volumes/VOLUME/daemon      its daemon process: "PID START_TIME"
-//! STATE/volumes/VOLUME/private/    the daemon user's own folder: its log, a Google key
+//! STATE/private/VOLUME/            the daemon user's own folder: its log, a Google key
 //! ```
+//!
+//! Only root may enter `volumes/` (0700): the shared mounts are `allow_other` (every pod's user
+//! reads them through its bind), so a way to them from the host would let any host user read a
+//! private model. The daemons, which run as an unprivileged user, need their own folders alone:
+//! `private/` (0711) lets them through to theirs (0700, theirs), and lists nothing.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The plugin's state directory.
@@ -107,14 +112,17 @@ pub fn remove_record(path: &Path) -> io::Result<()> {
 }
 
 impl StateDir {
-    /// Opens (creating, mode 0711) the state directory at `root` and its two folders.
+    /// Opens (creating, mode 0711) the state directory at `root` and its folders, each given its
+    /// mode (also where an earlier version made it otherwise).
     pub fn open(root: &Path) -> io::Result<StateDir> {
         fs::create_dir_all(root)?;
         make_dir(root, 0o711)?;
         let state = StateDir { root: root.to_path_buf() };
-        make_dir(&state.root.join("targets"), 0o700)?;
-        make_dir(&state.root.join("volumes"), 0o711)?;
-        make_dir(&state.root.join("locks"), 0o700)?;
+        for (folder, mode) in [("targets", 0o700), ("volumes", 0o700), ("locks", 0o700), ("private", 0o711)] {
+            let path = state.root.join(folder);
+            make_dir(&path, mode)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        }
         Ok(state)
     }
 
@@ -147,7 +155,7 @@ impl StateDir {
 
     /// The folder of a shared volume.
     pub fn volume(&self, volume: &str) -> VolumeDir {
-        VolumeDir { root: self.root.join("volumes").join(volume) }
+        VolumeDir { root: self.root.join("volumes").join(volume), private: self.root.join("private").join(volume) }
     }
 
     /// Every shared volume's name.
@@ -177,15 +185,17 @@ fn target_hash(target: &Path) -> String {
 #[derive(Debug, Clone)]
 pub struct VolumeDir {
     root: PathBuf,
+    /// The daemon user's folder, outside `volumes/`.
+    private: PathBuf,
 }
 
 impl VolumeDir {
-    /// Creates its folders: itself and `mount/` (0711), `users/` (0700), and `private/` (0700,
-    /// owned by `owner`, the daemon's user).
+    /// Creates its folders: itself, `mount/` and `users/` (0700, root's), and the daemon's
+    /// private folder (0700, owned by `owner`, the daemon's user).
     pub fn create(&self, owner: (u32, u32)) -> io::Result<()> {
-        make_dir(&self.root, 0o711)?;
+        make_dir(&self.root, 0o700)?;
         // Not looked at if it is there: a dead daemon's mount may be on it.
-        match fs::DirBuilder::new().mode(0o711).create(self.mount_point()) {
+        match fs::DirBuilder::new().mode(0o700).create(self.mount_point()) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
             _ => {}
         }
@@ -202,7 +212,7 @@ impl VolumeDir {
 
     /// The daemon user's folder (its log, a Google key).
     pub fn private(&self) -> PathBuf {
-        self.root.join("private")
+        self.private.clone()
     }
 
     /// The record of the daemon process.

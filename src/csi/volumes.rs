@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::csi::attributes::VolumeSpec;
@@ -17,6 +18,7 @@ use crate::csi::binds;
 use crate::csi::daemon_process::{DaemonProcess, MARKER};
 use crate::csi::secrets::PublishSecrets;
 use crate::csi::state::{digest_of, remove_record, write_record, StateDir, StateLock, VolumeDir};
+use crate::mount::cgroup::ServerCgroup;
 use crate::mount::premount::{premount, spawn_server, PremountOptions, ServerSpawn, SpawnError};
 use crate::mount::privileges::Identity;
 
@@ -65,6 +67,9 @@ pub struct Volumes {
     /// Whether a volume with no secret may use the node's own cloud identity
     /// (`--allow-node-credentials`); off, its daemon is told to ask no metadata server.
     pub node_credentials: bool,
+    /// The cgroup the daemons join (`--daemon-cgroup`), so that they outlive the plugin's
+    /// container; None: they stay in the plugin's.
+    pub daemon_cgroup: Option<Arc<ServerCgroup>>,
 }
 
 /// Why a publish or an unpublish failed; no variant holds a secret.
@@ -361,6 +366,7 @@ impl Volumes {
             identity: self.daemon_user.clone(),
             env: environment,
             timeout: SERVE_TIMEOUT,
+            cgroup: self.daemon_cgroup.as_deref().map(ServerCgroup::joiner),
         };
         let served = spawn_server(&spawn);
         drop(device);

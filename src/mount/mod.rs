@@ -6,13 +6,15 @@
 //! where ([`mountinfo`]), and `stfs umount` ([`unmount`]), whose system calls have deadlines
 //! ([`bounded`]). Serving without privilege: a descriptor mounted by someone else
 //! ([`premounted`]), mounting for such a daemon and starting it ([`premount`]), and becoming an
-//! unprivileged user ([`privileges`]). The soft limit on open descriptors is raised at start ([`limits`]).
+//! unprivileged user ([`privileges`]), and a cgroup such servers join to outlive their starter's
+//! container ([`cgroup`]). The soft limit on open descriptors is raised at start ([`limits`]).
 //!
 //! Nothing here prints: every failure is a typed error that `cli` reports as one line.
 
 pub mod access;
 pub mod bounded;
 pub mod build;
+pub mod cgroup;
 pub mod daemon;
 pub mod limits;
 pub mod logging;

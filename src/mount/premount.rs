@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::mount::cgroup::CgroupJoiner;
 use crate::mount::mountpoint::FS_TYPE;
 use crate::mount::privileges::{last_capability, Identity};
 use crate::util::describe_io;
@@ -97,6 +98,9 @@ pub struct ServerSpawn<'a> {
     pub env: Vec<(OsString, OsString)>,
     /// The most to wait for the mount to answer (the checkpoint's opening included).
     pub timeout: Duration,
+    /// A cgroup the server joins before it drops privileges (and its daemon with it), so that it
+    /// outlives the container of whoever started it; None: it stays in the caller's.
+    pub cgroup: Option<CgroupJoiner>,
 }
 
 /// Why the server did not start serving.
@@ -170,11 +174,15 @@ pub fn spawn_server(spawn: &ServerSpawn<'_>) -> Result<(), SpawnError> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let identity = spawn.identity.clone();
+    let cgroup = spawn.cgroup;
     let last_cap = last_capability();
     // SAFETY: the closure makes only system calls (no allocation, no lock), as the child of a
     // possibly multi-threaded parent must.
     unsafe {
         command.pre_exec(move || {
+            if let Some(cgroup) = &cgroup {
+                cgroup.join()?;
+            }
             identity.become_it(last_cap).map_err(|e| match e {
                 crate::mount::privileges::PrivilegeError::Call { error, .. } => error,
                 _ => io::Error::from_raw_os_error(libc::EPERM),

@@ -72,6 +72,19 @@ pub fn premounted_descriptor(mountpoint: &Path) -> Option<RawFd> {
     digits.parse().ok()
 }
 
+/// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0), where it runs as a user other than root:
+/// a server of a premounted descriptor usually runs as an unprivileged user that other processes
+/// share (`nobody`, a CSI plugin's daemon user), and holds what its mounter gave it in its memory
+/// and environment (credentials). Non-dumpable, no other process of that user may ptrace it or
+/// read its `/proc/PID/environ` or `mem`, and it leaves no core file. Its own `/proc/self` stays
+/// open to it.
+pub fn keep_from_its_users_other_processes() {
+    // SAFETY: geteuid has no preconditions; prctl with integer arguments.
+    if unsafe { libc::geteuid() } != 0 && unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        log::warn!("could not make the daemon non-dumpable: {}", io::Error::last_os_error());
+    }
+}
+
 /// Checks that `fd` is an open `/dev/fuse` descriptor with a mount on it whose INIT request is
 /// waiting, for at most `wait`. Reads nothing from it.
 pub fn check_premounted(fd: RawFd, wait: Duration) -> Result<(), PremountedError> {
