@@ -235,7 +235,8 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         if self.path.exists() {
-            let _ = self.kill_all() && std::fs::remove_dir(&self.path).is_ok();
+            // A killed process leaves it only once reaped (the plugin is, by its own drop).
+            let _ = self.kill_all() && wait_until(TIMEOUT, || std::fs::remove_dir(&self.path).is_ok());
         }
     }
 }

@@ -342,7 +342,7 @@ pub struct CsiArgs {
 const CSI_HELP: &str = "\
 Volume attributes (source, cacheSize, layout, uid, gid, ...) and secrets (HF_TOKEN, AWS_*,
 GOOGLE_APPLICATION_CREDENTIALS_JSON): see docs/kubernetes.md. Logs go to stderr
-(RUST_LOG=stfs=debug for more); each daemon logs to STATE/volumes/*/private/daemon.log.
+(RUST_LOG=stfs=debug for more); each daemon logs to STATE/private/*/daemon.log.
 
 Example:
   stfs csi --endpoint unix:///csi/csi.sock --node-id \"$NODE_NAME\" --cache-dir /var/cache/stfs \\

@@ -129,6 +129,11 @@ def test_the_daemonset_mounts_what_the_plugin_needs(documents):
     for flag in ("--state-dir", "--cache-dir"):
         (mount,) = [m for m in stfs["volumeMounts"] if m["mountPath"] == flags[flag]]
         assert "hostPath" in volumes[mount["name"]], f"{flag} {flags[flag]} is not a hostPath"
+    # The daemons outlive the container: they join a cgroup in the host's tree, mounted from the
+    # host, and the pod shares the host's PID namespace (a container's own would end them with it).
+    assert pod.get("hostPID") is True
+    cgroup_mounts = [m for m in stfs["volumeMounts"] if flags["--daemon-cgroup"].startswith(m["mountPath"] + "/")]
+    assert [volumes[m["name"]]["hostPath"]["path"] for m in cgroup_mounts] == ["/sys/fs/cgroup"], cgroup_mounts
     images = {c["name"]: c["image"] for c in pod["containers"]}
     assert {"node-driver-registrar", "livenessprobe"} <= set(images)
     assert all(re.search(r":v\d+\.\d+\.\d+$", images[n]) for n in ("node-driver-registrar", "livenessprobe")), images
@@ -158,6 +163,28 @@ def plugin_info(kube_python, socket):
     return json.loads(out.stdout)
 
 
+CGROUPS_MADE = []  # cgroups plugin_args named for --daemon-cgroup, removed by the fixture below
+
+
+def cgroup2_hierarchy():
+    """Where cgroup v2 is mounted here (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid machine)."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[fields.index("-") + 1] == "cgroup2":
+                return fields[4]
+    pytest.fail("no cgroup v2 hierarchy mounted: the DaemonSet's --daemon-cgroup needs one")
+
+
+@pytest.fixture(autouse=True)
+def remove_test_cgroups():
+    yield
+    while CGROUPS_MADE:
+        path = CGROUPS_MADE.pop()
+        if os.path.isdir(path):
+            os.rmdir(path)  # empty: the plugins these tests start mount nothing
+
+
 def plugin_args(documents, folder):
     """The DaemonSet's `stfs csi` arguments with its host paths moved under `folder`."""
     (daemonset,) = of_kind(documents, "DaemonSet")
@@ -169,6 +196,9 @@ def plugin_args(documents, folder):
             value = f"unix://{folder}/csi.sock"
         elif flag == "--node-id":
             value = "test-node"
+        elif flag == "--daemon-cgroup":
+            value = os.path.join(cgroup2_hierarchy(), f"stfs-kube-test-{os.getpid()}-{os.path.basename(folder)}")
+            CGROUPS_MADE.append(value)
         else:
             value = os.path.join(folder, flag.lstrip("-"))
             os.makedirs(value, exist_ok=True)
