@@ -33,8 +33,8 @@ fn two_tensors_in_one_block(dir: &Path) -> (Vec<T>, FaultMount) {
     (tensors, FaultMount::new(&backing, &fault_mp))
 }
 
-/// Reads `a` (which loads the shared block, held by the store for [`LOAD_TAKES`]) and, once that
-/// load is under way, `b` (which waits for it), through a mount with `--timeout timeout`.
+/// Reads `a` (which loads the shared block, held by the store for [`LOAD_TAKES`]) and, once the
+/// store holds that load, `b` (which waits for it), through a mount with `--timeout timeout`.
 type Read = (std::io::Result<Vec<u8>>, Duration);
 
 /// 4 KiB of `file` at `offset`, with the kernel's readahead off for it (so one FUSE READ of
@@ -56,19 +56,26 @@ fn shared_slow_load(timeout: &str) -> (Read, Read, Vec<T>) {
     let m = Mount::new(&fault.path.join("model.safetensors"), &args);
     fault.hang_reads.store(true, SeqCst);
     let (a, b) = std::thread::scope(|scope| {
-        let start = std::time::Instant::now();
         // Neither at a file's first byte (which would start a prefetch): the end of `a`, the
-        // start of `b` past its first page, both in the second block.
+        // start of `b` past its first page, both in the second block. Each read's time counts
+        // from its own start.
         let read = |name: &'static str, offset: u64| {
             let m = &m;
-            move || (read_4k(&m.file(name), offset), start.elapsed())
+            move || {
+                let start = std::time::Instant::now();
+                (read_4k(&m.file(name), offset), start.elapsed())
+            }
         };
         let a = scope.spawn(read("a", 90_112));
-        std::thread::sleep(Duration::from_millis(500));
-        let b = scope.spawn(read("b", 8192));
-        std::thread::sleep(LOAD_TAKES - Duration::from_millis(500));
+        // `b` only once `a`'s load is held by the store (not after a fixed pause: on a loaded
+        // machine `a`'s request could reach the daemon after `b`'s, making `b` the loader).
+        let held = wait_until(TIMEOUT, || fault.held_reads.load(SeqCst) == 1);
+        let held_at = std::time::Instant::now();
+        let b = held.then(|| scope.spawn(read("b", 8192)));
+        std::thread::sleep(LOAD_TAKES.saturating_sub(held_at.elapsed()));
         fault.hang_reads.store(false, SeqCst);
-        (a.join().unwrap(), b.join().unwrap())
+        let (a, b) = (a.join().unwrap(), b.map(|b| b.join().unwrap()));
+        (a, b.expect("a's load never reached the store"))
     });
     drop(m);
     drop(fault);

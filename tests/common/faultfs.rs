@@ -35,6 +35,7 @@ struct FaultFs {
     fail_reads: Arc<AtomicBool>,
     failed_reads: Arc<AtomicU64>,
     hang_reads: Arc<AtomicBool>,
+    held_reads: Arc<AtomicU64>,
     /// Index + 2 is the inode number (1 is the root).
     names: Mutex<Vec<std::ffi::OsString>>,
 }
@@ -128,8 +129,12 @@ impl Filesystem for FaultFs {
     ) {
         // A hung store: hold the read until released (bounded, so a broken test cannot wedge).
         let held_since = std::time::Instant::now();
-        while self.hang_reads.load(SeqCst) && held_since.elapsed() < super::TIMEOUT {
-            std::thread::sleep(Duration::from_millis(5));
+        if self.hang_reads.load(SeqCst) {
+            self.held_reads.fetch_add(1, SeqCst);
+            while self.hang_reads.load(SeqCst) && held_since.elapsed() < super::TIMEOUT {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.held_reads.fetch_sub(1, SeqCst);
         }
         let delay = self.read_delay_us.load(SeqCst);
         if delay > 0 {
@@ -189,6 +194,8 @@ pub struct FaultMount {
     pub failed_reads: Arc<AtomicU64>,
     /// While true, every read waits (up to the test timeout) until it is cleared.
     pub hang_reads: Arc<AtomicBool>,
+    /// How many reads `hang_reads` holds right now.
+    pub held_reads: Arc<AtomicU64>,
     /// Microseconds every read waits before reading the backing file (0: none).
     pub read_delay_us: Arc<AtomicU64>,
     session: Option<fuser::BackgroundSession>,
@@ -211,8 +218,10 @@ impl FaultMount {
         let fail_reads = Arc::new(AtomicBool::new(false));
         let failed_reads = Arc::new(AtomicU64::new(0));
         let hang_reads = Arc::new(AtomicBool::new(false));
+        let held_reads = Arc::new(AtomicU64::new(0));
         let fs = FaultFs {
             hang_reads: Arc::clone(&hang_reads),
+            held_reads: Arc::clone(&held_reads),
             backing: backing.to_path_buf(),
             ttl,
             read_delay_us: Arc::clone(&read_delay_us),
@@ -233,6 +242,7 @@ impl FaultMount {
             fail_reads,
             failed_reads,
             hang_reads,
+            held_reads,
             read_delay_us,
             session: Some(session),
         }
