@@ -51,8 +51,9 @@ impl std::error::Error for CgroupError {}
 fn is_cgroup2(path: &Path) -> io::Result<bool> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "contains NUL"))?;
-    // SAFETY: statfs fills the zeroed struct; the path is NUL-terminated and outlives the call.
+    // SAFETY: statfs is a plain C struct, valid when zeroed.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is NUL-terminated and outlives the call; stat is valid and writable.
     if unsafe { libc::statfs(c.as_ptr(), &mut stat) } != 0 {
         return Err(io::Error::last_os_error());
     }
