@@ -195,6 +195,37 @@ impl Drop for Plugin {
     }
 }
 
+/// A pod reading every tensor of a target against the reference in a loop, on a thread of its own.
+struct PodReading {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl PodReading {
+    /// Starts the loop and lets it run 200 ms.
+    fn start(target: &Path, expected: &Arc<HashMap<String, Vec<u8>>>) -> PodReading {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (target, expected, stopping) = (target.to_path_buf(), expected.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut passes = 0;
+            while !stopping.load(Ordering::Relaxed) || passes < 2 {
+                assert_reads_reference(&target, &expected);
+                passes += 1;
+            }
+            passes
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        PodReading { stop, thread }
+    }
+
+    /// Lets it run 300 ms more, stops it, and checks that every pass (two at least) read the reference.
+    fn finish(self) {
+        std::thread::sleep(Duration::from_millis(300));
+        self.stop.store(true, Ordering::Relaxed);
+        assert!(self.thread.join().expect("the pod's reads went on") >= 2);
+    }
+}
+
 /// A cgroup v2 folder of the test's own, in this machine's cgroup2 hierarchy: a container's (the
 /// plugin runs in one, and a runtime stopping the container kills every process in it), or the one
 /// the daemons are told to join. On drop, whatever is left in it is killed and it is removed.
@@ -327,6 +358,16 @@ fn local_checkpoint(node: &Node) -> (PathBuf, Vec<T>) {
     write_checkpoint(&path, &tensors, None);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     (path, tensors)
+}
+
+/// `checkpoint` published by `plugin` as vol-a to pod-a's target: a client, the target, and the
+/// shared volume's name.
+fn publish_one_pod(node: &Node, plugin: &Plugin, checkpoint: &Path) -> (Client, PathBuf, String) {
+    let mut client = Client::connect(plugin);
+    let target = node.target("pod-a");
+    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
+    let volume = node.volumes().remove(0);
+    (client, target, volume)
 }
 
 /// The file name a mount gives tensor `name`.
@@ -648,29 +689,12 @@ fn a_killed_plugin_leaves_pods_reading_and_a_new_plugin_unpublishes_them() {
     let (checkpoint, _) = local_checkpoint(&node);
     let expected = Arc::new(reference(&checkpoint));
     let mut plugin = Plugin::start(&node, &[]);
-    let mut client = Client::connect(&plugin);
-    let target = node.target("pod-a");
-    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
-    let volume = node.volumes().remove(0);
+    let (_client, target, volume) = publish_one_pod(&node, &plugin, &checkpoint);
     let daemon = node.daemon(&volume).unwrap();
     // A pod reading in a loop while the plugin is SIGKILLed.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (target, expected, stop) = (target.clone(), expected.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut passes = 0;
-            while !stop.load(Ordering::Relaxed) || passes < 2 {
-                assert_reads_reference(&target, &expected);
-                passes += 1;
-            }
-            passes
-        })
-    };
-    std::thread::sleep(Duration::from_millis(200));
+    let reader = PodReading::start(&target, &expected);
     plugin.kill();
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    assert!(reader.join().expect("the pod's reads went on") >= 2);
+    reader.finish();
     assert!(daemon.is_alive(), "the daemon died with the plugin");
     assert!(is_mounted(&target));
 
@@ -701,31 +725,14 @@ fn a_restarted_plugin_container_leaves_the_daemons_serving() {
     let first_container = Cgroup::new(name("container-1"));
     let plugin = Plugin::start_in(&node, &[], &flags, Some(&first_container));
     let daemons = Cgroup { path: daemons_cgroup.clone() };
-    let mut client = Client::connect(&plugin);
-    let target = node.target("pod-a");
-    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
-    let volume = node.volumes().remove(0);
+    let (_client, target, volume) = publish_one_pod(&node, &plugin, &checkpoint);
     let daemon = node.daemon(&volume).unwrap();
     assert_eq!(daemons.pids(), vec![daemon.pid], "the daemon is not in --daemon-cgroup alone");
     assert_eq!(first_container.pids(), vec![plugin.child.id() as i32], "the plugin is not in its container");
     // The container stops (an upgrade, a failed liveness probe) while a pod reads.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (target, expected, stop) = (target.clone(), expected.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut passes = 0;
-            while !stop.load(Ordering::Relaxed) || passes < 2 {
-                assert_reads_reference(&target, &expected);
-                passes += 1;
-            }
-            passes
-        })
-    };
-    std::thread::sleep(Duration::from_millis(200));
+    let reader = PodReading::start(&target, &expected);
     assert!(first_container.kill_all(), "the container's processes outlived cgroup.kill");
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    assert!(reader.join().expect("the pod's reads went on") >= 2);
+    reader.finish();
     assert!(daemon.is_alive(), "the daemon died with the plugin's container");
     // The new container's plugin finds the volume, shares the running daemon with a new pod, and
     // ends it with the last pod.
@@ -750,10 +757,7 @@ fn a_host_user_reaches_no_volume_through_the_state_directory_nor_the_daemons_mem
     let node = Node::new();
     let (checkpoint, _) = local_checkpoint(&node);
     let plugin = Plugin::start(&node, &[]);
-    let mut client = Client::connect(&plugin);
-    let target = node.target("pod-a");
-    client.publish(publish_request("vol-a", &target, &[("source", &checkpoint.display().to_string())], &[])).unwrap();
-    let volume = node.volumes().remove(0);
+    let (mut client, target, volume) = publish_one_pod(&node, &plugin, &checkpoint);
     let daemon = node.daemon(&volume).unwrap();
     let shared = node.state().join("volumes").join(&volume).join("mount");
     let log = node.state().join("private").join(&volume).join("daemon.log");
