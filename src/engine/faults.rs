@@ -1,0 +1,179 @@
+//! A loader's page faults walking the tensor starts of a mapped checkpoint file, and the fetch of
+//! the faults it will take next, before it takes them.
+//!
+//! `DiffusionPipeline.from_pretrained` (safetensors maps the file) touches the page at each
+//! tensor's start, in file order, before it reads any tensor: one page fault per tensor, each
+//! waiting for its read-around (the kernel's readahead, centred on the fault: two requests of the
+//! largest read size around it) to come from the store, one after the other. Through the mount each
+//! fault cost two 1 MiB transfers where the store read directly costs one 256 KiB read, so the
+//! call took longer than on the folder (issue 45). The faults are predictable: the engine is told
+//! where the tensors of a checkpoint start ([`FaultWalk::set_starts`]), and once two reads of the
+//! re-served file took in tensor starts one after the other, in file order (a walk), each further
+//! step asks for the read-around of the next [`FAULTS_AHEAD`] tensor starts at once, on the I/O
+//! threads (`prefetch`): the faults then find their bytes in the cache. Only the bytes the kernel
+//! would ask for are fetched (the largest read seen either side of each start), so a walk costs no
+//! byte more than the faults themselves; blocks the kernel already holds are skipped by the fetch.
+//!
+//! A read that takes in a start before the walk's (a second pass, another reader) starts a new
+//! walk; one far ahead of it (past the starts already asked for) too.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use crate::util::lock;
+
+/// Tensor starts whose read-around is asked for ahead of a walk's last fault: at 2 MiB each, at
+/// most 64 MiB in flight or waiting in the cache (a stream's largest window), enough for the I/O
+/// threads to keep every lane busy while the loader faults on.
+pub(crate) const FAULTS_AHEAD: usize = 32;
+
+/// Largest read-around taken either side of a start: the kernel's requests are at most 16 MiB
+/// (`fs.fuse.max_pages_limit`), but a loader's read-around is its readahead, 1 MiB by default.
+const MOST_AROUND_BYTES: u64 = 4 << 20;
+
+/// The tensor starts of one source and the walk of the faults through them; see the module doc.
+#[derive(Default)]
+pub(crate) struct FaultWalk {
+    state: Mutex<Walk>,
+}
+
+#[derive(Default)]
+struct Walk {
+    /// Tensor starts (source offsets), sorted, without repeats; empty: not a checkpoint.
+    starts: Vec<u64>,
+    /// One past the index of the last start a read took in (0: none yet).
+    last: usize,
+    /// Starts below this index have had their read-around asked for.
+    asked: usize,
+    /// Whether the reads since `last` was set form a walk (two steps in file order).
+    walking: bool,
+    /// The largest read of the checkpoint file seen: the kernel's read size.
+    largest_read: u64,
+}
+
+impl FaultWalk {
+    /// Sets where the tensors of the source start (source offsets, any order).
+    pub(crate) fn set_starts(&self, mut starts: Vec<u64>) {
+        starts.sort_unstable();
+        starts.dedup();
+        *lock(&self.state) = Walk { starts, ..Walk::default() };
+    }
+
+    /// A read of `range` of the re-served checkpoint file (of a source of `len` bytes). `None`
+    /// unless the read is one of a walk's faults: a step (it takes in the start past the walk's
+    /// last, within those asked for) or, once walking, a read inside the read-around of a start
+    /// ahead. Otherwise the byte ranges to fetch ahead now (the read-around of the walk's next
+    /// starts, merged where they touch), in file order; often none.
+    pub(crate) fn read(&self, range: Range<u64>, len: u64) -> Option<Vec<Range<u64>>> {
+        let mut walk = lock(&self.state);
+        walk.largest_read = walk.largest_read.max(range.end - range.start);
+        let around = walk.largest_read.min(MOST_AROUND_BYTES);
+        let first = walk.starts.partition_point(|&s| s < range.start);
+        let end = walk.starts.partition_point(|&s| s < range.end);
+        if first == end {
+            // No start: the half of a fault's read-around before the start it faults on.
+            let next = walk.starts.get(end).map(|&s| s / 4096 * 4096);
+            let before_next = next.is_some_and(|page| range.start.saturating_add(around) >= page);
+            return (walk.walking && end >= walk.last && end < walk.asked && before_next).then(Vec::new);
+        }
+        if end == walk.last && first + 1 >= end {
+            // Only the walk's last start again: the other half of its read-around.
+            return walk.walking.then(Vec::new);
+        }
+        // A step: the read takes in a start past the last one, and none beyond those asked for
+        // (or the next one, before anything was asked).
+        let reach = walk.asked.max(walk.last + 1);
+        if walk.last == 0 || end <= walk.last || first > reach {
+            *walk = Walk { last: end, asked: end, walking: false, ..std::mem::take(&mut *walk) };
+            return None;
+        }
+        walk.walking = true;
+        walk.last = end;
+        let from = walk.asked.max(end);
+        let to = (end + FAULTS_AHEAD).min(walk.starts.len());
+        let mut regions: Vec<Range<u64>> = Vec::new();
+        if from < to {
+            walk.asked = to;
+            for &start in &walk.starts[from..to] {
+                let page = start / 4096 * 4096;
+                let region = page.saturating_sub(around)..page.saturating_add(around).min(len);
+                match regions.last_mut() {
+                    Some(last) if region.start <= last.end => last.end = last.end.max(region.end),
+                    _ => regions.push(region),
+                }
+            }
+        }
+        Some(regions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn walk(starts: &[u64]) -> FaultWalk {
+        let w = FaultWalk::default();
+        w.set_starts(starts.to_vec());
+        w
+    }
+
+    /// The read-around of a fault at `at`: two 1 MiB requests, before and after its page.
+    /// What the walk fetches for it, and whether both reads were taken as the walk's.
+    fn fault(w: &FaultWalk, at: u64) -> (Vec<Range<u64>>, bool) {
+        let before = w.read(at - MIB..at, 1 << 40);
+        let after = w.read(at..at + MIB, 1 << 40);
+        let walked = before.is_some() && after.is_some();
+        (before.into_iter().chain(after).flatten().collect(), walked)
+    }
+
+    #[test]
+    fn faults_in_file_order_fetch_the_next_starts_read_around() {
+        let starts: Vec<u64> = (1..=100).map(|i| i * 10 * MIB).collect();
+        let w = walk(&starts);
+        assert_eq!(fault(&w, starts[0]), (vec![], false), "one fault is no walk");
+        let (asked, _) = fault(&w, starts[1]);
+        let expected: Vec<Range<u64>> = starts[2..2 + FAULTS_AHEAD].iter().map(|&s| s - MIB..s + MIB).collect();
+        assert_eq!(asked, expected, "the next starts, the read size either side");
+        let next = starts[2 + FAULTS_AHEAD];
+        assert_eq!(fault(&w, starts[2]), (vec![next - MIB..next + MIB], true), "one more at each step");
+    }
+
+    #[test]
+    fn touching_read_arounds_merge() {
+        let starts: Vec<u64> = (1..=10).map(|i| i * MIB + 100).collect();
+        let w = walk(&starts);
+        fault(&w, starts[0]);
+        // The second fault's first request takes in the first start again, and is no step back.
+        assert_eq!(fault(&w, starts[1]).0, vec![starts[2] - 100 - MIB..starts[9] - 100 + MIB]);
+    }
+
+    #[test]
+    fn a_read_behind_the_walk_or_far_ahead_of_it_fetches_nothing() {
+        let starts: Vec<u64> = (1..=100).map(|i| i * 10 * MIB).collect();
+        let w = walk(&starts);
+        fault(&w, starts[50]);
+        assert_eq!(fault(&w, starts[51]).0.len(), FAULTS_AHEAD);
+        assert_eq!(fault(&w, starts[10]), (vec![], false), "behind: a new walk");
+        assert_eq!(fault(&w, starts[90]), (vec![], false), "far ahead: a new walk");
+        assert!(!fault(&w, starts[91]).0.is_empty(), "and that one walks on");
+    }
+
+    #[test]
+    fn reads_that_are_no_fault_of_the_walk_are_left_to_the_streams() {
+        let starts: Vec<u64> = (1..=100).map(|i| i * 10 * MIB).collect();
+        let w = walk(&starts);
+        fault(&w, starts[0]);
+        fault(&w, starts[1]);
+        assert!(w.read(starts[1] + 3 * MIB..starts[1] + 4 * MIB, 1 << 40).is_none(), "inside a tensor");
+        assert!(w.read(starts[2] - 2 * MIB..starts[2] - MIB, 1 << 40).is_none(), "too far before a start");
+        assert!(w.read(starts[2] - MIB..starts[2], 1 << 40).is_some(), "a fault's first half");
+    }
+
+    #[test]
+    fn a_source_without_starts_fetches_nothing() {
+        let w = FaultWalk::default();
+        assert!(w.read(0..MIB, 10 * MIB).is_none() && w.read(MIB..2 * MIB, 10 * MIB).is_none());
+    }
+}
