@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::test_support::{assert_whole_blocks, fake, FakeSource};
-use super::tuning::{FILE_START_WINDOW_BYTES, INITIAL_WINDOW_BYTES, LANES, PREFETCH_CHUNK_BYTES, REMOTE_LANES};
+use super::tuning::{FILE_START_WINDOW_BYTES, LANES, PREFETCH_CHUNK_BYTES, REMOTE_LANES};
 use super::{Engine, EngineConfig, ReadaheadConfig};
 use crate::stats::Stats;
 use crate::util::lock;
@@ -579,56 +579,4 @@ fn a_source_whose_mapping_fails_is_read_once_through_blocks() {
     let read: usize = lock(&source.reads).iter().map(|&(_, n)| n).sum();
     assert_eq!(read, len, "every byte loaded once: {:?}", lock(&source.reads));
     assert_whole_blocks(&source, bs);
-}
-
-/// A loader that maps a checkpoint and faults in the page at each tensor's start, in file order,
-/// before it reads any tensor (issue 45: `DiffusionPipeline.from_pretrained`), finds its next
-/// faults' bytes fetched before it takes them, and nothing else is fetched: each fault (two
-/// reads, before and after its page, as the kernel's read-around) is served from the cache once
-/// the walk is two faults long, and every backing read lies within some fault's read-around.
-/// Before, each fault waited for its own loads, and a stream's window ran on into the tensors.
-#[test]
-fn faults_walking_the_tensor_starts_have_their_bytes_fetched_first() {
-    use super::readahead::Extent;
-    let bs = 64 << 10;
-    let around = 256 << 10;
-    let source = fake(64 << 20, Duration::from_millis(5));
-    let (engine, stats) = engine(bs, 32 << 20, 4);
-    let id = engine.add_source(Arc::new(Arc::clone(&source)));
-    let starts: Vec<u64> = (0..30).map(|i| (1 << 20) + i * (2 << 20) + 3 * 4096 + 100).collect();
-    engine.set_tensor_starts(id, starts.clone());
-    let read_arounds: Vec<std::ops::Range<u64>> = starts
-        .iter()
-        .map(|s| (s / 4096 * 4096 - around) / bs * bs..(s / 4096 * 4096 + around).div_ceil(bs) * bs)
-        .collect();
-    let fault = |at: u64| {
-        let page = at / 4096 * 4096;
-        for (from, to) in [(page - around, page), (page, page + around)] {
-            let extent = Extent::in_checkpoint_file(from..to);
-            let got = engine.read_in(id, extent, from, (to - from) as usize, <[u8]>::to_vec).unwrap();
-            assert!(got == source.data[from as usize..to as usize], "bytes at {from}");
-        }
-    };
-    fault(starts[0]);
-    fault(starts[1]);
-    let fetched = |range: &std::ops::Range<u64>| {
-        let reads = lock(&source.reads);
-        (range.start..range.end)
-            .step_by(bs as usize)
-            .all(|block| reads.iter().any(|&(o, n)| o <= block && block < o + n as u64))
-    };
-    let landed = || counter(&stats.backing_reads) == lock(&source.reads).len() as u64;
-    eventually("the read-around of the next faults fetched", || read_arounds[2..].iter().all(fetched) && landed());
-    let loaded = counter(&stats.backing_reads);
-    for &start in &starts[2..] {
-        fault(start);
-    }
-    assert_eq!(counter(&stats.backing_reads), loaded, "a fault loaded on demand");
-    // The first fault's two reads are a sequential stream's, not yet a walk: its first window.
-    let first_window = read_arounds[0].end..read_arounds[0].end + INITIAL_WINDOW_BYTES;
-    for &(offset, n) in lock(&source.reads).iter() {
-        let inside =
-            read_arounds.iter().chain([&first_window]).any(|r| r.start <= offset && offset + n as u64 <= r.end);
-        assert!(inside, "a backing read of {n} at {offset} is no fault's read-around");
-    }
 }
