@@ -164,9 +164,18 @@ impl Engine {
         self.on_read(&entry);
         let extent = Into::<Extent>::into(extent).clipped(entry.len);
         let shared = &*self.shared;
-        if extent.in_checkpoint_file && !entry.mapped {
-            entry.delivered.read(offset..end);
-        }
+        // A fault of a loader walking the tensor starts that no stream's reader is near goes to
+        // no stream: the walk fetches the next faults' bytes, and a stream would take the faults
+        // (a few MiB apart) as a sequential reader and run its window on into the tensors between
+        // them. A loader reading the file in order takes in every start too, but its reads
+        // continue its stream (`faults`).
+        let fault_of_walk = extent.in_checkpoint_file
+            && !entry.mapped
+            && {
+                entry.delivered.read(offset..end);
+                self.fetch_faults_ahead(&entry, offset..end)
+            }
+            && !entry.streams.reader_near(offset);
         // A mapped source's stream reads ahead into the page cache, not the block cache: this read
         // loads its own run of cold blocks in one backing read, as a read outside any stream does.
         // A source whose mapping failed is served as any block source: its lanes load blocks,
@@ -176,6 +185,7 @@ impl Engine {
                 self.read_ahead_mapped(&entry, &mapping, offset..end, extent);
                 None
             }
+            None if fault_of_walk => None,
             None => {
                 entry.streams.on_read(offset..end, extent, &shared.cache, &entry.spares, &shared.stats, |io, lane| {
                     self.prefetcher.submit(&entry, io, lane)
@@ -197,6 +207,33 @@ impl Engine {
             }
         }
         Demand { shared, entry: &entry, stream: stream.as_deref() }.serve(offset, end, consume)
+    }
+
+    /// A read of `range` of `entry`'s re-served checkpoint file: whether it is one of a loader's
+    /// faults walking the tensor starts (`faults`). At each step of the walk the read-around of
+    /// the next faults is fetched now, one job per run of blocks; a run the queue has no room for
+    /// is left to the faults.
+    fn fetch_faults_ahead(&self, entry: &Arc<SourceEntry>, range: Range<u64>) -> bool {
+        let bs = self.shared.config.block_size;
+        let Some(regions) = entry.faults.read(range, entry.len) else {
+            return false;
+        };
+        for region in regions {
+            let blocks = region.start / bs..region.end.div_ceil(bs);
+            if !self.prefetcher.submit_fetch(entry, blocks) {
+                break;
+            }
+        }
+        true
+    }
+
+    /// Tells the engine where the tensors of `source` (a checkpoint file) start, in source
+    /// offsets: a loader faulting in the mapped file at each of them, in order, has its next
+    /// faults' bytes fetched ahead (`faults`).
+    pub fn set_tensor_starts(&self, source: SourceId, starts: Vec<u64>) {
+        if let Some(entry) = self.entry(source) {
+            entry.faults.set_starts(starts);
+        }
     }
 
     /// [`Engine::read_in`] for a reply the kernel copies: `to_kernel` must pass the bytes to a

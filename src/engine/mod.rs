@@ -19,6 +19,8 @@
 //!    chunks of its pending blocks in order and loads each run of missing ones in one backing read
 //!    on its own descriptor, publishing each block as it lands. A stream reading the re-served
 //!    checkpoint file skips the blocks the kernel was already given whole through it (`delivered`).
+//!    A loader faulting in a mapped checkpoint file at each tensor's start, in file order, has the
+//!    read-around of its next faults fetched ahead, one job per run of blocks (`faults`).
 //!
 //! The mapped path ([`Engine::read_for_kernel`], `core`): a read whose reply only goes to the
 //! kernel (a raw tensor through FUSE) of a source with a [`Mapping`](crate::source::Mapping) (a
@@ -53,6 +55,7 @@ mod demand;
 mod descriptors;
 pub mod disk;
 mod error;
+mod faults;
 mod pool;
 mod prefetch;
 pub mod readahead;

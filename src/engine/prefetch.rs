@@ -7,7 +7,8 @@
 //! chunk does not wait for all of it. A block the cache has no room for ends the lane's work (the
 //! stream halves its window at its next read); so does the engine stopping. A lane never loads a
 //! block its stream has left behind, nor, for a stream reading the re-served checkpoint file, one
-//! the kernel was given whole through that file (`delivered`).
+//! the kernel was given whole through that file (`delivered`). A third kind of job fetches one
+//! run of blocks a loader's faults will ask for next (`faults`), on a spare descriptor.
 
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
@@ -23,11 +24,12 @@ use crate::source::Mapping;
 use crate::stats::Stats;
 use crate::util::lock;
 
-/// Work queued for an I/O thread: one lane of one stream's prefetch, or one chunk of a mapped
-/// source's read-ahead.
+/// Work queued for an I/O thread: one lane of one stream's prefetch, one chunk of a mapped
+/// source's read-ahead, or one run of blocks a loader's faults will ask for.
 enum Job {
     Lane { source: Arc<SourceEntry>, stream: Arc<StreamIo>, lane: usize },
     ReadAhead { source: Arc<SourceEntry>, stream: Arc<StreamIo>, blocks: Range<u64> },
+    Fetch { source: Arc<SourceEntry>, blocks: Range<u64> },
 }
 
 /// The I/O threads running the prefetch lanes, fed by a bounded queue of [`JOB_QUEUE_LEN`] jobs.
@@ -43,6 +45,7 @@ impl Prefetcher {
             pool: IoPool::start(threads, JOB_QUEUE_LEN, move |job: Job| match job {
                 Job::Lane { source, stream, lane } => run_lane(&shared, &LaneJob { source, stream, lane }),
                 Job::ReadAhead { source, stream, blocks } => read_ahead(&shared, &source, &stream, blocks),
+                Job::Fetch { source, blocks } => fetch(&shared, &source, blocks),
             }),
         }
     }
@@ -64,6 +67,12 @@ impl Prefetcher {
     ) -> bool {
         let job = Job::ReadAhead { source: Arc::clone(source), stream: Arc::clone(stream), blocks };
         self.pool.try_submit(job).is_ok()
+    }
+
+    /// Queues the fetch of `blocks` of `source` (a loader's next faults, `faults`); false if the
+    /// queue is full (or there are no threads).
+    pub(crate) fn submit_fetch(&self, source: &Arc<SourceEntry>, blocks: Range<u64>) -> bool {
+        self.pool.try_submit(Job::Fetch { source: Arc::clone(source), blocks }).is_ok()
     }
 }
 
@@ -138,7 +147,7 @@ fn load_lane(shared: &Shared, job: &LaneJob) {
             let start = block.saturating_mul(bs);
             let held = || job.source.delivered.covers(start..start + job.source.block_len(block, bs));
             if job.stream.is_behind(block) || (reading_checkpoint_file && held()) {
-                load_run(shared, job, lane, run_start, std::mem::take(&mut run));
+                load_run(shared, &job.source, lane, run_start, std::mem::take(&mut run));
                 continue;
             }
             match shared.cache.prefetch((job.source.id, block), job.source.block_len(block, bs)) {
@@ -152,29 +161,65 @@ fn load_lane(shared: &Shared, job: &LaneJob) {
                 Prefetch::Present => {}
                 Prefetch::Refused => refused = Some(block),
             }
-            load_run(shared, job, lane, run_start, std::mem::take(&mut run));
+            load_run(shared, &job.source, lane, run_start, std::mem::take(&mut run));
             if let Some(block) = refused {
                 job.stream.refuse(block);
                 break;
             }
         }
-        load_run(shared, job, lane, run_start, run);
+        load_run(shared, &job.source, lane, run_start, run);
     }
 }
 
-/// Loads a run of reserved neighbouring blocks starting at `first` in one backing read on the
-/// lane's descriptor, publishing each block as soon as it lands.
-fn load_run(shared: &Shared, job: &LaneJob, lane: &Descriptor, first: u64, mut run: Vec<LoadTicket<'_>>) {
+/// Fetches the blocks of `blocks` of `source` that are neither cached nor held by the kernel
+/// (`delivered`), each run in one backing read on a spare descriptor: the read-around of a
+/// loader's next faults (`faults`). Stops at a block the cache has no room for.
+fn fetch(shared: &Shared, source: &SourceEntry, blocks: Range<u64>) {
+    let bs = shared.config.block_size;
+    let descriptor: Descriptor = std::sync::Mutex::new(source.spares.take());
+    let mut run: Vec<LoadTicket<'_>> = Vec::new();
+    let mut run_start = blocks.start;
+    for block in blocks {
+        if shared.stopping.load(Relaxed) {
+            break;
+        }
+        let start = block.saturating_mul(bs);
+        let len = source.block_len(block, bs);
+        let prefetch = if source.delivered.covers(start..start + len) {
+            Prefetch::Present
+        } else {
+            shared.cache.prefetch((source.id, block), len)
+        };
+        match prefetch {
+            Prefetch::Load(ticket) => {
+                if run.is_empty() {
+                    run_start = block;
+                }
+                run.push(ticket);
+                continue;
+            }
+            Prefetch::Present => load_run(shared, source, &descriptor, run_start, std::mem::take(&mut run)),
+            Prefetch::Refused => break,
+        }
+    }
+    load_run(shared, source, &descriptor, run_start, run);
+    source.spares.keep(descriptor.into_inner().unwrap_or_else(|e| e.into_inner()));
+    shared.descriptors.holding(&source.activity);
+}
+
+/// Loads a run of reserved neighbouring blocks of `source` starting at `first` in one backing read
+/// on `lane` (a lane's descriptor, or a spare), publishing each block as soon as it lands.
+fn load_run(shared: &Shared, source: &SourceEntry, lane: &Descriptor, first: u64, mut run: Vec<LoadTicket<'_>>) {
     if run.is_empty() {
         return;
     }
     let mut descriptor = lock(lane);
     if descriptor.is_none() {
-        *descriptor = job.source.spares.take();
+        *descriptor = source.spares.take();
     }
-    let buffers = backing::buffers(shared, &job.source, first, run.iter_mut());
+    let buffers = backing::buffers(shared, source, first, run.iter_mut());
     let mut tickets = run.into_iter();
-    let result = backing::read_blocks(shared, &job.source, first, buffers, &mut descriptor, true, &mut |data| {
+    let result = backing::read_blocks(shared, source, first, buffers, &mut descriptor, true, &mut |data| {
         if let Some(ticket) = tickets.next() {
             Stats::add(&shared.stats.prefetched_bytes, data.len() as u64);
             ticket.complete(data);

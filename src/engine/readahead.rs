@@ -299,6 +299,11 @@ impl Readahead {
         }
     }
 
+    /// The end of the stream's furthest read so far.
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
     /// Whether a read has continued this stream since it started (it is sequential).
     pub fn confirmed(&self) -> bool {
         self.confirmed

@@ -12,6 +12,7 @@ use super::delivered::Delivered;
 use super::descriptors::{Activity, Budget};
 use super::disk::{DiskCache, ObjectKey};
 use super::error::ReadError;
+use super::faults::FaultWalk;
 use super::readahead::ReadaheadConfig;
 use super::spares::Spares;
 use super::stream::Streams;
@@ -60,6 +61,8 @@ pub(crate) struct SourceEntry {
     pub(crate) activity: Activity,
     /// What the kernel was given of its re-served checkpoint file (block path only).
     pub(crate) delivered: Delivered,
+    /// Where its tensors start, if it is a checkpoint, and a loader's faults walking them.
+    pub(crate) faults: FaultWalk,
 }
 
 impl SourceEntry {
@@ -91,6 +94,7 @@ impl SourceEntry {
             mapped_since_release: AtomicU64::new(0),
             activity: Activity::default(),
             delivered: Delivered::default(),
+            faults: FaultWalk::default(),
         }
     }
 

@@ -122,6 +122,13 @@ impl Streams {
         advice.map(|blocks| (io, blocks))
     }
 
+    /// Whether a read at `offset` is within the back slack of a stream's cursor, either side: it
+    /// continues that stream's reader (or comes a little early or late for it).
+    pub(crate) fn reader_near(&self, offset: u64) -> bool {
+        let slack = self.config.back_slack;
+        lock(&self.table).streams.iter().any(|s| s.readahead.cursor().abs_diff(offset) <= slack)
+    }
+
     /// Closes the descriptors of every stream (they reopen at the stream's next load); those a
     /// load is using right now stay open. False if any did.
     pub(crate) fn close_descriptors(&self) -> bool {

@@ -90,6 +90,8 @@ pub fn build_fs(checkpoint: Checkpoint, options: &FsOptions, stats: Arc<Stats>) 
             let name = s.source.name().to_string();
             let file = if options.checkpoint_files { crate::checkpoint::file_name(&name) } else { None };
             let source = engine.add_source(s.source);
+            let starts = s.header.tensors.iter().filter(|t| t.byte_len() > 0).map(|t| s.header.tensor_range(t).start);
+            engine.set_tensor_starts(source, starts.collect());
             shards.push(Shard { source, name, header: s.header, file });
         }
         let mut files = Vec::new();
