@@ -320,6 +320,7 @@ def worker(prep=None):
     import stfs._engine
     if prep.get("native"):  # a folder holding stfs/_native.abi3.so: the extension, beside the package
         stfs.__path__.append(os.path.join(prep["native"], "stfs"))
+        stfs._engine.available()  # imported before the clock, as every loader's module is
     with contextlib.suppress(ImportError):
         import runai_model_streamer  # noqa: F401
     with contextlib.suppress(ImportError):
