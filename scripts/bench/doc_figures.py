@@ -75,6 +75,7 @@ def merge_loaders(out, inputs):
             run = json.load(f)
         use = run["args"].get("use", "sum")
         doc["notes"].append(f"{os.path.basename(path)}: {run['machine']}; args {json.dumps(run['args'], sort_keys=True)}")
+        doc.setdefault("note", f"scripts/bench/loaders.py; {run['machine'].split(';')[0]}; {VM}")
         for key, result in run["sources"].items():
             name = key if use == "sum" else f"{key}-{use}"
             series = {LOADER_NAMES[k]: v for k, v in result["series"].items() if k in LOADER_NAMES}

@@ -50,8 +50,9 @@ checkpoint (64 equal F32 tensors) instead of the transformer.
 stfs first, stfs ranks, the floors) runs in a mount namespace of its own whose /dev is a tmpfs holding
 null, zero, random, urandom and shm (no /dev/fuse), as the user nobody with no new privileges (setpriv),
 /root replaced in it by a tmpfs holding only .pyenv and .cache, so that nobody can run the torch
-virtualenv; from slowfs (a root's FUSE mount, not allow_other) as root, still without /dev/fuse. Needs
-root (to make the namespace), unshare and setpriv. The mounted rows (stfs.load mounted, stfs+open,
+virtualenv. Not from slowfs: its mount, made per run after the workers started, is not in their
+namespaces (and a root's FUSE mount, not allow_other, is not readable by nobody): those run as root, as
+without the option. Needs root (to make the namespace), unshare and setpriv. The mounted rows (stfs.load mounted, stfs+open,
 stfs premounted) run as before.
 
 Memory: each worker resets its peak RSS at "ready" (/proc/self/clear_refs) and reports VmHWM at the
@@ -639,8 +640,10 @@ def run_source(args, source, ckpt, peers, sums, endpoint, fastsafe_opts, failure
         if peer == "ceiling":
             return None  # run by the driver
         wrap = None
-        if args.unprivileged and peer.removesuffix(BEFORE) not in MOUNTED:
-            wrap = unprivileged_argv("root" if source == "slow" else "nobody")
+        # Not from slowfs: its mount is made per run, after the worker's namespace was made, so it
+        # is not in there (and, a root's FUSE mount without allow_other, not readable by nobody).
+        if args.unprivileged and peer.removesuffix(BEFORE) not in MOUNTED and source != "slow":
+            wrap = unprivileged_argv("nobody")
         return Worker(dict(env, STFS_BIN=stfs_binary(args, peer)), prep(args, peer, ckpt), wrap)
 
     for rep in range(args.reps):
