@@ -66,6 +66,9 @@ LOADER_NAMES = {"stfs.load": "stfs.load (no mount)", "runai": "Run:ai streamer",
                 "ceiling": "ceiling: 16 curl range GETs, no loader"}
 
 
+SHORT_SOURCES = {"page": "page cache", "cold": "not in the page cache", "slow": "slowfs", "s3": "S3 via the proxy"}
+
+
 def merge_loaders(out, inputs):
     """One chartable document of several loaders.py --json files: each source's peer time series."""
     doc = {"from": "scripts/bench/loaders.py --json, merged by doc_figures.py --loaders", "notes": [],
@@ -75,11 +78,12 @@ def merge_loaders(out, inputs):
             run = json.load(f)
         use = run["args"].get("use", "sum")
         doc["notes"].append(f"{os.path.basename(path)}: {run['machine']}; args {json.dumps(run['args'], sort_keys=True)}")
-        doc.setdefault("note", f"scripts/bench/loaders.py; {run['machine'].split(';')[0]}; {VM}")
+        doc.setdefault("note", f"scripts/bench/loaders.py --unprivileged, 2026-12-02; {VM}")
         for key, result in run["sources"].items():
             name = key if use == "sum" else f"{key}-{use}"
             series = {LOADER_NAMES[k]: v for k, v in result["series"].items() if k in LOADER_NAMES}
-            title = f"Loaders, {result['title']}" + ("" if use == "sum" else f", {use} use")
+            size = result["title"].split(",")[0]  # "2048 MiB"
+            title = f"Loaders, {size}, {SHORT_SOURCES.get(key, key)}" + ("" if use == "sum" else f", {use} use")
             doc["sources"][name] = {"title": title, "series": series, "checks": result["checks"]}
             doc["charts"].append({"key": name, "name": name, "title": f"{title} (seconds, lower is faster)",
                                   "series": [n for n in LOADER_NAMES.values() if n in series]})
