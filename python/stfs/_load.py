@@ -430,27 +430,52 @@ class StagingRing:
             self._slot, self._fill = -1, 0
 
 
-def _stage_file(path: str, dst, ring: StagingRing, copy, tick: Tick = _no_tick) -> None:
-    """Copies the file at `path` into `dst` (a contiguous 1-D uint8 tensor of exactly its size, on
-    any device) through `ring`: read a piece into a ring buffer, `copy(dst_piece, buffer_piece)`
-    (a non-blocking copy_), and on to the next piece while that copy is in flight."""
-    n = dst.numel()
-    with open(path, "rb", buffering=0) as f:
-        done = 0
-        while done < n:
-            piece = ring.take(n - done)
+#: Fills a ring buffer piece (a 1-D uint8 CPU tensor) with a tensor's bytes from an offset.
+Fill = Callable[[int, Any], None]
+
+
+@contextlib.contextmanager
+def _file_pieces(entry: Entry):
+    """A Fill reading the tensor's file at `entry.path` (a mount's), in order from its start."""
+    with open(entry.path, "rb", buffering=0) as f:
+        def fill(at: int, piece) -> None:
             got = _read_full(f, memoryview((ctypes.c_ubyte * piece.numel()).from_address(piece.data_ptr())).cast("B"))
             if got != piece.numel():
-                raise StfsError(f"stfs: {path}: ended after {done + got} of {n} bytes")
-            copy(dst[done:done + got], piece)
-            done += got
-            tick(got)
+                raise StfsError(f"stfs: {entry.path}: ended after {at + got} of {entry.byte_len} bytes")
+
+        yield fill
+
+
+def _engine_pieces(checkpoint) -> Callable[[Entry], Any]:
+    """Fills for the tensors of `checkpoint` (an stfs._engine.Checkpoint, no mount): each piece read by
+    the engine straight into the ring buffer (large pieces on several of its threads)."""
+    def pieces(entry: Entry):
+        tensor = checkpoint.tensor(entry.name)
+        return contextlib.nullcontext(lambda at, piece: checkpoint.read([(tensor, at, piece)]))
+
+    return pieces
+
+
+def _stage(fill: Fill, dst, ring: StagingRing, copy, tick: Tick = _no_tick) -> None:
+    """Copies a tensor's bytes into `dst` (a contiguous 1-D uint8 tensor of exactly its size, on any
+    device) through `ring`: `fill` a piece of a ring buffer, `copy(dst_piece, buffer_piece)` (a
+    non-blocking copy_), and on to the next piece while that copy is in flight."""
+    n = dst.numel()
+    done = 0
+    while done < n:
+        piece = ring.take(n - done)
+        fill(done, piece)
+        copy(dst[done:done + piece.numel()], piece)
+        done += piece.numel()
+        tick(piece.numel())
 
 
 def _load_staged(torch, items: List[Entry], target, ring: StagingRing, copy, raw: List[str],
-                 tick: Tick = _no_tick) -> Dict[str, Any]:
+                 tick: Tick = _no_tick, pieces: Callable[[Entry], Any] = _file_pieces) -> Dict[str, Any]:
     """Every tensor of `items` on `target`, each allocated there as bytes, filled through `ring` by
-    `copy`, and viewed as its dtype and shape. The caller finishes the ring (waits for the copies)."""
+    `copy`, and viewed as its dtype and shape. `pieces(entry)` is a context giving the entry's Fill:
+    its file on a mount (the default) or the engine's read (_engine_pieces). The caller finishes the
+    ring (waits for the copies)."""
     out: Dict[str, Any] = {}
     for e in items:
         dtype, shape = _torch_type(torch, e, raw)
@@ -460,7 +485,8 @@ def _load_staged(torch, items: List[Entry], target, ring: StagingRing, copy, raw
             out[e.name] = torch.empty(shape, dtype=dtype, device=target)
             continue
         dst = torch.empty(e.byte_len, dtype=torch.uint8, device=target)
-        _stage_file(e.path, dst, ring, copy, tick)
+        with pieces(e) as fill:
+            _stage(fill, dst, ring, copy, tick)
         out[e.name] = dst.view(dtype).reshape(shape)
     return out
 
@@ -482,10 +508,12 @@ def _empty_host_cache(torch) -> None:
             return
 
 
-def _load_cuda(torch, items: List[Entry], target, raw: List[str], tick: Tick = _no_tick) -> Dict[str, Any]:
+def _load_cuda(torch, items: List[Entry], target, raw: List[str], tick: Tick = _no_tick,
+               pieces: Callable[[Entry], Any] = _file_pieces) -> Dict[str, Any]:
     """The CUDA path: everything under torch.cuda.device(target), so no other GPU gets a context
     (device="cuda:1" makes none on GPU 0); a StagingRing of pinned buffers with one CUDA event each,
-    recorded on the target's current stream, instead of a device-wide synchronize."""
+    recorded on the target's current stream, instead of a device-wide synchronize. `pieces`: where
+    the bytes come from (a mount's files, or the engine with no mount: _engine_pieces)."""
     with torch.cuda.device(target):
         stream = torch.cuda.current_stream(target)
 
@@ -507,7 +535,7 @@ def _load_cuda(torch, items: List[Entry], target, raw: List[str], tick: Tick = _
 
         ring = StagingRing(PINNED_SLOTS, _slot_bytes(items), alloc, _Event)
         try:
-            out = _load_staged(torch, items, target, ring, copy, raw, tick)
+            out = _load_staged(torch, items, target, ring, copy, raw, tick, pieces)
         finally:
             ring.finish()  # every copy has landed before load returns (or raises)
             del ring
@@ -641,13 +669,14 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     along the last dimension) where torch has it; dtypes this torch lacks raise TypeError.
 
     Without a mount (the default for a source, where the extension module stfs._native is there, for
-    NumPy and for torch on the CPU): the engine runs in this process (no /dev/fuse, no root; `options`
+    NumPy, for torch on the CPU and on CUDA): the engine runs in this process (no /dev/fuse, no root; `options`
     as for a mount, `timeout` unused: the source's own timeouts apply), and the arrays are views of a
     private mapping of each local shard (zero copy, as load_file; read into the page cache meanwhile
     by read_ahead's threads where it is cold) or, for a remote source, memory of their own the engine
     read into, all tensors at once on several threads. NumPy arrays are then plain read-only
-    ndarrays, not np.memmap's. ``mount=True`` mounts `path` as below instead; a CUDA device always
-    does (through the pinned ring).
+    ndarrays, not np.memmap's. A CUDA device needs no mount either: the engine reads each tensor
+    into the pinned ring's buffers (the ring as above), each piece copied to the device without
+    blocking. ``mount=True`` mounts `path` as below instead (and any other torch device does).
 
     Lifetime, when load mounts `path` itself: the mount is detached lazily (``stfs umount --lazy``)
     before load returns. It leaves the filesystem at once, while the kernel keeps it alive for as long as
@@ -694,7 +723,7 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
         if options:
             raise TypeError(f"stfs.load: {path} is already a mount; mount options ({', '.join(options)}) apply only to a source")
         return read(path)
-    if not mount and _engine.available() and (kind == "numpy" or _torch_device(device).type == "cpu"):
+    if not mount and _engine.available() and (kind == "numpy" or _torch_device(device).type in ("cpu", "cuda")):
         return _load_unmounted(path, kind, device, progress, remote, options)
     binary, mp, made = _mount(path, None, timeout, options)
     try:
@@ -714,14 +743,34 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
     threads where it is cold; every other tensor (a remote shard's, a converted view's) is read by the
     engine straight into its own memory, all of them at once on several threads, the GIL released. The
     engine is closed before load returns (its threads joined, its descriptors closed); the arrays hold
-    nothing of it."""
+    nothing of it. For a CUDA device the engine reads every tensor into the pinned ring (_load_cuda
+    with _engine_pieces): no mapping, no read-ahead."""
     ahead = ReadAhead()
     try:
-        with _engine.Checkpoint(path, **options) as checkpoint:
+        target = _torch_device(device) if kind == "torch" else None
+        # The engine's own prefetch reads ahead of reads it serves: a remote source's, or every tensor
+        # copied to a GPU. A local shard on the CPU is mapped instead (read_ahead's threads fill its
+        # page cache), and a prefetch of it measured as pure cost: its threads fault the file in beside
+        # read_ahead's, and joining them took 10-90 ms of a 2 GiB load from the page cache (2026-12-02).
+        prefetch = remote or (target is not None and target.type == "cuda")
+        with _engine.Checkpoint(path, prefetch=prefetch, **options) as checkpoint:
             items = [Entry(t.name, t.dtype, t.shape, t.byte_len, t.path) for t in checkpoint.tensors]
-            reads = sum(t.byte_len for t in checkpoint.tensors if not t.raw or not _is_local(t.shard, checkpoint))
+            if target is not None and target.type == "cuda":
+                reads = sum(t.byte_len for t in checkpoint.tensors)
+            else:
+                reads = sum(t.byte_len for t in checkpoint.tensors if not t.raw or not _is_local(t.shard, checkpoint))
             bar = _bar(progress, reads, remote, f"stfs.load {os.path.basename(str(path).rstrip('/'))}")
             try:
+                if target is not None and target.type == "cuda":
+                    import torch
+
+                    if target.index is None:  # "cuda": the current device, named, as with a mount
+                        target = torch.device("cuda", torch.cuda.current_device())
+                    raw: List[str] = []
+                    out = _load_cuda(torch, items, target, raw, bar.tick if bar else _no_tick,
+                                     _engine_pieces(checkpoint))
+                    _warn_raw(raw, "torch")
+                    return out
                 if kind == "numpy":
                     import numpy as np
 

@@ -6,8 +6,15 @@ series' median and, where the table gives it, min and max; "values" (the repetit
 Each file's "from" names the table. A new run's own `--json` output replaces a file here.
 
     python3 scripts/bench/doc_figures.py && scripts/charts
+
+docs/bench-data/loaders.json is not transcribed: it is loaders.py's own --json output of the runs
+docs/performance.md quotes, merged (--loaders: every source of each file, its key the source, or
+SOURCE-USE under --use light or full; the peers' time series under their readable names):
+
+    python3 scripts/bench/doc_figures.py --loaders docs/bench-data/loaders.json light.json full.json remote.json
 """
 
+import argparse
 import json
 import os
 
@@ -49,32 +56,51 @@ FILES = {
             }},
         },
     },
-    "loaders": {
-        "from": "docs/notes/benchmarks.md, 'Loader peers, side by side', the rerun after the readahead fixes (2026-11-25, main at 81422c0)",
-        "note": f"$(scripts/torch_venv) scripts/bench/loaders.py --size-mb 256 --reps 5; 253 MiB into CPU torch tensors; {VM}",
-        "scenarios": {
-            "slowfs": {"title": "Loaders, 253 MiB from slow storage (slowfs 200 MB/s, 10 ms/request)", "series": {
-                "stfs.load": s(1.057, 0.915, 1.134),
-                "Run:ai streamer": s(3.295, 3.201, 4.215),
-                "fastsafetensors": s(7.239),
-                "safetensors load_file": s(8.938),
-            }},
-            "s3": {"title": "Loaders, 253 MiB from S3 (20 ms/request, 100 MiB/s per connection)", "series": {
-                "stfs.load": s(0.984, 0.919, 0.991),
-                "Run:ai streamer": s(1.394, 1.293, 1.529),
-            }},
-            "page": {"title": "Loaders, 253 MiB from the page cache", "series": {
-                "stfs.load": s(0.740, 0.622, 0.774),
-                "safetensors load_file": s(0.611, 0.507, 0.674),
-                "fastsafetensors": s(0.898),
-                "Run:ai streamer": s(1.072, 0.790, 1.224),
-            }},
-        },
-    },
+
 }
 
 
+#: loaders.py's peer names -> the names charted (the rows of docs/performance.md's loader table).
+LOADER_NAMES = {"stfs.load": "stfs.load (no mount)", "runai": "Run:ai streamer", "fastsafe": "fastsafetensors",
+                "load_file": "safetensors load_file", "stfs.load mounted": "stfs.load (mounted)",
+                "ceiling": "ceiling: 16 curl range GETs, no loader"}
+
+
+SHORT_SOURCES = {"page": "page cache", "cold": "not in the page cache", "slow": "slowfs", "s3": "S3 via the proxy"}
+
+
+def merge_loaders(out, inputs):
+    """One chartable document of several loaders.py --json files: each source's peer time series."""
+    doc = {"from": "scripts/bench/loaders.py --json, merged by doc_figures.py --loaders", "notes": [],
+           "sources": {}, "charts": []}
+    for path in inputs:
+        with open(path) as f:
+            run = json.load(f)
+        use = run["args"].get("use", "sum")
+        doc["notes"].append(f"{os.path.basename(path)}: {run['machine']}; args {json.dumps(run['args'], sort_keys=True)}")
+        doc.setdefault("note", f"scripts/bench/loaders.py --unprivileged, 2026-12-02; {VM}")
+        for key, result in run["sources"].items():
+            name = key if use == "sum" else f"{key}-{use}"
+            series = {LOADER_NAMES[k]: v for k, v in result["series"].items() if k in LOADER_NAMES}
+            size = result["title"].split(",")[0]  # "2048 MiB"
+            title = f"Loaders, {size}, {SHORT_SOURCES.get(key, key)}" + ("" if use == "sum" else f", {use} use")
+            doc["sources"][name] = {"title": title, "series": series, "checks": result["checks"]}
+            doc["charts"].append({"key": name, "name": name, "title": f"{title} (seconds, lower is faster)",
+                                  "series": [n for n in LOADER_NAMES.values() if n in series]})
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {os.path.relpath(out)}")
+
+
 def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loaders", nargs="+", metavar=("OUT", "RUN"), help="merge loaders.py --json runs into OUT")
+    args = p.parse_args()
+    if args.loaders:
+        if len(args.loaders) < 2:
+            p.error("--loaders OUT RUN...: at least one run")
+        return merge_loaders(args.loaders[0], args.loaders[1:])
     out = os.path.join(REPO, "docs", "bench-data")
     os.makedirs(out, exist_ok=True)
     for name, doc in FILES.items():

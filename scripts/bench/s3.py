@@ -371,11 +371,18 @@ def server_command(kind):
 class RustProxy:
     """The bench's proxy (scripts/bench/s3server/src/bin/stfs-bench-proxy.rs): LatencyProxy's model."""
 
-    def __init__(self, upstream_port, latency, conn_rate):
+    def __init__(self, upstream_port, latency, conn_rate, count=False):
         program = os.path.join(cargo_paths.target_dir(), "bench-s3server", "release", "stfs-bench-proxy")
-        self.proc = subprocess.Popen([program, str(upstream_port), str(latency * 1000), str(conn_rate / 2**20)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([program, str(upstream_port), str(latency * 1000), str(conn_rate / 2**20)]
+                                     + (["--count"] if count else []),
+                                     stdin=subprocess.PIPE if count else None, stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
+
+    def relayed(self):
+        """The server's body bytes relayed so far (the origin's bytes); needs count=True."""
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
 
     def stop(self):
         self.proc.kill()

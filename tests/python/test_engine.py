@@ -403,3 +403,38 @@ def test_load_and_open_for_torch_without_a_mount(tmp_path, monkeypatch):
     with stfs.Checkpoint(path) as checkpoint:
         checkpoint.read([(checkpoint.tensor("a"), 0, buffer)])
     assert torch.equal(buffer.reshape(33, 65), ref["a"])
+
+
+def test_the_pinned_ring_fed_by_the_engine_fills_cpu_tensors(numpy_checkpoint, raw_checkpoint, monkeypatch):  # noqa: F811
+    """stfs.load(source, device="cuda") with no mount: the engine reads each tensor into the pinned ring's
+    buffers (_engine_pieces), each piece then copied out. No GPU here, so the ring's buffers are
+    ordinary CPU tensors and the copies land in CPU tensors: every dtype's bytes equal the reference's,
+    through a ring much smaller than the tensors (each read in several pieces, from offsets inside it,
+    the buffers reused many times), with no mount made (the binary is not there)."""
+    try:
+        import torch
+    except ImportError:
+        tool_missing("torch", "scripts/torch_venv (scripts/test runs pytest with its python)")
+    from stfs._load import Entry, StagingRing, _engine_pieces, _load_staged
+
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+
+    class Event:  # the copies below are synchronous: nothing is pending when the ring waits
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    for path in (numpy_checkpoint, raw_checkpoint):
+        ref = reference_bytes(path)
+        with stfs.Checkpoint(path, block_size="4K", cache_size="16K") as checkpoint:
+            items = [Entry(t.name, t.dtype, t.shape, t.byte_len, t.path) for t in checkpoint.tensors]
+            ring = StagingRing(2, 1000, lambda n: torch.full((n,), 0xA5, dtype=torch.uint8), Event)
+            got = _load_staged(torch, items, torch.device("cpu"), ring, lambda dst, src: dst.copy_(src), [],
+                               pieces=_engine_pieces(checkpoint))
+            ring.finish()
+        assert set(got) == set(ref)
+        for name, (_, _, data) in ref.items():
+            assert got[name].contiguous().view(torch.uint8).numpy().tobytes() == data, name
+        assert ring.allocated_bytes == 2 * 1000 and ring.waits > 0, ring.waits

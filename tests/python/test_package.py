@@ -1061,6 +1061,28 @@ def test_load_torch_of_a_source_onto_the_device_asked_for(torch_meta_default, tm
             del on_gpu
 
 
+def test_a_cuda_load_of_a_source_starts_no_daemon(torch_meta_default, tmp_path):
+    """stfs.load(source, device="cuda:0") with no mount (the wheel has the extension module): the engine
+    reads every tensor into the pinned ring in this process and each piece is copied to the GPU; no
+    `stfs mount` daemon is started, and the bytes are load_file's. Needs a GPU (scripts/test-gpu);
+    elsewhere it skips saying so, or fails under STFS_REQUIRE_GPU=1."""
+    torch = torch_meta_default
+    if not torch.cuda.is_available():
+        why = f"no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__})"
+        if os.environ.get("STFS_REQUIRE_GPU") == "1":
+            pytest.fail(f"{why}, and STFS_REQUIRE_GPU=1 (scripts/test-gpu) requires a GPU")
+        pytest.skip(f"{why}; scripts/test-gpu runs it on a GPU")
+    ckpt = tmp_path / "model.safetensors"
+    shutil.copyfile(SAMPLE, ckpt)
+    reference = load_file(SAMPLE)
+    on_gpu = stfs.load(ckpt, framework="torch", device="cuda:0")
+    assert daemons_of(ckpt) == [], "a CUDA load of a source started a daemon"
+    assert set(on_gpu) == set(reference)
+    for name, want in reference.items():
+        assert on_gpu[name].device == torch.device("cuda", 0), name
+        assert torch_bytes(on_gpu[name]) == want.tobytes(), name
+
+
 def test_the_pinned_memory_read_fills_a_cpu_tensor(torch_meta_default):
     """The CUDA path reads each file into a pinned host tensor (_read_into) before a non-blocking copy;
     no GPU here, so the read itself is checked into an ordinary CPU tensor."""
