@@ -112,8 +112,16 @@ class Checkpoint:
         return dict(self._opened.stats())
 
     def shard_descriptor(self, shard: int) -> Optional[int]:
-        """A new descriptor on shard `shard`'s local file, checked to be the file opened; None if remote."""
+        """A new descriptor on shard `shard`'s local file, checked to be the file opened; None if remote
+        or on a network or FUSE filesystem (see shard_is_mappable)."""
         return self._opened.shard_descriptor(shard)
+
+    def shard_is_mappable(self, shard: int) -> bool:
+        """Whether shard `shard` is a local file on a local filesystem, which a load maps (zero copy). A
+        file on a network or FUSE filesystem is read through the engine instead: reads ahead of a
+        mapping's faults do not land in the page cache those faults read there, so every byte would be
+        fetched twice."""
+        return self._opened.shard_is_mappable(shard)
 
     def read(self, reads: Sequence[Tuple[Tensor, int, Any]], threads: int = READ_THREADS) -> None:
         """Fills each `(tensor, offset, buffer)`'s buffer with the bytes of the tensor's file from
@@ -172,11 +180,7 @@ def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None) -> Dict[
 
 def mapped_paths(checkpoint: Checkpoint) -> List[str]:
     """The local shard files the load maps, for read_ahead (in shard order)."""
-    local = []
-    for shard, (name, _) in enumerate(checkpoint.shards):
-        if not name.startswith(("http://", "https://", "s3://", "gs://", "hf://")) and os.path.isfile(name):
-            local.append(name)
-    return local
+    return [name for shard, (name, _) in enumerate(checkpoint.shards) if checkpoint.shard_is_mappable(shard)]
 
 
 # --- stfs.open -------------------------------------------------------------------------------------

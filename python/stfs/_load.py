@@ -795,8 +795,8 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
 
 
 def _is_local(shard: int, checkpoint) -> bool:
-    name = checkpoint.shards[shard][0]
-    return not name.startswith(REMOTE_PREFIXES)
+    """Whether the load maps shard `shard` (a local file on a local filesystem) rather than reads it."""
+    return checkpoint.shard_is_mappable(shard)
 
 
 def _typed_numpy(np, items: List[Entry], flats: Dict[str, Any]) -> Dict[str, Any]:

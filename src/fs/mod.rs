@@ -282,10 +282,20 @@ impl Fs {
 
     /// Shard `shard`'s own local file, on a new descriptor checked against its pin now, for a reader
     /// in this process to map whole (the Python module's zero-copy load); `None` for a remote
-    /// shard, or a file rewritten or replaced since it was opened.
+    /// shard, a file on a network or FUSE filesystem (its page cache is not where reads ahead of
+    /// the mapping's faults would land: read it through the engine, each byte fetched once), or a
+    /// file rewritten or replaced since it was opened.
     pub fn shard_opened(&self, shard: usize) -> Option<std::fs::File> {
         let shard = self.ns.shards().get(shard)?;
+        if !self.engine.source_is_local_file(shard.source) {
+            return None;
+        }
         self.engine.pinned_file(shard.source, shard.header.file_len)
+    }
+
+    /// Whether shard `shard` is a local file [`Fs::shard_opened`] hands out to map. No system call.
+    pub fn shard_is_mappable(&self, shard: usize) -> bool {
+        self.ns.shards().get(shard).is_some_and(|s| self.engine.source_is_local_file(s.source))
     }
 
     /// Whether `ino` is a re-served checkpoint file of a local file, which

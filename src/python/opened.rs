@@ -80,9 +80,16 @@ impl Opened {
     }
 
     /// A new descriptor on shard `shard`'s local file, checked against the file opened (the caller
-    /// maps it and closes it), or None for a remote shard or a file changed since.
+    /// maps it and closes it), or None for a remote shard, a file on a network or FUSE filesystem,
+    /// or a file changed since.
     fn shard_descriptor(&self, py: Python<'_>, shard: usize) -> PyResult<Option<i32>> {
         Ok(self.fs(py)?.shard_opened(shard).map(IntoRawFd::into_raw_fd))
+    }
+
+    /// Whether shard `shard` is a local file on a local filesystem, which a load maps (zero copy)
+    /// rather than reads through the engine.
+    fn shard_is_mappable(&self, py: Python<'_>, shard: usize) -> PyResult<bool> {
+        Ok(self.fs(py)?.shard_is_mappable(shard))
     }
 
     /// Reads each `(tensor, offset, buffer, length)`: `length` bytes of tensor `tensor`'s file (as a
