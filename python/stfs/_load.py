@@ -753,7 +753,13 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
         # page cache), and a prefetch of it measured as pure cost: its threads fault the file in beside
         # read_ahead's, and joining them took 10-90 ms of a 2 GiB load from the page cache (2026-12-02).
         prefetch = remote or (target is not None and target.type == "cuda")
-        with _engine.Checkpoint(path, prefetch=prefetch, **options) as checkpoint:
+        checkpoint = _engine.Checkpoint(path, prefetch=prefetch, **options)
+        if not prefetch and not all(checkpoint.shard_is_mappable(s) for s in range(len(checkpoint.shards))):
+            # A local file on a network or FUSE filesystem is read through the engine, as a remote
+            # one: with its prefetch, whose lanes read on descriptors of their own (parallel streams).
+            checkpoint.close()
+            checkpoint = _engine.Checkpoint(path, prefetch=True, **options)
+        with checkpoint:
             items = [Entry(t.name, t.dtype, t.shape, t.byte_len, t.path) for t in checkpoint.tensors]
             if target is not None and target.type == "cuda":
                 reads = sum(t.byte_len for t in checkpoint.tensors)
