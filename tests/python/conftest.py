@@ -5,6 +5,7 @@ Every mount goes on a fresh temporary directory, `stfs mount` returns only once 
 """
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -63,6 +64,17 @@ def mounted(source, *args):
                 r = subprocess.run([STFS, "umount", mp], capture_output=True, timeout=TIMEOUT)
                 if r.returncode != 0:
                     subprocess.run([STFS, "umount", "--lazy", mp], capture_output=True, timeout=TIMEOUT)
+
+
+def stop_process(proc, seconds=30):
+    """Ends `proc` (a subprocess.Popen): SIGTERM, then SIGKILL if it is still there after `seconds`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=seconds)
 
 
 def wait_port(port, what, timeout=5):

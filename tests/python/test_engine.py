@@ -23,7 +23,7 @@ import pytest
 import safetensors
 from safetensors.numpy import load_file, save_file
 
-from conftest import ROOT, STFS, tool_missing, wait_until
+from conftest import ROOT, STFS, stop_process, tool_missing, wait_until
 from test_hub import SHA, publish
 from test_reference import numpy_checkpoint, raw_checkpoint, reference_bytes  # noqa: F401 (fixtures)
 from test_remote import nginx  # noqa: F401 (a fixture)
@@ -179,12 +179,7 @@ def test_a_file_on_a_fuse_filesystem_is_read_through_the_engine_each_byte_once(t
         assert fetched <= 1.1 * size, f"the store served {fetched / size:.2f}x the file"
         del got
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
+        stop_process(server)
         # slowfs unmounts on SIGTERM, but not a mount still busy (a failed run's arrays): detach it.
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=30)
 

@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, stop_process, wait_until
 
 DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
 KUBERNETES_VERSION = "1.37.0"
@@ -206,16 +206,6 @@ def plugin_args(documents, folder):
     return args
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-
-
 def plugins(pid):
     """The `stfs csi` processes among `pid`'s children (not the `sleep` between two)."""
     with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -240,7 +230,7 @@ def test_the_driver_name_is_what_the_plugin_answers(kube_python, documents, stfs
             assert plugin.poll() is None, f"stfs csi with the DaemonSet's flags exited: {plugin.stderr.read()}"
             assert plugin_info(kube_python, socket)["name"] == driver["metadata"]["name"]
         finally:
-            stop(plugin)
+            stop_process(plugin)
 
 
 def test_stfs_csi_node_starts_the_plugin_again_after_a_sigkill(kube_python, documents, stfs_bin):
@@ -259,4 +249,4 @@ def test_stfs_csi_node_starts_the_plugin_again_after_a_sigkill(kube_python, docu
             supervisor.wait(timeout=30)
             assert "starting it again" in supervisor.stderr.read()
         finally:
-            stop(supervisor)
+            stop_process(supervisor)
