@@ -421,6 +421,12 @@ fn open_session(
         Err(e) => {
             // The handshake failed: the mount must not outlive this error.
             let _ = pending.withdraw();
+            // Seen once in a loaded CI run of concurrent mounts on one mount point: a loser's
+            // handshake read ECONNABORTED while the winner was already there. Whatever broke it,
+            // the mount point is taken: say so, as the other losers do.
+            if mountpoint::is_mount_point(mp) {
+                return Err(ServeError::MountPoint { mountpoint: mp.clone(), error: MountPointError::AlreadyMounted });
+            }
             return Err(failed(e));
         }
     };
