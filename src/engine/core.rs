@@ -169,13 +169,11 @@ impl Engine {
         // (a few MiB apart) as a sequential reader and run its window on into the tensors between
         // them. A loader reading the file in order takes in every start too, but its reads
         // continue its stream (`faults`).
-        let fault_of_walk = extent.in_checkpoint_file
-            && !entry.mapped
-            && {
-                entry.delivered.read(offset..end);
-                self.fetch_faults_ahead(&entry, offset..end)
-            }
-            && !entry.streams.reader_near(offset);
+        let mut fault_of_walk = false;
+        if extent.in_checkpoint_file && !entry.mapped {
+            entry.delivered.read(offset..end);
+            fault_of_walk = self.fetch_faults_ahead(&entry, offset..end) && !entry.streams.reader_near(offset);
+        }
         // A mapped source's stream reads ahead into the page cache, not the block cache: this read
         // loads its own run of cold blocks in one backing read, as a read outside any stream does.
         // A source whose mapping failed is served as any block source: its lanes load blocks,

@@ -23,7 +23,6 @@ const INITIAL_CGROUP_NAMESPACE: &str = "/proc/1/ns/cgroup";
 /// A cgroup v2 directory that servers join, held open.
 #[derive(Debug)]
 pub struct ServerCgroup {
-    path: PathBuf,
     /// Its `cgroup.procs`, opened for writing ("0" moves the writer).
     procs: File,
     /// The initial cgroup namespace, where this process is in another one.
@@ -89,16 +88,11 @@ impl ServerCgroup {
         let namespace = other_initial_namespace().map_err(|e| {
             error(format!("cannot open the initial cgroup namespace ({INITIAL_CGROUP_NAMESPACE}): {e}"))
         })?;
-        let cgroup = ServerCgroup { path: path.to_path_buf(), procs, namespace };
+        let cgroup = ServerCgroup { procs, namespace };
         cgroup
             .check()
             .map_err(|e| error(format!("cannot move a process into it: {}", crate::util::describe_io(&e))))?;
         Ok(cgroup)
-    }
-
-    /// Its directory.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// What a child's `pre_exec` needs to join it: raw descriptors, valid while `self` lives.
