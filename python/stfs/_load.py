@@ -748,23 +748,23 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
     ahead = ReadAhead()
     try:
         target = _torch_device(device) if kind == "torch" else None
+        on_cuda = target is not None and target.type == "cuda"
         # The engine's own prefetch reads ahead of reads it serves: a remote source's, or every tensor
         # copied to a GPU. A local shard on the CPU is mapped instead (read_ahead's threads fill its
         # page cache), and a prefetch of it measured as pure cost: its threads fault the file in beside
         # read_ahead's, and joining them took 10-90 ms of a 2 GiB load from the page cache (2026-12-02).
-        prefetch = remote or (target is not None and target.type == "cuda")
+        prefetch = remote or on_cuda
         # A local file on a network or FUSE filesystem is not mapped but read through the engine,
         # whose demand reads of the pieces, all at once, fetch each byte once (with its prefetch on
         # as well, 1.11-1.16x the file was fetched from slowfs, for no gain in time).
         with _engine.Checkpoint(path, prefetch=prefetch, **options) as checkpoint:
             items = [Entry(t.name, t.dtype, t.shape, t.byte_len, t.path) for t in checkpoint.tensors]
-            if target is not None and target.type == "cuda":
-                reads = sum(t.byte_len for t in checkpoint.tensors)
-            else:
-                reads = sum(t.byte_len for t in checkpoint.tensors if not t.raw or not _is_local(t.shard, checkpoint))
+            # What the engine reads (the rest, raw tensors of a mapped shard, is mapped, not read).
+            reads = sum(t.byte_len for t in checkpoint.tensors
+                        if on_cuda or not t.raw or not checkpoint.shard_is_mappable(t.shard))
             bar = _bar(progress, reads, remote, f"stfs.load {os.path.basename(str(path).rstrip('/'))}")
             try:
-                if target is not None and target.type == "cuda":
+                if on_cuda:
                     import torch
 
                     if target.index is None:  # "cuda": the current device, named, as with a mount
@@ -795,11 +795,6 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
     except BaseException:
         ahead.stop()
         raise
-
-
-def _is_local(shard: int, checkpoint) -> bool:
-    """Whether the load maps shard `shard` (a local file on a local filesystem) rather than reads it."""
-    return checkpoint.shard_is_mappable(shard)
 
 
 def _typed_numpy(np, items: List[Entry], flats: Dict[str, Any]) -> Dict[str, Any]:
