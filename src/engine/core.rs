@@ -26,7 +26,7 @@ use crate::util::{lock, read, write};
 
 /// Serves byte ranges of registered sources from cached, aligned blocks.
 pub struct Engine {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     /// The readahead tuning each new source's streams get.
     readahead: ReadaheadConfig,
     /// The registered sources, by id (shared with the idle sweep).
@@ -382,7 +382,7 @@ impl Engine {
         close_idle(&self.shared, &self.sources, idle);
     }
 
-    fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
+    pub(super) fn entry(&self, source: SourceId) -> Option<Arc<SourceEntry>> {
         // Poisoning is ignored, as `crate::util::lock` does.
         let sources = read(&self.sources);
         sources.get(source).cloned()

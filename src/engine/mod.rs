@@ -53,6 +53,7 @@ mod core;
 mod delivered;
 mod demand;
 mod descriptors;
+mod direct;
 pub mod disk;
 mod error;
 mod faults;
@@ -69,6 +70,7 @@ mod tests;
 pub mod tuning;
 
 pub use self::core::Engine;
+pub use direct::DirectReader;
 pub use error::ReadError;
 pub use readahead::ReadaheadConfig;
 pub use tuning::{EngineConfig, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES};

@@ -16,9 +16,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::engine::Engine;
+use crate::engine::{DirectReader, Engine};
 use crate::fs::control::{is_snapshot_ino, is_stats, Snapshot, StatsFile};
-use crate::source::KernelBytes;
+use crate::source::{KernelBytes, SourceId};
 use crate::stats::Stats;
 use crate::tree::namespace::{AttrBase, Content, Ino, Namespace, NodeKind, ROOT_INO};
 
@@ -291,6 +291,43 @@ impl Fs {
             return None;
         }
         self.engine.pinned_file(shard.source, shard.header.file_len)
+    }
+
+    /// Where raw tensor file `ino`'s bytes lie: `(source, start, len)`, offset N of the file being
+    /// byte `start + N` of `source`, when they may be read past the block cache
+    /// ([`Fs::read_direct`]); `None` for every other file (a view, the re-served file, a small
+    /// file) and for a source the disk tier keeps (its reads go through blocks, which land on
+    /// disk). No system call.
+    pub fn direct_extent(&self, ino: Ino) -> Option<(SourceId, u64, u64)> {
+        let node = self.ns.node(ino)?;
+        let NodeKind::File { content: Content::Tensor(i), .. } = &node.kind else { return None };
+        let t = self.ns.tensors().get(*i)?;
+        self.engine.reads_directly(t.source).then_some((t.source, t.start, t.len))
+    }
+
+    /// A reader of `source`'s bytes past the block cache, on a descriptor of its own
+    /// ([`Fs::read_direct`]).
+    pub fn direct_reader(&self, source: SourceId) -> Option<DirectReader> {
+        self.engine.direct_reader(source)
+    }
+
+    /// Fills `bufs`, one after the other, from `reader`'s source at `offset`, in one backing read,
+    /// past the block cache (one copy: from the store into the caller's memory), counted as reads
+    /// served. Offsets are the source's: a raw tensor file's as [`Fs::direct_extent`] gives them.
+    pub fn read_direct(&self, reader: &mut DirectReader, offset: u64, bufs: &mut [&mut [u8]]) -> Result<(), FsError> {
+        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let stats = self.stats();
+        match reader.read(offset, bufs) {
+            Ok(()) => {
+                Stats::add(&stats.fuse_reads, 1);
+                Stats::add(&stats.fuse_read_bytes, bytes);
+                Ok(())
+            }
+            Err(e) => {
+                Stats::add(&stats.read_errors, 1);
+                Err(FsError::Read(e))
+            }
+        }
     }
 
     /// Whether shard `shard` is a local file [`Fs::shard_opened`] hands out to map. No system call.

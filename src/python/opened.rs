@@ -9,10 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::buffers::held_buffers;
-use super::reads::{read_all, Read};
-
-/// The most bytes one thread reads of a range at a time: a larger range is read on several.
-const READ_PIECE: usize = 16 << 20;
+use super::plan::{plan, Wanted};
+use super::reads::read_all;
 use crate::fs::Fs;
 use crate::tree::namespace::{Ino, NodeKind, ROOT_INO};
 use crate::util::read;
@@ -95,8 +93,9 @@ impl Opened {
     /// Reads each `(tensor, offset, buffer, length)`: `length` bytes of tensor `tensor`'s file (as a
     /// mount serves it) from `offset`, into the start of `buffer` (an object with the writable
     /// buffer protocol, held exported for the call: ValueError if it is read-only, not contiguous,
-    /// too small, or overlaps another of the call), on up to `threads` threads, the GIL released; a
-    /// range past [`READ_PIECE`] bytes is read as pieces on several. A signal (Ctrl-C) stops every
+    /// too small, or overlaps another of the call), on up to `threads` threads, the GIL released:
+    /// raw tensor bytes in long runs straight from the store in about even pieces, the rest through
+    /// the engine's blocks (`plan`). A signal (Ctrl-C) stops every
     /// thread at its next chunk, and its exception is raised once they all have.
     fn read_into<'py>(
         &self,
@@ -107,23 +106,16 @@ impl Opened {
         let fs = self.fs(py)?;
         let buffers: Vec<(Bound<'py, PyAny>, usize)> = reads.iter().map(|(_, _, b, len)| (b.clone(), *len)).collect();
         let held = held_buffers(py, &buffers)?;
-        let mut planned = Vec::with_capacity(reads.len());
+        let mut wanted = Vec::with_capacity(reads.len());
         for ((tensor, offset, _, len), &address) in reads.iter().zip(&held.addresses) {
             let Some(&Some(ino)) = self.inodes.get(*tensor) else {
                 return Err(pyo3::exceptions::PyIndexError::new_err(format!("no tensor file #{tensor}")));
             };
-            for at in (0..*len).step_by(READ_PIECE) {
-                let piece = READ_PIECE.min(len - at);
-                planned.push(Read {
-                    ino,
-                    tensor: *tensor,
-                    offset: offset + at as u64,
-                    address: address + at,
-                    len: piece,
-                });
-            }
+            wanted.push(Wanted { ino, tensor: *tensor, offset: *offset, address, len: *len });
         }
-        let result = read_all(py, &fs, &planned, threads, block_size(&fs));
+        let block_size = block_size(&fs);
+        let jobs = plan(&fs, wanted, threads, block_size);
+        let result = read_all(py, &fs, &jobs, threads, block_size);
         drop(held);
         result
     }

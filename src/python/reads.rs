@@ -1,16 +1,21 @@
-//! Many byte ranges of tensor files read at once into memory the caller owns, through the same
-//! filesystem reads a mount answers the kernel with (`Fs::read_with`: the engine's blocks,
-//! readahead and single flight), on a few threads, the GIL released. The calling thread only waits,
-//! looking for a signal every [`SIGNAL_CHECK_EVERY`]: Ctrl-C stops every reader at its next chunk,
-//! and the call returns once they have all ended, so none is left reading.
+//! Many byte ranges of tensor files read at once into memory the caller owns, on a few threads, the
+//! GIL released: long runs of raw tensor bytes straight from the store (`Fs::read_direct`: one
+//! request per piece, one copy), the rest through the same filesystem reads a mount answers the
+//! kernel with (`Fs::read_with`: the engine's blocks, readahead and single flight). The calling
+//! thread only waits, looking for a signal every [`SIGNAL_CHECK_EVERY`]: Ctrl-C stops every reader
+//! at its next chunk or piece, and the call returns once they have all ended, so none is left
+//! reading.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 
+use crate::engine::DirectReader;
 use crate::fs::Fs;
+use crate::source::SourceId;
 use crate::tree::namespace::Ino;
 use crate::util::lock;
 
@@ -34,11 +39,33 @@ pub struct Read {
     pub len: usize,
 }
 
-/// What the readers share: the next read to take, whether to stop, the first failure, how many
+/// One piece of a run of raw tensor bytes read straight from the store: `parts`, one after the
+/// other, are the bytes of `source` from `offset` (each `(address, len)`: memory the caller keeps
+/// alive, as [`Read::address`]).
+pub struct DirectPiece {
+    /// The source read.
+    pub source: SourceId,
+    /// Its first byte read.
+    pub offset: u64,
+    /// Where the bytes go, in order.
+    pub parts: Vec<(usize, usize)>,
+    /// The tensor whose bytes come first (for its name in an error).
+    pub tensor: usize,
+}
+
+/// What one reader takes at a time.
+pub enum Job {
+    /// A range of a tensor file, through the filesystem (the engine's blocks).
+    Fs(Read),
+    /// A piece of a run read straight from the store.
+    Direct(DirectPiece),
+}
+
+/// What the readers share: the next job to take, whether to stop, the first failure, how many
 /// have ended.
 struct Shared<'a> {
     fs: &'a Fs,
-    reads: &'a [Read],
+    reads: &'a [Job],
     next: AtomicUsize,
     stop: AtomicBool,
     failure: Mutex<Option<String>>,
@@ -46,10 +73,10 @@ struct Shared<'a> {
     block_size: u64,
 }
 
-/// Reads every one of `reads` on up to `threads` threads, each taking whole reads in turn (a
+/// Does every one of `reads` on up to `threads` threads, each taking whole jobs in turn (a
 /// tensor's chunks in order, so its readahead stream stays sequential). Raises `StfsError` for the
 /// first failed read (`stfs: TENSOR: problem`), or the exception a signal handler raised.
-pub fn read_all(py: Python<'_>, fs: &Fs, reads: &[Read], threads: usize, block_size: u64) -> PyResult<()> {
+pub fn read_all(py: Python<'_>, fs: &Fs, reads: &[Job], threads: usize, block_size: u64) -> PyResult<()> {
     let threads = threads.clamp(1, reads.len().max(1));
     let shared = Shared {
         fs,
@@ -101,17 +128,47 @@ fn wait_for(shared: &Shared<'_>, threads: usize) -> Option<PyErr> {
     }
 }
 
-/// One reader: takes reads until none is left, one fails, or the call is stopped.
+/// One reader: takes jobs until none is left, one fails, or the call is stopped. Its direct reads
+/// of a source share one descriptor (one connection).
 fn read_some(shared: &Shared<'_>) {
+    let mut readers: HashMap<SourceId, DirectReader> = HashMap::new();
     while !shared.stop.load(Relaxed) {
-        let Some(read) = shared.reads.get(shared.next.fetch_add(1, Relaxed)) else { return };
-        if let Err(problem) = read_one(shared, read) {
-            let name = shared.fs.namespace().tensors().get(read.tensor).map_or("?", |t| t.name.as_str());
+        let Some(job) = shared.reads.get(shared.next.fetch_add(1, Relaxed)) else { return };
+        let (tensor, result) = match job {
+            Job::Fs(read) => (read.tensor, read_one(shared, read)),
+            Job::Direct(piece) => (piece.tensor, read_direct(shared, &mut readers, piece)),
+        };
+        if let Err(problem) = result {
+            let name = shared.fs.namespace().tensors().get(tensor).map_or("?", |t| t.name.as_str());
             let line = format!("stfs: {}: {problem}", crate::format::PrintablePath(name));
             lock(&shared.failure).get_or_insert(line);
             shared.stop.store(true, Relaxed);
         }
     }
+}
+
+/// Reads `piece` in one backing read, on this reader's descriptor of its source.
+fn read_direct(
+    shared: &Shared<'_>,
+    readers: &mut HashMap<SourceId, DirectReader>,
+    piece: &DirectPiece,
+) -> Result<(), String> {
+    let reader = match readers.entry(piece.source) {
+        std::collections::hash_map::Entry::Occupied(reader) => reader.into_mut(),
+        std::collections::hash_map::Entry::Vacant(empty) => {
+            let reader = shared.fs.direct_reader(piece.source).ok_or("its source cannot be read directly")?;
+            empty.insert(reader)
+        }
+    };
+    // SAFETY: as in `read_one`: `Opened::read_into` took each address from a buffer it checked
+    // writable and long enough, holds them exported until this call returns, and refused
+    // overlapping ones; the parts of one buffer a plan cuts do not overlap.
+    let mut bufs: Vec<&mut [u8]> = piece
+        .parts
+        .iter()
+        .map(|&(address, len)| unsafe { std::slice::from_raw_parts_mut(address as *mut u8, len) })
+        .collect();
+    shared.fs.read_direct(reader, piece.offset, &mut bufs).map_err(|e| e.to_string())
 }
 
 /// Reads `read` chunk by chunk, each ending at a block's end (or [`CHUNK`]'s).
