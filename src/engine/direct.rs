@@ -89,3 +89,53 @@ impl DirectReader {
         }
     }
 }
+
+/// The parts of a run of bytes (`(address, len)` each, the run's bytes in order) cut into
+/// `ceil(total / piece)` pieces of as even a size as whole bytes allow (none above `piece`), each
+/// the parts, or pieces of parts, it holds, in order: what one direct read each fills.
+pub fn cut_run(parts: &[(usize, usize)], piece: u64) -> Vec<Vec<(usize, usize)>> {
+    let total: u64 = parts.iter().map(|&(_, n)| n as u64).sum();
+    let count = total.div_ceil(piece.max(1));
+    let mut pieces = Vec::new();
+    let mut rest = parts.iter().copied().filter(|&(_, n)| n > 0).peekable();
+    let mut taken = 0usize; // bytes of the current part already in a piece
+    for k in 0..count {
+        let mut want = (total * (k + 1) / count - total * k / count) as usize;
+        let mut cut = Vec::new();
+        while want > 0 {
+            let Some(&(address, len)) = rest.peek() else { break };
+            let n = (len - taken).min(want);
+            cut.push((address + taken, n));
+            (want, taken) = (want - n, taken + n);
+            if taken == len {
+                rest.next();
+                taken = 0;
+            }
+        }
+        pieces.push(cut);
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_run;
+
+    #[test]
+    fn a_run_is_cut_into_even_pieces_that_cover_it_in_order() {
+        // Three buffers far apart, 30 bytes in all (and an empty one, which no piece holds).
+        let parts = [(1 << 20, 10), (2 << 20, 7), (5 << 20, 0), (3 << 20, 13)];
+        let want: Vec<usize> = parts.iter().flat_map(|&(a, n)| a..a + n).collect();
+        for piece in [1, 4, 10, 29, 30, 100] {
+            let pieces = cut_run(&parts, piece);
+            assert_eq!(pieces.len() as u64, 30u64.div_ceil(piece), "{piece}");
+            let sizes: Vec<u64> = pieces.iter().map(|p| p.iter().map(|&(_, n)| n as u64).sum()).collect();
+            let (least, most) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(*most <= piece && most - least <= 1, "{piece}: {sizes:?}");
+            // Every byte of every buffer exactly once, in order.
+            let bytes: Vec<usize> = pieces.iter().flatten().flat_map(|&(a, n)| a..a + n).collect();
+            assert_eq!(bytes, want, "{piece}");
+        }
+        assert!(cut_run(&[], 4).is_empty());
+    }
+}

@@ -4,6 +4,7 @@
 //! slice's rows, sources a disk tier keeps) goes through the filesystem's block reads in chunks.
 
 use super::reads::{DirectPiece, Job, Read};
+use crate::engine::cut_run;
 use crate::fs::Fs;
 use crate::source::SourceId;
 use crate::tree::namespace::Ino;
@@ -19,10 +20,15 @@ const MAX_DIRECT_PIECE: u64 = 64 << 20;
 /// One range a caller wants: `len` bytes of file `ino` (tensor `tensor`'s) from `offset`, to
 /// `address`.
 pub struct Wanted {
+    /// The tensor file.
     pub ino: Ino,
+    /// The tensor's index (for its name in an error).
     pub tensor: usize,
+    /// The first byte of the file wanted.
     pub offset: u64,
+    /// Where the bytes go (as [`Read::address`]).
     pub address: usize,
+    /// Bytes wanted.
     pub len: usize,
 }
 
@@ -34,8 +40,8 @@ struct Placed {
 }
 
 /// The jobs that read every one of `wanted` on `threads` threads: runs of raw tensor bytes
-/// (neighbouring in their source) of at least `block_size` bytes as direct pieces, largest share
-/// first; the rest as filesystem reads of at most [`READ_PIECE`].
+/// (neighbouring in their source) of at least `block_size` bytes as direct pieces of about an even
+/// share each, first; the rest as filesystem reads of at most [`READ_PIECE`].
 pub fn plan(fs: &Fs, wanted: Vec<Wanted>, threads: usize, block_size: u64) -> Vec<Job> {
     let mut through_fs = Vec::new();
     let mut placed = Vec::new();
@@ -81,35 +87,21 @@ fn run_end(run: &[Placed]) -> Option<(SourceId, u64)> {
     run.last().map(|p| (p.source, p.at + p.wanted.len as u64))
 }
 
-/// `run` cut into pieces of about `piece` bytes (as many as `piece` makes, of equal size), each
-/// one request.
+/// `run` cut into pieces of about `piece` bytes ([`cut_run`]), each one request.
 fn cut(run: &[Placed], piece: u64) -> Vec<DirectPiece> {
-    let total = run_bytes(run);
-    let count = total.div_ceil(piece).max(1);
     let Some(first) = run.first() else { return Vec::new() };
-    let (source, start) = (first.source, first.at);
-    let mut pieces = Vec::new();
-    let mut parts = run.iter().map(|p| (p.wanted.tensor, p.wanted.address, p.wanted.len)).peekable();
-    let mut taken_of_part = 0usize; // bytes of the current part already in a piece
-    for k in 0..count {
-        let (from, to) = (total * k / count, total * (k + 1) / count);
-        let mut piece = DirectPiece { source, offset: start + from, parts: Vec::new(), tensor: 0 };
-        let mut want = (to - from) as usize;
-        while want > 0 {
-            let Some(&(tensor, address, len)) = parts.peek() else { break };
-            if piece.parts.is_empty() {
-                piece.tensor = tensor;
-            }
-            let n = (len - taken_of_part).min(want);
-            piece.parts.push((address + taken_of_part, n));
-            want -= n;
-            taken_of_part += n;
-            if taken_of_part == len {
-                parts.next();
-                taken_of_part = 0;
-            }
-        }
-        pieces.push(piece);
-    }
-    pieces
+    let parts: Vec<(usize, usize)> = run.iter().map(|p| (p.wanted.address, p.wanted.len)).collect();
+    let mut offset = first.at;
+    let mut owner = run.iter().peekable(); // the wanted range a piece's first byte belongs to
+    cut_run(&parts, piece)
+        .into_iter()
+        .map(|parts| {
+            let start = parts[0].0;
+            while owner.next_if(|p| !(p.wanted.address..p.wanted.address + p.wanted.len).contains(&start)).is_some() {}
+            let tensor = owner.peek().map_or(first.wanted.tensor, |p| p.wanted.tensor);
+            let piece = DirectPiece { source: first.source, offset, tensor, parts };
+            offset += piece.parts.iter().map(|&(_, n)| n as u64).sum::<u64>();
+            piece
+        })
+        .collect()
 }

@@ -253,6 +253,29 @@ def test_get_slice_reads_no_more_than_its_bytes_and_one_block_per_boundary(tmp_p
             assert part.nbytes <= read <= part.nbytes + 2 * block, (lo, hi, read)
 
 
+def test_a_whole_load_from_s3_reads_each_tensor_byte_once_in_a_request_per_share(s3):  # noqa: F811
+    """Every tensor of a remote checkpoint read at once goes straight from the store into the caller's
+    memory: exactly the tensors' bytes, in about one request per thread's share (not a request per
+    block), past the block cache; equal to the reference."""
+    rng = np.random.default_rng(9)
+    tensors = {f"t.{i}": rng.standard_normal((256, 1024 + i)).astype(np.float32) for i in range(12)}  # ~12 MiB
+    tensors["tiny"] = np.arange(3, dtype=np.int16)
+    save_file(tensors, str(s3 / "model.safetensors"))
+    with stfs.Checkpoint("s3://models/model.safetensors", block_size="64K") as c:
+        bufs = [(t, 0, bytearray(t.byte_len)) for t in c.tensors]
+        before = c.stats()
+        c.read(bufs, threads=4)
+        after = c.stats()
+        for t, _, b in bufs:
+            assert bytes(b) == tensors[t.name].tobytes(), t.name
+        want = sum(t.byte_len for t in c.tensors)
+        assert after["backing_read_bytes"] - before["backing_read_bytes"] == want
+        # 12 MiB over 4 threads: pieces of at least 4 MiB (the smallest direct piece), so 3 or 4 requests,
+        # where 64 KiB blocks would have taken about 190.
+        assert after["backing_reads"] - before["backing_reads"] <= 4, after
+        assert after["http_requests"] - before["http_requests"] <= 4, after
+
+
 def test_eight_ranks_slicing_every_tensor_from_s3_fetch_the_file_about_once(s3):  # noqa: F811
     rng = np.random.default_rng(5)
     # Tensors of 8 MiB, so a rank's eighth (1 MiB) is large beside the 64 KiB block at each of its ends.
