@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._mount import PathLike, StfsError, _argument, _path, _utf8, mount_flags
@@ -70,12 +71,53 @@ def writable(buffer: Any) -> Any:
     return buffer
 
 
+class _Shared:
+    """The engines opened with share=True, by (source, flags, prefetch): one per key while any
+    Checkpoint holds it, so threads of one process opening the same source (tensor-parallel ranks
+    each taking its slice of every tensor) share its blocks, each fetched once, where engines of
+    their own would each fetch every block their slices touch. Opening is done once per key: the
+    others wait for it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.entries: Dict[Tuple[Any, ...], List[Any]] = {}  # key -> [opening lock, opened or None, users]
+
+    def take(self, key: Tuple[Any, ...], open_native) -> Any:
+        with self.lock:
+            entry = self.entries.setdefault(key, [threading.Lock(), None, 0])
+            entry[2] += 1
+        try:
+            with entry[0]:
+                if entry[1] is None:
+                    entry[1] = open_native()
+                return entry[1]
+        except BaseException:
+            self.give(key, None)
+            raise
+
+    def give(self, key: Tuple[Any, ...], opened: Any) -> None:
+        """One user of `key` is done; the last one closes its engine (`opened`, None if its open failed)."""
+        with self.lock:
+            entry = self.entries[key]
+            entry[2] -= 1
+            last = entry[2] == 0
+            if last:
+                del self.entries[key]
+        if last and entry[1] is not None:
+            entry[1].close()
+
+
+_SHARED = _Shared()
+
+
 class Checkpoint:
     """A source opened in this process. `tensors` lists them in shard and offset order; `read` fills
     buffers the caller owns; `close()` (or the end of a ``with`` block) ends the engine, joining its
-    threads and closing its descriptors."""
+    threads and closing its descriptors. With `share`, Checkpoints of the same source, options and
+    prefetch open at once in this process share one engine (its cache, its counters), closed with
+    the last of them."""
 
-    def __init__(self, source: PathLike, *, prefetch: bool = True, **options: Any):
+    def __init__(self, source: PathLike, *, prefetch: bool = True, share: bool = False, **options: Any):
         native = _module()
         if native is None:
             raise StfsError("stfs: the extension module stfs._native is not built (pip install . builds it)")
@@ -83,7 +125,13 @@ class Checkpoint:
         self.source = _path(source)
         # UTF-8 only, as the binary takes its arguments: one that is not is refused naming it.
         text = _utf8(_argument(self.source), "")
-        self._opened = native.Opened(text, [_utf8(f, "") if isinstance(f, str) else f for f in flags], prefetch)
+        args = (text, [_utf8(f, "") if isinstance(f, str) else f for f in flags], prefetch)
+        self._shared_key = (args[0], tuple(args[1]), prefetch) if share else None
+        self._closed = False
+        if self._shared_key is None:
+            self._opened = native.Opened(*args)
+        else:
+            self._opened = _SHARED.take(self._shared_key, lambda: native.Opened(*args))
         listed = self._opened.tensors()
         self.tensors: List[Tensor] = [
             Tensor(i, name, served, list(shape), served_len, shard, start, dtype, length, path)
@@ -99,7 +147,11 @@ class Checkpoint:
         self.close()
 
     def close(self) -> None:
-        self._opened.close()
+        if self._shared_key is None:
+            self._opened.close()
+        elif not self._closed:
+            _SHARED.give(self._shared_key, self._opened)
+        self._closed = True
 
     def tensor(self, name: str) -> Tensor:
         try:
@@ -246,7 +298,9 @@ class SafeOpen:
             raise ValueError(f"stfs.open: framework must be 'numpy' or 'torch', not {framework!r}")
         self._kind, self._device = kind, device
         # A slice reads its own bytes: nothing is fetched ahead of them (its runs are read in parallel).
-        self._checkpoint = Checkpoint(source, prefetch=False, **options)
+        # Handles open at once on the same source and options share one engine: ranks in threads
+        # slicing the same tensors fetch each block once.
+        self._checkpoint = Checkpoint(source, prefetch=False, share=True, **options)
 
     def __enter__(self) -> "SafeOpen":
         return self

@@ -5,6 +5,7 @@ loopback (s3s-fs, nginx as the hub, a slow HTTP server of the test's own), in a 
 
 scripts/test builds the extension (the crate's cdylib with `--features python`) into
 target/python-native/stfs/ ($STFS_NATIVE_DIR); it is added to the package from python/ here."""
+import concurrent.futures
 import hashlib
 import http.server
 import json
@@ -290,6 +291,33 @@ def test_eight_ranks_slicing_every_tensor_from_s3_fetch_the_file_about_once(s3):
                 assert np.array_equal(f.get_slice(name)[rank * rows:(rank + 1) * rows], w[rank * rows:(rank + 1) * rows])
             fetched += f.stats()["http_bytes"]
     assert fetched <= 1.1 * size, (fetched, size)
+
+
+def test_ranks_in_threads_slicing_columns_share_one_engine_and_fetch_the_file_about_once(s3):  # noqa: F811
+    """Ranks as threads of one process, each with its own stfs.open of the same source, taking columns
+    (a short run of every row, so every rank touches every block): their handles share one engine, so
+    each block is fetched once, not once per rank."""
+    rng = np.random.default_rng(6)
+    tensors = {f"layer.{i}.weight": rng.standard_normal((512, 1024 + 8 * i)).astype(np.float32) for i in range(4)}
+    save_file(tensors, str(s3 / "model.safetensors"))
+    size = (s3 / "model.safetensors").stat().st_size
+    ranks, opened = 8, threading.Barrier(8)
+
+    def rank(r):
+        with stfs.open("s3://models/model.safetensors", block_size="64K") as f:
+            opened.wait(timeout=TIMEOUT)  # all eight open at once
+            for name, w in tensors.items():
+                cols = w.shape[1] // ranks
+                got = f.get_slice(name)[:, r * cols:(r + 1) * cols]
+                assert np.array_equal(got, w[:, r * cols:(r + 1) * cols]), (r, name)
+            opened.wait(timeout=TIMEOUT)  # none closes before all have read
+            # The engine's counters, and which engine they are (its handle in this process).
+            return id(f._checkpoint._opened), f.stats()["http_bytes"]
+
+    with concurrent.futures.ThreadPoolExecutor(ranks) as pool:
+        by_engine = dict(pool.map(rank, range(ranks)))
+    fetched = sum(by_engine.values())  # what every engine the ranks used fetched
+    assert fetched <= 1.1 * size, f"{fetched / size:.2f}x the file by {len(by_engine)} engine(s)"
 
 
 # --- no mount, no /dev/fuse, no root -----------------------------------------------------------------
