@@ -175,11 +175,14 @@ class Checkpoint:
         fetched twice."""
         return self._opened.shard_is_mappable(shard)
 
-    def read(self, reads: Sequence[Tuple[Tensor, int, Any]], threads: int = READ_THREADS) -> None:
+    def read(self, reads: Sequence[Tuple[Tensor, int, Any]], threads: int = READ_THREADS, *,
+             fresh: bool = False) -> None:
         """Fills each `(tensor, offset, buffer)`'s buffer with the bytes of the tensor's file from
-        `offset`, all at once on up to `threads` threads, the GIL released; a tensor larger than
-        16 MiB is read as pieces on several. StfsError names a tensor whose read failed; Ctrl-C stops
-        every thread before KeyboardInterrupt is raised."""
+        `offset`, all at once on up to `threads` threads, the GIL released: raw tensor bytes that join
+        into long runs in their source straight from the store, in about one request per thread's share
+        (one copy), the rest through the engine's blocks in pieces of at most 16 MiB. StfsError names a tensor whose read failed; Ctrl-C stops
+        every thread before KeyboardInterrupt is raised. `fresh`: the buffers are new allocations not yet
+        touched, which the kernel is then asked to back with huge pages (fewer first-touch faults)."""
         planned = []
         for tensor, offset, buffer in reads:
             buffer = writable(buffer)
@@ -189,7 +192,7 @@ class Checkpoint:
                                  f"{tensor.byte_len}")
             planned.append((tensor.index, offset, buffer, length))
         if planned:
-            self._opened.read_into(planned, threads)
+            self._opened.read_into(planned, threads, fresh)
 
 
 # --- stfs.load without a mount ---------------------------------------------------------------------
@@ -224,7 +227,7 @@ def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None) -> Dict[
             out[t.name] = new_buffer(t.byte_len)
             if t.byte_len:
                 reads.append((t, 0, out[t.name]))
-    checkpoint.read(reads)
+    checkpoint.read(reads, fresh=True)
     if tick is not None:
         tick(sum(t.byte_len for t, _, _ in reads))
     return out

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::buffers::held_buffers;
+use super::buffers::{advise_huge_pages, held_buffers};
 use super::plan::{plan, Wanted};
 use super::reads::read_all;
 use crate::fs::Fs;
@@ -95,13 +95,16 @@ impl Opened {
     /// buffer protocol, held exported for the call: ValueError if it is read-only, not contiguous,
     /// too small, or overlaps another of the call), on up to `threads` threads, the GIL released:
     /// raw tensor bytes in long runs straight from the store in about even pieces, the rest through
-    /// the engine's blocks (`plan`). A signal (Ctrl-C) stops every
+    /// the engine's blocks (`plan`). With `huge_pages`, the buffers are fresh memory the call may
+    /// advise the kernel to back with huge pages before its first touch (`advise_huge_pages`). A signal (Ctrl-C) stops every
     /// thread at its next chunk, and its exception is raised once they all have.
+    #[pyo3(signature = (reads, threads, huge_pages = false))]
     fn read_into<'py>(
         &self,
         py: Python<'py>,
         reads: Vec<(usize, u64, Bound<'py, PyAny>, usize)>,
         threads: usize,
+        huge_pages: bool,
     ) -> PyResult<()> {
         let fs = self.fs(py)?;
         let buffers: Vec<(Bound<'py, PyAny>, usize)> = reads.iter().map(|(_, _, b, len)| (b.clone(), *len)).collect();
@@ -111,6 +114,9 @@ impl Opened {
             let Some(&Some(ino)) = self.inodes.get(*tensor) else {
                 return Err(pyo3::exceptions::PyIndexError::new_err(format!("no tensor file #{tensor}")));
             };
+            if huge_pages {
+                advise_huge_pages(address, *len);
+            }
             wanted.push(Wanted { ino, tensor: *tensor, offset: *offset, address, len: *len });
         }
         let block_size = block_size(&fs);
