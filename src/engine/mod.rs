@@ -38,6 +38,11 @@
 //! (`Mapping::read_ahead`: large folios, as a sequential `read` leaves them, where the kernel's
 //! readahead advice would leave 4 KiB pages), counted as backing reads.
 //!
+//! The direct path ([`Engine::direct_reader`], `direct`): a caller that wants long runs of a
+//! source's bytes in its own memory at once (the Python module's whole load) reads each piece of
+//! them in one backing read straight into that memory, past the cache: one copy, no block
+//! boundaries, nothing left in the cache. A source the disk tier keeps never takes it.
+//!
 //! Every load goes through `backing` (one read of whole blocks, counted), which asks the disk
 //! tier (`disk`, with `--cache-dir`; a source it caches takes the block path, never the mapping)
 //! first and fetches only the blocks it lacks (queued for the disk tier's writer thread). The disk

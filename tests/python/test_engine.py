@@ -471,6 +471,54 @@ def test_ctrl_c_in_the_middle_of_a_load_leaves_no_thread_reading_and_no_descript
         server.server_close()
 
 
+class RangesThenGone(SlowRanges):
+    """Serves the file's first request (the opening read of its header) at full speed, then answers
+    every later GET with 404, as a store whose object was deleted after it was opened."""
+    served = 0
+
+    def do_GET(self):
+        type(self).served += 1
+        if type(self).served > 1:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        size = os.path.getsize(self.path_served)
+        a, b = self.headers["Range"][6:].split("-")
+        lo, hi = int(a), min(int(b) if b else size - 1, size - 1)
+        self.send_response(206)
+        self.send_header("Content-Length", str(hi - lo + 1))
+        self.send_header("Content-Range", f"bytes {lo}-{hi}/{size}")
+        self.end_headers()
+        with open(self.path_served, "rb") as f:
+            f.seek(lo)
+            self.wfile.write(f.read(hi - lo + 1))
+
+
+def test_a_read_failing_in_the_middle_of_a_load_is_one_line_naming_the_tensor_and_the_store(tmp_path, monkeypatch):
+    """A store failing once the load has started: StfsError with one line naming a tensor, the URL and
+    the store's answer (the direct pieces and the block path alike), and no partial result."""
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    rng = np.random.default_rng(4)
+    path = tmp_path / "m.safetensors"
+    save_file({f"t.{i}": rng.standard_normal((512, 1024)).astype(np.float32) for i in range(4)}, str(path))
+    RangesThenGone.path_served, RangesThenGone.served = str(path), 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangesThenGone)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/m.safetensors"
+        for block_size in ("64K", "64M"):  # direct pieces; blocks larger than every run
+            RangesThenGone.served = 0
+            with pytest.raises(stfs.StfsError) as e:
+                stfs.load(url, block_size=block_size, timeout=10)
+            line = str(e.value)
+            assert "\n" not in line and line.startswith("stfs: t."), line
+            assert url in line and "404" in line, line
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_load_and_open_for_torch_without_a_mount(tmp_path, monkeypatch):
     try:
         import torch
