@@ -6,12 +6,12 @@ insertions and the mapping's faults after (Run:ai's streamer reads so). The memo
 anonymous mapping per shard, as large as the file, the tensors views of it (as they are of a mapping
 of the file): nothing else is held, the page cache is left as it was, and the file is read once.
 
-What such a load costs on the test VM (a Firecracker guest whose free memory is handed back to the
-host) is mostly the first touch of that memory, not the disk: 90% of its CPU time was the kernel
-zeroing the new pages (perf: clear_page_erms), each first touch faulting on the host, and it varies
-with how much free memory the host has taken back (2 GiB: 1-4 s, single-threaded, for the same
-MADV_POPULATE_WRITE). The page cache's pages cost the same first touch; O_DIRECT saves the rest
-(docs/performance.md, "Loaders").
+On the test VM (a Firecracker guest whose free memory is handed back to the host) such a load costs
+the disk's time and the first touch of the new memory, which faults on the host: 2 GiB of it took
+1-4 s to fault in single-threaded (MADV_POPULATE_WRITE), the spread being how much free memory the
+host had taken back, and the threads' reads spread that over the CPUs. The memory is left in small
+pages: with MADV_HUGEPAGE the same reads took 3-8 s beside 2-6 s (the kernel zeroing each 2 MiB
+page at once, perf: clear_page_erms, in large free blocks the host had taken back).
 
 Where O_DIRECT is refused (ramfs, procfs, tmpfs before Linux 6.6, some FUSE and network
 filesystems, a device whose blocks are larger than a page), or a read fails, the shard is mapped
@@ -26,14 +26,15 @@ from typing import Dict, List, Tuple
 
 from ._whole import memory_available
 
-#: Each read asks for this many bytes: large enough that a few threads keep the disk's queue full
-#: (the block layer splits a request into the device's largest), small enough that a Ctrl-C waits
-#: for little.
-DIRECT_STEP = 16 << 20
-#: Threads reading at once, each taking the next DIRECT_STEP of the shards in turn; each thread's
-#: read faults in (zeroes) the memory it lands in, so the threads spread that over the CPUs too
-#: (2 GiB, 2-core test VM under load, paired runs: 16 threads 2.6-5.1 s, 8 threads 2.7-5.9 s).
-DIRECT_THREADS = 16
+#: Each read asks for this many bytes: the test VM's disk's largest request (its max_sectors_kb), so
+#: each read is one request to it, and a Ctrl-C waits for little...
+DIRECT_STEP = 4 << 20
+#: ...with this many threads reading at once (so this many requests in flight; Run:ai keeps about
+#: 100), each taking the next DIRECT_STEP of the shards in turn. Each thread's read also faults in
+#: (zeroes) the memory it lands in. 2 GiB cold, scripts/bench/loaders.py --use light, paired runs on
+#: the 2-core test VM (2026-12-02): 32 x 4 MiB 0.85 s median beside 16 x 16 MiB 1.91 s (1.84x);
+#: 64 x 2 MiB measured no better (1.14 s, Run:ai 0.87 s in the same runs).
+DIRECT_THREADS = 32
 #: Offsets, lengths and the memory read into are multiples of this (O_DIRECT asks for the device's
 #: logical block size; a page covers every common one).
 DIRECT_ALIGN = mmap.PAGESIZE

@@ -672,7 +672,7 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     NumPy, for torch on the CPU and on CUDA): the engine runs in this process (no /dev/fuse, no root; `options`
     as for a mount, `timeout` unused: the source's own timeouts apply), and the arrays are views of a
     private mapping of each local shard in the page cache (zero copy, as load_file), of memory of
-    their own that a cold local shard was read into with O_DIRECT before load returns (16 threads;
+    their own that a cold local shard was read into with O_DIRECT before load returns (32 threads;
     the page cache is left as it was; mapped instead where O_DIRECT is refused), or, for a remote
     source, of memory of their own the engine read into, all tensors at once on several threads. NumPy arrays are then plain read-only
     ndarrays, not np.memmap's. A CUDA device needs no mount either: the engine reads each tensor

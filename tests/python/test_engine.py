@@ -537,13 +537,14 @@ def test_ctrl_c_in_the_middle_of_a_load_leaves_no_thread_reading_and_no_descript
         server.server_close()
 
 
-#: Before INTERRUPTED, for a cold local file: stfs._direct's threads read 256 KiB at a time, each read
-#: taking 0.5 s more, so the load's O_DIRECT reads (128 of them over 16 threads) last 4 s or more.
+#: Before INTERRUPTED, for a cold local file: stfs._direct's 16 threads read 256 KiB at a time, each
+#: read taking 0.5 s more, so the load's O_DIRECT reads (128 of them for 32 MiB) last 4 s or more.
 SLOW_DIRECT_READS = r"""
 import os, sys, threading, time
 sys.path[:0] = sys.argv[1:3]
 import stfs._direct
 stfs._direct.DIRECT_STEP = 256 << 10
+stfs._direct.DIRECT_THREADS = 16
 preadv = os.preadv
 def slow_preadv(fd, buffers, at, *rest):
     if threading.current_thread().name == "stfs-direct-read":
