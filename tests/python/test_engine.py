@@ -177,8 +177,8 @@ def test_a_cold_local_file_is_read_with_o_direct_and_equals_the_reference(numpy_
     """stfs.load of a local file not in the page cache reads it with O_DIRECT into memory of its own
     (stfs._direct.read_direct): every dtype's bytes equal the reference's, for NumPy and torch, the
     whole file read once that way (stfs._direct.counts), and the page cache left without the file
-    (a mapping, or a read through it, would have filled it). From the page cache, the same file is
-    mapped as before: no O_DIRECT read."""
+    (a mapping, or a read through it, would have filled it); a sharded checkpoint's shards all so.
+    From the page cache, the same file is mapped as before: no O_DIRECT read."""
     try:
         import torch
     except ImportError:
@@ -206,6 +206,26 @@ def test_a_cold_local_file_is_read_with_o_direct_and_equals_the_reference(numpy_
                 assert t.tobytes() == data, (framework, name)
             del got
             os.unlink(path)
+    # A sharded checkpoint (a folder with its index): every shard read so, all of them in one pool.
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    weight_map, tensors = {}, {}
+    for part in range(3):
+        shard = f"model-{part + 1:05d}-of-00003.safetensors"
+        some = {f"layers.{part}.{i}": rng.standard_normal((100 + i, 37)).astype([np.float32, np.float16, np.int64][i % 3])
+                for i in range(4)}
+        save_file(some, str(tmp_path / shard))
+        _cold_copy(tmp_path / shard, folder)
+        weight_map.update({name: shard for name in some})
+        tensors.update(some)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    monkeypatch.setenv("STFS_BIN", STFS)  # a folder is asked whether it is a mount (by the binary)
+    before = dict(counts)
+    got = stfs.load(folder)
+    assert counts["shards"] == before["shards"] + 3, (counts, before)
+    assert set(got) == set(tensors) and all(np.array_equal(got[k], a) for k, a in tensors.items())
+    del got
     # In the page cache (read once through it): mapped, as before.
     path = _cold_copy(numpy_checkpoint, tmp_path)
     with open(path, "rb") as f:
