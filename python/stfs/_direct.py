@@ -8,8 +8,9 @@ of the file): nothing else is held, the page cache is left as it was, and the fi
 
 On the test VM (a Firecracker guest whose free memory is handed back to the host) such a load costs
 the disk's time and the first touch of the new memory, which faults on the host: 2 GiB of it took
-1-4 s to fault in single-threaded (MADV_POPULATE_WRITE), the spread being how much free memory the
-host had taken back, and the threads' reads spread that over the CPUs. The memory is left in small
+0.74-0.92 s to fault in single-threaded (MADV_POPULATE_WRITE) right after 2 GiB were freed, 2.0-4.8 s
+once the host had taken the freed memory back (5 s later); the threads' reads spread that over the
+CPUs. The memory is left in small
 pages: with MADV_HUGEPAGE the same reads took 3-8 s beside 2-6 s (the kernel zeroing each 2 MiB
 page at once, perf: clear_page_erms, in large free blocks the host had taken back).
 
