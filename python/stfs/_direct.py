@@ -10,9 +10,9 @@ On the test VM (a Firecracker guest whose free memory is handed back to the host
 the disk's time and the first touch of the new memory, which faults on the host: 2 GiB of it took
 0.74-0.92 s to fault in single-threaded (MADV_POPULATE_WRITE) right after 2 GiB were freed, 2.0-4.8 s
 once the host had taken the freed memory back (5 s later); the threads' reads spread that over the
-CPUs. The memory is left in small
-pages: with MADV_HUGEPAGE the same reads took 3-8 s beside 2-6 s (the kernel zeroing each 2 MiB
-page at once, perf: clear_page_erms, in large free blocks the host had taken back).
+CPUs. The memory is left in small pages: with MADV_HUGEPAGE the cold 2 GiB load was 1.51x slower,
+paired, in every one of 6 runs (scripts/bench/loaders.py --before; perf: the kernel zeroing each
+2 MiB page at once, clear_page_erms, in large free blocks, the ones the host takes back).
 
 Where O_DIRECT is refused (ramfs, procfs, tmpfs before Linux 6.6, some FUSE and network
 filesystems, a device whose blocks are larger than a page), or a read fails, the shard is mapped
