@@ -8,9 +8,11 @@ import math
 import mmap
 import os
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from ._direct import read_direct
 from ._mount import PathLike, StfsError, _argument, _path, _utf8, mount_flags
+from ._whole import sampled_cached
 
 _native: Any = None
 
@@ -139,6 +141,8 @@ class Checkpoint:
         ]
         self.by_name: Dict[str, Tensor] = {t.name: t for t in self.tensors}
         self.shards: List[Tuple[str, Optional[Dict[str, str]]]] = self._opened.shards()
+        #: Shards whose local file flat_bytes read with O_DIRECT into memory of their own (cold), not mapped.
+        self.read_directly: Set[int] = set()
 
     def __enter__(self) -> "Checkpoint":
         return self
@@ -197,27 +201,39 @@ class Checkpoint:
 
 # --- stfs.load without a mount ---------------------------------------------------------------------
 
-def _shard_maps(checkpoint: Checkpoint, writable_maps: bool) -> Dict[int, Any]:
-    """shard -> a private mapping of its local file (zero copy, as safetensors' load_file); remote
-    shards are left out. The descriptor is closed once mapped."""
-    maps: Dict[int, Any] = {}
-    for shard in sorted({t.shard for t in checkpoint.tensors if t.raw and t.byte_len}):
-        fd = checkpoint.shard_descriptor(shard)
-        if fd is None:
-            continue
-        try:
-            access = mmap.ACCESS_COPY if writable_maps else mmap.ACCESS_READ
-            maps[shard] = mmap.mmap(fd, 0, access=access)
-        finally:
+def _shard_maps(checkpoint: Checkpoint) -> Dict[int, Any]:
+    """shard -> the bytes of its local file, writable (as load_file's tensors): a private mapping (zero
+    copy, as safetensors' load_file) where the file is in the page cache (sampled: _whole.sampled_cached), else memory of its own read
+    with O_DIRECT (_direct.read_direct; those shards are listed in checkpoint.read_directly), or a
+    mapping where that is refused. Remote shards are left out. The descriptors are closed here."""
+    files: Dict[int, Any] = {}
+    cold: Dict[int, Any] = {}
+    try:
+        for shard in sorted({t.shard for t in checkpoint.tensors if t.raw and t.byte_len}):
+            fd = checkpoint.shard_descriptor(shard)
+            if fd is None:
+                continue
+            files[shard] = fd
+            size = os.fstat(fd).st_size
+            if not sampled_cached(fd, size):
+                cold[shard] = (fd, size)
+        maps: Dict[int, Any] = read_direct(cold) if cold else {}
+        checkpoint.read_directly.update(maps)
+        for shard, fd in files.items():
+            if shard not in maps:
+                maps[shard] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    finally:
+        for fd in files.values():
             os.close(fd)
     return maps
 
 
 def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None) -> Dict[str, Any]:
-    """name -> the bytes of every tensor's file, 1-D: a view of its shard's mapping (`from_map(map,
-    start, length)`) where the shard is a local file and the tensor raw, else a buffer made by
+    """name -> the bytes of every tensor's file, 1-D: a view of its shard's bytes (`from_map(map,
+    start, length)`; a mapping, or memory read with O_DIRECT where cold: _shard_maps) where the
+    shard is a local file and the tensor raw, else a buffer made by
     `new_buffer(length)` and read into, all at once. The read-ahead of mapped shards is the caller's."""
-    maps = _shard_maps(checkpoint, writable_maps=True)
+    maps = _shard_maps(checkpoint)
     out: Dict[str, Any] = {}
     reads = []
     for t in checkpoint.tensors:
@@ -234,8 +250,10 @@ def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None) -> Dict[
 
 
 def mapped_paths(checkpoint: Checkpoint) -> List[str]:
-    """The local shard files the load maps, for read_ahead (in shard order)."""
-    return [name for shard, (name, _) in enumerate(checkpoint.shards) if checkpoint.shard_is_mappable(shard)]
+    """The local shard files the load maps, for read_ahead (in shard order): not those read into
+    memory of their own (checkpoint.read_directly)."""
+    return [name for shard, (name, _) in enumerate(checkpoint.shards)
+            if checkpoint.shard_is_mappable(shard) and shard not in checkpoint.read_directly]
 
 
 # --- stfs.open -------------------------------------------------------------------------------------

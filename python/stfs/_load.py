@@ -671,9 +671,10 @@ def load(path: PathLike, framework: str = "numpy", device: Any = "cpu", *, timeo
     Without a mount (the default for a source, where the extension module stfs._native is there, for
     NumPy, for torch on the CPU and on CUDA): the engine runs in this process (no /dev/fuse, no root; `options`
     as for a mount, `timeout` unused: the source's own timeouts apply), and the arrays are views of a
-    private mapping of each local shard (zero copy, as load_file; read into the page cache meanwhile
-    by read_ahead's threads where it is cold) or, for a remote source, memory of their own the engine
-    read into, all tensors at once on several threads. NumPy arrays are then plain read-only
+    private mapping of each local shard in the page cache (zero copy, as load_file), of memory of
+    their own that a cold local shard was read into with O_DIRECT before load returns (32 threads;
+    the page cache is left as it was; mapped instead where O_DIRECT is refused), or, for a remote
+    source, of memory of their own the engine read into, all tensors at once on several threads. NumPy arrays are then plain read-only
     ndarrays, not np.memmap's. A CUDA device needs no mount either: the engine reads each tensor
     into the pinned ring's buffers (the ring as above), each piece copied to the device without
     blocking. ``mount=True`` mounts `path` as below instead (and any other torch device does).
@@ -739,8 +740,9 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
                     options: Dict[str, Any]) -> Dict[str, Any]:
     """load() of a source with no mount: the engine in this process (stfs._native) opens it as a mount
     would (same options and errors). Tensors of a local shard are views of one private mapping of its
-    file (zero copy, as safetensors' load_file), read into the page cache meanwhile by read_ahead's
-    threads where it is cold; every other tensor (a remote shard's, a converted view's) is read by the
+    file (zero copy, as safetensors' load_file) where it is in the page cache, else of memory of its
+    own read with O_DIRECT (_direct.read_direct; where that is refused, the mapping, read into the
+    page cache meanwhile by read_ahead's threads); every other tensor (a remote shard's, a converted view's) is read by the
     engine straight into its own memory, all of them at once on several threads, the GIL released. The
     engine is closed before load returns (its threads joined, its descriptors closed); the arrays hold
     nothing of it. For a CUDA device the engine reads every tensor into the pinned ring (_load_cuda
@@ -750,8 +752,8 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
         target = _torch_device(device) if kind == "torch" else None
         on_cuda = target is not None and target.type == "cuda"
         # The engine's own prefetch reads ahead of reads it serves: a remote source's, or every tensor
-        # copied to a GPU. A local shard on the CPU is mapped instead (read_ahead's threads fill its
-        # page cache), and a prefetch of it measured as pure cost: its threads fault the file in beside
+        # copied to a GPU. A local shard on the CPU is mapped or read with O_DIRECT instead, and a
+        # prefetch of it measured as pure cost: its threads fault the file in beside
         # read_ahead's, and joining them took 10-90 ms of a 2 GiB load from the page cache (2026-12-02).
         prefetch = remote or on_cuda
         # A local file on a network or FUSE filesystem is not mapped but read through the engine,

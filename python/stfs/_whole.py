@@ -143,13 +143,7 @@ def read_ahead(paths: Sequence[str], ahead: Optional[ReadAhead] = None) -> ReadA
             break
         try:
             size = os.fstat(fd).st_size
-            steps = max(1, -(-size // READ_AHEAD_STEP))
-            # A few steps spread over the file stand for it (each check costs a few µs here).
-            picks = sorted({steps * k // CACHED_SAMPLES for k in range(CACHED_SAMPLES)} | {steps - 1})
-            # Each step's first and last pages (the kernel reads a file in and drops it in folios
-            # of up to 2 MiB, so a step's ends stand for it; every page would cost 30 ms per 2 GiB).
-            ends = (at for i in picks for at in (i * READ_AHEAD_STEP, min((i + 1) * READ_AHEAD_STEP, size) - 1))
-            if not pages_cached(fd, size, ends):
+            if not sampled_cached(fd, size):
                 files.append((path, size))
         except OSError:
             break
@@ -214,6 +208,17 @@ def read_ahead(paths: Sequence[str], ahead: Optional[ReadAhead] = None) -> ReadA
         ahead.threads.append(t)
         t.start()
     return ahead
+
+
+def sampled_cached(fd: int, size: int) -> bool:
+    """Whether the file open as `fd` (`size` bytes) is taken as in the page cache: the first and last
+    pages of READ_AHEAD_STEP steps at CACHED_SAMPLES places spread over it (and its last step) are
+    (_mapping.pages_cached). The kernel reads a file in and drops it in folios of up to 2 MiB, so a
+    step's ends stand for it; each check costs a few µs, every page would cost 30 ms per 2 GiB."""
+    steps = max(1, -(-size // READ_AHEAD_STEP))
+    picks = sorted({steps * k // CACHED_SAMPLES for k in range(CACHED_SAMPLES)} | {steps - 1})
+    ends = (at for i in picks for at in (i * READ_AHEAD_STEP, min((i + 1) * READ_AHEAD_STEP, size) - 1))
+    return pages_cached(fd, size, ends)
 
 
 def memory_available(root: str = "/") -> Optional[int]:

@@ -33,7 +33,9 @@ from test_s3 import KEY_ID, SECRET, s3  # noqa: F401 (a fixture)
 NATIVE_DIR = os.environ.get("STFS_NATIVE_DIR", os.path.join(ROOT, "target", "python-native"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import stfs  # noqa: E402
+import stfs._direct  # noqa: E402
 import stfs._engine  # noqa: E402
+import stfs._whole  # noqa: E402
 
 TIMEOUT = 60
 
@@ -145,6 +147,141 @@ def test_load_without_a_mount_equals_load_file_on_every_dtype(numpy_checkpoint, 
     got = stfs.load(raw_checkpoint, as_="f32")
     assert got["bf16"].dtype == np.float32
     assert np.array_equal(got["bf16"], np.frombuffer(raw["bf16"][2], ml_dtypes.bfloat16).astype(np.float32).reshape(33, 65))
+
+
+def _cold_copy(source, folder):
+    """A copy of `source` in `folder`, written out and dropped from the page cache (fsync, then
+    POSIX_FADV_DONTNEED), as a cold load finds it; refused where the drop did not take (a folder on
+    tmpfs keeps every file in memory: TMPDIR must name a disk)."""
+    path = folder / os.path.basename(str(source))
+    shutil.copyfile(source, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not stfs._whole.sampled_cached(fd, os.fstat(fd).st_size), f"{folder} keeps its files in memory"
+    finally:
+        os.close(fd)
+    return path
+
+
+def _sampled_cached(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return stfs._whole.sampled_cached(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def test_a_cold_local_file_is_read_with_o_direct_and_equals_the_reference(numpy_checkpoint, raw_checkpoint,  # noqa: F811
+                                                                          tmp_path, monkeypatch):
+    """stfs.load of a local file not in the page cache reads it with O_DIRECT into memory of its own
+    (stfs._direct.read_direct): every dtype's bytes equal the reference's, for NumPy and torch, the
+    whole file read once that way (stfs._direct.counts), and the page cache left without the file
+    (a mapping, or a read through it, would have filled it); a sharded checkpoint's shards all so.
+    From the page cache, the same file is mapped as before: no O_DIRECT read."""
+    try:
+        import torch
+    except ImportError:
+        tool_missing("torch", "scripts/torch_venv (scripts/test runs pytest with its python)")
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    counts = stfs._direct.counts
+    for source in (numpy_checkpoint, raw_checkpoint):
+        ref = reference_bytes(source)
+        for framework in ("numpy", "torch"):
+            path = _cold_copy(source, tmp_path)
+            before = dict(counts)
+            got = stfs.load(path, framework=framework)
+            assert counts["shards"] == before["shards"] + 1, (counts, before)
+            assert counts["bytes"] == before["bytes"] + os.path.getsize(path), (counts, before)
+            assert not _sampled_cached(path), "the O_DIRECT load left the file in the page cache"
+            for name, (dtype, shape, data) in ref.items():
+                if dtype == "F4" and framework == "numpy":  # unpacked, one byte per element (see above)
+                    continue
+                t = got[name]
+                if framework == "torch":
+                    t = t.contiguous().view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+                    assert list(got[name].shape) == (shape[:-1] + [shape[-1] // 2] if dtype == "F4" else shape), name
+                else:
+                    assert list(t.shape) == shape, name
+                assert t.tobytes() == data, (framework, name)
+            del got
+            os.unlink(path)
+    # A sharded checkpoint (a folder with its index): every shard read so, all of them in one pool.
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    weight_map, tensors = {}, {}
+    for part in range(3):
+        shard = f"model-{part + 1:05d}-of-00003.safetensors"
+        some = {f"layers.{part}.{i}": rng.standard_normal((100 + i, 37)).astype([np.float32, np.float16, np.int64][i % 3])
+                for i in range(4)}
+        save_file(some, str(tmp_path / shard))
+        _cold_copy(tmp_path / shard, folder)
+        weight_map.update({name: shard for name in some})
+        tensors.update(some)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    monkeypatch.setenv("STFS_BIN", STFS)  # a folder is asked whether it is a mount (by the binary)
+    before = dict(counts)
+    got = stfs.load(folder)
+    assert counts["shards"] == before["shards"] + 3, (counts, before)
+    assert set(got) == set(tensors) and all(np.array_equal(got[k], a) for k, a in tensors.items())
+    del got
+    # In the page cache (read once through it): mapped, as before.
+    path = _cold_copy(numpy_checkpoint, tmp_path)
+    with open(path, "rb") as f:
+        f.read()
+    before = dict(counts)
+    got = stfs.load(path)
+    assert counts == before
+    assert all(got[name].tobytes() == data for name, (_, _, data) in reference_bytes(numpy_checkpoint).items())
+
+
+def test_where_o_direct_is_refused_or_fails_the_file_is_mapped_instead(numpy_checkpoint, tmp_path, monkeypatch):  # noqa: F811
+    """Where the filesystem has no direct I/O the kernel refuses O_DIRECT (sysfs here, as ramfs or an
+    older tmpfs): read_direct leaves the file out, for the load to map. A cold file whose O_DIRECT
+    reads fail (EINVAL, as for a device whose blocks are larger than a page) is mapped instead: the
+    load's tensors equal the reference's all the same. A file on tmpfs (/dev/shm) is in memory, so
+    mapped, never read with O_DIRECT."""
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")
+    counts = stfs._direct.counts
+    refusing = "/sys/kernel/mm/transparent_hugepage/enabled"  # a sysfs attribute: st_size 4096
+    fd = os.open(refusing if os.path.exists(refusing) else "/sys/kernel/profiling", os.O_RDONLY)
+    try:
+        before = dict(counts)
+        assert stfs._direct.read_direct({0: (fd, os.fstat(fd).st_size)}) == {}
+        assert counts["refused"] == before["refused"] + 1 and counts["shards"] == before["shards"]
+    finally:
+        os.close(fd)
+
+    ref = reference_bytes(numpy_checkpoint)
+    path = _cold_copy(numpy_checkpoint, tmp_path)
+    preadv = os.preadv
+
+    def refused(fd, buffers, at, *rest):
+        if threading.current_thread().name == "stfs-direct-read":
+            raise OSError(22, "Invalid argument")
+        return preadv(fd, buffers, at, *rest)
+
+    monkeypatch.setattr(os, "preadv", refused)
+    before = dict(counts)
+    got = stfs.load(path)
+    assert counts["refused"] == before["refused"] + 1 and counts["shards"] == before["shards"], counts
+    assert all(got[name].tobytes() == data for name, (_, _, data) in ref.items())
+    del got
+    monkeypatch.undo()
+
+    shm = tempfile.mkdtemp(dir="/dev/shm")
+    try:
+        path = os.path.join(shm, "m.safetensors")
+        shutil.copyfile(numpy_checkpoint, path)
+        before = dict(counts)
+        got = stfs.load(path)
+        assert counts == before
+        assert all(got[name].tobytes() == data for name, (_, _, data) in ref.items())
+        del got
+    finally:
+        shutil.rmtree(shm)
 
 
 def test_a_file_on_a_fuse_filesystem_is_read_through_the_engine_each_byte_once(tmp_path, monkeypatch):
@@ -517,6 +654,48 @@ def test_a_read_failing_in_the_middle_of_a_load_is_one_line_naming_the_tensor_an
     finally:
         server.shutdown()
         server.server_close()
+
+
+#: Before INTERRUPTED, for a cold local file: stfs._direct's 16 threads read 256 KiB at a time, each
+#: read taking 0.5 s more, so the load's O_DIRECT reads (128 of them for 32 MiB) last 4 s or more.
+SLOW_DIRECT_READS = r"""
+import os, sys, threading, time
+sys.path[:0] = sys.argv[1:3]
+import stfs._direct
+stfs._direct.DIRECT_STEP = 256 << 10
+stfs._direct.DIRECT_THREADS = 16
+preadv = os.preadv
+def slow_preadv(fd, buffers, at, *rest):
+    if threading.current_thread().name == "stfs-direct-read":
+        time.sleep(0.5)
+    return preadv(fd, buffers, at, *rest)
+os.preadv = slow_preadv
+"""
+
+
+def test_ctrl_c_in_the_middle_of_a_cold_local_load_stops_its_o_direct_reads(tmp_path):
+    """A Ctrl-C while stfs.load reads a cold local file with O_DIRECT raises KeyboardInterrupt once
+    every reading thread has ended (each after its current read): none is left, nor a descriptor."""
+    rng = np.random.default_rng(3)
+    source = tmp_path / "source" / "m.safetensors"
+    source.parent.mkdir()
+    save_file({f"t.{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(8)}, str(source))
+    path = _cold_copy(source, tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", SLOW_DIRECT_READS + INTERRUPTED, os.path.join(ROOT, "python"),
+                              os.path.dirname(__file__), os.path.join(NATIVE_DIR, "stfs"), str(path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "loading"
+        time.sleep(1.5)  # the header is in; the O_DIRECT reads are under way
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=TIMEOUT)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert out.startswith("interrupted "), (out, err)
+    counts = json.loads(out[len("interrupted "):])
+    assert counts["after"] == counts["before"], counts  # [thread names, descriptors]
 
 
 def test_load_and_open_for_torch_without_a_mount(tmp_path, monkeypatch):
