@@ -29,7 +29,7 @@ def _module() -> Any:
         _native = module
     return _native
 
-#: Threads that read at once, each taking whole tensors (or 16 MiB pieces of a large one: the native read).
+#: Threads that read at once, each taking a direct piece (an even share of the long runs) or a 16 MiB piece.
 READ_THREADS = 16
 
 
@@ -183,10 +183,11 @@ class Checkpoint:
              fresh: bool = False) -> None:
         """Fills each `(tensor, offset, buffer)`'s buffer with the bytes of the tensor's file from
         `offset`, all at once on up to `threads` threads, the GIL released: raw tensor bytes that join
-        into long runs in their source straight from the store, in about one request per thread's share
-        (one copy), the rest through the engine's blocks in pieces of at most 16 MiB. StfsError names a tensor whose read failed; Ctrl-C stops
-        every thread before KeyboardInterrupt is raised. `fresh`: the buffers are new allocations not yet
-        touched, which the kernel is then asked to back with huge pages (fewer first-touch faults)."""
+        into long runs in their source straight from the store, in about one request per thread's
+        share (one copy), the rest through the engine's blocks in pieces of at most 16 MiB. StfsError
+        names a tensor whose read failed; Ctrl-C stops every thread before KeyboardInterrupt is
+        raised. `fresh`: the buffers are new allocations not yet touched, which the kernel is then
+        asked to back with huge pages (fewer first-touch faults)."""
         planned = []
         for tensor, offset, buffer in reads:
             buffer = writable(buffer)
