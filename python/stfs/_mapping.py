@@ -32,8 +32,14 @@ _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 def pages_cached(fd: int, size: int, offsets: Iterable[int]) -> bool:
     """Whether the page holding each of `offsets` of the file open as `fd` (`size` bytes) is in the
-    page cache: mincore(2) of one page at a time over a mapping made for the question. False where
-    the mapping cannot be made."""
+    page cache. mincore(2) tells it only of a file the caller owns or may write (Linux 5.2 on: of any
+    other file it reports every page resident, so a shared read-only model would always look cached
+    and never be read ahead): there it is asked of one page at a time over a mapping made for the
+    question; elsewhere a one-byte read of each page with RWF_NOWAIT answers (EAGAIN: not cached; it
+    may start the kernel's readahead of that page's neighbourhood, a few hundred KiB at most). False
+    where neither can tell."""
+    if not _mincore_tells(fd):
+        return _read_without_waiting(fd, offsets)
     address = _mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size > 0 else None
     if address in (None, _MAP_FAILED):
         return False
@@ -46,6 +52,34 @@ def pages_cached(fd: int, size: int, offsets: Iterable[int]) -> bool:
         return True
     finally:
         _munmap(address, size)
+
+
+def _mincore_tells(fd: int) -> bool:
+    """Whether mincore(2) reports the page cache of the file open as `fd` to this process: the kernel's
+    rule (mm/mincore.c can_do_mincore) is that the caller owns the file or may open it for writing."""
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            return True
+        return os.access(f"/proc/self/fd/{fd}", os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+    except OSError:
+        return False
+
+
+def _read_without_waiting(fd: int, offsets: Iterable[int]) -> bool:
+    """Whether a one-byte read at each of `offsets` is answered from the page cache (preadv2 with
+    RWF_NOWAIT fails with EAGAIN where it would wait for the disk); False at the first that is not, or
+    where the file or kernel cannot say (EOPNOTSUPP, no RWF_NOWAIT)."""
+    nowait = getattr(os, "RWF_NOWAIT", None)
+    if nowait is None:
+        return False
+    byte = bytearray(1)
+    for at in offsets:
+        try:
+            if os.preadv(fd, [byte], at, nowait) != 1:
+                return False
+        except OSError:  # EAGAIN: not in the page cache; anything else: no answer
+            return False
+    return True
 
 
 def mapped(np, path: str, dtype: Any, shape: Tuple[int, ...], length: int):

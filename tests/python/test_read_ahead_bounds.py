@@ -4,9 +4,12 @@ temporary root, and a real cgroup with a memory limit that a child process is mo
 with a load that fails: a load interrupted (KeyboardInterrupt) after its read-ahead started leaves no
 read-ahead thread, no descriptor or mapping of the mount, and its daemon exits."""
 import gc
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -14,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import ROOT, cold_files, wait_until
+from conftest import ROOT, cold_files, tool_missing, wait_until
 
 os.environ.setdefault("STFS_BIN", os.path.join(ROOT, "target", "debug", "stfs"))
 sys.path.insert(0, os.path.join(ROOT, "python"))  # the package's source in this checkout
@@ -269,3 +272,53 @@ def _cmdline_has(pid, text):
             return os.fsencode(text) in f.read().split(b"\0")
     except OSError:
         return False
+
+
+SAMPLED = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from stfs._whole import sampled_cached
+fd = os.open(sys.argv[2], os.O_RDONLY)
+print(json.dumps(sampled_cached(fd, os.fstat(fd).st_size)))
+"""
+
+
+def test_a_shared_read_only_file_is_seen_cold_or_cached_as_it_is_by_a_user_who_may_not_write_it():
+    """mincore(2) reports every page of a file the caller neither owns nor may write as resident (Linux
+    5.2 on), so for a user loading a model others own (a shared, read-only models folder) a cold file
+    looked cached: no read-ahead, no O_DIRECT read, the slow path. Such a file is asked with RWF_NOWAIT
+    reads instead: cold after a drop, cached once read."""
+    python = "/usr/bin/python3"
+    if shutil.which("setpriv") is None:
+        tool_missing("setpriv", "apt-get install util-linux")
+    if not os.path.exists(python):
+        tool_missing(python, "apt-get install python3 (a Python outside /root, which `nobody` can run)")
+    if os.geteuid() != 0:
+        tool_missing("root", "run the test command as root: the file must be one `nobody` may not write")
+    shared = tempfile.mkdtemp(prefix="stfs-sampled-", dir="/tmp")  # where `nobody` can read
+    try:
+        os.chmod(shared, 0o755)
+        shutil.copytree(os.path.join(ROOT, "python", "stfs"), os.path.join(shared, "stfs"),
+                        ignore=shutil.ignore_patterns("__pycache__", "_native*"))
+        model = os.path.join(shared, "model.safetensors")
+        with open(model, "wb") as f:
+            f.write(os.urandom(16 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+        subprocess.run(["chmod", "-R", "a+rX,go-w", shared], check=True)
+
+        def seen_cached():
+            out = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", python, "-c",
+                                  SAMPLED, shared, model], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        with open(model, "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert seen_cached() is False, "a cold file the user may not write looked cached"
+        with open(model, "rb") as f:
+            while f.read(1 << 20):
+                pass
+        assert seen_cached() is True, "a cached file the user may not write looked cold"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
