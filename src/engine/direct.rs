@@ -63,7 +63,7 @@ impl DirectReader {
         let result = (|| {
             let descriptor = match &mut self.descriptor {
                 Some(descriptor) => descriptor,
-                empty => empty.insert(self.entry.source.open_reader()?),
+                empty => empty.insert(self.entry.source.open_streaming_reader()?),
             };
             descriptor.read_vectored_exact_at(bufs, offset)
         })();

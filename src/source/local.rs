@@ -69,6 +69,15 @@ pub struct LocalFile {
 }
 
 impl LocalFile {
+    /// A reader on a new descriptor of the pinned file, its readahead advised with `advice`
+    /// (advice only: a failure changes nothing but speed).
+    fn open_advised(&self, advice: libc::c_int, announce: bool) -> io::Result<Box<dyn SourceReader>> {
+        let file = self.open_pinned()?;
+        // SAFETY: plain syscall on a descriptor we own.
+        unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, advice) };
+        Ok(Box::new(LocalStream { file, path: self.real.clone(), pinned: self.pinned, announce }))
+    }
+
     /// Opens `path` (resolved once, here), records its identity and closes it again. Fails for
     /// anything that is not a readable regular file.
     pub fn open(path: &Path) -> io::Result<LocalFile> {
@@ -189,13 +198,18 @@ impl Source for LocalFile {
     }
 
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>> {
-        let file = self.open_pinned()?;
         // The engine already reads whole blocks and prefetches on its own; kernel readahead on
         // top would read past what it asked for (on a network mount: bytes fetched twice or for
-        // nothing). Advice only: failure changes nothing but speed.
-        // SAFETY: plain syscall on a descriptor we own.
-        unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_RANDOM) };
-        Ok(Box::new(LocalStream { file, path: self.real.clone(), pinned: self.pinned }))
+        // nothing).
+        self.open_advised(libc::POSIX_FADV_RANDOM, false)
+    }
+
+    /// A direct read takes a long range whole: each read announces its range to the kernel first
+    /// (`POSIX_FADV_WILLNEED`), which then has the requests for all of it in flight while the first
+    /// ones are copied (on a FUSE or network filesystem, where each request waits a round trip),
+    /// and nothing past it (the readahead stays off, as a block reader's).
+    fn open_streaming_reader(&self) -> io::Result<Box<dyn SourceReader>> {
+        self.open_advised(libc::POSIX_FADV_RANDOM, true)
     }
 }
 
@@ -206,6 +220,8 @@ struct LocalStream {
     file: File,
     path: PathBuf,
     pinned: Identity,
+    /// Whether each read announces its range to the kernel first (`POSIX_FADV_WILLNEED`).
+    announce: bool,
 }
 
 impl LocalStream {
@@ -318,6 +334,12 @@ impl SourceReader for LocalStream {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         self.check_range(total, offset)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&self.file);
+        if self.announce {
+            if let (Ok(at), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(total)) {
+                // SAFETY: plain syscall on a descriptor we own; advice only.
+                unsafe { libc::posix_fadvise(fd, at, len, libc::POSIX_FADV_WILLNEED) };
+            }
+        }
         // (index of the first unfilled buffer, bytes of it already filled)
         let (mut index, mut filled, mut done) = (0, 0, 0usize);
         while done < total {

@@ -39,6 +39,12 @@ pub trait Source: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Opens a new independent reader with its own descriptor or connection.
     fn open_reader(&self) -> io::Result<Box<dyn SourceReader>>;
+    /// Like [`Source::open_reader`], for a reader that reads long ranges whole, each from its
+    /// start to its end (the engine's direct reads): a local file's may then let the kernel read
+    /// ahead within them, where a block reader's may not. The default: [`Source::open_reader`].
+    fn open_streaming_reader(&self) -> io::Result<Box<dyn SourceReader>> {
+        self.open_reader()
+    }
     /// Whether the source offers a [`Source::mapping`] (found when it was opened, without mapping
     /// it). False (the default): read only through [`SourceReader`]s, into blocks (a remote
     /// object, or a file on a network filesystem).
