@@ -579,6 +579,26 @@ except KeyboardInterrupt:
 """
 
 
+def interrupted_load(script, source, after):
+    """Runs `script` (INTERRUPTED, after any setup of its own) on `source` in a child, sends it SIGINT
+    `after` seconds into its load, and returns what it counted: {"before", "after"}, each its
+    [thread names, descriptors]."""
+    child = subprocess.Popen([sys.executable, "-c", script, os.path.join(ROOT, "python"), os.path.dirname(__file__),
+                              os.path.join(NATIVE_DIR, "stfs"), source],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "loading"
+        time.sleep(after)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=TIMEOUT)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert out.startswith("interrupted "), (out, err)
+    return json.loads(out[len("interrupted "):])
+
+
 def test_ctrl_c_in_the_middle_of_a_load_leaves_no_thread_reading_and_no_descriptor_open(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "m.safetensors"
@@ -588,20 +608,8 @@ def test_ctrl_c_in_the_middle_of_a_load_leaves_no_thread_reading_and_no_descript
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/m.safetensors"
-        child = subprocess.Popen([sys.executable, "-c", INTERRUPTED, os.path.join(ROOT, "python"),
-                                  os.path.dirname(__file__), os.path.join(NATIVE_DIR, "stfs"), url],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert child.stdout.readline().strip() == "loading"
-            time.sleep(2)  # the header is in; the tensors are being read
-            child.send_signal(signal.SIGINT)
-            out, err = child.communicate(timeout=TIMEOUT)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-        assert out.startswith("interrupted "), (out, err)
-        counts = json.loads(out[len("interrupted "):])
+        # After 2 s the header is in and the tensors are being read.
+        counts = interrupted_load(INTERRUPTED, url, after=2)
         assert counts["after"] == counts["before"], counts  # [thread names, descriptors]
     finally:
         server.shutdown()
@@ -681,20 +689,8 @@ def test_ctrl_c_in_the_middle_of_a_cold_local_load_stops_its_o_direct_reads(tmp_
     source.parent.mkdir()
     save_file({f"t.{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(8)}, str(source))
     path = _cold_copy(source, tmp_path)
-    child = subprocess.Popen([sys.executable, "-c", SLOW_DIRECT_READS + INTERRUPTED, os.path.join(ROOT, "python"),
-                              os.path.dirname(__file__), os.path.join(NATIVE_DIR, "stfs"), str(path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "loading"
-        time.sleep(1.5)  # the header is in; the O_DIRECT reads are under way
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=TIMEOUT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert out.startswith("interrupted "), (out, err)
-    counts = json.loads(out[len("interrupted "):])
+    # After 1.5 s the header is in and the O_DIRECT reads are under way.
+    counts = interrupted_load(SLOW_DIRECT_READS + INTERRUPTED, str(path), after=1.5)
     assert counts["after"] == counts["before"], counts  # [thread names, descriptors]
 
 
