@@ -414,6 +414,27 @@ def test_a_whole_load_from_s3_reads_each_tensor_byte_once_in_a_request_per_share
         assert after["http_requests"] - before["http_requests"] <= 4, after
 
 
+def test_a_load_with_a_disk_cache_fills_it_and_the_next_load_reads_it_from_disk(s3, tmp_path):  # noqa: F811
+    """With cache_dir the whole load takes the block path, not direct reads, so that its blocks land on
+    disk: the next load, in another engine, fetches nothing from the store."""
+    rng = np.random.default_rng(10)
+    tensors = {f"t.{i}": rng.standard_normal((256, 1024)).astype(np.float32) for i in range(6)}
+    save_file(tensors, str(s3 / "model.safetensors"))
+    cache = tmp_path / "cache"
+    fetched = []
+    for _ in range(2):
+        with stfs.Checkpoint("s3://models/model.safetensors", block_size="64K", cache_dir=str(cache)) as c:
+            bufs = [(t, 0, bytearray(t.byte_len)) for t in c.tensors]
+            c.read(bufs)
+            for t, _, b in bufs:
+                assert bytes(b) == tensors[t.name].tobytes(), t.name
+            fetched.append(c.stats()["http_bytes"])
+    size = (s3 / "model.safetensors").stat().st_size
+    assert fetched[0] >= sum(a.nbytes for a in tensors.values()), fetched
+    # The second engine's opening request (the header, 64 KiB) and nothing more.
+    assert fetched[1] <= 64 << 10, f"the second load fetched {fetched[1]} bytes of {size}: the disk cache was not used"
+
+
 def test_eight_ranks_slicing_every_tensor_from_s3_fetch_the_file_about_once(s3):  # noqa: F811
     rng = np.random.default_rng(5)
     # Tensors of 8 MiB, so a rank's eighth (1 MiB) is large beside the 64 KiB block at each of its ends.
