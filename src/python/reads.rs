@@ -65,7 +65,7 @@ pub enum Job {
 /// have ended.
 struct Shared<'a> {
     fs: &'a Fs,
-    reads: &'a [Job],
+    jobs: &'a [Job],
     next: AtomicUsize,
     stop: AtomicBool,
     failure: Mutex<Option<String>>,
@@ -73,14 +73,14 @@ struct Shared<'a> {
     block_size: u64,
 }
 
-/// Does every one of `reads` on up to `threads` threads, each taking whole jobs in turn (a
+/// Does every one of `jobs` on up to `threads` threads, each taking whole jobs in turn (a
 /// tensor's chunks in order, so its readahead stream stays sequential). Raises `StfsError` for the
 /// first failed read (`stfs: TENSOR: problem`), or the exception a signal handler raised.
-pub fn read_all(py: Python<'_>, fs: &Fs, reads: &[Job], threads: usize, block_size: u64) -> PyResult<()> {
-    let threads = threads.clamp(1, reads.len().max(1));
+pub fn read_all(py: Python<'_>, fs: &Fs, jobs: &[Job], threads: usize, block_size: u64) -> PyResult<()> {
+    let threads = threads.clamp(1, jobs.len().max(1));
     let shared = Shared {
         fs,
-        reads,
+        jobs,
         next: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         failure: Mutex::new(None),
@@ -133,7 +133,7 @@ fn wait_for(shared: &Shared<'_>, threads: usize) -> Option<PyErr> {
 fn read_some(shared: &Shared<'_>) {
     let mut readers: HashMap<SourceId, DirectReader> = HashMap::new();
     while !shared.stop.load(Relaxed) {
-        let Some(job) = shared.reads.get(shared.next.fetch_add(1, Relaxed)) else { return };
+        let Some(job) = shared.jobs.get(shared.next.fetch_add(1, Relaxed)) else { return };
         let (tensor, result) = match job {
             Job::Fs(read) => (read.tensor, read_one(shared, read)),
             Job::Direct(piece) => (piece.tensor, read_direct(shared, &mut readers, piece)),
