@@ -742,8 +742,10 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
     would (same options and errors). Tensors of a local shard are views of one private mapping of its
     file (zero copy, as safetensors' load_file) where it is in the page cache, else of memory of its
     own read with O_DIRECT (_direct.read_direct; where that is refused, the mapping, read into the
-    page cache meanwhile by read_ahead's threads); every other tensor (a remote shard's, a converted view's) is read by the
-    engine straight into its own memory, all of them at once on several threads, the GIL released. The
+    page cache meanwhile by read_ahead's threads); every other tensor (a remote shard's, a converted
+    view's) is read by the engine straight into its own memory, all of them at once on several threads,
+    the GIL released: raw bytes straight from the store in about one request per thread's share
+    (Checkpoint.read), views through the engine's blocks. The
     engine is closed before load returns (its threads joined, its descriptors closed); the arrays hold
     nothing of it. For a CUDA device the engine reads every tensor into the pinned ring (_load_cuda
     with _engine_pieces): no mapping, no read-ahead."""
