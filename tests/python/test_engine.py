@@ -576,7 +576,10 @@ class SlowRanges(http.server.BaseHTTPRequestHandler):
 
 
 INTERRUPTED = r"""
-import json, os, sys, time
+import json, os, signal, sys, time
+# Ctrl-C raises KeyboardInterrupt here even where this process was started with SIGINT ignored (a
+# test run started in the background by a shell without job control: its children inherit that).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path[:0] = sys.argv[1:3]
 import numpy  # before the counts: its BLAS starts threads of its own when imported
 import stfs, stfs._engine
