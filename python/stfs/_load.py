@@ -784,14 +784,14 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
                     flats = _engine.flat_bytes(checkpoint, lambda n: np.empty(n, np.uint8),
                                                lambda m, at, n: np.frombuffer(m, np.uint8, n, at),
                                                bar.tick if bar else None)
-                    read_ahead(_engine.mapped_paths(checkpoint), ahead)
+                    read_ahead(_engine.cold_mapped_paths(checkpoint), ahead)
                     return _typed_numpy(np, items, flats)
                 import torch
 
                 flats = _engine.flat_bytes(checkpoint, lambda n: torch.empty(n, dtype=torch.uint8, device="cpu"),
                                            lambda m, at, n: torch.frombuffer(m, dtype=torch.uint8, count=n, offset=at),
                                            bar.tick if bar else None)
-                read_ahead(_engine.mapped_paths(checkpoint), ahead)
+                read_ahead(_engine.cold_mapped_paths(checkpoint), ahead)
                 return _typed_torch(torch, items, flats)
             finally:
                 if bar is not None:

@@ -90,22 +90,33 @@ impl DirectReader {
     }
 }
 
+/// One piece of a run [`cut_run`] cut: what one direct read fills.
+#[derive(Debug, PartialEq)]
+pub struct RunPiece {
+    /// Its first byte's place in the run (bytes from the run's start).
+    pub start: u64,
+    /// The index (in the run's parts) of the part its first byte belongs to.
+    pub first_part: usize,
+    /// The parts, or pieces of parts, it fills, in order (`(address, len)`).
+    pub parts: Vec<(usize, usize)>,
+}
+
 /// The parts of a run of bytes (`(address, len)` each, the run's bytes in order) cut into
-/// `ceil(total / piece)` pieces of as even a size as whole bytes allow (none above `piece`), each
-/// the parts, or pieces of parts, it holds, in order: what one direct read each fills.
-pub fn cut_run(parts: &[(usize, usize)], piece: u64) -> Vec<Vec<(usize, usize)>> {
+/// `ceil(total / piece)` pieces of as even a size as whole bytes allow (none above `piece`).
+pub fn cut_run(parts: &[(usize, usize)], piece: u64) -> Vec<RunPiece> {
     let total: u64 = parts.iter().map(|&(_, n)| n as u64).sum();
     let count = total.div_ceil(piece.max(1));
     let mut pieces = Vec::new();
-    let mut rest = parts.iter().copied().filter(|&(_, n)| n > 0).peekable();
+    let mut rest = parts.iter().copied().enumerate().filter(|&(_, (_, n))| n > 0).peekable();
     let mut taken = 0usize; // bytes of the current part already in a piece
     for k in 0..count {
-        let mut want = (total * (k + 1) / count - total * k / count) as usize;
-        let mut cut = Vec::new();
+        let start = total * k / count;
+        let mut want = (total * (k + 1) / count - start) as usize;
+        let mut cut = RunPiece { start, first_part: rest.peek().map_or(0, |&(i, _)| i), parts: Vec::new() };
         while want > 0 {
-            let Some(&(address, len)) = rest.peek() else { break };
+            let Some(&(_, (address, len))) = rest.peek() else { break };
             let n = (len - taken).min(want);
-            cut.push((address + taken, n));
+            cut.parts.push((address + taken, n));
             (want, taken) = (want - n, taken + n);
             if taken == len {
                 rest.next();
@@ -129,12 +140,20 @@ mod tests {
         for piece in [1, 4, 10, 29, 30, 100] {
             let pieces = cut_run(&parts, piece);
             assert_eq!(pieces.len() as u64, 30u64.div_ceil(piece), "{piece}");
-            let sizes: Vec<u64> = pieces.iter().map(|p| p.iter().map(|&(_, n)| n as u64).sum()).collect();
+            let sizes: Vec<u64> = pieces.iter().map(|p| p.parts.iter().map(|&(_, n)| n as u64).sum()).collect();
             let (least, most) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
             assert!(*most <= piece && most - least <= 1, "{piece}: {sizes:?}");
             // Every byte of every buffer exactly once, in order.
-            let bytes: Vec<usize> = pieces.iter().flatten().flat_map(|&(a, n)| a..a + n).collect();
+            let bytes: Vec<usize> = pieces.iter().flat_map(|p| &p.parts).flat_map(|&(a, n)| a..a + n).collect();
             assert_eq!(bytes, want, "{piece}");
+            // Each piece starts where the ones before it end, in the part holding its first byte.
+            let mut start = 0;
+            for (p, size) in pieces.iter().zip(&sizes) {
+                assert_eq!(p.start, start, "{piece}");
+                let (address, len) = parts[p.first_part];
+                assert!((address..address + len).contains(&p.parts[0].0), "{piece}: {p:?}");
+                start += size;
+            }
         }
         assert!(cut_run(&[], 4).is_empty());
     }

@@ -75,7 +75,7 @@ mod tests;
 pub mod tuning;
 
 pub use self::core::Engine;
-pub use direct::{cut_run, DirectReader};
+pub use direct::{cut_run, DirectReader, RunPiece};
 pub use error::ReadError;
 pub use readahead::ReadaheadConfig;
 pub use tuning::{EngineConfig, MIN_PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES};

@@ -1,7 +1,8 @@
 //! The Python extension module `stfs._native` (`--features python`, built by maturin): the second
 //! face of the library beside the FUSE adapter. It opens a source as `stfs mount` does
 //! (`cli::unmounted`), lists its tensors and reads them through the same filesystem and engine into
-//! buffers the caller owns (long runs straight from the store, the rest through the engine), in this process, with no mount; and it runs the `stfs` command for the
+//! buffers the caller owns (long runs straight from the store, the rest through the engine's
+//! blocks: `plan`, `reads`), in this process, with no mount; and it runs the `stfs` command for the
 //! wheel's console script (`command`). `python/stfs` is the Python side built on it.
 
 mod buffers;

@@ -96,8 +96,9 @@ impl Opened {
     /// too small, or overlaps another of the call), on up to `threads` threads, the GIL released:
     /// raw tensor bytes in long runs straight from the store in about even pieces, the rest through
     /// the engine's blocks (`plan`). With `huge_pages`, the buffers are fresh memory the call may
-    /// advise the kernel to back with huge pages before its first touch (`advise_huge_pages`). A signal (Ctrl-C) stops every
-    /// thread at its next chunk, and its exception is raised once they all have.
+    /// advise the kernel to back with huge pages before its first touch (`advise_huge_pages`). A
+    /// signal (Ctrl-C) stops every thread at its next chunk or piece, and its exception is raised
+    /// once they all have.
     #[pyo3(signature = (reads, threads, huge_pages = false))]
     fn read_into<'py>(
         &self,

@@ -87,21 +87,18 @@ fn run_end(run: &[Placed]) -> Option<(SourceId, u64)> {
     run.last().map(|p| (p.source, p.at + p.wanted.len as u64))
 }
 
-/// `run` cut into pieces of about `piece` bytes ([`cut_run`]), each one request.
+/// `run` cut into pieces of about `piece` bytes ([`cut_run`]), each one request, named by the
+/// tensor its first byte belongs to.
 fn cut(run: &[Placed], piece: u64) -> Vec<DirectPiece> {
     let Some(first) = run.first() else { return Vec::new() };
     let parts: Vec<(usize, usize)> = run.iter().map(|p| (p.wanted.address, p.wanted.len)).collect();
-    let mut offset = first.at;
-    let mut owner = run.iter().peekable(); // the wanted range a piece's first byte belongs to
     cut_run(&parts, piece)
         .into_iter()
-        .map(|parts| {
-            let start = parts[0].0;
-            while owner.next_if(|p| !(p.wanted.address..p.wanted.address + p.wanted.len).contains(&start)).is_some() {}
-            let tensor = owner.peek().map_or(first.wanted.tensor, |p| p.wanted.tensor);
-            let piece = DirectPiece { source: first.source, offset, tensor, parts };
-            offset += piece.parts.iter().map(|&(_, n)| n as u64).sum::<u64>();
-            piece
+        .map(|cut| DirectPiece {
+            source: first.source,
+            offset: first.at + cut.start,
+            tensor: run[cut.first_part].wanted.tensor,
+            parts: cut.parts,
         })
         .collect()
 }
