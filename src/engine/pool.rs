@@ -1,7 +1,7 @@
 //! The bounded pool of I/O threads that runs the prefetch jobs: a fixed set of threads fed by a
 //! bounded queue, where submitting never blocks (a full queue hands the job back). The threads
-//! start with the first job: an engine that never prefetches (`stfs.load` of a local file in the
-//! page cache, mapped) starts and joins none (16 threads were 1.4 ms of its 3 ms in-process load).
+//! start with the first job: an engine opened and closed without one (an `stfs.open` handle of a
+//! local file whose tensors are mapped, never read through the engine) starts and joins none.
 
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
