@@ -45,9 +45,10 @@ use crate::util::lock;
 /// threads to keep every lane busy while the loader faults on.
 pub(crate) const FAULTS_AHEAD: usize = 32;
 
-/// Faults in a row, each past bytes no read covered, before the next ones are fetched ahead: a
-/// few faults of 330 (the pipeline's UNet) go without, and workers reading every n-th tensor of
-/// the file, whose reads at tensor starts come together now and then, seldom look like a walk.
+/// Steps in a row (reads taking in the next starts, with no read inside a tensor between them)
+/// before the next faults are fetched ahead: a few faults of 330 (the pipeline's UNet) go without,
+/// and workers reading every n-th tensor of the file, whose reads at tensor starts come together
+/// now and then, seldom look like a walk.
 pub(crate) const WALK_STEPS: usize = 3;
 
 /// Largest read-around taken either side of a start: the kernel's requests are at most 16 MiB
@@ -68,7 +69,7 @@ struct Walk {
     last: usize,
     /// Starts below this index have had their read-around asked for.
     asked: usize,
-    /// Whether the reads since `last` was set form a walk (two steps in file order).
+    /// Whether the reads since the walk began form one ([`WALK_STEPS`] steps in file order).
     walking: bool,
     /// The largest read of the checkpoint file seen: the kernel's read size.
     largest_read: u64,
@@ -114,8 +115,7 @@ impl FaultWalk {
         // (or the next one, before anything was asked).
         let reach = walk.asked.max(walk.last + 1);
         if walk.last == 0 || end <= walk.last || first > reach {
-            let (starts, largest_read) = (std::mem::take(&mut walk.starts), walk.largest_read);
-            *walk = Walk { starts, largest_read, last: end, asked: end, ..Walk::default() };
+            *walk = Walk { last: end, asked: end, walking: false, steps: 0, ..std::mem::take(&mut *walk) };
             return None;
         }
         walk.last = end;
