@@ -12,7 +12,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ._direct import read_direct
 from ._mount import PathLike, StfsError, _argument, _path, _utf8, mount_flags
-from ._whole import sampled_cached
+from ._whole import ReadAhead, fault_in_ahead, sampled_cached
 
 _native: Any = None
 
@@ -203,12 +203,13 @@ class Checkpoint:
 
 # --- stfs.load without a mount ---------------------------------------------------------------------
 
-def _shard_maps(checkpoint: Checkpoint) -> Dict[int, Any]:
+def _shard_maps(checkpoint: Checkpoint, ahead: Optional[ReadAhead] = None) -> Dict[int, Any]:
     """shard -> the bytes of its local file, writable (as load_file's tensors): a private mapping (zero
     copy, as safetensors' load_file) where the file is in the page cache (sampled:
     _whole.sampled_cached), else memory of its own read with O_DIRECT (_direct.read_direct), or a
     mapping where that is refused (those shards are listed in checkpoint.mapped_cold). Remote shards
-    are left out. The descriptors are closed here."""
+    are left out. The descriptors are closed here. With `ahead`, the mappings of cached files are
+    faulted in behind the caller's back by one of its threads (fault_in_ahead)."""
     files: Dict[int, Any] = {}
     cold: Dict[int, Any] = {}
     try:
@@ -228,15 +229,19 @@ def _shard_maps(checkpoint: Checkpoint) -> Dict[int, Any]:
     finally:
         for fd in files.values():
             os.close(fd)
+    if ahead is not None:
+        fault_in_ahead([maps[shard] for shard in sorted(files) if shard not in cold], _module().fault_in, ahead)
     return maps
 
 
-def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None) -> Dict[str, Any]:
+def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None,
+               ahead: Optional[ReadAhead] = None) -> Dict[str, Any]:
     """name -> the bytes of every tensor's file, 1-D: a view of its shard's bytes (`from_map(map,
     start, length)`; a mapping, or memory read with O_DIRECT where cold: _shard_maps) where the
     shard is a local file and the tensor raw, else a buffer made by
-    `new_buffer(length)` and read into, all at once. The read-ahead of mapped shards is the caller's."""
-    maps = _shard_maps(checkpoint)
+    `new_buffer(length)` and read into, all at once. The read-ahead of cold mapped shards is the
+    caller's; the mappings of cached ones are faulted in by a thread of `ahead`'s where one is given."""
+    maps = _shard_maps(checkpoint, ahead)
     out: Dict[str, Any] = {}
     reads = []
     for t in checkpoint.tensors:

@@ -747,7 +747,8 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
     the GIL released: raw bytes straight from the store in about one request per thread's share
     (Checkpoint.read), views through the engine's blocks. The
     engine is closed before load returns (its threads joined, its descriptors closed); the arrays hold
-    nothing of it. For a CUDA device the engine reads every tensor into the pinned ring (_load_cuda
+    nothing of it. A mapping of a cached file is faulted into the page tables by a thread at
+    SCHED_IDLE meanwhile (_whole.fault_in_ahead), which may outlive the call by a few ms. For a CUDA device the engine reads every tensor into the pinned ring (_load_cuda
     with _engine_pieces): no mapping, no read-ahead."""
     ahead = ReadAhead()
     try:
@@ -783,14 +784,14 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
 
                     flats = _engine.flat_bytes(checkpoint, lambda n: np.empty(n, np.uint8),
                                                lambda m, at, n: np.frombuffer(m, np.uint8, n, at),
-                                               bar.tick if bar else None)
+                                               bar.tick if bar else None, ahead)
                     read_ahead(_engine.cold_mapped_paths(checkpoint), ahead)
                     return _typed_numpy(np, items, flats)
                 import torch
 
                 flats = _engine.flat_bytes(checkpoint, lambda n: torch.empty(n, dtype=torch.uint8, device="cpu"),
                                            lambda m, at, n: torch.frombuffer(m, dtype=torch.uint8, count=n, offset=at),
-                                           bar.tick if bar else None)
+                                           bar.tick if bar else None, ahead)
                 read_ahead(_engine.cold_mapped_paths(checkpoint), ahead)
                 return _typed_torch(torch, items, flats)
             finally:

@@ -6,14 +6,16 @@ rest its usual way.
 
 From a cold page cache such a mapping would be read by its page faults, a little at a time; for torch
 (whose stfs.load reads every byte anyway where nothing is handed over) read_ahead has threads read the
-mapped shards into the page cache, while the caller goes on using the tensors."""
+mapped shards into the page cache, while the caller goes on using the tensors; from a warm one
+fault_in_ahead has a thread take a mapping's pages into the page tables before the caller's touches do."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ._mapping import pages_cached
 
@@ -39,6 +41,16 @@ READ_AHEAD_MEMORY_SHARE = 0.5
 READ_AHEAD_STOP_SECONDS = 5.0
 #: read_ahead takes a file whose steps at this many places are cached as cached, and reads none of it.
 CACHED_SAMPLES = 64
+
+#: fault_in_ahead touches one byte per this many bytes: the kernel's default fault-around window
+#: (fault_around_bytes), so over a file cached in small folios each touch maps a window the one before
+#: did not; a 2 MiB folio is mapped whole by its first touch.
+FAULT_STRIDE = 64 << 10
+#: fault_in_ahead's thread looks whether it is to stop after each this many bytes (at most a few ms).
+FAULT_CHUNK = 64 << 20
+
+#: How long the interpreter's exit waits, in all, for fault_in_ahead's threads to stop.
+FAULT_STOP_SECONDS = 1.0
 
 #: The extended attribute an stfs file carries: "1" while its opens are handed to the kernel.
 PASSTHROUGH_XATTR = "user.stfs.passthrough"
@@ -208,6 +220,79 @@ def read_ahead(paths: Sequence[str], ahead: Optional[ReadAhead] = None) -> ReadA
         ahead.threads.append(t)
         t.start()
     return ahead
+
+
+def fault_in_ahead(maps: Sequence[Any], fault_in: Callable[[Any, int, int, int], None],
+                   ahead: ReadAhead) -> None:
+    """Starts a daemon thread (one of `ahead`'s) that maps the pages of each of `maps` (private
+    mappings of files found in the page cache, in order) into this process's page tables, by
+    `fault_in` (stfs._native.fault_in: one read every FAULT_STRIDE bytes, the GIL released), while the
+    caller starts on the tensors: the caller's own first touches then find their pages mapped. A
+    light use of 2 GiB (one byte a page) after the load was 1.41x load_file's in loaders.py, 1.7-1.9x
+    in one process (2026-12-02, docs/performance.md). The thread runs at
+    SCHED_IDLE, only on a CPU nothing else wants: at a plain priority it took a CPU from a caller
+    copying every byte on all of them (0.84-0.94x load_file's time); where that policy cannot be set,
+    or the process may run on one CPU only, no thread is started. Faults, not MADV_POPULATE_READ:
+    that holds the process's memory-map lock through each call, and a thread of the caller's that
+    mapped memory meanwhile waited 3-10 ms for it. Best effort: the mappings' bytes are the same
+    either way."""
+    if not maps or ahead.stopping.is_set():
+        return
+    try:
+        if len(os.sched_getaffinity(0)) < 2:
+            return
+        idle = os.SCHED_IDLE
+    except (AttributeError, OSError):  # not Linux
+        return
+    stopping = ahead.stopping
+
+    def run() -> None:
+        try:
+            os.sched_setscheduler(0, idle, os.sched_param(0))  # this thread only (0: the caller)
+            for m in maps:
+                size = len(m)
+                for at in range(0, size, FAULT_CHUNK):
+                    if stopping.is_set():
+                        return
+                    fault_in(m, at, min(size, at + FAULT_CHUNK), FAULT_STRIDE)
+        except (OSError, ValueError):
+            pass
+        finally:
+            with _FAULTING_LOCK:
+                _FAULTING.discard(entry)
+
+    t = threading.Thread(target=run, name="stfs-fault-in", daemon=True)
+    entry = (stopping, t)
+    with _FAULTING_LOCK:
+        _FAULTING.add(entry)
+    try:
+        t.start()
+    except RuntimeError:  # no thread to be had: the caller's touches fault the pages in themselves
+        with _FAULTING_LOCK:
+            _FAULTING.discard(entry)
+        return
+    ahead.threads.append(t)
+
+
+#: fault_in_ahead's running threads, each with the event that stops it (each takes itself out as it ends).
+_FAULTING: Set[Tuple[threading.Event, threading.Thread]] = set()
+_FAULTING_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_faulting() -> None:
+    """Stops fault_in_ahead's threads before the interpreter ends: a daemon thread still in
+    stfs._native.fault_in then would be ended by the interpreter as it takes the GIL back, an unwind
+    through the extension's frames that aborts the process (SIGABRT: "FATAL: exception not rethrown"
+    or a fatal Python error). Each
+    stops within one FAULT_CHUNK; atexit runs before the interpreter ends such threads."""
+    with _FAULTING_LOCK:
+        running = list(_FAULTING)
+    for stopping, _ in running:
+        stopping.set()
+    deadline = time.monotonic() + FAULT_STOP_SECONDS
+    for _, thread in running:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def sampled_cached(fd: int, size: int) -> bool:

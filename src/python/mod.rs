@@ -2,13 +2,15 @@
 //! face of the library beside the FUSE adapter. It opens a source as `stfs mount` does
 //! (`cli::unmounted`), lists its tensors and reads them through the same filesystem and engine into
 //! buffers the caller owns (long runs straight from the store, the rest through the engine's
-//! blocks: `plan`, `reads`), in this process, with no mount; and it runs the `stfs` command for the
+//! blocks: `plan`, `reads`), in this process, with no mount; it takes a mapped file's cached pages
+//! into the page tables ahead of their reader (`pages`); and it runs the `stfs` command for the
 //! wheel's console script (`command`). `python/stfs` is the Python side built on it.
 
 mod buffers;
 mod command;
 mod error;
 mod opened;
+mod pages;
 mod plan;
 mod reads;
 
@@ -19,5 +21,6 @@ use pyo3::prelude::*;
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(command::main, module)?)?;
     module.add_class::<opened::Opened>()?;
+    module.add_function(wrap_pyfunction!(pages::fault_in, module)?)?;
     Ok(())
 }

@@ -284,6 +284,89 @@ def test_where_o_direct_is_refused_or_fails_the_file_is_mapped_instead(numpy_che
         shutil.rmtree(shm)
 
 
+def _mapped_kib(path):
+    """KiB of this process's mappings of `path` that are in its page tables (smaps' Rss)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=5)
+            if "-" in head[0] and ":" not in head[0]:  # a mapping's first line: address range ... path
+                ours = line.rstrip("\n").endswith(" " + str(path))
+            elif ours and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def _fault_in_threads():
+    return [t for t in threading.enumerate() if t.name == "stfs-fault-in"]
+
+
+def test_a_cached_files_mapping_is_faulted_in_behind_the_caller(tmp_path, monkeypatch):
+    """A load of a file in the page cache maps it (zero copy) and has a thread of its own, at
+    SCHED_IDLE, take the mapping's pages into the page tables while the caller goes on, so that the
+    caller's first touches take no faults: once that thread ends, the whole file is mapped (smaps' Rss)
+    though nothing here touched a byte, and the tensors equal the reference's. Where the process may
+    run on one CPU only no such thread is started (it would compete with the caller)."""
+    monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")  # no mount: the engine in this process
+    rng = np.random.default_rng(5)
+    tensors = {f"t.{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(8)}  # 32 MiB
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
+    assert _sampled_cached(path)
+    got = stfs.load(path)
+    several = len(os.sched_getaffinity(0)) > 1
+    assert several or not _fault_in_threads()
+    assert wait_until(lambda: not _fault_in_threads(), TIMEOUT), "the fault-in thread did not end"
+    if several:
+        assert _mapped_kib(path) >= os.path.getsize(path) // 1024 * 0.95, _mapped_kib(path)
+    assert all(np.array_equal(got[name], value) for name, value in tensors.items())
+    del got
+    assert _mapped_kib(path) == 0  # unmapped with the last array
+
+
+#: A child that exits while stfs.load's fault-in thread is inside stfs._native.fault_in (one call over
+#: the whole file, a byte at a time: 0.2 s per 32 MiB in a debug build), and whose interpreter then
+#: sleeps as it ends (a global's __del__), so that call returns while the interpreter is ending.
+EXIT_WHILE_FAULTING = r"""
+import sys, threading, time
+sys.path[:0] = sys.argv[1:2]
+import stfs, stfs._engine, stfs._whole
+if not stfs._engine.available():
+    stfs.__path__.append(sys.argv[2])
+stfs._whole.FAULT_STRIDE, stfs._whole.FAULT_CHUNK, stfs._whole.FAULT_STOP_SECONDS = 1, 1 << 40, 30.0
+class SlowEnd:
+    def __del__(self):
+        time.sleep(3)
+slow_end = SlowEnd()
+got = stfs.load(sys.argv[3])
+assert any(t.name == "stfs-fault-in" for t in threading.enumerate())
+print("exiting", flush=True)
+"""
+
+
+def test_the_interpreter_exiting_while_a_fault_in_thread_runs_ends_cleanly(tmp_path):
+    """The interpreter ends a daemon thread that takes the GIL back during its finalization by
+    unwinding it (or stopping it), and that through the extension's frames aborts the process (SIGABRT,
+    "FATAL: exception not rethrown" or a fatal Python error: seen with a caller whose copy kept every
+    CPU busy, starving the SCHED_IDLE thread, and here without the hook); an atexit hook stops the
+    fault-in threads first, so the exit is clean."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no fault-in thread is started")
+    path = tmp_path / "m.safetensors"
+    save_file({f"t.{i}": np.ones((1024, 1024), np.float32) for i in range(16)}, str(path))  # 64 MiB
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
+    child = subprocess.run([sys.executable, "-c", EXIT_WHILE_FAULTING, os.path.join(ROOT, "python"),
+                            os.path.join(NATIVE_DIR, "stfs"), str(path)],
+                           capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ, STFS_BIN="/nonexistent"))
+    assert child.returncode == 0 and child.stdout == "exiting\n", (child.returncode, child.stdout, child.stderr)
+    assert "FATAL" not in child.stderr, child.stderr
+
+
 def test_a_file_on_a_fuse_filesystem_is_read_through_the_engine_each_byte_once(tmp_path, monkeypatch):
     """A local file on a network or FUSE filesystem (here slowfs, which drops the file's pages at every
     open, as GCSFuse does) is not mapped: the reads ahead of a mapping's faults would land in a page
