@@ -49,6 +49,11 @@ FAULT_STRIDE = 64 << 10
 #: fault_in_ahead's thread looks whether it is to stop after each this many bytes (at most a few ms).
 FAULT_CHUNK = 64 << 20
 
+#: fault_in_ahead starts no thread for fewer mapped bytes than this: Thread.start waits until the thread
+#: runs (0.3-0.5 ms on 2 CPUs), more than the faults of a small file cost the caller (a 4 MiB load and
+#: light use took 1.55 ms with the thread, 1.23 ms without; 32 MiB 3.2 ms and 3.4 ms; 2026-12-02).
+FAULT_MIN_BYTES = 16 << 20
+
 #: How long the interpreter's exit waits, in all, for fault_in_ahead's threads to stop.
 FAULT_STOP_SECONDS = 1.0
 
@@ -232,11 +237,12 @@ def fault_in_ahead(maps: Sequence[Any], fault_in: Callable[[Any, int, int, int],
     in one process (2026-12-02, docs/performance.md). The thread runs at
     SCHED_IDLE, only on a CPU nothing else wants: at a plain priority it took a CPU from a caller
     copying every byte on all of them (0.84-0.94x load_file's time); where that policy cannot be set,
-    or the process may run on one CPU only, no thread is started. Faults, not MADV_POPULATE_READ:
+    or the process may run on one CPU only, or the mappings hold fewer than FAULT_MIN_BYTES, no
+    thread is started. Faults, not MADV_POPULATE_READ:
     that holds the process's memory-map lock through each call, and a thread of the caller's that
     mapped memory meanwhile waited 3-10 ms for it. Best effort: the mappings' bytes are the same
     either way."""
-    if not maps or ahead.stopping.is_set():
+    if sum(len(m) for m in maps) < FAULT_MIN_BYTES or ahead.stopping.is_set():
         return
     try:
         if len(os.sched_getaffinity(0)) < 2:

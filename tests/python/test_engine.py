@@ -9,6 +9,7 @@ import concurrent.futures
 import hashlib
 import http.server
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -306,7 +307,8 @@ def test_a_cached_files_mapping_is_faulted_in_behind_the_caller(tmp_path, monkey
     SCHED_IDLE, take the mapping's pages into the page tables while the caller goes on, so that the
     caller's first touches take no faults: once that thread ends, the whole file is mapped (smaps' Rss)
     though nothing here touched a byte, and the tensors equal the reference's. Where the process may
-    run on one CPU only no such thread is started (it would compete with the caller)."""
+    run on one CPU only (it would compete with the caller), or for a file under FAULT_MIN_BYTES, no
+    such thread is started."""
     monkeypatch.setenv("STFS_BIN", "/nonexistent/stfs")  # no mount: the engine in this process
     rng = np.random.default_rng(5)
     tensors = {f"t.{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(8)}  # 32 MiB
@@ -325,6 +327,19 @@ def test_a_cached_files_mapping_is_faulted_in_behind_the_caller(tmp_path, monkey
     assert all(np.array_equal(got[name], value) for name, value in tensors.items())
     del got
     assert _mapped_kib(path) == 0  # unmapped with the last array
+
+    # A small file's faults cost the caller less than a thread's start: none is started for it.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        whole, small = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY), mmap.mmap(fd, 1 << 20, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    ahead = stfs._whole.ReadAhead()
+    stfs._whole.fault_in_ahead([small], stfs._native.fault_in, ahead)
+    assert ahead.threads == []
+    stfs._whole.fault_in_ahead([whole], stfs._native.fault_in, ahead)
+    assert len(ahead.threads) == (1 if several else 0)
+    assert ahead.stop()
 
 
 #: A child that exits while stfs.load's fault-in thread is inside stfs._native.fault_in (one call over
