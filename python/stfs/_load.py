@@ -748,8 +748,9 @@ def _load_unmounted(path: str, kind: str, device: Any, progress: Optional[bool],
     (Checkpoint.read), views through the engine's blocks. The
     engine is closed before load returns (its threads joined, its descriptors closed); the arrays hold
     nothing of it. A mapping of a cached file is faulted into the page tables by a thread at
-    SCHED_IDLE meanwhile (_whole.fault_in_ahead), which may outlive the call by a few ms. For a CUDA device the engine reads every tensor into the pinned ring (_load_cuda
-    with _engine_pieces): no mapping, no read-ahead."""
+    SCHED_IDLE meanwhile (_whole.fault_in_ahead), which may outlive the call by a few ms. For a CUDA
+    device the engine reads every tensor into the pinned ring (_load_cuda with _engine_pieces): no
+    mapping, no read-ahead."""
     ahead = ReadAhead()
     try:
         target = _torch_device(device) if kind == "torch" else None

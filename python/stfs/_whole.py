@@ -234,14 +234,13 @@ def fault_in_ahead(maps: Sequence[Any], fault_in: Callable[[Any, int, int, int],
     `fault_in` (stfs._native.fault_in: one read every FAULT_STRIDE bytes, the GIL released), while the
     caller starts on the tensors: the caller's own first touches then find their pages mapped. A
     light use of 2 GiB (one byte a page) after the load was 1.41x load_file's in loaders.py, 1.7-1.9x
-    in one process (2026-12-02, docs/performance.md). The thread runs at
-    SCHED_IDLE, only on a CPU nothing else wants: at a plain priority it took a CPU from a caller
-    copying every byte on all of them (0.84-0.94x load_file's time); where that policy cannot be set,
-    or the process may run on one CPU only, or the mappings hold fewer than FAULT_MIN_BYTES, no
-    thread is started. Faults, not MADV_POPULATE_READ:
-    that holds the process's memory-map lock through each call, and a thread of the caller's that
-    mapped memory meanwhile waited 3-10 ms for it. Best effort: the mappings' bytes are the same
-    either way."""
+    in one process (2026-12-02, docs/performance.md). The thread runs at SCHED_IDLE, only on a CPU
+    nothing else wants: at a plain priority it took a CPU from a caller copying every byte on all of
+    them (0.84-0.94x load_file's time); where that policy cannot be set it ends at once, and where
+    the process may run on one CPU only, or the mappings hold fewer than FAULT_MIN_BYTES, none is
+    started. Faults, not MADV_POPULATE_READ: that holds the process's memory-map lock through each
+    call, and a thread of the caller's that mapped memory meanwhile waited 3-10 ms for it. Best
+    effort: the mappings' bytes are the same either way."""
     if sum(len(m) for m in maps) < FAULT_MIN_BYTES or ahead.stopping.is_set():
         return
     try:
@@ -290,8 +289,8 @@ def _stop_faulting() -> None:
     """Stops fault_in_ahead's threads before the interpreter ends: a daemon thread still in
     stfs._native.fault_in then would be ended by the interpreter as it takes the GIL back, an unwind
     through the extension's frames that aborts the process (SIGABRT: "FATAL: exception not rethrown"
-    or a fatal Python error). Each
-    stops within one FAULT_CHUNK; atexit runs before the interpreter ends such threads."""
+    or a fatal Python error). Each stops within one FAULT_CHUNK; atexit runs before the interpreter
+    ends such threads."""
     with _FAULTING_LOCK:
         running = list(_FAULTING)
     for stopping, _ in running:

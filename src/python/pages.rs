@@ -5,9 +5,9 @@ use pyo3::prelude::*;
 use super::buffers::held_buffers;
 
 /// Reads one byte every `stride` bytes of `buffer[start..end]` (a mapping of a file in the page
-/// cache, writable as a private mapping is, held exported meanwhile), the GIL released, so that each fault maps the cached pages around
-/// it (a whole 2 MiB folio, or the kernel's fault-around window of small ones) into this process
-/// before the caller's first touch does. A fault takes only its mapping's own lock, where
+/// cache, writable as a private mapping is, held exported meanwhile), the GIL released, so that
+/// each fault maps the cached pages around it (a whole 2 MiB folio, or the kernel's fault-around
+/// window of small ones) into this process before the caller's first touch does. A fault takes only its mapping's own lock, where
 /// `MADV_POPULATE_READ` holds the process's memory-map lock and stalls every other thread's `mmap`
 /// meanwhile. The bytes are read, never written.
 #[pyfunction]
@@ -19,12 +19,10 @@ pub fn fault_in(py: Python<'_>, buffer: &Bound<'_, PyAny>, start: usize, end: us
         return Ok(());
     }
     py.allow_threads(|| {
-        let mut at = start;
-        while at < end {
+        for at in (start..end).step_by(stride) {
             // SAFETY: `at` lies inside the buffer, which `held` keeps exported (alive, unmoved)
             // until this returns; a volatile read so the touch is not optimised away.
             unsafe { std::ptr::read_volatile((base + at) as *const u8) };
-            at = at.saturating_add(stride);
         }
     });
     Ok(())
