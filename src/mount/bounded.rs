@@ -6,6 +6,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -129,6 +130,24 @@ pub fn statfs(path: &Path, deadline: Instant) -> io::Result<Outcome> {
     })
 }
 
+/// fstatfs(2) of `fd` (an O_PATH descriptor will do), given until `deadline`: `Returned(ENOTCONN)`
+/// for a FUSE mount whose daemon is gone. Asks exactly the filesystem `fd` is on, whatever has
+/// been mounted over its path since it was opened.
+pub fn fstatfs(fd: BorrowedFd<'_>, deadline: Instant) -> io::Result<Outcome> {
+    let fd = fd.as_raw_fd();
+    in_child(Patience { deadline, limit: deadline }, || {
+        // SAFETY: fd is open (inherited by the child) and buf a properly sized, writable struct.
+        let rc = unsafe {
+            let mut buf: libc::statfs = std::mem::zeroed();
+            libc::fstatfs(fd, &mut buf)
+        };
+        match rc {
+            0 => 0,
+            _ => errno(),
+        }
+    })
+}
+
 /// Tells a child that still works in the kernel from one that waits, looked at every
 /// [`WORK_CHECK_EVERY`] once its deadline has passed.
 #[derive(Debug, Default)]
@@ -170,12 +189,15 @@ fn activity(pid: libc::pid_t) -> Option<(bool, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn calls_return_their_errno_and_slow_ones_time_out() {
         let soon = Instant::now() + Duration::from_secs(10);
         assert_eq!(statfs(Path::new("/"), soon).unwrap(), Outcome::Returned(0));
         assert_eq!(statfs(Path::new("/no/such/path"), soon).unwrap(), Outcome::Returned(libc::ENOENT));
+        let root = std::fs::File::open("/").unwrap();
+        assert_eq!(fstatfs(root.as_fd(), soon).unwrap(), Outcome::Returned(0));
         let dir = tempfile::tempdir().unwrap();
         let not_mounted = umount2(dir.path(), 0, soon, soon).unwrap();
         assert!(matches!(not_mounted, Outcome::Returned(libc::EINVAL | libc::EPERM)), "{not_mounted:?}");

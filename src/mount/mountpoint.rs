@@ -6,7 +6,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -85,11 +85,14 @@ impl std::error::Error for MountPointError {
 /// Checks that `path` is an existing directory with nothing mounted on it. A non-empty directory
 /// is accepted, as FUSE 3 tools do: its contents are hidden while mounted. What is mounted there is
 /// read from mountinfo, so a mount whose daemon does not answer cannot hold this check; a FUSE mount
-/// found there is asked (for at most half a second) whether its daemon is gone, to say "stale".
-/// One that goes away meanwhile (a mount that lost a race to another withdraws and ends its
-/// connection) is not stale: the check is made again, for as long as the mounts found there keep
-/// going away (several racing mounts withdraw one after another), within [`RACE_LOOK_LIMIT`]; past
-/// it, a mount point where mounts keep coming and going is already mounted on.
+/// found there is opened with O_PATH (which asks the filesystem nothing) and asked, through that
+/// descriptor and for at most half a second, whether its daemon is gone, to say "stale": the mount
+/// that answers is the one whose ID is then looked for in mountinfo, even if another was stacked
+/// on the path meanwhile (a racing mount that withdraws ends its connection, and a probe of the
+/// path alone could take its ENOTCONN for the live mount's below). One that goes away meanwhile is
+/// not stale: the check is made again, for as long as the mounts found there keep going away
+/// (several racing mounts withdraw one after another), within [`RACE_LOOK_LIMIT`]; past it, a
+/// mount point where mounts keep coming and going is already mounted on.
 pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
     let give_up = Instant::now() + RACE_LOOK_LIMIT;
     loop {
@@ -98,19 +101,42 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountPointError> {
             _ => MountPointError::Io(e),
         })?;
         let Some(entry) = top else { return check_directory(&at) };
+        if !entry.fs_type.starts_with("fuse") {
+            return Err(MountPointError::AlreadyMounted);
+        }
+        // Not opened (a mount going away meanwhile took the path with it): something is there.
+        let Ok((root, id)) = open_mount_root(&at) else { return Err(MountPointError::AlreadyMounted) };
         let deadline = Instant::now() + STALE_PROBE_LIMIT;
-        let stale = entry.fs_type.starts_with("fuse")
-            && matches!(bounded::statfs(&at, deadline), Ok(Outcome::Returned(libc::ENOTCONN)));
+        let stale = matches!(bounded::fstatfs(root.as_fd(), deadline), Ok(Outcome::Returned(libc::ENOTCONN)));
         if !stale {
             return Err(MountPointError::AlreadyMounted);
         }
-        if mountinfo::mounts().iter().any(|m| m.id == entry.id) {
+        if mountinfo::mounts().iter().any(|m| m.id == id) {
             return Err(MountPointError::Stale);
         }
         if Instant::now() >= give_up {
             return Err(MountPointError::AlreadyMounted);
         }
     }
+}
+
+/// The root of the topmost mount at `at` (absolute, without symbolic links), opened with O_PATH,
+/// and that mount's ID. Crossing into a mount's root and an O_PATH open ask its filesystem
+/// nothing, so a wedged FUSE daemon cannot hold this up.
+fn open_mount_root(at: &Path) -> io::Result<(OwnedFd, u64)> {
+    let c_at = c_string(at.as_os_str().as_bytes())?;
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid NUL-terminated path and flags.
+    let root = owned_fd(unsafe { libc::open(c_at.as_ptr(), flags) }.into())?;
+    let id = mount_id(&root)?;
+    Ok((root, id))
+}
+
+/// The mount ID of the mount `fd` is on, from /proc/self/fdinfo (without asking the filesystem).
+fn mount_id(fd: &OwnedFd) -> io::Result<u64> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    let id = info.lines().find_map(|line| line.strip_prefix("mnt_id:")?.trim().parse().ok());
+    id.ok_or_else(|| io::Error::other("no mnt_id in /proc/self/fdinfo"))
 }
 
 /// Checks that `at`, with nothing mounted on it, is an existing directory.
@@ -373,9 +399,7 @@ fn mount_detached(fsname: &str, options: &[(&str, Option<String>)]) -> io::Resul
     // SAFETY: an open, created filesystem context and flags.
     let mount =
         owned_fd(unsafe { libc::syscall(libc::SYS_fsmount, context.as_raw_fd(), FSMOUNT_CLOEXEC, attributes) })?;
-    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", mount.as_raw_fd()))?;
-    let id = info.lines().find_map(|line| line.strip_prefix("mnt_id:")?.trim().parse().ok());
-    let id = id.ok_or_else(|| io::Error::other("no mnt_id in the new mount's /proc/self/fdinfo"))?;
+    let id = mount_id(&mount)?;
     Ok((mount, id))
 }
 

@@ -430,7 +430,19 @@ fn open_session(
             return Err(failed(e));
         }
     };
-    let own = OwnMount::new(pending.attach(mp).map_err(failed)?);
+    let own = match pending.attach(mp) {
+        Ok(id) => OwnMount::new(id),
+        Err(e) => {
+            drop(pending);
+            // Seen in a loaded run of concurrent mounts on FUSE over io_uring: move_mount(2) said
+            // ENOENT, its target resolved to a racing mount that withdrew meanwhile. The mount
+            // point is taken then: say so, as the other losers do.
+            if mountpoint::is_mount_point(mp) {
+                return Err(ServeError::MountPoint { mountpoint: mp.clone(), error: MountPointError::AlreadyMounted });
+            }
+            return Err(failed(e));
+        }
+    };
     if own.lost_race() {
         info!("{}: another mount was made there at the same time; withdrawing mount {}", mp.display(), own.id());
         if let Err(e) = pending.withdraw() {
