@@ -30,9 +30,12 @@ pub const DEFAULT_IO_THREADS: u32 = 8;
 /// them; such lanes mostly wait on the network, so it always gets these.
 pub const DEFAULT_REMOTE_IO_THREADS: u32 = 16;
 
-/// CPUs this process may run on (1 if unknown).
+/// CPUs this process may run on (1 if unknown), asked once per process: the answer reads the
+/// cgroup's CPU quota, a tenth of a millisecond of every in-process open (the Python module's),
+/// and a process's CPU set and quota are taken as fixed while it runs.
 fn cpus() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+    static CPUS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)))
 }
 
 /// Default FUSE threads for `source`: for a file on a local filesystem twice the CPUs, 4 to

@@ -67,17 +67,18 @@ struct Snapshots {
     by_ino: BTreeMap<Ino, Held>,
     /// The inode the next snapshot gets.
     next_ino: Ino,
-    /// The last snapshot taken, for the tree's own inode of the file (a `readdirplus` entry).
-    latest: Snapshot,
+    /// The last snapshot taken, for the tree's own inode of the file (a `readdirplus` entry); none
+    /// until the first is asked for (a reader with no mount, the Python module, never asks).
+    latest: Option<Snapshot>,
     /// Its inode.
     latest_ino: Option<Ino>,
 }
 
 impl StatsFile {
-    /// The document of `stats`, rendered once now.
+    /// The document of `stats`, rendered when first asked for (rendering samples the process:
+    /// a tenth of a millisecond of every in-process open, which never reads it).
     pub(crate) fn new(stats: Arc<Stats>) -> StatsFile {
-        let latest = Snapshot { bytes: render(&stats), taken: SystemTime::now() };
-        let state = Snapshots { by_ino: BTreeMap::new(), next_ino: FIRST_SNAPSHOT_INO, latest, latest_ino: None };
+        let state = Snapshots { by_ino: BTreeMap::new(), next_ino: FIRST_SNAPSHOT_INO, latest: None, latest_ino: None };
         StatsFile { stats, state: Mutex::new(state) }
     }
 
@@ -91,8 +92,8 @@ impl StatsFile {
         let bytes = render(&self.stats);
         let mut state = lock(&self.state);
         let mut taken = SystemTime::now();
-        if taken <= state.latest.taken {
-            taken = state.latest.taken + Duration::from_nanos(1);
+        if let Some(before) = state.latest.as_ref().map(|s| s.taken).filter(|&t| taken <= t) {
+            taken = before + Duration::from_nanos(1);
         }
         let snapshot = Snapshot { bytes, taken };
         let ino = state.next_ino;
@@ -101,7 +102,7 @@ impl StatsFile {
         if state.by_ino.len() > MAX_SNAPSHOTS {
             state.by_ino.pop_first();
         }
-        state.latest = snapshot.clone();
+        state.latest = Some(snapshot.clone());
         state.latest_ino = Some(ino);
         (ino, snapshot)
     }
@@ -128,9 +129,10 @@ impl StatsFile {
         Some(held.snapshot.clone())
     }
 
-    /// The last snapshot taken.
+    /// The last snapshot taken (the first, rendered now, if none was).
     pub(crate) fn latest(&self) -> Snapshot {
-        lock(&self.state).latest.clone()
+        let mut state = lock(&self.state);
+        state.latest.get_or_insert_with(|| Snapshot { bytes: render(&self.stats), taken: SystemTime::now() }).clone()
     }
 
     /// The kernel has forgotten `lookups` of its lookups of inode `ino` (FORGET's count): its

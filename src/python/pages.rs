@@ -1,5 +1,10 @@
-//! Mapped pages taken into this process's page tables ahead of their reader ([`fault_in`]).
+//! A file's pages and this process's page tables: whether sampled pages of a file are in the page
+//! cache ([`pages_cached`]), and mapped pages taken into the page tables ahead of their reader
+//! ([`fault_in`]).
 
+use std::os::fd::BorrowedFd;
+
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::buffers::held_buffers;
@@ -26,4 +31,19 @@ pub fn fault_in(py: Python<'_>, buffer: &Bound<'_, PyAny>, start: usize, end: us
         }
     });
     Ok(())
+}
+
+/// Whether the page holding each of `offsets` of the file open as descriptor `fd` (`size` bytes)
+/// is in the page cache (`crate::source::resident::pages_resident`: mincore where the kernel tells
+/// it, else one-byte reads that do not wait), the GIL released: a load's sample of 130 places
+/// costs tens of µs here, where ctypes calls one by one cost 0.4 ms.
+#[pyfunction]
+pub fn pages_cached(py: Python<'_>, fd: i32, size: u64, offsets: Vec<u64>) -> PyResult<bool> {
+    if fd < 0 {
+        return Err(PyValueError::new_err("stfs: a negative file descriptor"));
+    }
+    // SAFETY: the caller's descriptor, open for the length of this call (Python holds it); only
+    // borrowed, never closed here.
+    let file = unsafe { BorrowedFd::borrow_raw(fd) };
+    Ok(py.allow_threads(|| crate::source::resident::pages_resident(file, size, &offsets)))
 }

@@ -7,7 +7,7 @@
 //!
 //! This file holds the two traits and the helpers their implementations share; `local` holds
 //! [`LocalFile`], `mapped` the [`Mapping`] a local file offers for replies only the kernel reads,
-//! [`http`] the remote source, [`object`] the object stores (`s3://`, `gs://`) read through it, and
+//! [`http`] the remote source, [`object`] the object stores (`s3://`, `gs://`) read through it, `resident` whether a local file's pages are in the page cache, and
 //! `regular` the opening and bounded reading of a regular file that never waits on a FIFO.
 
 use std::io;
@@ -19,6 +19,7 @@ mod local;
 mod mapped;
 pub mod object;
 mod regular;
+pub mod resident;
 
 pub use local::{on_remote_filesystem, LocalFile, LOCAL_PIECE_BYTES};
 pub use mapped::{KernelBytes, Mapping};

@@ -299,7 +299,7 @@ def _mapped_kib(path):
 
 
 def _fault_in_threads():
-    return [t for t in threading.enumerate() if t.name == "stfs-fault-in"]
+    return stfs._whole.fault_ins_running()
 
 
 def test_a_cached_files_mapping_is_faulted_in_behind_the_caller(tmp_path, monkeypatch):
@@ -346,7 +346,7 @@ def test_a_cached_files_mapping_is_faulted_in_behind_the_caller(tmp_path, monkey
 #: the whole file, a byte at a time: 0.2 s per 32 MiB in a debug build), and whose interpreter then
 #: sleeps as it ends (a global's __del__), so that call returns while the interpreter is ending.
 EXIT_WHILE_FAULTING = r"""
-import sys, threading, time
+import sys, time
 sys.path[:0] = sys.argv[1:2]
 import stfs, stfs._engine, stfs._whole
 if not stfs._engine.available():
@@ -357,7 +357,7 @@ class SlowEnd:
         time.sleep(3)
 slow_end = SlowEnd()
 got = stfs.load(sys.argv[3])
-assert any(t.name == "stfs-fault-in" for t in threading.enumerate())
+assert stfs._whole.fault_ins_running()
 print("exiting", flush=True)
 """
 
