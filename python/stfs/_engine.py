@@ -230,7 +230,7 @@ def _shard_maps(checkpoint: Checkpoint, ahead: Optional[ReadAhead] = None) -> Di
         for fd in files.values():
             os.close(fd)
     if ahead is not None:
-        fault_in_ahead([maps[shard] for shard in sorted(files) if shard not in cold], _module().fault_in, ahead)
+        fault_in_ahead([maps[shard] for shard in sorted(files) if shard not in cold], _module(), ahead)
     return maps
 
 

@@ -47,8 +47,6 @@ CACHED_SAMPLES = 64
 #: (fault_around_bytes), so over a file cached in small folios each touch maps a window the one before
 #: did not; a 2 MiB folio is mapped whole by its first touch.
 FAULT_STRIDE = 64 << 10
-#: fault_in_ahead's thread looks whether it is to stop after each this many bytes (at most a few ms).
-FAULT_CHUNK = 64 << 20
 
 #: fault_in_ahead starts no thread for fewer mapped bytes than this: Thread.start waits until the thread
 #: runs (0.3-0.5 ms on 2 CPUs), more than the faults of a small file cost the caller (a 4 MiB load and
@@ -121,12 +119,15 @@ class ReadAhead:
     def __init__(self) -> None:
         self.stopping = threading.Event()
         self.threads: List[Any] = []  # threading.Thread and _Started: join, is_alive
+        self.flags: List[Any] = []  # stfs._native.StopFlag's of threads in native code, set by stop()
 
     def stop(self, timeout: float = READ_AHEAD_STOP_SECONDS) -> bool:
         """Tells the threads to stop and waits for them, `timeout` seconds in all; whether all ended
         (each closes its own descriptors as it ends). A thread stuck in a read of a hung mount is left
         behind: it is a daemon thread, and ends with the read."""
         self.stopping.set()
+        for flag in self.flags:
+            flag.set()
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -228,39 +229,35 @@ def read_ahead(paths: Sequence[str], ahead: Optional[ReadAhead] = None) -> ReadA
     return ahead
 
 
-def fault_in_ahead(maps: Sequence[Any], fault_in: Callable[[Any, int, int, int], None],
-                   ahead: ReadAhead) -> None:
+def fault_in_ahead(maps: Sequence[Any], native: Any, ahead: ReadAhead) -> None:
     """Starts a daemon thread (one of `ahead`'s) that maps the pages of each of `maps` (private
-    mappings of files found in the page cache, in order) into this process's page tables, by
-    `fault_in` (stfs._native.fault_in: one read every FAULT_STRIDE bytes, the GIL released), while the
-    caller starts on the tensors: the caller's own first touches then find their pages mapped. A
-    light use of 2 GiB (one byte a page) after the load was 1.41x load_file's in loaders.py, 1.7-1.9x
-    in one process (2026-12-02, docs/performance.md). The thread runs at SCHED_IDLE, only on a CPU
-    nothing else wants: at a plain priority it took a CPU from a caller copying every byte on all of
-    them (0.84-0.94x load_file's time); where that policy cannot be set it ends at once, and where
-    the process may run on one CPU only, or the mappings hold fewer than FAULT_MIN_BYTES, none is
-    started. Faults, not MADV_POPULATE_READ: that holds the process's memory-map lock through each
-    call, and a thread of the caller's that mapped memory meanwhile waited 3-10 ms for it. Best
-    effort: the mappings' bytes are the same either way."""
+    mappings of files found in the page cache, in order) into this process's page tables, by one
+    call of `native`.fault_in_idle (stfs._native: one read every FAULT_STRIDE bytes, the GIL released
+    throughout), while the caller starts on the tensors: the caller's own first touches then find
+    their pages mapped. A light use of 2 GiB (one byte a page) after the load was 1.41x load_file's
+    in loaders.py, 1.7-1.9x in one process (2026-12-02, docs/performance.md). The walk runs at
+    SCHED_IDLE, only on a CPU nothing else wants: at a plain priority it took a CPU from a caller
+    copying every byte on all of them (0.84-0.94x load_file's time); and it holds no GIL at that
+    priority (a thread that took the GIL back between 64 MiB stretches at SCHED_IDLE kept such a
+    caller waiting for it: 0.96x against 1.0x without the thread, 2026-12-03). Where that policy
+    cannot be set it ends at once, and where the process may run on one CPU only, or the mappings
+    hold fewer than FAULT_MIN_BYTES, none is started. ahead.stop() and the interpreter's exit stop it
+    through a native flag it looks at every 2 MiB. Faults, not MADV_POPULATE_READ: that holds the
+    process's memory-map lock through each call, and a thread of the caller's that mapped memory
+    meanwhile waited 3-10 ms for it. Best effort: the mappings' bytes are the same either way."""
     if sum(len(m) for m in maps) < FAULT_MIN_BYTES or ahead.stopping.is_set():
         return
     try:
         if len(os.sched_getaffinity(0)) < 2:
             return
-        idle = os.SCHED_IDLE
     except (AttributeError, OSError):  # not Linux
         return
-    stopping = ahead.stopping
+    flag = native.StopFlag()
+    buffers = [(m, len(m)) for m in maps]
 
     def run() -> None:
         try:
-            os.sched_setscheduler(0, idle, os.sched_param(0))  # this thread only (0: the caller)
-            for m in maps:
-                size = len(m)
-                for at in range(0, size, FAULT_CHUNK):
-                    if stopping.is_set():
-                        return
-                    fault_in(m, at, min(size, at + FAULT_CHUNK), FAULT_STRIDE)
+            native.fault_in_idle(buffers, FAULT_STRIDE, flag)
         except (OSError, ValueError):
             pass
         finally:
@@ -268,9 +265,10 @@ def fault_in_ahead(maps: Sequence[Any], fault_in: Callable[[Any, int, int, int],
                 _FAULTING.discard(entry)
 
     t = _Started(run)
-    entry = (stopping, t)
+    entry = (flag, t)
     with _FAULTING_LOCK:
         _FAULTING.add(entry)
+    ahead.flags.append(flag)
     try:
         t.start()
     except RuntimeError:  # no thread to be had: the caller's touches fault the pages in themselves
@@ -312,7 +310,7 @@ class _Started:
 
 
 #: fault_in_ahead's running threads, each with the event that stops it (each takes itself out as it ends).
-_FAULTING: Set[Tuple[threading.Event, "_Started"]] = set()
+_FAULTING: Set[Tuple[Any, "_Started"]] = set()
 _FAULTING_LOCK = threading.Lock()
 
 
@@ -325,14 +323,14 @@ def fault_ins_running() -> int:
 @atexit.register
 def _stop_faulting() -> None:
     """Stops fault_in_ahead's threads before the interpreter ends: a daemon thread still in
-    stfs._native.fault_in then would be ended by the interpreter as it takes the GIL back, an unwind
-    through the extension's frames that aborts the process (SIGABRT: "FATAL: exception not rethrown"
-    or a fatal Python error). Each stops within one FAULT_CHUNK; atexit runs before the interpreter
-    ends such threads."""
+    stfs._native.fault_in_idle then would be ended by the interpreter as it takes the GIL back, an
+    unwind through the extension's frames that aborts the process (SIGABRT: "FATAL: exception not
+    rethrown" or a fatal Python error). Each stops within 2 MiB of touches; atexit runs before the
+    interpreter ends such threads."""
     with _FAULTING_LOCK:
         running = list(_FAULTING)
-    for stopping, _ in running:
-        stopping.set()
+    for flag, _ in running:
+        flag.set()
     deadline = time.monotonic() + FAULT_STOP_SECONDS
     for _, thread in running:
         thread.join(max(0.0, deadline - time.monotonic()))

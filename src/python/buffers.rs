@@ -14,9 +14,14 @@ pub struct HeldBuffers<'py> {
 }
 
 /// Takes each `(buffer, length)`: the first `length` bytes of `buffer` (any object with the
-/// buffer protocol) are to be written. ValueError names the problem: read-only, not contiguous,
-/// smaller than `length`, or overlapping another buffer of the call.
-pub fn held_buffers<'py>(py: Python<'py>, buffers: &[(Bound<'py, PyAny>, usize)]) -> PyResult<HeldBuffers<'py>> {
+/// buffer protocol) are to be written, or touched as a writable private mapping is. ValueError
+/// names the problem and what the buffer is for (`role`: "the buffer to read into"): read-only,
+/// not contiguous, smaller than `length`, or overlapping another buffer of the call.
+pub fn held_buffers<'py>(
+    py: Python<'py>,
+    buffers: &[(Bound<'py, PyAny>, usize)],
+    role: &str,
+) -> PyResult<HeldBuffers<'py>> {
     let memoryview = py.import("builtins")?.getattr("memoryview")?;
     let ctypes = py.import("ctypes")?;
     let mut addresses = Vec::with_capacity(buffers.len());
@@ -24,15 +29,15 @@ pub fn held_buffers<'py>(py: Python<'py>, buffers: &[(Bound<'py, PyAny>, usize)]
     for (buffer, length) in buffers {
         let view = memoryview.call1((buffer,))?;
         if view.getattr("readonly")?.extract::<bool>()? {
-            return Err(PyValueError::new_err("stfs: the buffer to read into is read-only"));
+            return Err(PyValueError::new_err(format!("stfs: {role} is read-only")));
         }
         if !view.getattr("c_contiguous")?.extract::<bool>()? {
-            return Err(PyValueError::new_err("stfs: the buffer to read into is not contiguous"));
+            return Err(PyValueError::new_err(format!("stfs: {role} is not contiguous")));
         }
         let nbytes: usize = view.getattr("nbytes")?.extract()?;
         if nbytes < *length {
             return Err(PyValueError::new_err(format!(
-                "stfs: the buffer to read into holds {nbytes} bytes, fewer than the {length} to read"
+                "stfs: {role} holds {nbytes} bytes, fewer than the {length} to read"
             )));
         }
         if nbytes == 0 {

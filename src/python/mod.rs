@@ -21,7 +21,8 @@ use pyo3::prelude::*;
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(command::main, module)?)?;
     module.add_class::<opened::Opened>()?;
-    module.add_function(wrap_pyfunction!(pages::fault_in, module)?)?;
+    module.add_function(wrap_pyfunction!(pages::fault_in_idle, module)?)?;
+    module.add_class::<pages::StopFlag>()?;
     module.add_function(wrap_pyfunction!(pages::pages_cached, module)?)?;
     Ok(())
 }

@@ -109,7 +109,7 @@ impl Opened {
     ) -> PyResult<()> {
         let fs = self.fs(py)?;
         let buffers: Vec<(Bound<'py, PyAny>, usize)> = reads.iter().map(|(_, _, b, len)| (b.clone(), *len)).collect();
-        let held = held_buffers(py, &buffers)?;
+        let held = held_buffers(py, &buffers, "the buffer to read into")?;
         let mut wanted = Vec::with_capacity(reads.len());
         for ((tensor, offset, _, len), &address) in reads.iter().zip(&held.addresses) {
             let Some(&Some(ino)) = self.inodes.get(*tensor) else {

@@ -335,23 +335,27 @@ def test_a_cached_files_mapping_is_faulted_in_behind_the_caller(tmp_path, monkey
     finally:
         os.close(fd)
     ahead = stfs._whole.ReadAhead()
-    stfs._whole.fault_in_ahead([small], stfs._native.fault_in, ahead)
+    stfs._whole.fault_in_ahead([small], stfs._native, ahead)
     assert ahead.threads == []
-    stfs._whole.fault_in_ahead([whole], stfs._native.fault_in, ahead)
+    stfs._whole.fault_in_ahead([whole], stfs._native, ahead)
     assert len(ahead.threads) == (1 if several else 0)
     assert ahead.stop()
+    assert all(flag.is_set() for flag in ahead.flags)
+    with pytest.raises(ValueError, match="the mapping to fault in is read-only"):
+        stfs._native.fault_in_idle([(bytes(4096), 4096)], 1024, stfs._native.StopFlag())
 
 
-#: A child that exits while stfs.load's fault-in thread is inside stfs._native.fault_in (one call over
-#: the whole file, a byte at a time: 0.2 s per 32 MiB in a debug build), and whose interpreter then
-#: sleeps as it ends (a global's __del__), so that call returns while the interpreter is ending.
+#: A child that exits while stfs.load's fault-in thread is inside stfs._native.fault_in_idle (a byte
+#: at a time: 0.2 s per 32 MiB in a debug build), and whose interpreter then sleeps as it ends (a
+#: global's __del__), so that without the atexit hook the call would return while the interpreter is
+#: ending.
 EXIT_WHILE_FAULTING = r"""
 import sys, time
 sys.path[:0] = sys.argv[1:2]
 import stfs, stfs._engine, stfs._whole
 if not stfs._engine.available():
     stfs.__path__.append(sys.argv[2])
-stfs._whole.FAULT_STRIDE, stfs._whole.FAULT_CHUNK, stfs._whole.FAULT_STOP_SECONDS = 1, 1 << 40, 30.0
+stfs._whole.FAULT_STRIDE, stfs._whole.FAULT_STOP_SECONDS = 1, 30.0
 class SlowEnd:
     def __del__(self):
         time.sleep(3)
