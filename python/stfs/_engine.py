@@ -237,8 +237,9 @@ def _shard_maps(checkpoint: Checkpoint, ahead: Optional[ReadAhead] = None) -> Di
 def flat_bytes(checkpoint: Checkpoint, new_buffer, from_map, tick=None,
                ahead: Optional[ReadAhead] = None) -> Dict[str, Any]:
     """name -> the bytes of every tensor's file, 1-D: a view of its shard's bytes (`from_map(map,
-    start, length, tensor)`, which may type it as the tensor's dtype already; a mapping, or memory read with O_DIRECT where cold: _shard_maps) where the
-    shard is a local file and the tensor raw, else a buffer made by
+    start, length, tensor)`, which may type it as the tensor's dtype already; a mapping, or memory
+    read with O_DIRECT where cold: _shard_maps) where the shard is a local file and the tensor raw,
+    else a buffer made by
     `new_buffer(length)` and read into, all at once. The read-ahead of cold mapped shards is the
     caller's; the mappings of cached ones are faulted in by a thread of `ahead`'s where one is given."""
     maps = _shard_maps(checkpoint, ahead)

@@ -48,9 +48,10 @@ CACHED_SAMPLES = 64
 #: did not; a 2 MiB folio is mapped whole by its first touch.
 FAULT_STRIDE = 64 << 10
 
-#: fault_in_ahead starts no thread for fewer mapped bytes than this: Thread.start waits until the thread
-#: runs (0.3-0.5 ms on 2 CPUs), more than the faults of a small file cost the caller (a 4 MiB load and
-#: light use took 1.55 ms with the thread, 1.23 ms without; 32 MiB 3.2 ms and 3.4 ms; 2026-12-02).
+#: fault_in_ahead starts no thread for fewer mapped bytes than this: a thread's start cost more than
+#: the faults of a small file cost the caller (measured with Thread.start, which waits until the thread
+#: runs: a 4 MiB load and light use took 1.55 ms with the thread, 1.23 ms without; 32 MiB 3.2 ms and
+#: 3.4 ms; 2026-12-02); _Started does not wait (0.13 ms), the threshold is kept.
 FAULT_MIN_BYTES = 16 << 20
 
 #: How long the interpreter's exit waits, in all, for fault_in_ahead's threads to stop.
@@ -278,10 +279,6 @@ def fault_in_ahead(maps: Sequence[Any], native: Any, ahead: ReadAhead) -> None:
     ahead.threads.append(t)
 
 
-def _nothing() -> None:
-    pass
-
-
 class _Started:
     """A daemon thread started with _thread.start_new_thread, which returns at once, where
     threading.Thread.start waits until the new thread runs: on 2 CPUs 0.3-0.5 ms of the caller's
@@ -289,7 +286,7 @@ class _Started:
     from an event the thread sets as its target returns."""
 
     def __init__(self, target: Callable[[], None]) -> None:
-        self._target = target
+        self._target: Optional[Callable[[], None]] = target
         self._done = threading.Event()
 
     def start(self) -> None:
@@ -297,9 +294,10 @@ class _Started:
 
     def _run(self) -> None:
         try:
-            self._target()
+            if self._target is not None:
+                self._target()
         finally:
-            self._target = _nothing  # what it held (the mappings) goes with it, as a Thread's does
+            self._target = None  # what it held (the mappings) goes with it, as a Thread's does
             self._done.set()
 
     def join(self, timeout: Optional[float] = None) -> None:

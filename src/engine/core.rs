@@ -6,7 +6,7 @@
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 
 use super::cache::BlockCache;
@@ -38,9 +38,7 @@ pub struct Engine {
     /// Closes the descriptors of sources idle for [`IDLE_DESCRIPTORS_AFTER`], every
     /// [`IDLE_SWEEP_EVERY`] (`descriptors`); started with the first read, since only reads open
     /// them (an engine whose caller maps its files, as `stfs.load` of a cached file, starts none).
-    sweeper: Mutex<Option<JoinHandle<()>>>,
-    /// Whether the sweeper was started (a read's check, without the lock).
-    sweeping: AtomicBool,
+    sweeper: OnceLock<Option<JoinHandle<()>>>,
 }
 
 impl Engine {
@@ -84,8 +82,7 @@ impl Engine {
         let prefetcher = Prefetcher::start(&shared, io_threads);
         let warmer = Mutex::new(None);
         let sources = Arc::new(RwLock::new(Vec::new()));
-        let (sweeper, sweeping) = (Mutex::new(None), AtomicBool::new(false));
-        Arc::new(Engine { shared, readahead, sources, prefetcher, warmer, sweeper, sweeping })
+        Arc::new(Engine { shared, readahead, sources, prefetcher, warmer, sweeper: OnceLock::new() })
     }
 
     /// Registers a source; blocks are keyed by (source, block index).
@@ -371,12 +368,10 @@ impl Engine {
     }
 
     /// Counts a read of `entry` in the descriptor budget, closing the descriptors of the least
-    /// recently read sources when too many hold some (`descriptors`).
-    /// The first read starts the idle sweep.
+    /// recently read sources when too many hold some (`descriptors`); the first read starts the
+    /// idle sweep.
     fn on_read(&self, entry: &SourceEntry) {
-        if !self.sweeping.load(Relaxed) && !self.sweeping.swap(true, Relaxed) {
-            *lock(&self.sweeper) = start_sweeper(&self.shared, &self.sources);
-        }
+        self.sweeper.get_or_init(|| start_sweeper(&self.shared, &self.sources));
         if self.shared.descriptors.on_read(&entry.activity) {
             let sources = read(&self.sources);
             self.shared.descriptors.close_least_recent(&sources, |e| &e.activity, |e| e.close_descriptors());
@@ -408,7 +403,7 @@ impl Drop for Engine {
         if let Some(warmer) = lock(&self.warmer).take() {
             let _ = warmer.join();
         }
-        if let Some(sweeper) = lock(&self.sweeper).take() {
+        if let Some(sweeper) = self.sweeper.take().flatten() {
             sweeper.thread().unpark();
             let _ = sweeper.join();
         }

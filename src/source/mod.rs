@@ -7,8 +7,9 @@
 //!
 //! This file holds the two traits and the helpers their implementations share; `local` holds
 //! [`LocalFile`], `mapped` the [`Mapping`] a local file offers for replies only the kernel reads,
-//! [`http`] the remote source, [`object`] the object stores (`s3://`, `gs://`) read through it, `resident` whether a local file's pages are in the page cache, and
-//! `regular` the opening and bounded reading of a regular file that never waits on a FIFO.
+//! [`http`] the remote source, [`object`] the object stores (`s3://`, `gs://`) read through it,
+//! `resident` whether a local file's pages are in the page cache, and `regular` the opening and
+//! bounded reading of a regular file that never waits on a FIFO.
 
 use std::io;
 use std::sync::Arc;
