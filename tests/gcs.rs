@@ -645,11 +645,14 @@ fn read_across_a_token_refresh(
     // A block cache smaller than the object, so that blocks read after the refresh come from the store.
     let args = ["mount", "--block-size", "64K", "--cache-size", "256K", "--log-file", log, "--endpoint-url", endpoint];
     let args = [&args[..], &[url, mp.path().to_str().unwrap()]].concat();
-    let mounted = Instant::now();
     let out = run(&args, home, vars);
     let guard = Unmount(mp.path());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(is_mounted(mp.path()));
+    // After the mount returned, so after its fetch of the first token began, however long the
+    // mount took (counted from before it, a mount of more than a second on a loaded machine left
+    // the read below inside stfs's 10 s pause, and no refresh followed).
+    let mounted = Instant::now();
     let first = tokens.issued.lock().unwrap().first().cloned().expect("no token was issued at the mount");
     let file = |t: &T| mp.path().join(stfs::tree::names::escape(&t.name, stfs::tree::namespace::RESERVED));
     let (big, small) = tensors.split_last().unwrap();
