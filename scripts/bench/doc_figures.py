@@ -9,9 +9,12 @@ Each file's "from" names the table. A new run's own `--json` output replaces a f
 
 docs/bench-data/loaders.json is not transcribed: it is loaders.py's own --json output of the runs
 docs/performance.md quotes, merged (--loaders: every source of each file, its key the source, or
-SOURCE-USE under --use light or full; the peers' time series under their readable names):
+SOURCE-USE under --use light or full; the peers' time series under their readable names). An input
+may be a merged document itself (the current loaders.json): a later input's source replaces an
+earlier one's of the same key, so one new run redraws its own charts and keeps the others:
 
     python3 scripts/bench/doc_figures.py --loaders docs/bench-data/loaders.json light.json full.json remote.json
+    python3 scripts/bench/doc_figures.py --loaders docs/bench-data/loaders.json docs/bench-data/loaders.json pagefull.json
 """
 
 import argparse
@@ -63,30 +66,43 @@ FILES = {
 #: loaders.py's peer names -> the names charted (the rows of docs/performance.md's loader table).
 LOADER_NAMES = {"stfs.load": "stfs.load (no mount)", "runai": "Run:ai streamer", "fastsafe": "fastsafetensors",
                 "load_file": "safetensors load_file", "stfs.load mounted": "stfs.load (mounted)",
-                "ceiling": "ceiling: 16 curl range GETs, no loader"}
+                "ceiling": "ceiling: 16 curl range GETs, no loader",
+                "touch floor mapped": "floor: no loader, pre-mapped"}
 
 
 SHORT_SOURCES = {"page": "page cache", "cold": "not in the page cache", "slow": "slowfs", "s3": "S3 via the proxy"}
 
 
 def merge_loaders(out, inputs):
-    """One chartable document of several loaders.py --json files: each source's peer time series."""
-    doc = {"from": "scripts/bench/loaders.py --json, merged by doc_figures.py --loaders", "notes": [],
-           "sources": {}, "charts": []}
+    """One chartable document of several loaders.py --json files (or merged documents, as this
+    writes): each source's peer time series, the last input's where two give the same source."""
+    sources, charts, runs = {}, {}, {}
     for path in inputs:
         with open(path) as f:
             run = json.load(f)
+        if "args" not in run:  # a merged document: its sources as they are, each with its run's note
+            for name, source in run["sources"].items():
+                sources[name] = source
+                charts[name] = next(c for c in run["charts"] if c["key"] == name)
+                runs[name] = source.get("run") or run["notes"][list(run["sources"]).index(name)]
+            continue
         use = run["args"].get("use", "sum")
-        doc["notes"].append(f"{os.path.basename(path)}: {run['machine']}; args {json.dumps(run['args'], sort_keys=True)}")
-        doc.setdefault("note", f"scripts/bench/loaders.py --unprivileged, 2026-12-02; {VM}")
+        note = f"{os.path.basename(path)}: {run['machine']}; args {json.dumps(run['args'], sort_keys=True)}"
         for key, result in run["sources"].items():
             name = key if use == "sum" else f"{key}-{use}"
             series = {LOADER_NAMES[k]: v for k, v in result["series"].items() if k in LOADER_NAMES}
             size = result["title"].split(",")[0]  # "2048 MiB"
             title = f"Loaders, {size}, {SHORT_SOURCES.get(key, key)}" + ("" if use == "sum" else f", {use} use")
-            doc["sources"][name] = {"title": title, "series": series, "checks": result["checks"]}
-            doc["charts"].append({"key": name, "name": name, "title": f"{title} (seconds, lower is faster)",
-                                  "series": [n for n in LOADER_NAMES.values() if n in series]})
+            sources[name] = {"title": title, "series": series, "checks": result["checks"]}
+            charts[name] = {"key": name, "name": name, "title": f"{title} (seconds, lower is faster)",
+                            "series": [n for n in LOADER_NAMES.values() if n in series]}
+            runs[name] = note
+    for name, source in sources.items():
+        source["run"] = runs[name]
+    notes = list(dict.fromkeys(runs.values()))  # each run once, in the order of its first source
+    doc = {"from": "scripts/bench/loaders.py --json, merged by doc_figures.py --loaders", "notes": notes,
+           "sources": sources, "charts": list(charts.values()),
+           "note": f"scripts/bench/loaders.py --unprivileged, 2026-12-02 and later; {VM}"}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
