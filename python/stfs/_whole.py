@@ -238,9 +238,12 @@ def fault_in_ahead(maps: Sequence[Any], native: Any, ahead: ReadAhead) -> None:
     their pages mapped. A light use of 2 GiB (one byte a page) after the load was 1.41x load_file's
     in loaders.py, 1.7-1.9x in one process (2026-12-02, docs/performance.md). The walk runs at
     SCHED_IDLE, only on a CPU nothing else wants: at a plain priority it took a CPU from a caller
-    copying every byte on all of them (0.84-0.94x load_file's time); and it holds no GIL at that
-    priority (a thread that took the GIL back between 64 MiB stretches at SCHED_IDLE kept such a
-    caller waiting for it: 0.96x against 1.0x without the thread, 2026-12-03). Where that policy
+    copying every byte on all of them (0.84-0.94x load_file's time); and nothing at that priority
+    ever holds or asks for the GIL: the walk is a native thread of fault_in_idle's own, which this
+    thread waits for with the GIL released at its own policy (a thread that took the GIL back at
+    SCHED_IDLE kept the caller waiting for it: between 64 MiB stretches, 0.96x against 1.0x without
+    the thread; once at the end, an unprivileged load beside two CPU-bound processes 2 s instead of
+    0.1 s, 2026-12-03: tests/python/test_engine.py). Where that policy
     cannot be set it ends at once, and where the process may run on one CPU only, or the mappings
     hold fewer than FAULT_MIN_BYTES, none is started. ahead.stop() and the interpreter's exit stop it
     through a native flag it looks at every 2 MiB. Faults, not MADV_POPULATE_READ: that holds the

@@ -43,12 +43,14 @@ const STOP_CHECK_BYTES: usize = 2 << 20;
 /// of files in the page cache, writable as such mappings are, held exported meanwhile), in order,
 /// so that each fault maps the cached pages around it (a whole 2 MiB folio, or the kernel's
 /// fault-around window of small ones) into this process before the caller's first touch does.
-/// The GIL is released for the whole walk, and only then is the calling thread put at SCHED_IDLE
-/// (running only on a CPU nothing else wants), its policy put back before the GIL is taken again
-/// where the kernel allows (an unprivileged thread may not leave SCHED_IDLE: it then takes the GIL
-/// back once, at the end): a thread that held the GIL at SCHED_IDLE between stretches kept a
-/// caller copying on every CPU waiting for it. Returns whether the walk ran (false where SCHED_IDLE
-/// cannot be set: nothing is touched). Stops early once `stop` is set. A fault takes only its
+/// The walk runs on a thread of its own at SCHED_IDLE (running only on a CPU nothing else wants),
+/// which never holds the GIL; the calling thread waits for it with the GIL released, at its own
+/// policy, and so takes the GIL back at that policy. (A thread that took the GIL back at
+/// SCHED_IDLE kept the caller waiting for it: CPython's holder, asked to drop the GIL, waits until
+/// the asker has it, and an idle thread gets next to no CPU on a busy machine: an unprivileged
+/// load beside two CPU-bound processes took 2 s where it takes 0.1 s, as an unprivileged thread
+/// may not leave SCHED_IDLE.) Returns whether the walk ran (false where the thread or SCHED_IDLE
+/// cannot be had: nothing is touched). Stops early once `stop` is set. A fault takes only its
 /// mapping's own lock, where `MADV_POPULATE_READ` holds the process's memory-map lock and stalls
 /// every other thread's `mmap` meanwhile. The bytes are read, never written.
 #[pyfunction]
@@ -58,64 +60,48 @@ pub fn fault_in_idle(
     stride: usize,
     stop: &StopFlag,
 ) -> PyResult<bool> {
-    // Checked to hold their lengths (ValueError otherwise), and held exported until this returns.
+    // Checked to hold their lengths (ValueError otherwise), and held exported until this returns,
+    // after the walking thread has ended.
     let held = held_buffers(py, &buffers, "the mapping to fault in")?;
     let ranges: Vec<(usize, usize)> = held.addresses.iter().zip(&buffers).map(|(&a, (_, len))| (a, *len)).collect();
     let stride = stride.max(1);
     Ok(py.allow_threads(|| {
-        let Some(previous) = idle_policy() else {
-            return false;
-        };
-        'walk: for (base, len) in ranges {
-            let mut at = 0;
-            while at < len {
-                if stop.set.load(Relaxed) {
-                    break 'walk;
-                }
-                let end = len.min(at + STOP_CHECK_BYTES);
-                while at < end {
-                    // SAFETY: `at` lies inside the buffer, which `held` keeps exported (alive,
-                    // unmoved) until this returns; a volatile read so the touch is not optimised away.
-                    unsafe { std::ptr::read_volatile((base + at) as *const u8) };
-                    at += stride;
-                }
-            }
-        }
-        previous.restore();
-        true
+        std::thread::scope(|scope| {
+            let walk = || set_idle() && walk_touching(&ranges, stride, stop);
+            let builder = std::thread::Builder::new().name("stfs-fault-in".into());
+            builder.spawn_scoped(scope, walk).ok().and_then(|walker| walker.join().ok()).unwrap_or(false)
+        })
     }))
 }
 
-/// A thread's scheduling policy and its parameter, to be put back.
-struct Policy {
-    policy: libc::c_int,
-    param: libc::sched_param,
+/// Touches a byte every `stride` bytes of each of `ranges` (`(address, length)`), looking at
+/// `stop` every [`STOP_CHECK_BYTES`]; true (the walk ran, to its end or to the stop).
+fn walk_touching(ranges: &[(usize, usize)], stride: usize, stop: &StopFlag) -> bool {
+    for &(base, len) in ranges {
+        let mut at = 0;
+        while at < len {
+            if stop.set.load(Relaxed) {
+                return true;
+            }
+            let end = len.min(at + STOP_CHECK_BYTES);
+            while at < end {
+                // SAFETY: `at` lies inside the buffer, which fault_in_idle keeps exported (alive,
+                // unmoved) until this thread has ended; a volatile read so the touch is not
+                // optimised away.
+                unsafe { std::ptr::read_volatile((base + at) as *const u8) };
+                at += stride;
+            }
+        }
+    }
+    true
 }
 
-impl Policy {
-    /// Puts the calling thread back under this policy (refused, and kept idle, where the kernel
-    /// wants a privilege for it).
-    fn restore(&self) {
-        // SAFETY: 0 is the calling thread; the parameter is the one read before.
-        unsafe { libc::sched_setscheduler(0, self.policy, &self.param) };
-    }
-}
-
-/// Puts the calling thread at SCHED_IDLE; its policy before, or None where that cannot be done.
-fn idle_policy() -> Option<Policy> {
-    let mut param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: 0 is the calling thread; sched_getparam writes the struct it is given.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    // SAFETY: as above.
-    if policy < 0 || unsafe { libc::sched_getparam(0, &mut param) } != 0 {
-        return None;
-    }
+/// Puts the calling thread at SCHED_IDLE (for good: the thread is fault_in_idle's own); whether it
+/// took.
+fn set_idle() -> bool {
     let idle = libc::sched_param { sched_priority: 0 };
     // SAFETY: 0 is the calling thread; a valid parameter for SCHED_IDLE.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } != 0 {
-        return None;
-    }
-    Some(Policy { policy, param })
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) == 0 }
 }
 
 /// Whether the page holding each of `offsets` of the file open as descriptor `fd` (`size` bytes)

@@ -386,6 +386,61 @@ def test_the_interpreter_exiting_while_a_fault_in_thread_runs_ends_cleanly(tmp_p
     assert "FATAL" not in child.stderr, child.stderr
 
 
+FAULT_IN_UNPRIVILEGED = r"""
+import json, mmap, os, sys
+sys.path.insert(0, sys.argv[1])
+from stfs import _native
+assert os.geteuid() != 0 and "NoNewPrivs:\t1" in open("/proc/self/status").read()
+fd = os.open(sys.argv[2], os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+os.close(fd)
+before = os.sched_getscheduler(0)
+ran = _native.fault_in_idle([(m, len(m))], 4096, _native.StopFlag())
+after = os.sched_getscheduler(0)
+rss, ours = 0, False
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if "-" in head[0] and ":" not in head[0]:
+        ours = line.rstrip("\n").endswith(" " + sys.argv[2])
+    elif ours and head[0] == "Rss:":
+        rss += int(head[1]) * 1024
+print(json.dumps({"ran": ran, "before": before, "after": after, "mapped": rss, "size": len(m)}))
+"""
+
+
+def test_the_fault_in_leaves_its_unprivileged_caller_at_its_own_policy_with_the_pages_mapped(tmp_path):
+    """stfs._native.fault_in_idle walks on a thread of its own at SCHED_IDLE: its caller, the thread
+    that takes the GIL back, keeps its policy, even where it could not leave SCHED_IDLE again (not
+    root: defect, the caller itself went idle, took the GIL back so, and a load beside two
+    CPU-bound processes waited 2 s for it); the mapping's pages are in the page tables after."""
+    python = "/usr/bin/python3"
+    if shutil.which("setpriv") is None:
+        tool_missing("setpriv", "apt-get install util-linux")
+    if not os.path.exists(python):
+        tool_missing(python, "apt-get install python3 (a Python outside /root, which `nobody` can run)")
+    shared = tempfile.mkdtemp(prefix="stfs-idle-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o755)
+        shutil.copytree(os.path.join(ROOT, "python", "stfs"), os.path.join(shared, "stfs"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        native = stfs._engine._module().__file__
+        shutil.copy(native, os.path.join(shared, "stfs", os.path.basename(native)))
+        path = os.path.join(shared, "pages.bin")
+        with open(path, "wb") as f:
+            f.write(os.urandom(8 << 20))
+        subprocess.run(["chmod", "-R", "a+rX", shared], check=True)
+        out = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--no-new-privs",
+                              python, "-c", FAULT_IN_UNPRIVILEGED, shared, path],
+                             capture_output=True, text=True, timeout=TIMEOUT, env={"PATH": os.environ["PATH"]})
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["ran"] and got["before"] == os.SCHED_OTHER, got
+        assert got["after"] == got["before"], got
+        assert got["mapped"] >= got["size"], got
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_a_file_on_a_fuse_filesystem_is_read_through_the_engine_each_byte_once(tmp_path, monkeypatch):
     """A local file on a network or FUSE filesystem (here slowfs, which drops the file's pages at every
     open, as GCSFuse does) is not mapped: the reads ahead of a mapping's faults would land in a page
