@@ -4,7 +4,8 @@
 //! buffers the caller owns (long runs straight from the store, the rest through the engine's
 //! blocks: `plan`, `reads`), in this process, with no mount; it samples whether a file is in the
 //! page cache and takes a mapped file's cached pages into the page tables ahead of their reader
-//! (`pages`); and it runs the `stfs` command for the wheel's console script (`command`). `python/stfs` is the Python side built on it.
+//! (`pages`); and it runs the `stfs` command for the wheel's console script (`command`).
+//! `python/stfs` is the Python side built on it.
 
 mod buffers;
 mod command;
